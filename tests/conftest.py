@@ -1,0 +1,32 @@
+"""Shared fixtures: child processes are always killed as a group when a test ends."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.procs import kill_group, spawn
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture
+def procs():
+    """Start children with procs.spawn([...]); any still alive at teardown is killed as a group."""
+    started = []
+
+    class _Spawner:
+        def spawn(self, args, **kw):
+            p = spawn(args, **kw)
+            started.append(p)
+            return p
+
+    yield _Spawner()
+    for p in started:
+        if p.poll() is None:
+            kill_group(p)
+
+
+@pytest.fixture
+def db_path(tmp_path):
+    return tmp_path / "runs.duckdb"

@@ -1,0 +1,39 @@
+"""Child processes for tests: each in its own process group, killed as a group, torch single-threaded."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
+
+
+def spawn(args: list[str], **popen_kwargs) -> subprocess.Popen:
+    """Start `python args...` from the repository root in a new process group."""
+    popen_kwargs.setdefault("env", child_env())
+    popen_kwargs.setdefault("cwd", REPO)
+    return subprocess.Popen([sys.executable, *args], start_new_session=True, **popen_kwargs)
+
+
+def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL, wait: float = 10.0) -> None:
+    """Signal the child's whole process group (DataLoader workers, planners) and reap it."""
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=wait)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=wait)
