@@ -1,0 +1,243 @@
+"""advisor.ramp: tiers under a memory model (hand cases + properties), the ramp point, the effect."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from advisor.memory import GB, MemoryModel, fit_memory_model, usable_bytes
+from advisor.ramp import Tier, candidate_tiers, predicted_effect, ramp_decision
+
+# The DESIGN.md example: per-device 16 measured at 70 GB, 32 at 130 GB -> 10 GB + 3.75 GB/sequence.
+MODEL = fit_memory_model({16: 70 * GB, 32: 130 * GB})
+H200 = 141 * GB  # usable at 5%: 133.95 GB
+
+
+# --------------------------------------------------------------------------------- hand cases
+
+
+def test_tier_derived_sizes():
+    t = Tier(per_device_batch=16, accum=16, world_size=2, seq_len=2048)
+    assert t.effective_batch == 512 and t.tokens_per_step == 512 * 2048
+    assert t.to_dict()["tokens_per_step"] == 512 * 2048
+
+
+def test_design_example_grows_per_device_to_32_then_accumulation():
+    tiers = candidate_tiers(16, 16, 1, 2048, MODEL, H200)
+    assert [(t.factor, t.per_device_batch, t.accum) for t in tiers] == [(2, 32, 16), (4, 32, 32), (8, 32, 64)]
+    assert [t.tokens_per_step for t in tiers] == [1 << 20, 2 << 20, 4 << 20]  # 1M, 2M, 4M tokens
+    assert all(t.fits for t in tiers)
+    assert tiers[0].predicted_peak_bytes == pytest.approx(130 * GB)
+    assert "per-device 64 would need 250.0 GB > 133.9 GB" in tiers[0].reason
+    assert [t.lr_multiplier for t in tiers] == [math.sqrt(2), 2.0, math.sqrt(8)]
+    sgd = candidate_tiers(16, 16, 1, 2048, MODEL, H200, optimizer="SGD")
+    assert [t.lr_multiplier for t in sgd] == [2.0, 4.0, 8.0]
+
+
+def test_multi_gpu_per_rank_split():
+    tiers = candidate_tiers(16, 2, 8, 2048, MODEL, H200, factors=(2,))
+    (t,) = tiers
+    assert (t.per_device_batch, t.accum, t.world_size, t.effective_batch) == (32, 2, 8, 512)
+
+
+def test_oom_batch_stays_infeasible_and_ramp_is_accumulation_only():
+    (t,) = candidate_tiers(16, 16, 1, 2048, MODEL, H200, factors=(2,), infeasible=[32])
+    assert (t.per_device_batch, t.accum, t.fits) == (16, 32, True)
+    assert t.reason == "accumulation only: per-device batch 16 is already running; per-device 32 ran out of memory before"
+
+
+def test_tight_memory_still_allows_accumulation_only():
+    # the model says only 70 GB fits, but 16 is running: accumulation-only needs no new memory
+    (t,) = candidate_tiers(16, 4, 1, 2048, MODEL, 72 * GB, margin=0.0, factors=(4,))
+    assert (t.per_device_batch, t.accum, t.fits) == (16, 16, True)
+    assert "per-device 32 would need 130.0 GB > 72.0 GB" in t.reason
+
+
+def test_tier_that_cannot_fit_says_why():
+    huge = MemoryModel(150 * GB, 0.2 * GB, "plan")
+    (t,) = candidate_tiers(16, 1, 1, 2048, huge, 140 * GB, factors=(2,), infeasible=[16])
+    assert not t.fits and t.per_device_batch == 1 and t.accum == 32
+    assert t.reason == "even per-device batch 1 needs 150.2 GB > 133.0 GB usable (known to run out of memory: 16)"
+    (t,) = candidate_tiers(2, 1, 1, 2048, MODEL, H200, factors=(2,), infeasible=[1, 2, 4])
+    assert not t.fits and "every per-device batch dividing 4 is excluded" in t.reason
+
+
+def test_non_power_of_two_divisors_and_cap():
+    model = MemoryModel(10 * GB, 5 * GB, "plan")  # fits up to per-device 24 under 133.95 GB
+    (t,) = candidate_tiers(12, 3, 1, 1024, model, H200, factors=(2,))  # per-rank 72
+    assert (t.per_device_batch, t.accum) == (24, 3)
+    (t,) = candidate_tiers(12, 3, 1, 1024, model, H200, factors=(2,), max_per_device=20)
+    assert (t.per_device_batch, t.accum) == (18, 4)
+
+
+def test_candidate_tiers_rejects_bad_input():
+    with pytest.raises(ValueError, match="per_device_batch must be a positive integer"):
+        candidate_tiers(0, 1, 1, 2048, MODEL, H200)
+    with pytest.raises(ValueError, match="no learning-rate rule"):
+        candidate_tiers(16, 1, 1, 2048, MODEL, H200, optimizer="lion")
+    with pytest.raises(ValueError, match="MemoryModel"):
+        candidate_tiers(16, 1, 1, 2048, {16: 1}, H200)
+
+
+# --------------------------------------------------------------------------------- properties
+
+tier_inputs = dict(
+    pdb=st.integers(1, 64),
+    accum=st.integers(1, 16),
+    world=st.integers(1, 8),
+    intercept_gb=st.floats(0.0, 100.0),
+    slope_gb=st.floats(0.0, 10.0),
+    cap_gb=st.floats(1.0, 300.0),
+    margin=st.floats(0.0, 0.5),
+    infeasible=st.sets(st.integers(1, 512), max_size=6),
+    max_per_device=st.none() | st.integers(1, 512),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(**tier_inputs)
+def test_property_a_fitting_tier_stays_under_capacity_minus_margin(
+    pdb, accum, world, intercept_gb, slope_gb, cap_gb, margin, infeasible, max_per_device
+):
+    model = MemoryModel(intercept_gb * GB, slope_gb * GB, "plan")
+    usable = usable_bytes(cap_gb * GB, margin)
+    tiers = candidate_tiers(pdb, accum, world, 1024, model, cap_gb * GB, margin, (1, 2, 4, 8),
+                            infeasible, max_per_device=max_per_device)
+    running_fits = model.predict(pdb) <= usable and pdb not in infeasible
+    for t in tiers:
+        assert t.effective_batch == t.factor * pdb * accum * world
+        assert t.world_size == world
+        if not t.fits:
+            assert t.reason
+            continue
+        assert t.per_device_batch not in infeasible
+        assert max_per_device is None or t.per_device_batch <= max_per_device
+        if running_fits:
+            assert t.predicted_peak_bytes <= usable
+        else:  # only what is already running (or smaller) may exceed the model's usable memory
+            assert t.predicted_peak_bytes <= usable or t.per_device_batch <= pdb
+
+
+@settings(max_examples=300, deadline=None)
+@given(**tier_inputs, extra_gb=st.floats(0.0, 200.0))
+def test_property_more_memory_never_yields_a_smaller_feasible_tier(
+    pdb, accum, world, intercept_gb, slope_gb, cap_gb, margin, infeasible, max_per_device, extra_gb
+):
+    model = MemoryModel(intercept_gb * GB, slope_gb * GB, "plan")
+    kw = dict(margin=margin, factors=(2, 4, 8), infeasible=infeasible, max_per_device=max_per_device)
+    small = candidate_tiers(pdb, accum, world, 1024, model, cap_gb * GB, **kw)
+    big = candidate_tiers(pdb, accum, world, 1024, model, (cap_gb + extra_gb) * GB, **kw)
+    for a, b in zip(small, big):
+        if a.fits:
+            assert b.fits and b.per_device_batch >= a.per_device_batch
+
+
+@settings(max_examples=200, deadline=None)
+@given(**tier_inputs)
+def test_property_chosen_per_device_batch_is_the_largest_that_fits(
+    pdb, accum, world, intercept_gb, slope_gb, cap_gb, margin, infeasible, max_per_device
+):
+    model = MemoryModel(intercept_gb * GB, slope_gb * GB, "plan")
+    usable = usable_bytes(cap_gb * GB, margin)
+    for t in candidate_tiers(pdb, accum, world, 1024, model, cap_gb * GB, margin, (2, 4), infeasible,
+                             max_per_device=max_per_device):
+        per_rank = t.per_device_batch * t.accum
+        bigger = [d for d in range(t.per_device_batch + 1, per_rank + 1) if per_rank % d == 0]
+        for d in bigger:
+            excluded = d in infeasible or (max_per_device is not None and d > max_per_device)
+            assert excluded or model.predict(d) > usable or not t.fits
+
+
+# --------------------------------------------------------------------------------- ramp point
+
+
+def test_ready_after_hysteresis_with_enough_samples():
+    steps = list(range(300))
+    rec = ramp_decision(steps, [600.0] * 300, current_batch=512, hysteresis_steps=50, min_samples=100)
+    assert rec.ready and rec.suggested_batch == 1024
+    assert rec.evidence.steps_above == 300 and rec.evidence.n_samples == 300
+    assert rec.evidence.noise_scale == 600.0 and rec.evidence.threshold_batch == 512.0
+    assert "stayed above the batch (512 sequences) for 300 steps" in rec.reason
+
+
+def test_ramp_restarts_hysteresis_but_keeps_history():
+    steps = list(range(300))
+    rec = ramp_decision(steps, [600.0] * 300, current_batch=512, hysteresis_steps=50, since_step=280)
+    assert not rec.ready and rec.evidence.steps_above == 19 and rec.evidence.n_samples == 300
+    assert rec.forecast_step == 281 + 49
+    assert "above 512 for 19 of 50 steps: ready at step ~330" in rec.reason
+
+
+def test_not_enough_evidence():
+    rec = ramp_decision(list(range(30)), [900.0] * 30, current_batch=512, hysteresis_steps=10, min_samples=100)
+    assert not rec.ready
+    assert rec.reason.startswith("not enough evidence (30 noise-scale estimates, need 100)")
+
+
+def test_missing_estimate_breaks_the_streak():
+    values = [600.0] * 100 + [None] + [600.0] * 20
+    rec = ramp_decision(list(range(121)), values, current_batch=512, hysteresis_steps=50, min_samples=10)
+    assert not rec.ready and rec.evidence.steps_above == 20 and rec.evidence.n_samples == 120
+
+
+def test_log_linear_forecast_hand_computed():
+    steps = list(range(200))
+    values = [100.0 * math.exp(0.01 * s) for s in steps]  # crosses 1000 at ln(10)/0.01 = 230.26
+    rec = ramp_decision(steps, values, current_batch=1000, min_samples=100)
+    assert not rec.ready and rec.forecast_step == 231
+    assert rec.forecast_range == (230, 231)  # noiseless: the range just brackets 230.26
+    assert rec.evidence.trend_per_step == pytest.approx(0.01 * values[-1], rel=1e-9)
+    assert "crosses at step ~231" in rec.reason
+
+
+def test_linear_forecast_hand_computed():
+    steps = list(range(200))
+    rec = ramp_decision(steps, [100.0 + 2 * s for s in steps], current_batch=1000, trend="linear")
+    assert rec.forecast_step == 450  # 100 + 2·450 = 1000
+    assert rec.evidence.trend_per_step == pytest.approx(2.0)
+
+
+def test_noisy_forecast_range_covers_the_true_crossing():
+    rng = np.random.default_rng(7)
+    steps = np.arange(0, 2000, 10)  # logged every 10 steps
+    values = 100.0 * np.exp(0.001 * steps) * np.exp(rng.normal(0, 0.05, len(steps)))
+    rec = ramp_decision(steps.tolist(), values.tolist(), current_batch=1000)
+    lo, hi = rec.forecast_range
+    true_cross = math.log(10) / 0.001  # 2302.6
+    assert lo <= true_cross <= hi and lo < hi
+    assert lo <= rec.forecast_step <= hi
+
+
+def test_flat_or_falling_noise_scale_gives_no_forecast():
+    rec = ramp_decision(list(range(200)), [100.0] * 200, current_batch=1000)
+    assert rec.forecast_step is None and "not rising" in rec.reason
+    rec = ramp_decision(list(range(200)), [300.0 - s for s in range(200)], current_batch=1000)
+    assert rec.forecast_step is None
+
+
+def test_no_estimates_and_bad_input():
+    rec = ramp_decision([1, 2, 3], [None, float("nan"), None], current_batch=64)
+    assert not rec.ready and "no noise-scale estimate yet" in rec.reason and rec.evidence.n_samples == 0
+    with pytest.raises(ValueError, match="one per step"):
+        ramp_decision([1, 2], [1.0], current_batch=64)
+    with pytest.raises(ValueError, match="current_batch"):
+        ramp_decision([1], [1.0], current_batch=0)
+    with pytest.raises(ValueError, match="trend"):
+        ramp_decision([1], [1.0], current_batch=8, trend="cubic")
+
+
+# ------------------------------------------------------------------------------------- effect
+
+
+def test_predicted_effect_hand_computed():
+    e = predicted_effect(256, 512, 256)
+    # S/S_min: 1 + 256/256 = 2 -> 1 + 256/512 = 1.5; E/E_min: 1 + 256/256 = 2 -> 1 + 512/256 = 3
+    assert (e.steps_ratio_before, e.steps_ratio_after) == (2.0, 1.5)
+    assert (e.examples_ratio_before, e.examples_ratio_after) == (2.0, 3.0)
+    assert e.step_savings == pytest.approx(0.25) and e.example_cost == pytest.approx(0.5)
+    # far below the noise scale a doubling nearly halves the steps for almost no extra data
+    e = predicted_effect(64, 128, 100_000)
+    assert e.step_savings == pytest.approx(0.5, abs=0.001) and e.example_cost < 0.001
