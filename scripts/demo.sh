@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs what is missing, starts a cpu-tiny training run and the dashboard on 127.0.0.1.
+#   bash scripts/demo.sh            (Ctrl-C stops both)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+PY=${PYTHON:-python3}
+PORT=${PORT:-8501}
+mkdir -p runs
+DB=${RAMPWATCH_DB:-runs/demo.duckdb}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+
+# A small per-device batch makes the noise scale cross the batch within a few minutes, so the
+# dashboard has a ramp to recommend; approve it and watch the trainer apply it.
+"$PY" -m trainer train --db "$DB" --preset cpu-tiny --name "demo-$(date +%H%M%S)" \
+  --per-device-batch 4 --accum 2 --checkpoint-dir runs/checkpoints --progress off \
+  > runs/demo-trainer.log 2>&1 &
+TRAINER=$!
+"$PY" -m streamlit run app.py --server.address 127.0.0.1 --server.port "$PORT" \
+  --server.headless true --browser.gatherUsageStats false -- --db "$DB" \
+  > runs/demo-dashboard.log 2>&1 &
+DASH=$!
+trap 'kill $TRAINER $DASH 2>/dev/null; wait' INT TERM EXIT
+echo "Rampwatch demo: dashboard at http://127.0.0.1:$PORT  (trainer log: runs/demo-trainer.log)"
+echo "Ctrl-C stops the run and the dashboard."
+wait $TRAINER || true
+echo "training finished; the dashboard stays up until Ctrl-C"
+wait $DASH

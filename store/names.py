@@ -1,0 +1,46 @@
+"""Canonical metric and event names: the vocabulary the trainer writes and the dashboard reads.
+
+Both sides import these constants from here (the store is the one module they share), so a
+renamed metric cannot silently leave a chart empty. Any other name is allowed too: the metrics
+table is tall, and user loops may log whatever they like.
+"""
+
+# per optimizer step
+LOSS = "loss"
+VAL_LOSS = "val_loss"
+GRAD_NORM = "grad_norm"  # before clipping, loss scale undone
+LR = "lr"
+PER_DEVICE_BATCH = "per_device_batch"
+ACCUM = "accum"
+BATCH_SEQS = "batch_seqs"  # effective batch: per-device x accumulation x world size
+BATCH_TOKENS = "batch_tokens"
+TOKENS_SEEN = "tokens_seen"
+FIRST_SAMPLE = "first_sample_id"  # data position: id of the step's first sample (all ranks)
+STEP_TIME = "step_time"  # seconds between optimizer steps, excluding validation
+TOKENS_PER_S = "tokens_per_s"  # all ranks
+MFU = "mfu"  # model FLOPs utilisation, 0..1; absent where the device peak is unknown
+
+# memory, bytes (CUDA: allocator figures; CPU: the process)
+MEM_ALLOCATED = "mem_allocated"
+MEM_RESERVED = "mem_reserved"
+MEM_PEAK = "mem_peak"  # peak reserved since the previous step (CUDA) / peak RSS (CPU)
+MEM_RSS = "mem_rss"
+MEM_CAPACITY = "mem_capacity"
+
+# gradient noise scale (McCandlish et al. 2018), raw per step and smoothed
+GNS_G2 = "gns_g2"  # |G|^2 estimate this step
+GNS_TRACE = "gns_trace"  # tr(Sigma) estimate this step, per sequence
+GNS_RAW = "gns_b_simple_raw"  # trace / g2 this step, sequences (very noisy)
+GNS = "gns_b_simple"  # EMA(trace) / EMA(g2), sequences
+GNS_TOKENS = "gns_b_simple_tokens"
+
+LIVE_CHART_METRICS = (LOSS, VAL_LOSS, GRAD_NORM, GNS, BATCH_SEQS, MEM_PEAK, MEM_CAPACITY,
+                      TOKENS_PER_S, MFU, LR)
+
+# events.kind
+EVENT_RAMP = "ramp"
+EVENT_OOM = "oom"
+EVENT_CHECKPOINT = "checkpoint"
+EVENT_RESUME = "resume"
+EVENT_ALERT = "alert"
+EVENT_REFUSED = "refused"

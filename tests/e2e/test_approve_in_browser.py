@@ -1,0 +1,93 @@
+"""End to end, in a real browser: a training run and the dashboard as real processes; the
+operator waits for the recommendation, clicks Approve, and sees the trainer apply the ramp.
+
+Debian's chromium driven by Playwright (`executable_path`, no downloaded browser). The final
+screenshot is kept in artifacts/ as the test's artifact.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from store import reader
+from store import names as M
+from tests.procs import REPO
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARTIFACTS = REPO / "artifacts"
+LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+               "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_http(port: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.3)
+    raise AssertionError(f"the dashboard did not listen on port {port} within {timeout:.0f} s")
+
+
+def _ramp_events(db: Path, run_id: str) -> list[dict]:
+    return [e for e in reader.events(db, run_id) if e["kind"] == M.EVENT_RAMP]
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium not installed "
+                    "(scripts/setup.sh installs it)")
+def test_approve_ramp_in_browser(tmp_path, procs):
+    from playwright.sync_api import expect, sync_playwright
+
+    db = tmp_path / "runs.duckdb"
+    run_id = "e2e-run"
+    # A tiny per-device batch: the noise scale crosses the batch within the first minute.
+    trainer = procs.spawn(["-m", "trainer", "train", "--db", str(db), "--preset", "test-tiny",
+                           "--run-id", run_id, "--per-device-batch", "2", "--accum", "2",
+                           "--steps", "100000", "--total-tokens", "1000000000",
+                           "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "0",
+                           "--val-every", "0", "--ramp-hysteresis", "10",
+                           "--ramp-min-samples", "20", "--gns-half-life", "200",
+                           "--progress", "off"])
+    port = _free_port()
+    app = procs.spawn(["-m", "streamlit", "run", "app.py", "--server.port", str(port),
+                       "--server.address", "127.0.0.1", "--server.headless", "true",
+                       "--browser.gatherUsageStats", "false", "--", "--db", str(db)])
+    _wait_http(port, 60)
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1600})
+        try:
+            page.goto(f"http://127.0.0.1:{port}/", wait_until="domcontentloaded")
+            approve = page.get_by_role("button", name=re.compile(r"^Approve"))
+            try:
+                expect(approve).to_be_enabled(timeout=120_000)
+            except AssertionError:
+                page.screenshot(path=str(ARTIFACTS / "e2e-no-recommendation.png"), full_page=True)
+                pytest.fail("no approvable recommendation on the live page within 120 s "
+                            f"(trainer alive: {trainer.poll() is None}); screenshot in artifacts/")
+            approve.click()
+            applied = page.get_by_text(re.compile(r"applied at step \d+"))
+            expect(applied).to_be_visible(timeout=90_000)
+            page.screenshot(path=str(ARTIFACTS / "e2e-approved.png"), full_page=True)
+            shown_step = int(re.search(r"applied at step (\d+)", applied.first.inner_text())[1])
+        finally:
+            browser.close()
+    events = _ramp_events(db, run_id)
+    assert events, "the page says applied but the database has no ramp event"
+    assert events[-1]["step"] == shown_step
+    assert trainer.poll() is None, "the trainer died"
+    assert app.poll() is None, "the dashboard died"

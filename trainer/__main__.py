@@ -1,0 +1,82 @@
+"""`python -m trainer train ...`: the reference trainer's command line (run config as argparse)."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from trainer.config import PRESET_RUN_DEFAULTS, PRESETS
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m trainer")
+    sub = p.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("train", help="train a GPT preset, logging every step to the store")
+    t.add_argument("--db", default=os.environ.get("RAMPWATCH_DB", "runs.duckdb"),
+                   help="DuckDB file (default $RAMPWATCH_DB or runs.duckdb)")
+    t.add_argument("--preset", default="cpu-tiny", choices=sorted(PRESETS))
+    t.add_argument("--name", help="run name shown on the dashboard (default: the run id)")
+    t.add_argument("--run-id", help="id for a new run (default: random)")
+    t.add_argument("--resume", metavar="RUN_ID", help="continue this run from its checkpoint")
+    t.add_argument("--checkpoint-dir", default="checkpoints")
+    t.add_argument("--checkpoint-every", type=int, default=100, help="steps; 0 = only at the end")
+    t.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    t.add_argument("--seed", type=int, default=0)
+    batch = t.add_argument_group("batch and schedule (defaults: the preset's)")
+    batch.add_argument("--per-device-batch", type=int)
+    batch.add_argument("--accum", type=int)
+    batch.add_argument("--split-micro", action="store_true",
+                       help="with accumulation 1: run each step as two half micro-batches, so "
+                            "the noise scale has a second batch size")
+    batch.add_argument("--lr", type=float)
+    batch.add_argument("--optimizer", choices=("adamw", "sgd"))
+    batch.add_argument("--weight-decay", type=float)
+    batch.add_argument("--betas", type=float, nargs=2)
+    batch.add_argument("--grad-clip", type=float)
+    batch.add_argument("--warmup-tokens", type=int)
+    batch.add_argument("--total-tokens", type=int)
+    batch.add_argument("--steps", type=int, help="stop after this many optimizer steps")
+    t.add_argument("--val-every", type=int, default=50)
+    t.add_argument("--val-batch", type=int, default=16, help="sequences in the fixed val batch")
+    t.add_argument("--capacity-bytes", type=int,
+                   help="device capacity to report and plan against (default: the device's)")
+    t.add_argument("--chunked-ce", action="store_true", help="chunked lm_head + cross-entropy")
+    t.add_argument("--compile", action="store_true", help="torch.compile the model")
+    t.add_argument("--gns-half-life", type=float, default=2000.0,
+                   help="noise-scale EMA half-life in sequences")
+    ramp = t.add_argument_group("ramps")
+    ramp.add_argument("--ramp", default="manual", choices=("manual", "auto", "off"))
+    ramp.add_argument("--ramp-hysteresis", type=int, default=20, help="steps above the batch")
+    ramp.add_argument("--ramp-min-samples", type=int, default=30, help="noise-scale estimates")
+    ramp.add_argument("--no-plan", dest="plan", action="store_false",
+                      help="skip the fake-tensor memory plan")
+    t.add_argument("--progress", default="auto", choices=("auto", "on", "off"))
+    t.add_argument("--inject-oom", metavar="STEP:MICRO:PHASE",
+                   help="testing aid: raise out-of-memory once (phase forward|backward|optimizer)")
+    return p
+
+
+def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill unset run options from the preset's defaults."""
+    d = PRESET_RUN_DEFAULTS[args.preset]
+    for key, value in d.to_dict().items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    if args.split_micro:
+        if args.accum != 1 or args.per_device_batch % 2:
+            raise SystemExit("--split-micro needs --accum 1 and an even --per-device-batch")
+        args.per_device_batch, args.accum = args.per_device_batch // 2, 2
+    for key in ("per_device_batch", "accum", "warmup_tokens", "total_tokens"):
+        if getattr(args, key) <= 0:
+            raise SystemExit(f"--{key.replace('_', '-')} must be positive, got {getattr(args, key)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = resolve_defaults(build_parser().parse_args(argv))
+    from trainer.loop import main as train_main  # torch import only once arguments are good
+    return train_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

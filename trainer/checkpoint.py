@@ -1,0 +1,64 @@
+"""Checkpoints: everything a run needs to continue as the same run (id, tier, data position).
+
+One file per run (`<dir>/<run_id>.pt`), written to a temporary name and renamed, so a kill
+during a save leaves the previous checkpoint whole.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+@dataclass
+class TrainState:
+    """The loop's position; saved with the weights and restored on resume."""
+
+    run_id: str
+    step: int = 0  # optimizer steps completed
+    next_sample: int = 0  # the id of the first sample of the next step (data position)
+    tokens_seen: int = 0
+    per_device_batch: int = 1
+    accum: int = 1
+    base_lr: float = 0.0  # the schedule's base; ramps move it, the schedule shapes it
+    infeasible_batches: list[int] = field(default_factory=list)  # per-device batches that OOMed
+    noise_ema: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def checkpoint_path(directory: str | os.PathLike, run_id: str) -> Path:
+    return Path(directory) / f"{run_id}.pt"
+
+
+def save(path: Path, *, state: TrainState, model: torch.nn.Module, optimizer,
+         config: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save({"state": state.to_dict(), "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(), "config": config}, tmp)
+    os.replace(tmp, path)
+
+
+def load(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        raise FileNotFoundError(f"no checkpoint at {path}: check --checkpoint-dir and the run id, "
+                                "or start a new run without --resume")
+    blob = torch.load(path, map_location="cpu", weights_only=False)
+    blob["state"] = TrainState(**blob["state"])
+    return blob
+
+
+def retier(path: Path, per_device_batch: int, accum: int, infeasible: int) -> None:
+    """Rewrite a checkpoint's tier (after an OOM that stopped the run) so resume uses it."""
+    blob = torch.load(path, map_location="cpu", weights_only=False)
+    blob["state"]["per_device_batch"] = per_device_batch
+    blob["state"]["accum"] = accum
+    blob["state"]["infeasible_batches"] = sorted({*blob["state"]["infeasible_batches"], infeasible})
+    tmp = path.with_suffix(".tmp")
+    torch.save(blob, tmp)
+    os.replace(tmp, path)
