@@ -9,13 +9,13 @@ import torch
 from trainer import Monitor
 
 model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
-opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
 batch, accum, steps = 16, 4, 30
 data = torch.randn(batch * accum * steps, 32)
 target = data.sum(dim=1, keepdim=True)
 
 # --- the integration: five calls ---------------------------------------------------------
-mon = Monitor.start(sys.argv[1], name="own-loop", config={"lr": 1e-3}, model=model,
+mon = Monitor.start(sys.argv[1], name="own-loop", config={"lr": 1e-2}, model=model,
                     optimizer=opt, per_device_batch=batch, accum=accum, seq_len=1)
 for step in range(1, steps + 1):
     total = torch.zeros(())

@@ -1,0 +1,91 @@
+"""The reference trainer as a real process: every metric reaches the store, it learns, it
+resumes as the same run without logging a step twice or skipping a sample, and the README's
+own-loop snippet works."""
+from __future__ import annotations
+
+import signal
+import subprocess
+
+import pytest
+
+from store import names as M
+from store import reader
+from tests.procs import REPO, kill_group, spawn
+from tests.trainer_runs import metric, run_trainer, trainer_args, wait_for_step
+
+pytestmark = pytest.mark.slow
+
+PER_STEP = {M.LOSS, M.GRAD_NORM, M.LR, M.PER_DEVICE_BATCH, M.ACCUM, M.BATCH_SEQS,
+            M.BATCH_TOKENS, M.TOKENS_SEEN, M.STEP_TIME, M.TOKENS_PER_S, M.MEM_PEAK, M.MEM_RSS,
+            M.MEM_CAPACITY, M.GNS_G2, M.GNS_TRACE, M.FIRST_SAMPLE}
+
+
+def assert_continuous_samples(db, run_id):
+    first = metric(db, run_id, M.FIRST_SAMPLE)
+    batch = metric(db, run_id, M.BATCH_SEQS)
+    steps = sorted(first)
+    assert steps == list(range(1, len(steps) + 1)), "steps missing or out of order"
+    assert first[1] == 0
+    for s in steps[1:]:
+        assert first[s] == first[s - 1] + batch[s - 1], f"sample stream broken at step {s}"
+
+
+def test_tiny_run_logs_every_metric_and_learns(tmp_path):
+    db = tmp_path / "runs.duckdb"
+    done = run_trainer(db, tmp_path / "ckpt", "--run-id", "tiny", "--steps", "40",
+                       "--val-every", "20", "--no-plan")
+    assert done.returncode == 0, done.stdout
+    run = reader.get_run(db, "tiny")
+    assert run.status == "finished" and run.last_step == 40
+    assert run.config["preset"] == "test-tiny" and run.config["data"]["corpus"]["files"] > 100
+    names = set(reader.metric_names(db, "tiny"))
+    assert PER_STEP | {M.VAL_LOSS, M.GNS, M.GNS_TOKENS} <= names, PER_STEP - names
+    assert M.MFU not in names  # no peak FLOPs for a CPU
+    for name in PER_STEP - {M.STEP_TIME, M.TOKENS_PER_S}:
+        assert sorted(metric(db, "tiny", name)) == list(range(1, 41)), name
+    # throughput starts at step 2: the first step of a tier may include compilation
+    assert sorted(metric(db, "tiny", M.TOKENS_PER_S)) == list(range(2, 41))
+    val = metric(db, "tiny", M.VAL_LOSS)
+    assert sorted(val) == [0, 20, 40]
+    assert val[40] < val[0] - 0.5, val
+    assert_continuous_samples(db, "tiny")
+
+
+def test_killed_run_resumes_as_the_same_run(tmp_path):
+    db, ckpt = tmp_path / "runs.duckdb", tmp_path / "ckpt"
+    proc = spawn(trainer_args(db, ckpt, "--run-id", "r", "--steps", "1000",
+                              "--checkpoint-every", "10", "--no-plan"),
+                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_step(db, "r", 26, proc)
+    finally:
+        kill_group(proc, signal.SIGKILL)
+    done = run_trainer(db, ckpt, "--resume", "r", "--steps", "35", "--no-plan")
+    assert done.returncode == 0, done.stdout
+    run = reader.get_run(db, "r")
+    assert run.status == "finished" and run.last_step == 35
+    losses = metric(db, "r", M.LOSS)  # asserts no step twice
+    assert sorted(losses) == list(range(1, 36))
+    resumes = [e for e in reader.events(db, "r") if e.kind == M.EVENT_RESUME]
+    assert len(resumes) == 1 and resumes[0].step in (20, 30)
+    assert_continuous_samples(db, "r")
+    assert reader.get_run(db, "r").run_id == "r"
+
+
+def test_own_loop_snippet_from_readme(tmp_path):
+    db = tmp_path / "own.duckdb"
+    proc = spawn(["examples/own_loop.py", str(db)], stdout=subprocess.PIPE,
+                 stderr=subprocess.STDOUT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out.decode()
+    [run] = reader.list_runs(db)
+    assert run.name == "own-loop" and run.status == "finished"
+    for name in (M.LOSS, M.GRAD_NORM, M.GNS_G2, M.MEM_PEAK):
+        assert sorted(metric(db, run.run_id, name)) == list(range(1, 31)), name
+    loss = metric(db, run.run_id, M.LOSS)
+    assert loss[30] < loss[1]
+    readme = (REPO / "README.md").read_text()
+    snippet = (REPO / "examples/own_loop.py").read_text().split("# --- the integration")[1]
+    body = [line for line in snippet.splitlines()[1:] if line.strip()]
+    assert all(line in readme for line in body), "README's snippet differs from examples/own_loop.py"
+    assert len(body) < 15 + 6  # the loop itself plus the five Rampwatch calls
