@@ -1,0 +1,257 @@
+"""How long the live page's refresh takes on a long run: the store queries of one refresh tick,
+and optionally the whole page rendered by Streamlit's AppTest. Prints markdown tables.
+
+    python bench/dashboard_bench.py            # 1M steps x 20 metrics (built once, ~minutes)
+    python bench/dashboard_bench.py --quick    # 100K steps x 20 metrics
+    python bench/dashboard_bench.py --no-page  # store queries only
+
+The database is written through the real store (RunWriter: spool, ingest, rollup), as a
+trainer would, and kept at --db for later runs (rebuilt if its run is missing or short).
+
+What is timed (target: a refresh tick under 100 ms):
+  first load   one read connection, every live chart's series at the chart's bucket width from
+               step 0, the raw noise-scale window, events, memory plan; then the commands table.
+  refresh      the same after `--append` new steps arrived: each series refetched only from the
+               start of its last (partial) bucket, the noise-scale window from its last step.
+The query plan mirrors pages/data.py (LiveState.refresh + live_snapshot): bench/ may not import
+pages/ (tests/test_layout.py), so tests/test_dashboard_bench.py checks the two stay in step.
+`page` renders the live page with AppTest (the real app.py and pages, figures serialized), first
+run and reruns (a rerun is one refresh of an open session).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # `python bench/dashboard_bench.py` from anywhere
+    sys.path.insert(0, str(REPO))
+
+from store import Reader, RunWriter, commands  # noqa: E402
+from store import names as M  # noqa: E402
+
+# Same list and numbers as pages/data.py (checked by tests/test_dashboard_bench.py).
+LIVE_METRICS = (M.LOSS, M.VAL_LOSS, M.GRAD_NORM, M.GNS, M.BATCH_SEQS, M.MEM_PEAK, M.MEM_CAPACITY,
+                M.TOKENS_PER_S, M.MFU, M.PER_DEVICE_BATCH, M.ACCUM, M.TOKENS_SEEN)
+TARGET_BUCKETS = 1000
+GNS_WINDOW = 2048
+COMMANDS_EVERY = 6
+METRICS_20 = (M.LOSS, M.GRAD_NORM, M.LR, M.PER_DEVICE_BATCH, M.ACCUM, M.BATCH_SEQS,
+              M.BATCH_TOKENS, M.TOKENS_SEEN, M.STEP_TIME, M.TOKENS_PER_S, M.MFU, M.MEM_ALLOCATED,
+              M.MEM_RESERVED, M.MEM_PEAK, M.MEM_CAPACITY, M.GNS_G2, M.GNS_TRACE, M.GNS_RAW, M.GNS,
+              M.GNS_TOKENS)
+assert len(METRICS_20) == 20
+
+
+def width_for(last_step: int | None, target: int = TARGET_BUCKETS) -> int:
+    if last_step is None or last_step < 0:
+        return 1
+    need = -(-(int(last_step) + 1) // target)
+    return 1 << max(0, (need - 1).bit_length())
+
+
+def _values(steps: np.ndarray) -> dict[str, np.ndarray]:
+    s = steps.astype(np.float64)
+    loss = 2.0 + 3.0 * np.exp(-s / 2e5) + 0.02 * np.sin(s)
+    loss[steps % 99_991 == 5] = np.nan
+    gns = 10 * np.exp(s / 3e5)
+    return {M.LOSS: loss, M.GRAD_NORM: 1 + 0.1 * np.cos(s), M.LR: np.full(len(s), 3e-4),
+            M.PER_DEVICE_BATCH: np.full(len(s), 16.0), M.ACCUM: np.full(len(s), 16.0),
+            M.BATCH_SEQS: np.full(len(s), 256.0), M.BATCH_TOKENS: np.full(len(s), 524288.0),
+            M.TOKENS_SEEN: (s + 1) * 524288, M.STEP_TIME: np.full(len(s), 1.2),
+            M.TOKENS_PER_S: 4.3e5 + s % 1000, M.MFU: np.full(len(s), 0.41),
+            M.MEM_ALLOCATED: np.full(len(s), 6e10), M.MEM_RESERVED: np.full(len(s), 9e10),
+            M.MEM_PEAK: 9.1e10 + s % 7, M.MEM_CAPACITY: np.full(len(s), 1.41e11),
+            M.GNS_G2: np.full(len(s), 1e-3), M.GNS_TRACE: gns * 1e-3, M.GNS_RAW: gns,
+            M.GNS: gns, M.GNS_TOKENS: gns * 2048}
+
+
+def _log(w: RunWriter, first: int, last: int) -> None:
+    chunk = 10_000
+    for lo in range(first, last, chunk):
+        steps = np.arange(lo, min(last, lo + chunk))
+        vals = _values(steps)
+        cols = [vals[n] for n in METRICS_20]
+        for i, s in enumerate(steps.tolist()):
+            w.log(s, {n: c[i] for n, c in zip(METRICS_20, cols)})
+        if lo // chunk % 10 == 9:
+            print(f"  logged {min(last, lo + chunk):,} steps", file=sys.stderr, flush=True)
+
+
+def build(db: Path, steps: int) -> tuple[RunWriter, str]:
+    """A live run of `steps` steps x 20 metrics, written through RunWriter (kept open)."""
+    db.parent.mkdir(parents=True, exist_ok=True)
+    for suffix in ("", ".wal", ".lock"):
+        Path(str(db) + suffix).unlink(missing_ok=True)
+    import shutil
+    shutil.rmtree(str(db) + ".spool", ignore_errors=True)
+    t0 = time.perf_counter()
+    w = RunWriter.start(db, name=f"bench-{steps}", config={"per_device_batch": 16, "accum": 16,
+                        "world_size": 1, "seq_len": 2048, "optimizer": "adamw", "lr": 3e-4},
+                        device="NVIDIA H200", capacity_bytes=141_000_000_000, world_size=1,
+                        handle_sigterm=False)
+    _log(w, 0, steps)
+    for s in range(0, steps, 1000):
+        w.log(s + 999, {M.VAL_LOSS: 2.0 + 3.0 * math.exp(-s / 2e5)})
+    for s in range(0, steps, max(1, steps // 20)):
+        w.event(M.EVENT_CHECKPOINT, f"checkpoint at {s}", step=s)
+    for b in (8, 16, 32, 64):
+        w.memory_plan(b, predicted_bytes=int(3e10 + 3.8e9 * b), source="plan", step=0)
+    t_log = time.perf_counter() - t0
+    while not w.flush(timeout=60):
+        pass
+    print(f"built {steps:,} steps x 20 metrics in {time.perf_counter() - t0:.0f} s "
+          f"(log() {t_log:.0f} s, {os.path.getsize(db) / 1e9:.2f} GB)", file=sys.stderr)
+    return w, w.run_id
+
+
+class LiveMirror:
+    """pages/data.py LiveState.refresh + live_snapshot's query plan, timed."""
+
+    def __init__(self):
+        self.kept: dict[str, tuple[int, int]] = {}  # name -> (width, last bucket start)
+        self.gns_last: int | None = None
+        self.ticks = 0
+        self.open_command = False
+
+    def tick(self, db: Path, run_id: str) -> int:
+        r = Reader(db)
+        rows = 0
+        with r.session():
+            run = r.get_run(run_id)
+            r.events(run_id)
+            width = width_for(run.last_step)
+            for name in LIVE_METRICS:
+                w0, since = self.kept.get(name, (width, 0))
+                if w0 != width:  # coarsened locally in pages/buckets.py
+                    since = since - since % width
+                s = r.series(run_id, name, width=width, since_step=since)
+                rows += len(s.step)
+                self.kept[name] = (width, int(s.step[-1]) if len(s.step) else since)
+            lo = max(0, run.last_step - GNS_WINDOW + 1)
+            since = lo if self.gns_last is None else max(lo, self.gns_last)
+            g = r.series(run_id, M.GNS, width=1, since_step=since)
+            rows += len(g.step)
+            self.gns_last = int(g.last_step[-1]) if len(g.step) else self.gns_last
+            r.memory_plan(run_id)
+        # commands: every tick while one is open, else every COMMANDS_EVERY ticks
+        if self.ticks % COMMANDS_EVERY == 0 or self.open_command:
+            cmds = commands.list_commands(db, run_id)
+            self.open_command = any(c.status in ("pending", "claimed") for c in cmds)
+        self.ticks += 1
+        return rows
+
+
+def _stats(xs: list[float]) -> str:
+    xs = sorted(xs)
+    p90 = xs[min(len(xs) - 1, math.ceil(0.9 * len(xs)) - 1)]
+    return f"{statistics.median(xs) * 1e3:.1f} | {p90 * 1e3:.1f} | {xs[0] * 1e3:.1f} | {len(xs)}"
+
+
+def _ticks(m: LiveMirror, w: RunWriter, db: Path, run_id: str, last: int, reps: int,
+           append: int) -> tuple[list[float], int, int]:
+    times, rows = [], 0
+    for _ in range(reps):
+        _log(w, last, last + append)
+        last += append
+        w.flush(timeout=60)
+        t = time.perf_counter()
+        rows = m.tick(db, run_id)
+        times.append(time.perf_counter() - t)
+    return times, rows, last
+
+
+def bench_queries(db: Path, run_id: str, w: RunWriter, steps: int, reps: int, append: int) -> None:
+    """steps: the run's length now (new steps are appended from there)."""
+    first, rows_first = [], 0
+    for _ in range(reps):
+        m = LiveMirror()
+        t = time.perf_counter()
+        rows_first = m.tick(db, run_id)
+        first.append(time.perf_counter() - t)
+    m = LiveMirror()
+    m.tick(db, run_id)
+    refresh, rows_refresh, last = _ticks(m, w, db, run_id, steps, reps, append)
+    cid = commands.submit(db, run_id, "ramp", {"per_device_batch": 16, "accum": 32},
+                          actor="bench")
+    m.open_command = True
+    open_, rows_open, last = _ticks(m, w, db, run_id, last, reps, append)
+    commands.cancel(db, cid, actor="bench")
+    print(f"\n### Live page refresh queries, {steps:,} steps x 20 metrics "
+          f"({len(LIVE_METRICS)} series at width {width_for(last)} + noise-scale window)\n")
+    print("| what | median ms | p90 ms | min ms | n | buckets read |")
+    print("|---|---|---|---|---|---|")
+    print(f"| first load (with commands) | {_stats(first)} | {rows_first:,} |")
+    print(f"| refresh after {append} new steps | {_stats(refresh)} | {rows_refresh:,} |")
+    print(f"| refresh while a ramp command is open | {_stats(open_)} | {rows_open:,} |")
+    med = statistics.median(refresh) * 1e3
+    print(f"\nrefresh median {med:.1f} ms: {'within' if med < 100 else 'OVER'} the 100 ms target"
+          f" (commands read every {COMMANDS_EVERY} ticks unless one is open: a connection of "
+          "their own)")
+
+
+def bench_page(db: Path, reps: int) -> None:
+    os.environ["RAMPWATCH_DB"] = str(db)
+    os.environ.pop("RAMPWATCH_READ_ONLY", None)
+    from streamlit.testing.v1 import AppTest
+
+    firsts, reruns = [], []
+    for _ in range(max(1, reps // 3)):
+        t = time.perf_counter()
+        at = AppTest.from_file(str(REPO / "app.py"), default_timeout=120).run()
+        firsts.append(time.perf_counter() - t)
+        assert not at.exception, [e.message for e in at.exception]
+        for _ in range(3):
+            t = time.perf_counter()
+            at.run()
+            reruns.append(time.perf_counter() - t)
+    print("\n### Whole live page (AppTest: queries + advisor + 5 plotly figures serialized)\n")
+    print("| what | median ms | p90 ms | min ms | n |")
+    print("|---|---|---|---|---|")
+    print(f"| first run of a session | {_stats(firsts)} |")
+    print(f"| rerun (one refresh) | {_stats(reruns)} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="100K steps instead of 1M")
+    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--db", type=Path, default=None)
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--append", type=int, default=5, help="new steps between refreshes")
+    ap.add_argument("--no-page", action="store_true", help="skip the AppTest page timing")
+    a = ap.parse_args()
+    steps = a.steps or (100_000 if a.quick else 1_000_000)
+    db = a.db or Path(f"/tmp/rampwatch-bench/dashboard-{steps}.duckdb")
+    found = None
+    if db.exists():
+        try:
+            found = next((r for r in Reader(db).list_runs() if r.name == f"bench-{steps}"
+                          and (r.last_step or 0) >= steps - 1), None)
+        except Exception as e:  # noqa: BLE001 - rebuild anything unreadable
+            print(f"rebuilding {db}: {e}", file=sys.stderr)
+    if found is None:
+        w, run_id = build(db, steps)
+        last = steps
+    else:  # reuse: resume the run at its last step and append to it (nothing is deleted)
+        run_id, last = found.run_id, found.last_step + 1
+        w = RunWriter.start(db, run_id=run_id, resume_step=found.last_step, handle_sigterm=False)
+        w.flush(timeout=60)
+        print(f"reusing {db} ({os.path.getsize(db) / 1e9:.2f} GB, {last:,} steps)", file=sys.stderr)
+    try:
+        bench_queries(db, run_id, w, last, a.reps, a.append)
+        if not a.no_page:
+            bench_page(db, a.reps)
+    finally:
+        w.close("finished")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,257 @@
+"""Seeded Rampwatch databases for the dashboard tests, written through the real store.
+
+Owns the synthetic runs the page tests look at: a live run whose noise scale has crossed its
+batch (a ramp is due), with events, non-finite losses and a memory plan; the same run with a
+pending, applied or refused ramp command; a run whose running per-device batch just ran out of
+memory (no tier fits); finished runs at constant batch sizes whose steps-to-target follow
+S = S_min(1 + B_crit/B); and broken files (empty, foreign DuckDB, text, newer schema, no runs).
+Everything goes through store.RunWriter / store.commands; only the newer-schema and
+foreign files are made with duckdb directly (the store, rightly, cannot make them).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import numpy as np
+
+from store import RunWriter, commands, write_connection
+from store import names as M
+
+GB = 10**9
+CAPACITY = 80 * GB
+SEQ_LEN = 128
+# memory plan of the live run: peak(b) = 10 GB + 2 GB per sequence
+PLAN = {4: 18 * GB, 8: 26 * GB, 16: 42 * GB, 32: 74 * GB, 64: 138 * GB}
+S_MIN, B_CRIT = 100.0, 64.0  # the compare runs: steps to target = S_MIN (1 + B_CRIT / B)
+TARGET_LOSS = 2.5
+
+
+@dataclass
+class Seeded:
+    db: Path
+    run_id: str
+    writer: RunWriter | None = None  # open for a running run; close() it at teardown
+    events: int = 0
+    command_id: int | None = None
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close("finished")
+            self.writer = None
+
+
+def _config(pdb: int, accum: int, **extra) -> dict:
+    cfg = {"preset": "test", "optimizer": "adamw", "lr": 1e-3, "per_device_batch": pdb,
+           "accum": accum, "world_size": 1, "seq_len": SEQ_LEN,
+           "model": {"d_model": 128, "n_layer": 2, "seq_len": SEQ_LEN, "chunked_ce": False},
+           "seed": 0}
+    cfg.update(extra)
+    return cfg
+
+
+def live_run(db, steps: int = 400, name: str = "live-run", nonfinite_steps=(150, 151, 320),
+             ramp_due: bool = True, oom_at_running: bool = False,
+             capacity: int = CAPACITY) -> Seeded:
+    """A running run (its writer stays open): pdb 8 × accum 2 = 16 sequences.
+
+    The smoothed noise scale grows from 4 to ~80 sequences, so it has been above 16 for far more
+    than the 50-step hysteresis at the end (ramp_due) — or stays below (ramp_due=False).
+    Events: checkpoint at 100, alert at 150, oom at 250 (recovered), checkpoint at 300.
+    oom_at_running: the running per-device batch 8 is marked out of memory at the last step;
+    with a small `capacity` no tier can fit then.
+    """
+    pdb, accum = 8, 2
+    w = RunWriter.start(db, name=name, config=_config(pdb, accum), device="NVIDIA H200",
+                        capacity_bytes=capacity, world_size=1, handle_sigterm=False,
+                        flush_interval=3600.0)
+    rng = np.random.default_rng(0)
+    batch = pdb * accum
+    tokens = 0
+    for s in range(steps):
+        tokens += batch * SEQ_LEN
+        loss = 2.0 + 3.0 * math.exp(-s / 120) + 0.05 * rng.standard_normal()
+        if s in nonfinite_steps:
+            loss = float("nan")
+        gns = 4.0 * math.exp(s * math.log(20) / steps) if ramp_due else 4.0 + s * 0.01
+        m = {M.LOSS: loss, M.GRAD_NORM: 1.0 + 0.3 * rng.random(), M.LR: 1e-3,
+             M.PER_DEVICE_BATCH: pdb, M.ACCUM: accum, M.BATCH_SEQS: batch,
+             M.BATCH_TOKENS: batch * SEQ_LEN, M.TOKENS_SEEN: tokens, M.GNS: gns,
+             M.GNS_TOKENS: gns * SEQ_LEN, M.MEM_PEAK: min(25.5 * GB, 0.9 * capacity) + 0.1 * GB * rng.random(),
+             M.MEM_CAPACITY: capacity, M.TOKENS_PER_S: 50_000 + 1000 * rng.random(),
+             M.MFU: 0.41 + 0.01 * rng.random(), M.STEP_TIME: 0.04}
+        w.log(s, m)
+        if s % 100 == 99:
+            w.log(s, {M.VAL_LOSS: 2.1 + 3.0 * math.exp(-s / 120)})
+    events = [(100, M.EVENT_CHECKPOINT, "checkpoint at step 100"),
+              (150, M.EVENT_ALERT, "non-finite gradient: step left out of the noise scale"),
+              (250, M.EVENT_OOM, "out of memory at per-device batch 16; fell back to 8 x 2"),
+              (300, M.EVENT_CHECKPOINT, "checkpoint at step 300")]
+    for step, kind, msg in events:
+        data = {"per_device_batch": 16} if kind == M.EVENT_OOM else {}
+        w.event(kind, msg, step=step, data=data)
+    for b, peak in PLAN.items():
+        w.memory_plan(b, predicted_bytes=peak, source="plan", step=0,
+                      breakdown={"parameters": 2 * GB, "activations": peak - 2 * GB})
+    w.memory_plan(8, measured_bytes=int(min(25.6 * GB, 0.9 * capacity)), source="measured", step=10)
+    w.memory_plan(16, feasible=False, source="oom", step=250)
+    if oom_at_running:
+        w.memory_plan(8, feasible=False, source="oom", step=steps - 1)
+    assert w.flush(), w.stats()
+    return Seeded(Path(db), w.run_id, w, events=len(events))
+
+
+RAMP_PAYLOAD = {"per_device_batch": 8, "accum": 4, "lr_multiplier": math.sqrt(2)}
+
+
+def with_command(db, state: str, reason: str = "per-device batch 32 needs about 90.0 GB > 76.0 GB "
+                 "usable (80.0 GB capacity, 5% margin)") -> Seeded:
+    """The live run plus one ramp command in `state`: pending, claimed, applied or refused."""
+    run = live_run(db)
+    cid = commands.submit(db, run.run_id, "ramp", RAMP_PAYLOAD, actor="dashboard:test")
+    if state in ("claimed", "applied", "refused"):
+        commands.claim(db, cid, actor="trainer:test")
+    if state == "applied":
+        commands.apply(db, cid, step=399, actor="trainer:test")
+    elif state == "refused":
+        commands.refuse(db, cid, reason=reason, actor="trainer:test")
+    run.command_id = cid
+    return run
+
+
+def finished_run(db, batch: int, name: str | None = None, steps: int = 600,
+                 lr: float = 1e-3) -> str:
+    """A finished run at constant batch `batch` (sequences) whose loss reaches TARGET_LOSS at
+    step ceil(S_MIN (1 + B_CRIT / batch)) exactly: loss = 2 + 3 exp(-s / tau), no noise."""
+    s_target = S_MIN * (1 + B_CRIT / batch)
+    tau = s_target / math.log(3.0 / (TARGET_LOSS - 2.0))
+    w = RunWriter.start(db, name=name or f"b{batch}", config=_config(batch, 1, lr=lr),
+                        device="cpu", capacity_bytes=CAPACITY, world_size=1,
+                        handle_sigterm=False, flush_interval=3600.0)
+    tokens = 0
+    for s in range(steps):
+        tokens += batch * SEQ_LEN
+        w.log(s, {M.LOSS: 2.0 + 3.0 * math.exp(-s / tau), M.BATCH_SEQS: batch,
+                  M.PER_DEVICE_BATCH: batch, M.ACCUM: 1, M.TOKENS_SEEN: tokens,
+                  M.STEP_TIME: 0.01 * batch / 16, M.MEM_PEAK: (10 + batch / 4) * GB})
+    assert w.close("finished")
+    return w.run_id
+
+
+def compare_runs(db, batches=(16, 32, 64, 128)) -> list[str]:
+    return [finished_run(db, b) for b in batches]
+
+
+# ------------------------------------------------------------------------------ broken files
+
+
+def empty_file(path) -> Path:
+    p = Path(path)
+    p.write_bytes(b"")
+    return p
+
+
+def text_file(path) -> Path:
+    p = Path(path)
+    p.write_text("step,loss\n1,2.0\n")
+    return p
+
+
+def foreign_duckdb(path) -> Path:
+    """A DuckDB file that is not Rampwatch's (someone else's table)."""
+    p = Path(path)
+    con = duckdb.connect(str(p))
+    con.execute("CREATE TABLE sales (id INTEGER, amount DOUBLE)")
+    con.execute("INSERT INTO sales VALUES (1, 2.5)")
+    con.close()
+    return p
+
+
+def no_runs(path) -> Path:
+    """A valid Rampwatch database with no runs."""
+    p = Path(path)
+    with write_connection(p):
+        pass
+    return p
+
+
+def newer_schema(path) -> Path:
+    """A Rampwatch database stamped with a schema version from the future."""
+    p = no_runs(path)
+    con = duckdb.connect(str(p))
+    con.execute("INSERT INTO rampwatch_schema VALUES (999, 0, 'from the future')")
+    con.close()
+    return p
+
+
+def delete_run(db, run_id: str) -> None:
+    """What an operator's cleanup does behind the dashboard's back (no store API deletes runs)."""
+    with write_connection(db) as con:
+        for table in ("metrics", "metrics_rollup", "rollup_partial", "rollup_state", "events",
+                      "memory_plan", "runs"):
+            con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
+
+
+# ------------------------------------------------------------------------ the app under test
+
+APP = Path(__file__).resolve().parent.parent / "app.py"
+
+
+def app(monkeypatch, db, read_only: bool = False, page: str | None = None, timeout: float = 60):
+    """AppTest of app.py on `db` (through RAMPWATCH_DB, as a deployment would), already run."""
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("RAMPWATCH_DB", str(db))
+    if read_only:
+        monkeypatch.setenv("RAMPWATCH_READ_ONLY", "1")
+    else:
+        monkeypatch.delenv("RAMPWATCH_READ_ONLY", raising=False)
+    at = AppTest.from_file(str(APP), default_timeout=timeout).run()
+    if page is not None:
+        at.switch_page(page).run()
+    return at
+
+
+def figures(at) -> dict[str, dict]:
+    """{chart title: plotly figure JSON} of every st.plotly_chart on the page."""
+    import json
+
+    out = {}
+    for el in at.get("plotly_chart"):
+        fig = _decode(json.loads(el.proto.spec))
+        title = fig.get("layout", {}).get("title") or ""
+        title = title.get("text", "") if isinstance(title, dict) else str(title)
+        out[title] = fig
+    return out
+
+
+def _decode(obj):
+    """Plotly 6+ ships numpy arrays as {'dtype', 'bdata' (base64)}: back to lists."""
+    import base64
+
+    if isinstance(obj, dict):
+        if set(obj) >= {"dtype", "bdata"}:
+            arr = np.frombuffer(base64.b64decode(obj["bdata"]), dtype=np.dtype(obj["dtype"]))
+            return arr.reshape(obj["shape"]).tolist() if "shape" in obj else arr.tolist()
+        return {k: _decode(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_decode(v) for v in obj]
+    return obj
+
+
+def trace_names(fig: dict) -> list[str]:
+    return [t.get("name") for t in fig.get("data", [])]
+
+
+def event_shapes(fig: dict) -> list[dict]:
+    return [s for s in fig.get("layout", {}).get("shapes", []) if str(s.get("name", "")).startswith("event:")]
+
+
+def texts(at) -> str:
+    """All visible text of the page's messages and markdown, joined (for 'in' assertions)."""
+    parts = []
+    for kind in ("title", "markdown", "caption", "info", "success", "warning", "error", "subheader"):
+        parts += [str(e.value) for e in getattr(at, kind)]
+    return "\n".join(parts)

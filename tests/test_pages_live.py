@@ -1,0 +1,206 @@
+"""Live page (AppTest on seeded databases): charts by trace name, event markers, the
+recommendation card in every command state, Approve / Cancel writing the real command table,
+read-only mode, and a tier that cannot be approved."""
+from __future__ import annotations
+
+import pytest
+
+from store import commands
+from store import names as M
+from tests import seed
+
+CHARTS = ("Loss", "Gradient norm (before clipping)", "Gradient noise scale vs batch",
+          "Memory (GB)", "Throughput")
+
+
+@pytest.fixture
+def live(db_path):
+    run = seed.live_run(db_path)
+    yield run
+    run.close()
+
+
+def _cmd(db, state):
+    run = seed.with_command(db, state)
+    return run
+
+
+def test_charts_traces_events_and_nonfinite(live, monkeypatch):
+    at = seed.app(monkeypatch, live.db)
+    assert not at.exception
+    figs = seed.figures(at)
+    assert set(CHARTS) <= set(figs), figs.keys()
+    loss = seed.trace_names(figs["Loss"])
+    assert {"loss (raw)", "loss (smoothed)", "val_loss", "loss (raw) non-finite"} <= set(loss)
+    nonfinite = next(t for t in figs["Loss"]["data"] if t["name"] == "loss (raw) non-finite")
+    assert sorted(nonfinite["x"]) == [150, 151, 320]  # markers where the NaN losses are
+    assert {"noise scale (B_simple)", "batch (sequences)"} <= set(
+        seed.trace_names(figs["Gradient noise scale vs batch"]))
+    mem = seed.trace_names(figs["Memory (GB)"])
+    assert {"peak memory", "capacity", "usable"} <= set(mem)
+    assert [n for n in mem if n.startswith("×")] == [
+        "×2: 32 × 1 (73.6 GB)", "×4: 32 × 2 (73.6 GB)", "×8: 32 × 4 (73.6 GB)"]
+    assert {"tokens/s", "MFU (%)"} <= set(seed.trace_names(figs["Throughput"]))
+    assert "grad_norm" in seed.trace_names(figs["Gradient norm (before clipping)"])
+    for title in CHARTS:  # every event is a vertical marker on every chart
+        shapes = seed.event_shapes(figs[title])
+        assert len(shapes) == live.events == 4, title
+        assert sorted(s["x0"] for s in shapes) == [100, 150, 250, 300]
+    text = seed.texts(at)
+    assert "Ramp now." in text and "double the batch" in text
+    assert "status **running**" in text
+
+
+def test_card_evidence_and_chosen_tier(live, monkeypatch):
+    at = seed.app(monkeypatch, live.db)
+    text = seed.texts(at)
+    assert "noise-scale estimates (need 100)" in text
+    assert "vs threshold **16** sequences" in text
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Batch"] == "32 seq"
+    assert metrics["Predicted peak"] == "73.6 GB"
+    assert metrics["LR multiplier"] == "×1.414"
+    assert metrics["Steps to target"].startswith("-")  # a doubling saves steps
+    # choosing the ×4 tier updates the card
+    at.radio(key="tier_choice").set_value("×4: 32 × 2 (73.6 GB)").run()
+    assert {m.label: m.value for m in at.metric}["Batch"] == "64 seq"
+    assert at.button(key="approve").label.startswith("Approve ramp to 32 × 2")
+
+
+def test_approve_writes_pending_then_cancel(live, monkeypatch):
+    at = seed.app(monkeypatch, live.db)
+    approve = at.button(key="approve")
+    assert approve.label.startswith("Approve") and not approve.disabled
+    approve.click().run()
+    assert not at.exception
+    cmds = commands.list_commands(live.db, live.run_id)
+    assert len(cmds) == 1
+    c = cmds[0]
+    assert (c.status, c.kind, c.actor) == ("pending", "ramp", "dashboard")
+    assert c.payload == {"per_device_batch": 32, "accum": 1, "lr_multiplier": pytest.approx(2 ** 0.5)}
+    text = seed.texts(at)
+    assert f"Ramp #{c.command_id} to 32 per device × 1 accumulation is pending" in text
+    assert at.button(key="approve").disabled  # one open ramp at a time
+    at.button(key="cancel_command").click().run()
+    assert commands.get(live.db, c.command_id).status == "cancelled"
+    assert "was cancelled" in seed.texts(at)
+    assert not at.button(key="approve").disabled
+
+
+@pytest.mark.parametrize("state,expected,kind", [
+    ("pending", "is pending: waiting for the trainer", "info"),
+    ("claimed", "was claimed by the trainer", "info"),
+    ("applied", "was applied at step 399", "success"),
+    ("refused", "was refused: per-device batch 32 needs about 90.0 GB > 76.0 GB usable", "error"),
+])
+def test_card_command_states(db_path, monkeypatch, state, expected, kind):
+    run = seed.with_command(db_path, state)
+    try:
+        at = seed.app(monkeypatch, db_path)
+        assert not at.exception
+        msgs = [str(e.value) for e in getattr(at, kind)]
+        assert any(f"Ramp #{run.command_id} to 8 per device × 4 accumulation {expected}" in m
+                   for m in msgs), msgs
+        keys = {b.key for b in at.button}
+        assert ("cancel_command" in keys) == (state == "pending")
+        assert at.button(key="approve").disabled == (state in ("pending", "claimed"))
+    finally:
+        run.close()
+
+
+def test_reject_hides_until_new_recommendation(live, monkeypatch):
+    at = seed.app(monkeypatch, live.db)
+    at.button(key="reject").click().run()
+    text = seed.texts(at)
+    assert "You rejected this recommendation" in text and "Ramp now." not in text
+    assert "approve" not in {b.key for b in at.button}
+    assert commands.list_commands(live.db, live.run_id) == []  # rejecting writes nothing
+    # a ramp makes a new recommendation
+    live.writer.event(M.EVENT_RAMP, "ramp (command 1): 8 x 2 -> 8 x 4", step=399)
+    assert live.writer.flush()
+    at.run()
+    assert "You rejected this recommendation" not in seed.texts(at)
+    assert "approve" in {b.key for b in at.button}
+
+
+def test_read_only_has_no_controls(live, monkeypatch):
+    at = seed.app(monkeypatch, live.db, read_only=True)
+    assert not at.exception
+    assert [b.key for b in at.button] == []
+    assert "Ramp now." in seed.texts(at)  # same card, no buttons
+    assert set(CHARTS) <= set(seed.figures(at))
+    assert commands.list_commands(live.db, live.run_id) == []
+
+
+def test_tier_that_does_not_fit_cannot_be_approved(db_path, monkeypatch):
+    # its per-device batch 8 just ran out of memory, and on a 12 GB device nothing smaller fits
+    run = seed.live_run(db_path, oom_at_running=True, capacity=12 * seed.GB)
+    try:
+        at = seed.app(monkeypatch, db_path)
+        assert not at.exception
+        assert at.button(key="approve").disabled
+        errors = [str(e.value) for e in at.error]
+        assert "This tier cannot be approved: even per-device batch 1 needs 12.0 GB > 11.4 GB " \
+               "usable (known to run out of memory: 8, 16)" in errors
+    finally:
+        run.close()
+
+
+def test_more_rows_arrive_and_the_page_refreshes(live, monkeypatch):
+    at = seed.app(monkeypatch, live.db)
+    before = seed.figures(at)["Loss"]
+    raw = next(t for t in before["data"] if t["name"] == "loss (raw)")
+    assert max(raw["x"]) == 399
+    for s in range(400, 450):
+        live.writer.log(s, {M.LOSS: 2.0, M.GNS: 90.0, M.BATCH_SEQS: 16})
+    assert live.writer.flush()
+    at.run()
+    raw = next(t for t in seed.figures(at)["Loss"]["data"] if t["name"] == "loss (raw)")
+    assert max(raw["x"]) == 449 and len(raw["x"]) == 450
+    assert "step **449**" in seed.texts(at)
+
+
+def test_finished_run_has_card_but_no_buttons(db_path, monkeypatch):
+    rid = seed.finished_run(db_path, 32)
+    at = seed.app(monkeypatch, db_path)
+    assert not at.exception
+    assert "approve" not in {b.key for b in at.button}
+    assert "The run is finished: ramp commands go only to running runs." in seed.texts(at)
+    assert rid in seed.texts(at)
+
+
+def test_busy_database_keeps_the_last_refresh(live, monkeypatch):
+    import threading
+
+    from pages import data
+    from store import write_connection
+
+    at = seed.app(monkeypatch, live.db)
+    monkeypatch.setattr(data, "TIMEOUT", 0.3)
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with write_connection(live.db):
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    try:
+        held.wait(10)
+        at.run()
+    finally:
+        release.set()
+        t.join()
+    assert not at.exception
+    assert any("Showing the previous refresh:" in c.value and "busy" in c.value for c in at.caption)
+    assert set(CHARTS) <= set(seed.figures(at))  # the charts stay
+
+
+def test_read_only_never_submits(live, monkeypatch):
+    from pages import data
+
+    monkeypatch.setenv("RAMPWATCH_READ_ONLY", "1")
+    with pytest.raises(data.CommandError, match="read-only"):
+        data.submit_ramp(live.db, live.run_id, seed.RAMP_PAYLOAD)
+    assert commands.list_commands(live.db, live.run_id) == []
