@@ -158,19 +158,25 @@ def render(card: Card, *, db, run, read_only: bool) -> None:
         if card.current is not None:
             now.caption("Now: " + card.current.describe())
         _command_line(card, command)
-        for p in card.problems:
-            st.warning(p)
+        # one container per part whose element count varies, so the buttons below keep their
+        # place in the element tree and a refresh never shows a stale copy beside the new ones
+        with st.container():
+            for p in card.problems:
+                st.warning(p)
         rejected = card.key in st.session_state.get(REJECTED, set())
         if rejected:
             st.caption("You rejected this recommendation for this session; a new one appears "
                        "after the next ramp or when the advisor suggests another tier.")
             return
-        _verdict(card)
+        with st.container():
+            _verdict(card)
         if card.current is None:
             return
-        v = _chosen(card)
-        if v is not None:
-            _tier_detail(card, v)
+        with st.container():
+            v = _chosen(card)
+        with st.container():
+            if v is not None:
+                _tier_detail(card, v)
         with st.expander("Evidence and all tiers", expanded=False):
             _evidence(card)
             st.caption(card.memory_note)

@@ -131,7 +131,8 @@ def db_problem(db: Path | None) -> Problem | None:
                        "`.duckdb` file the trainer writes (its --db).")
     if not db.exists():
         return Problem("missing", f"No database at {db}: the file does not exist yet. Start a "
-                       f"training run with `--db {db}` (it creates the file), or check the path.")
+                       f"training run with `--db {db}` (it creates the file), or check the path; "
+                       "this page refreshes when it appears.", fatal=False)
     if db.stat().st_size == 0:
         return Problem("empty", f"{db} is an empty file (0 bytes), not a Rampwatch database. Delete "
                        "it and let a training run create the database, or point --db elsewhere.")

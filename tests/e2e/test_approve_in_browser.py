@@ -42,8 +42,8 @@ def _wait_http(port: int, timeout: float) -> None:
     raise AssertionError(f"the dashboard did not listen on port {port} within {timeout:.0f} s")
 
 
-def _ramp_events(db: Path, run_id: str) -> list[dict]:
-    return [e for e in reader.events(db, run_id) if e["kind"] == M.EVENT_RAMP]
+def _ramp_events(db: Path, run_id: str) -> list:
+    return [e for e in reader.events(db, run_id) if e.kind == M.EVENT_RAMP]
 
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium not installed "
@@ -74,8 +74,11 @@ def test_approve_ramp_in_browser(tmp_path, procs):
             page.goto(f"http://127.0.0.1:{port}/", wait_until="domcontentloaded")
             approve = page.get_by_role("button", name=re.compile(r"^Approve"))
             try:
-                expect(approve).to_be_enabled(timeout=120_000)
+                # the advisor's verdict, not just an enabled button: the noise scale has crossed
+                expect(page.get_by_text("Ramp now.")).to_be_visible(timeout=120_000)
+                expect(approve).to_be_enabled(timeout=10_000)
             except AssertionError:
+                print(page.inner_text("body")[:3000])
                 page.screenshot(path=str(ARTIFACTS / "e2e-no-recommendation.png"), full_page=True)
                 pytest.fail("no approvable recommendation on the live page within 120 s "
                             f"(trainer alive: {trainer.poll() is None}); screenshot in artifacts/")
@@ -88,6 +91,6 @@ def test_approve_ramp_in_browser(tmp_path, procs):
             browser.close()
     events = _ramp_events(db, run_id)
     assert events, "the page says applied but the database has no ramp event"
-    assert events[-1]["step"] == shown_step
+    assert events[-1].step == shown_step
     assert trainer.poll() is None, "the trainer died"
     assert app.poll() is None, "the dashboard died"
