@@ -60,7 +60,9 @@ def test_killed_run_resumes_as_the_same_run(tmp_path):
         wait_for_step(db, "r", 26, proc)
     finally:
         kill_group(proc, signal.SIGKILL)
-    done = run_trainer(db, ckpt, "--resume", "r", "--steps", "35", "--no-plan")
+    # the run's own model and schedule win over this launch's flags (a different preset here)
+    done = run_trainer(db, ckpt, "--resume", "r", "--steps", "35", "--no-plan",
+                       "--preset", "cpu-tiny")
     assert done.returncode == 0, done.stdout
     run = reader.get_run(db, "r")
     assert run.status == "finished" and run.last_step == 35
@@ -69,7 +71,7 @@ def test_killed_run_resumes_as_the_same_run(tmp_path):
     resumes = [e for e in reader.events(db, "r") if e.kind == M.EVENT_RESUME]
     assert len(resumes) == 1 and resumes[0].step in (20, 30)
     assert_continuous_samples(db, "r")
-    assert reader.get_run(db, "r").run_id == "r"
+    assert run.config["preset"] == "test-tiny"
 
 
 def test_own_loop_snippet_from_readme(tmp_path):

@@ -1,7 +1,9 @@
 """Checkpoints: everything a run needs to continue as the same run (id, tier, data position).
 
 One file per run (`<dir>/<run_id>.pt`), written to a temporary name and renamed, so a kill
-during a save leaves the previous checkpoint whole.
+during a save leaves the previous checkpoint whole. The temporary name is per process: under
+DDP a rank that ran out of memory may write while rank 0 saves (the last rename wins, and
+either file is a whole checkpoint).
 """
 from __future__ import annotations
 
@@ -35,12 +37,20 @@ def checkpoint_path(directory: str | os.PathLike, run_id: str) -> Path:
     return Path(directory) / f"{run_id}.pt"
 
 
+def _tmp(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
 def save(path: Path, *, state: TrainState, model: torch.nn.Module, optimizer,
-         config: dict[str, Any]) -> None:
+         config: dict[str, Any], note: dict[str, Any] | None = None) -> None:
+    """note: what the next resume should record as an event (e.g. why the tier changed)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save({"state": state.to_dict(), "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(), "config": config}, tmp)
+    tmp = _tmp(path)
+    blob = {"state": state.to_dict(), "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(), "config": config}
+    if note is not None:
+        blob["note"] = note
+    torch.save(blob, tmp)
     os.replace(tmp, path)
 
 
@@ -53,12 +63,15 @@ def load(path: Path) -> dict[str, Any]:
     return blob
 
 
-def retier(path: Path, per_device_batch: int, accum: int, infeasible: int) -> None:
+def retier(path: Path, per_device_batch: int, accum: int, infeasible: int,
+           note: dict[str, Any] | None = None) -> None:
     """Rewrite a checkpoint's tier (after an OOM that stopped the run) so resume uses it."""
     blob = torch.load(path, map_location="cpu", weights_only=False)
     blob["state"]["per_device_batch"] = per_device_batch
     blob["state"]["accum"] = accum
     blob["state"]["infeasible_batches"] = sorted({*blob["state"]["infeasible_batches"], infeasible})
-    tmp = path.with_suffix(".tmp")
+    if note is not None:
+        blob["note"] = note
+    tmp = _tmp(path)
     torch.save(blob, tmp)
     os.replace(tmp, path)

@@ -7,6 +7,16 @@ E|S_j/j|^2 = |G|^2 + tr(Sigma)/(j*b)  (McCandlish et al. 2018, App. A; DESIGN.md
 
 Norms are reduced in fp32 on the device and stay there; `collect()` moves the k values to the
 host in one transfer per optimizer step, so no micro-step ever synchronizes with the device.
+
+Under DDP (world size W) the running sums j < k are this rank's own (no_sync), while the last
+backward's .grad is the all-reduced global mean. `RankNormHook`, a DDP communication hook, adds
+the one missing point for free: |bucket|^2 of this rank's local full gradient S_k/k, taken just
+before the standard all-reduce. `collect(..., world_size=W)` then averages the local points over
+ranks in one small all-reduce (which also carries values the caller wants averaged or maxed over
+ranks, e.g. the loss and the peak memory) and fits the line through
+(j*b, |S_j/j|^2) for j <= k (rank averages) and (k*b*W, |global|^2). Averaging the local points
+keeps their expectation |G|^2 + tr(Sigma)/(j*b), cuts their variance, and gives every rank the
+same estimate (so a checkpoint written by any rank holds rank 0's noise-scale EMA).
 """
 from __future__ import annotations
 
@@ -14,6 +24,7 @@ import math
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as torch_dist
 
 
 @dataclass
@@ -23,10 +34,41 @@ class StepGradStats:
     grad_norm: float  # |.grad| after the last micro-batch: before clipping, loss scale undone
     batch_sizes: list[int] = field(default_factory=list)  # sequences behind each point
     sq_norms: list[float] = field(default_factory=list)  # |S_j/j|^2 for each point
+    rank_means: list[float] = field(default_factory=list)  # DDP: `rank_mean` values, averaged
+    rank_maxes: list[float] = field(default_factory=list)  # DDP: `rank_max` values, max over ranks
 
     @property
     def finite(self) -> bool:
         return math.isfinite(self.grad_norm) and all(math.isfinite(v) for v in self.sq_norms)
+
+
+class RankNormHook:
+    """State of the DDP communication hook: this rank's |local gradient|^2, summed over buckets.
+
+    The hook sees each bucket's flat buffer before the all-reduce, i.e. this rank's accumulated
+    .grad (S_k/k with the usual loss scaling), so the squared norm costs one reduction per bucket
+    on the device and no extra backward. Then it runs the standard allreduce hook unchanged.
+    """
+
+    def __init__(self, process_group=None):
+        self.process_group = process_group
+        self._sq: torch.Tensor | None = None
+
+    def register(self, ddp_model) -> None:
+        ddp_model.register_comm_hook(self, _rank_norm_allreduce_hook)
+
+    def take(self) -> torch.Tensor | None:
+        value, self._sq = self._sq, None
+        return value
+
+
+def _rank_norm_allreduce_hook(state: RankNormHook, bucket):
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    # before the allreduce hook divides the buffer by the world size in place
+    sq = torch.linalg.vector_norm(bucket.buffer(), dtype=torch.float32).square()
+    state._sq = sq if state._sq is None else state._sq + sq
+    return default_hooks.allreduce_hook(state.process_group, bucket)
 
 
 class AccumulationStats:
@@ -40,6 +82,13 @@ class AccumulationStats:
         self.params = [p for p in params if p.requires_grad]
         self.loss_divided_by_accum = loss_divided_by_accum
         self._sq_norms: list[torch.Tensor] = []
+        self.rank_hook: RankNormHook | None = None  # set by attach_ddp (world size > 1)
+
+    def attach_ddp(self, ddp_model, process_group=None) -> None:
+        """Register the per-rank norm hook on a DistributedDataParallel model (before its first
+        backward); needed by collect(world_size > 1)."""
+        self.rank_hook = RankNormHook(process_group)
+        self.rank_hook.register(ddp_model)
 
     def after_backward(self) -> None:
         grads = [p.grad for p in self.params if p.grad is not None]
@@ -51,20 +100,27 @@ class AccumulationStats:
     def reset(self) -> None:
         """Forget the partial sums of an abandoned step (e.g. after an out-of-memory retry)."""
         self._sq_norms.clear()
+        if self.rank_hook is not None:
+            self.rank_hook.take()
 
     @property
     def count(self) -> int:
         return len(self._sq_norms)
 
-    def collect(self, micro_batch: int, grad_scale: float = 1.0) -> StepGradStats:
+    def collect(self, micro_batch: int, grad_scale: float = 1.0, world_size: int = 1, *,
+                rank_mean=(), rank_max=()) -> StepGradStats:
         """End of an optimizer step: one device-to-host copy, then per-point |S_j/j|^2.
 
         micro_batch: sequences per micro-batch on this rank; grad_scale: a loss scaler's current
-        scale (gradients are divided by it to undo scaling).
+        scale (gradients are divided by it to undo scaling). world_size > 1: DDP (see the module
+        docstring); every rank must call it, and rank_mean / rank_max (device tensors or floats)
+        come back averaged / maxed over ranks in StepGradStats.rank_means / rank_maxes.
         """
         if not self._sq_norms:
             raise RuntimeError("collect() called before any backward: call after_backward() "
                                "after each micro-batch's loss.backward()")
+        if world_size > 1:
+            return self._collect_ddp(micro_batch, grad_scale, world_size, rank_mean, rank_max)
         raw = torch.stack(self._sq_norms).double().cpu().tolist()
         self._sq_norms.clear()
         k = len(raw)
@@ -78,3 +134,43 @@ class AccumulationStats:
         # the norm the clipper sees: .grad itself, loss scale undone
         return StepGradStats(grad_norm=math.sqrt(raw[-1] * inv_scale2),
                              batch_sizes=sizes, sq_norms=sq_norms)
+
+    def _collect_ddp(self, micro_batch: int, grad_scale: float, world: int, rank_mean,
+                     rank_max) -> StepGradStats:
+        local_full = self.rank_hook.take() if self.rank_hook is not None else None
+        if local_full is None:
+            raise RuntimeError("collect(world_size > 1) needs the per-rank norm hook: call "
+                               "attach_ddp(ddp_model) before the first backward")
+        dev, f64 = local_full.device, torch.float64
+        k, n_max = len(self._sq_norms), len(rank_max)
+        # One SUM all-reduce: the local points (averaged below), the values to average, and one
+        # slot per rank for each value to max (a max via a sum of one-hot slots: no second op).
+        local = torch.stack([*self._sq_norms[:-1], local_full]).to(f64)
+        means = [torch.as_tensor(v, device=dev).to(f64).reshape(1) for v in rank_mean]
+        slots = torch.zeros(world * n_max, dtype=f64, device=dev)
+        if n_max:
+            rank = torch_dist.get_rank()
+            slots[rank * n_max:(rank + 1) * n_max] = torch.tensor(
+                [float(v) for v in rank_max], dtype=f64).to(dev)
+        vec = torch.cat([local, *means, slots])
+        torch_dist.all_reduce(vec, group=self.rank_hook.process_group)
+        # the last backward's .grad is already the global mean: same on every rank
+        host = torch.cat([vec, self._sq_norms[-1].to(f64).reshape(1)]).cpu().tolist()
+        self._sq_norms.clear()
+        inv_scale2 = 1.0 / (grad_scale * grad_scale)
+        n_mean = len(means)
+        sq_norms, sizes = [], []
+        for j, value in enumerate(host[:k], start=1):  # rank averages of |S_j/j|^2, j*b seqs
+            factor = (k / j) ** 2 if self.loss_divided_by_accum else 1.0 / (j * j)
+            sq_norms.append(value / world * factor * inv_scale2)
+            sizes.append(j * micro_batch)
+        global_sq = host[-1]
+        factor = 1.0 if self.loss_divided_by_accum else 1.0 / (k * k)
+        sq_norms.append(global_sq * factor * inv_scale2)
+        sizes.append(k * micro_batch * world)
+        slot_values = host[k + n_mean:k + n_mean + world * n_max]
+        return StepGradStats(
+            grad_norm=math.sqrt(global_sq * inv_scale2), batch_sizes=sizes, sq_norms=sq_norms,
+            rank_means=[v / world for v in host[k:k + n_mean]],
+            rank_maxes=[max(slot_values[r * n_max + i] for r in range(world))
+                        for i in range(n_max)])

@@ -21,11 +21,11 @@ import torch
 from store import names as M
 from trainer import checkpoint as ckpt
 from trainer import dist
-from trainer.config import PRESET_RUN_DEFAULTS, PRESETS, ModelConfig
+from trainer.config import PRESETS, ModelConfig
 from trainer.data import TokenDataset, prepare, rank_slice
 from trainer.model import GPT, configure_optimizer
 from trainer.monitor import Monitor
-from trainer.ramp import OomInjector, RampController, StopTraining, Tier, halve_tier
+from trainer.ramp import OomInjector, StopTraining, Tier, halve_tier
 
 
 def lr_schedule(tokens_seen: int, warmup_tokens: int, total_tokens: int,
@@ -44,13 +44,33 @@ class StepOutcome:
     tier: Tier
 
 
+# What a resumed run takes from its own checkpoint rather than from this launch's flags: the
+# model, the optimizer and the schedule it started with (the tier and data position come with
+# the checkpoint's state).
+RESUMED_FROM_CONFIG = ("preset", "model", "optimizer", "lr", "weight_decay", "betas",
+                       "grad_clip", "warmup_tokens", "total_tokens", "seed", "gns_half_life")
+
+
+def adopt_run_config(args, config: dict) -> None:
+    for key in RESUMED_FROM_CONFIG:
+        if key in config:
+            setattr(args, key, config[key])
+    args.chunked_ce = bool(config.get("model", {}).get("chunked_ce", args.chunked_ce))
+
+
 class Trainer:
     def __init__(self, args):
         self.args = args
         self.ddp = dist.setup(args.device)
         self.device = self.ddp.device
+        dist.auto_resume(args)  # a worker restarted by torchrun resumes --run-id
+        self.resume_blob = (ckpt.load(ckpt.checkpoint_path(args.checkpoint_dir, args.resume))
+                            if args.resume else None)
+        if self.resume_blob is not None:
+            adopt_run_config(args, self.resume_blob["config"])
         torch.manual_seed(args.seed)
-        self.cfg: ModelConfig = PRESETS[args.preset]
+        self.cfg: ModelConfig = (ModelConfig(**args.model) if getattr(args, "model", None)
+                                 else PRESETS[args.preset])
         if args.chunked_ce:
             self.cfg = ModelConfig(**{**self.cfg.to_dict(), "chunked_ce": True})
         self.data: TokenDataset = prepare(self.cfg, seed=args.seed)
@@ -65,27 +85,27 @@ class Trainer:
                     else nullcontext())
         self.run_config = self._run_config()
         self.mon = self._start_monitor(resumed)
-        self.ramps = RampController(self, mode=args.ramp)
+        self.ramps = dist.ramp_controller(self, args.ramp)
         self.oom = OomInjector.parse(args.inject_oom)
+        dist.after_setup(self)  # DDP: per-rank norm hook, resume notes; no-op for one process
         self.val_x, self.val_y = (t.to(self.device) for t in self.data.val_batch(args.val_batch))
 
     # -- set-up ---------------------------------------------------------------------------
     def _initial_state(self) -> tuple[ckpt.TrainState, bool]:
-        args = self.args
-        if args.resume:
-            blob = ckpt.load(ckpt.checkpoint_path(args.checkpoint_dir, args.resume))
+        args, blob = self.args, self.resume_blob
+        if blob is not None:
             self.model.load_state_dict(blob["model"])
             self.optimizer.load_state_dict(blob["optimizer"])
-            state = blob["state"]
-            world = self.ddp.world_size
-            if world != blob["config"].get("world_size", world):
-                state = dist.keep_effective_batch(state, blob["config"]["world_size"], world)
-            return state, True
-        run_id = args.run_id or uuid.uuid4().hex[:12]
+            return dist.on_resume(self, blob, blob["state"]), True
+        run_id = dist.agree_run_id(args.run_id or uuid.uuid4().hex[:12], self.ddp)
         return ckpt.TrainState(run_id=run_id, per_device_batch=args.per_device_batch,
                                accum=args.accum, base_lr=args.lr), False
 
     def _run_config(self) -> dict:
+        """What the store and checkpoints record. A resumed run keeps its original config (only
+        the world size is this launch's), so its LR rule still scales from its first batch."""
+        if self.resume_blob is not None:
+            return {**self.resume_blob["config"], "world_size": self.ddp.world_size}
         a = self.args
         return {"preset": a.preset, "model": self.cfg.to_dict(), "optimizer": a.optimizer,
                 "lr": a.lr, "weight_decay": a.weight_decay, "betas": list(a.betas),
@@ -95,7 +115,8 @@ class Trainer:
                 "world_size": self.ddp.world_size, "seq_len": self.cfg.seq_len,
                 "params": self.model.num_params(), "compile": a.compile, "data": self.data.meta,
                 "gns_half_life": a.gns_half_life, "ramp_hysteresis": a.ramp_hysteresis,
-                "ramp_min_samples": a.ramp_min_samples}
+                "ramp_min_samples": a.ramp_min_samples, "original_lr": a.lr,
+                "original_batch": a.per_device_batch * a.accum * self.ddp.world_size}
 
     def _start_monitor(self, resumed: bool) -> Monitor:
         from advisor.flops import flops_per_token
@@ -174,6 +195,8 @@ class Trainer:
         self.state.per_device_batch, self.state.accum = tier.per_device_batch, tier.accum
 
     def _recover_from_oom(self, tier: Tier, message: str) -> Tier:
+        if self.ddp.enabled:  # peers may wait in this step's all-reduce: stop, restart smaller
+            dist.stop_after_oom(self, tier, message)
         self.optimizer.zero_grad(set_to_none=True)
         self.mon.grads.reset()
         if self.device.type == "cuda":
@@ -243,7 +266,7 @@ class Trainer:
         progress = Progress(self.args.progress, self)
         status, code = "finished", 0
         try:
-            if self.state.step == 0:
+            if self.state.step == 0 and not self.args.resume:
                 self.mon.log(0, {M.VAL_LOSS: self.validate()})
             self.ramps.start()
             while not self.done():
@@ -251,6 +274,7 @@ class Trainer:
                 self.set_lr()
                 outcome = self.train_step()
                 progress.update(outcome)
+                dist.debug_step(self, outcome)
                 step = self.state.step
                 if self.args.val_every and step % self.args.val_every == 0 or self.done():
                     with self.mon.untimed():
@@ -264,6 +288,9 @@ class Trainer:
             status, code = stop.status, 3
         except KeyboardInterrupt:
             status, code = "killed", 130
+        except Exception:  # e.g. under DDP a peer's exit breaks this rank's collective
+            status = "failed"
+            raise
         finally:
             progress.close()
             self.ramps.close(status)
@@ -297,10 +324,6 @@ class Progress:
     def close(self) -> None:
         if self.on:
             sys.stderr.write("\n")
-
-
-def run_defaults(preset: str):
-    return PRESET_RUN_DEFAULTS[preset]
 
 
 def main(args) -> int:

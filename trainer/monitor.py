@@ -65,7 +65,8 @@ class _CpuPeak:
 
 
 class Monitor:
-    """Per-step telemetry for one run (rank 0 only under torchrun; other ranks pass writer=None)."""
+    """Per-step telemetry for one run. Under torchrun every rank calls it (step() all-reduces a
+    few values); rank 0 has the writer, other ranks pass writer=None."""
 
     def __init__(self, writer: RunWriter | None, *, model: torch.nn.Module, optimizer,
                  per_device_batch: int, accum: int, seq_len: int, world_size: int = 1,
@@ -86,6 +87,7 @@ class Monitor:
         self.tokens_seen = 0
         self.last_metrics: dict[str, float] = {}
         self._nonfinite_steps = 0
+        self._one_size_alerted = False  # accumulation 1 on one device: said once
         self._excluded = 0.0
 
     # -- construction -------------------------------------------------------------------------
@@ -132,7 +134,11 @@ class Monitor:
     def step(self, step: int, loss: float, *, grad_scale: float = 1.0,
              extra: Mapping[str, float] | None = None) -> dict[str, float]:
         """Record one optimizer step. Call after the last backward, before clipping."""
-        stats = self.grads.collect(self.per_device_batch, grad_scale)
+        mem = None
+        if self.world_size > 1:  # every rank calls step(): one small all-reduce inside collect
+            stats, loss, mem = self._collect_ddp(loss, grad_scale)
+        else:
+            stats = self.grads.collect(self.per_device_batch, grad_scale)
         now = time.perf_counter()
         batch_seqs = self.per_device_batch * self.accum * self.world_size
         batch_tokens = batch_seqs * self.seq_len
@@ -156,13 +162,22 @@ class Monitor:
                 m[M.MFU] = flops_math.mfu(m[M.TOKENS_PER_S], self.flops_per_token,
                                           self.peak_flops, self.world_size)
         self._last_step_t, self._excluded = now, 0.0
-        m.update(self._memory_metrics())
+        m.update(mem if mem is not None else self._memory_metrics())
         if extra:
             m.update({k: float(v) for k, v in extra.items()})
         self.last_metrics = m
         if self.writer:
             self.writer.log(step, m)
         return m
+
+    def _collect_ddp(self, loss, grad_scale: float):
+        """DDP: the loss averaged over ranks and the peak memory maxed over ranks ride on the
+        noise-scale statistics' all-reduce (other memory figures stay this rank's)."""
+        mem = self._memory_metrics()
+        stats = self.grads.collect(self.per_device_batch, grad_scale, self.world_size,
+                                   rank_mean=[loss], rank_max=[mem[M.MEM_PEAK]])
+        mem[M.MEM_PEAK] = stats.rank_maxes[0]
+        return stats, stats.rank_means[0], mem
 
     def _noise_metrics(self, step: int, stats: StepGradStats, batch_seqs: int) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -177,6 +192,13 @@ class Monitor:
             if g2 > 0:
                 out[M.GNS_RAW] = trace / g2
             self.noise.update(g2, trace, batch_seqs)
+        elif not self._one_size_alerted:  # one point per step: nothing to fit, say so once
+            self._one_size_alerted = True
+            self.event(step, M.EVENT_ALERT,
+                       "accumulation 1 on one device: no second batch size for the noise scale; "
+                       "use --split-micro or accumulation ≥ 2",
+                       {"batch_sizes": stats.batch_sizes, "accum": self.accum,
+                        "world_size": self.world_size})
         b_simple = self.noise.b_simple
         if b_simple is not None:
             out[M.GNS] = b_simple

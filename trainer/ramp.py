@@ -113,8 +113,8 @@ class RampController:
         self.t = trainer
         self.mode = mode
         self.rule = rule_for(trainer.args.optimizer)
-        self.original = (trainer.args.lr, trainer.args.per_device_batch * trainer.args.accum
-                         * trainer.ddp.world_size)
+        cfg = trainer.run_config  # a resumed run's own: ramps scale from its first lr and batch
+        self.original = (cfg["original_lr"], cfg["original_batch"])
         self.plan_rows: list[dict] = []
         self.measured: dict[int, int] = {}
         self._plan = None
@@ -222,9 +222,16 @@ class RampController:
                              f"ramp command {cmd.command_id} refused: {check.reason}",
                              {"command_id": cmd.command_id, "payload": payload})
             return
-        self.apply(check.tier, source=f"command {cmd.command_id}",
-                   lr_multiplier=payload.get("lr_multiplier"))
-        writer.command_applied(cmd.command_id, self.t.state.step)
+        self.take(check.tier, f"command {cmd.command_id}", payload.get("lr_multiplier"),
+                  cmd.command_id)
+
+    def take(self, tier: Tier, source: str, lr_multiplier: float | None = None,
+             command_id: int | None = None) -> None:
+        """Act on a decision that passed check(): apply it now. (Under DDP, dist's subclass
+        announces it to every rank instead, and every rank applies it after the next step.)"""
+        self.apply(tier, source=source, lr_multiplier=lr_multiplier)
+        if command_id is not None:
+            self.t.mon.writer.command_applied(command_id, self.t.state.step)
 
     def check(self, payload: dict) -> Check:
         """Would this tier run here, now? (None, reason) when not."""
@@ -304,7 +311,7 @@ class RampController:
             return
         check = self.check({"per_device_batch": tier.per_device_batch, "accum": tier.accum})
         if check.tier is not None:
-            self.apply(check.tier, source=f"auto: {rec.reason}")
+            self.take(check.tier, f"auto: {rec.reason}")
 
     def close(self, status: str) -> None:
         if self._plan is not None:
