@@ -1,0 +1,308 @@
+"""Access to the DuckDB file: the cross-process lock and short-lived connections.
+
+Owns: where the lock file and spool directory live beside a database, the one lock every
+access goes through (a POSIX fcntl record lock on `<db>.lock`, shared for readers and exclusive
+for writers, with a turnstile so writers are not starved, plus a per-process threading lock),
+jittered retry with a timeout, connecting with
+extension downloads off, and the schema check on first contact (errors: store/errors.py).
+
+Why this shape: DuckDB lets one read-write process *or* many read-only processes hold a file,
+and a second process fails at once instead of waiting. So nobody keeps a connection open:
+open, work, close, under our lock. fcntl locks are per process and are not inherited by forked
+children, so a dead writer's lock is really free; but closing *any* descriptor of a locked file
+drops the process's lock, which is why each lock file is opened once per process and kept.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import random
+import threading
+import time
+from pathlib import Path
+
+import duckdb
+
+from store import schema
+from store.errors import DatabaseMissingError, NotRampwatchError, StoreBusyError, StoreError
+
+# DuckDB 2.0.1 would try to download extensions it knows; there is no network at run time.
+BASE_CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+DEFAULT_TIMEOUT = 10.0
+_DUCKDB_MAGIC = b"DUCK"  # bytes 8..12 of every DuckDB file header
+
+
+def resolve(db: str | os.PathLike) -> Path:
+    """The database's real path: two spellings of one file (a symlink) must share one lock."""
+    return Path(os.path.realpath(db))
+
+
+def lock_path(db: str | os.PathLike) -> Path:
+    return Path(str(resolve(db)) + ".lock")
+
+
+def spool_root(db: str | os.PathLike) -> Path:
+    return Path(str(resolve(db)) + ".spool")
+
+
+class _PathLock:
+    """One per database file per process: a threading lock and the kept-open lock-file fd."""
+
+    def __init__(self) -> None:
+        self.thread_lock = threading.Lock()
+        self.owner: int | None = None
+        self.fd: int | None = None
+        # (st_dev, st_ino) of the file last checked read-only before taking any lock
+        self.prechecked: tuple[int, int] | None = None
+
+
+_registry: dict[str, _PathLock] = {}
+_registry_lock = threading.Lock()
+
+
+def _reset_after_fork() -> None:
+    # A thread of the parent may have held a lock at fork time; the child starts clean. The
+    # inherited fds carry no fcntl locks in the child, so dropping them is safe.
+    global _registry_lock
+    _registry.clear()
+    _registry_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def _path_lock(db: Path) -> _PathLock:
+    key = str(db)  # already resolved
+    with _registry_lock:
+        pl = _registry.get(key)
+        if pl is None:
+            pl = _registry[key] = _PathLock()
+        return pl
+
+
+def _sleep_jittered(attempt: int, deadline: float) -> None:
+    delay = min(0.02, 0.001 * (2 ** min(attempt, 5))) * random.uniform(0.5, 1.5)
+    time.sleep(max(0.0, min(delay, deadline - time.monotonic())))
+
+
+_DATA, _TURNSTILE = 0, 1  # bytes of the lock file: the lock itself, and the writers' queue
+
+
+def _lock_byte(fd: int, mode: int, byte: int, deadline: float, busy) -> None:
+    attempt = 0
+    while True:
+        try:
+            fcntl.lockf(fd, mode | fcntl.LOCK_NB, 1, byte)
+            return
+        except OSError as e:
+            if e.errno not in (errno.EACCES, errno.EAGAIN):
+                raise
+        if time.monotonic() >= deadline:
+            raise busy()
+        _sleep_jittered(attempt, deadline)
+        attempt += 1
+
+
+def _busy(db: Path, what: str, timeout: float) -> StoreBusyError:
+    return StoreBusyError(
+        f"database {db} is busy: could not get {what} within {timeout:.1f} s. Another process "
+        f"is holding it; retry later or pass a longer timeout.")
+
+
+@contextlib.contextmanager
+def _locked(db: Path, exclusive: bool, timeout: float, create_lock_file: bool = True):
+    """Hold this process's thread lock and the cross-process fcntl lock on `<db>.lock`."""
+    pl = _path_lock(db)
+    if pl.owner == threading.get_ident():
+        raise RuntimeError(f"store access to {db} re-entered from the thread that holds it; "
+                           "finish the first access (close its connection) before the next")
+    deadline = time.monotonic() + timeout
+    if not pl.thread_lock.acquire(timeout=max(0.0, timeout)):
+        raise _busy(db, "this process's lock (another thread is using the database)", timeout)
+    try:
+        pl.owner = threading.get_ident()
+        path = lock_path(db)
+        if pl.fd is None and (create_lock_file or exclusive or path.exists()):
+            try:
+                pl.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+            except PermissionError:
+                if exclusive:
+                    raise StoreError(f"cannot write {db}: its lock file {path} is not "
+                                     "writable by this user") from None
+                pl.fd = os.open(path, os.O_RDONLY)  # a shared lock needs only reading
+        # No fd: reading beside a directory we cannot write, with no lock file in it. No
+        # Rampwatch writer can exist there, so there is nothing to lock against.
+        fd = -1 if pl.fd is None else pl.fd
+        if fd >= 0:
+            mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+            what = f"the {'write' if exclusive else 'read'} lock {path}"
+            # Byte 1 is a turnstile: a writer holds it while it waits for byte 0, so a stream
+            # of overlapping readers cannot starve it; readers only pass through it.
+            _lock_byte(fd, mode, _TURNSTILE, deadline, lambda: _busy(db, what, timeout))
+            try:
+                _lock_byte(fd, mode, _DATA, deadline, lambda: _busy(db, what, timeout))
+            finally:
+                fcntl.lockf(fd, fcntl.LOCK_UN, 1, _TURNSTILE)
+        try:
+            yield deadline
+        finally:
+            if fd >= 0:
+                fcntl.lockf(fd, fcntl.LOCK_UN, 1, _DATA)
+    finally:
+        pl.owner = None
+        pl.thread_lock.release()
+
+
+def _connect(db: Path, read_only: bool, deadline: float, timeout: float, threads: int | None):
+    """duckdb.connect, retried while a program outside our lock (a duckdb shell) holds the file."""
+    config = dict(BASE_CONFIG)
+    if threads:
+        config["threads"] = threads
+    attempt = 0
+    while True:
+        try:
+            return duckdb.connect(str(db), read_only=read_only, config=config)
+        except duckdb.IOException as e:
+            msg = str(e)
+            if "not a valid DuckDB database" in msg:
+                raise NotRampwatchError(_not_duckdb_message(db)) from None
+            if "lock" not in msg.lower() or time.monotonic() >= deadline:
+                if "lock" in msg.lower():
+                    raise StoreBusyError(
+                        f"database {db} is locked by a program that does not use Rampwatch's "
+                        f"lock file (a duckdb shell?) for over {timeout:.1f} s: {msg}") from None
+                raise
+        _sleep_jittered(attempt, deadline)
+        attempt += 1
+
+
+def _not_duckdb_message(db: Path) -> str:
+    return (f"{db} is not a DuckDB database (its header lacks DuckDB's magic bytes); Rampwatch "
+            "will not touch it. Point Rampwatch at a database it created, or at a path that "
+            "does not exist yet.")
+
+
+def _check_header(db: Path) -> bool:
+    """True if `db` exists and looks like DuckDB, False if it is missing; raises otherwise."""
+    try:
+        with open(db, "rb") as f:
+            head = f.read(16)
+    except FileNotFoundError:
+        return False
+    if len(head) < 12 or head[8:12] != _DUCKDB_MAGIC:
+        raise NotRampwatchError(_not_duckdb_message(db))
+    return True
+
+
+def _identity(db: Path) -> tuple[int, int]:
+    st = os.stat(db)
+    return st.st_dev, st.st_ino
+
+
+def _precheck(db: Path, pl: _PathLock, timeout: float) -> None:
+    """First contact with an existing file in this process: check its schema read-only.
+
+    Done before the lock file is created, so pointing Rampwatch at someone else's DuckDB file
+    (or one from a newer Rampwatch) writes nothing at all beside it. If a writer holds the
+    file right now, DuckDB refuses the read-only open and the check happens under the lock.
+    """
+    if not pl.thread_lock.acquire(timeout=max(0.0, timeout)):
+        raise _busy(db, "this process's lock (another thread is using the database)", timeout)
+    try:
+        try:
+            con = duckdb.connect(str(db), read_only=True, config=dict(BASE_CONFIG))
+        except duckdb.IOException as e:
+            if "not a valid DuckDB database" in str(e):
+                raise NotRampwatchError(_not_duckdb_message(db)) from None
+            return  # held by a writer: check later, under the lock
+        except duckdb.ConnectionException:
+            return  # this process has it open in another mode: it was checked then
+        try:
+            version = schema.read_version(con, db, allow_empty=True)
+        finally:
+            con.close()
+        schema.check_not_newer(version, db)
+    finally:
+        pl.thread_lock.release()
+
+
+@contextlib.contextmanager
+def write_connection(db: str | os.PathLike, timeout: float = DEFAULT_TIMEOUT,
+                     threads: int | None = 1):
+    """A read-write connection under the exclusive lock; creates or upgrades the schema.
+
+    The connection is closed on exit. Keep the work inside short: every other process waits.
+    """
+    db = resolve(db)
+    if not db.parent.is_dir():
+        raise StoreError(f"cannot create the database {db}: directory {db.parent} does not "
+                         "exist")
+    pl = _path_lock(db)
+    if _check_header(db) and pl.prechecked != _identity(db):
+        _precheck(db, pl, timeout)
+        pl.prechecked = _identity(db)
+    with _locked(db, exclusive=True, timeout=timeout) as deadline:
+        _check_header(db)  # again: it may have been replaced while we waited
+        con = _connect(db, False, deadline, timeout, threads)
+        try:
+            # Every time, not once per process: another process may have upgraded the file.
+            version = schema.read_version(con, db, allow_empty=True)
+            schema.check_not_newer(version, db)
+            schema.upgrade(con, version)
+            yield con
+        finally:
+            con.close()
+
+
+@contextlib.contextmanager
+def read_connection(db: str | os.PathLike, timeout: float = DEFAULT_TIMEOUT,
+                    threads: int | None = None):
+    """A read-only connection under the shared lock. An older schema is upgraded first."""
+    db = resolve(db)
+    if not _check_header(db):
+        raise DatabaseMissingError(
+            f"no Rampwatch database at {db}: the file does not exist. Check the path, or start "
+            "a run (RunWriter.start) to create it.")
+    pl = _path_lock(db)
+    if pl.prechecked != _identity(db):
+        _precheck(db, pl, timeout)
+        pl.prechecked = _identity(db)
+    create = os.access(db.parent, os.W_OK)
+    for _ in range(2):
+        with _locked(db, exclusive=False, timeout=timeout, create_lock_file=create) as deadline:
+            con = _connect(db, True, deadline, timeout, threads)
+            try:
+                version = schema.read_version(con, db)
+                schema.check_not_newer(version, db)
+                if version == schema.CURRENT_VERSION:
+                    yield con
+                    return
+            finally:
+                con.close()
+        with write_connection(db, timeout):  # an older file: upgrade it, then read
+            pass
+    raise AssertionError("unreachable: the upgrade above brings the file to CURRENT_VERSION")
+
+
+def first(result):
+    """The first row of a result, or None. Reads it to the end: DuckDB 2.0 refuses register()
+    and some other calls on a connection whose last result was not fetched completely."""
+    rows = result.fetchall()
+    return rows[0] if rows else None
+
+
+@contextlib.contextmanager
+def transaction(con):
+    """BEGIN … COMMIT on `con`, ROLLBACK if the block raises."""
+    con.execute("BEGIN TRANSACTION")
+    try:
+        yield con
+    except BaseException:
+        try:
+            con.execute("ROLLBACK")
+        except duckdb.Error:
+            pass  # the connection is being torn down anyway; the original error matters
+        raise
+    con.execute("COMMIT")

@@ -1,0 +1,37 @@
+"""The store's error classes: each names a problem a caller can act on (see the messages)."""
+from __future__ import annotations
+
+
+class StoreError(Exception):
+    """Base class of every error the store raises on purpose."""
+
+
+class StoreBusyError(StoreError):
+    """The database stayed locked by another process (or thread) for longer than the timeout."""
+
+
+class DatabaseMissingError(StoreError):
+    """A database was opened for reading but the file does not exist."""
+
+
+class NotRampwatchError(StoreError):
+    """The file exists but is not a Rampwatch database (not DuckDB, or DuckDB without ours)."""
+
+
+class SchemaTooNewError(StoreError):
+    """The file was written by a newer Rampwatch whose schema this code does not know."""
+
+
+class RunNotFoundError(StoreError, KeyError):
+    """No run with the given id."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class CommandError(StoreError):
+    """A command was invalid, or a status change it asked for is not allowed."""
+
+
+class SpoolCorruptError(StoreError):
+    """A spool file holds bytes that are not Rampwatch records (disk error, foreign file)."""
