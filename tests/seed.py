@@ -17,7 +17,8 @@ from pathlib import Path
 import duckdb
 import numpy as np
 
-from store import RunWriter, commands, write_connection
+import store
+from store import RunWriter, commands
 from store import names as M
 
 GB = 10**9
@@ -172,7 +173,7 @@ def foreign_duckdb(path) -> Path:
 def no_runs(path) -> Path:
     """A valid Rampwatch database with no runs."""
     p = Path(path)
-    with write_connection(p):
+    with store.write_connection(p):
         pass
     return p
 
@@ -187,11 +188,8 @@ def newer_schema(path) -> Path:
 
 
 def delete_run(db, run_id: str) -> None:
-    """What an operator's cleanup does behind the dashboard's back (no store API deletes runs)."""
-    with write_connection(db) as con:
-        for table in ("metrics", "metrics_rollup", "rollup_partial", "rollup_state", "events",
-                      "memory_plan", "runs"):
-            con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
+    """What an operator's cleanup does behind the dashboard's back."""
+    store.delete_run(db, run_id)
 
 
 # ------------------------------------------------------------------------ the app under test
