@@ -175,3 +175,30 @@ def test_oom_at_per_device_batch_one_stops_with_a_clear_message(tmp_path):
     assert done.returncode == 3
     assert "out of memory at per-device batch 1" in done.stdout
     assert reader.get_run(tmp_path / "r.duckdb", "one").status == "failed"
+
+
+def test_auto_mode_applies_the_advisors_ramp_itself(tmp_path, procs):
+    """--ramp auto: once the smoothed noise scale has stayed above the batch, the trainer ramps
+    by itself (same checks) and records that it did."""
+    db = tmp_path / "runs.duckdb"
+    proc = procs.spawn(trainer_args(db, tmp_path / "ckpt", "--run-id", "auto", "--ramp", "auto",
+                                    "--per-device-batch", "2", "--accum", "2",
+                                    "--ramp-hysteresis", "10", "--ramp-min-samples", "20",
+                                    "--gns-half-life", "200", *LONG),
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for_step(db, "auto", 1, proc)
+    deadline = time.monotonic() + 240
+    ramps = []
+    while not ramps:
+        assert proc.poll() is None, "the trainer exited"
+        assert time.monotonic() < deadline, "no automatic ramp within 240 s"
+        time.sleep(1)
+        ramps = [e for e in reader.events(db, "auto") if e.kind == M.EVENT_RAMP]
+    kill_group(proc, signal.SIGTERM)
+    ramp = ramps[0]
+    assert ramp.data["source"].startswith("auto")
+    assert ramp.data["after"]["batch"] == 2 * ramp.data["before"]["batch"] == 8
+    gns = metric(db, "auto", M.GNS)
+    recent = [gns[s] for s in range(ramp.step - 9, ramp.step + 1) if s in gns]
+    assert recent and min(recent) > 4  # above the batch for the hysteresis window
+    assert commands.list_commands(db, "auto") == []  # no operator involved
