@@ -17,7 +17,8 @@ from store import commands
 from store.commands import Command, LogEntry
 from store.db import read_connection, write_connection
 from store.errors import (CommandError, DatabaseMissingError, NotRampwatchError, RunNotFoundError,
-                          SchemaTooNewError, SpoolCorruptError, StoreBusyError, StoreError)
+                          SchemaTooNewError, SpoolCorruptError, SpoolOffsetsError, StoreBusyError,
+                          StoreError)
 from store.reader import (Event, PlanRow, Reader, Run, Series, events, export, get_run, latest,
                           list_runs, memory_plan, metric_names, series)
 from store.recovery import RecoveryReport, recover_dead
@@ -61,5 +62,6 @@ __all__ = [
     "CURRENT_VERSION",
     "StoreError", "StoreBusyError", "DatabaseMissingError", "NotRampwatchError",
     "SchemaTooNewError", "RunNotFoundError", "CommandError", "SpoolCorruptError",
+    "SpoolOffsetsError",
     "read_connection", "write_connection",
 ]

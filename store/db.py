@@ -10,7 +10,11 @@ Why this shape: DuckDB lets one read-write process *or* many read-only processes
 and a second process fails at once instead of waiting. So nobody keeps a connection open:
 open, work, close, under our lock. fcntl locks are per process and are not inherited by forked
 children, so a dead writer's lock is really free; but closing *any* descriptor of a locked file
-drops the process's lock, which is why each lock file is opened once per process and kept.
+drops the process's lock, which is why each lock file is opened once per process and kept. The
+same holds for DuckDB's own lock on the database file: reading the file's header (or anything
+else that opens and closes it) happens only under the per-process thread lock, never while
+another thread of the process has a connection open, or a program that relies on DuckDB's lock
+(the read-only first-contact check below, a duckdb shell) could open the file mid-write.
 """
 from __future__ import annotations
 
@@ -112,8 +116,15 @@ def _busy(db: Path, what: str, timeout: float) -> StoreBusyError:
 
 
 @contextlib.contextmanager
-def _locked(db: Path, exclusive: bool, timeout: float, create_lock_file: bool = True):
-    """Hold this process's thread lock and the cross-process fcntl lock on `<db>.lock`."""
+def _locked(db: Path, exclusive: bool, timeout: float, create_lock_file: bool = True,
+            first_look=None):
+    """Hold this process's thread lock and the cross-process fcntl lock on `<db>.lock`.
+
+    first_look(pl), if given, runs under the thread lock before the lock file is opened (or
+    created): the place for anything that opens the database file itself. Closing that
+    descriptor drops every fcntl lock this process holds on the file, DuckDB's own included, so
+    it must never overlap a connection another thread of this process has open.
+    """
     pl = _path_lock(db)
     if pl.owner == threading.get_ident():
         raise RuntimeError(f"store access to {db} re-entered from the thread that holds it; "
@@ -123,6 +134,8 @@ def _locked(db: Path, exclusive: bool, timeout: float, create_lock_file: bool = 
         raise _busy(db, "this process's lock (another thread is using the database)", timeout)
     try:
         pl.owner = threading.get_ident()
+        if first_look is not None:
+            first_look(pl)
         path = lock_path(db)
         if pl.fd is None and (create_lock_file or exclusive or path.exists()):
             try:
@@ -185,7 +198,11 @@ def _not_duckdb_message(db: Path) -> str:
 
 
 def _check_header(db: Path) -> bool:
-    """True if `db` exists and looks like DuckDB, False if it is missing; raises otherwise."""
+    """True if `db` exists and looks like DuckDB, False if it is missing; raises otherwise.
+
+    Only under this process's thread lock (see _locked): it opens and closes the database file,
+    which drops DuckDB's fcntl lock on it if a connection of this process is open.
+    """
     try:
         with open(db, "rb") as f:
             head = f.read(16)
@@ -201,31 +218,33 @@ def _identity(db: Path) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
-def _precheck(db: Path, pl: _PathLock, timeout: float) -> None:
+def _precheck(db: Path, pl: _PathLock) -> None:
     """First contact with an existing file in this process: check its schema read-only.
 
     Done before the lock file is created, so pointing Rampwatch at someone else's DuckDB file
     (or one from a newer Rampwatch) writes nothing at all beside it. If a writer holds the
     file right now, DuckDB refuses the read-only open and the check happens under the lock.
+    Called under this process's thread lock (from _locked's first_look), so no other thread of
+    this process has the file open meanwhile.
     """
-    if not pl.thread_lock.acquire(timeout=max(0.0, timeout)):
-        raise _busy(db, "this process's lock (another thread is using the database)", timeout)
+    identity = _identity(db)
+    if pl.prechecked == identity:
+        return
     try:
-        try:
-            con = duckdb.connect(str(db), read_only=True, config=dict(BASE_CONFIG))
-        except duckdb.IOException as e:
-            if "not a valid DuckDB database" in str(e):
-                raise NotRampwatchError(_not_duckdb_message(db)) from None
-            return  # held by a writer: check later, under the lock
-        except duckdb.ConnectionException:
-            return  # this process has it open in another mode: it was checked then
+        con = duckdb.connect(str(db), read_only=True, config=dict(BASE_CONFIG))
+    except duckdb.IOException as e:
+        if "not a valid DuckDB database" in str(e):
+            raise NotRampwatchError(_not_duckdb_message(db)) from None
+        con = None  # held by a writer: checked under the lock instead
+    except duckdb.ConnectionException:
+        con = None  # this process has it open in another mode: it was checked then
+    if con is not None:
         try:
             version = schema.read_version(con, db, allow_empty=True)
         finally:
             con.close()
         schema.check_not_newer(version, db)
-    finally:
-        pl.thread_lock.release()
+    pl.prechecked = identity
 
 
 @contextlib.contextmanager
@@ -239,11 +258,12 @@ def write_connection(db: str | os.PathLike, timeout: float = DEFAULT_TIMEOUT,
     if not db.parent.is_dir():
         raise StoreError(f"cannot create the database {db}: directory {db.parent} does not "
                          "exist")
-    pl = _path_lock(db)
-    if _check_header(db) and pl.prechecked != _identity(db):
-        _precheck(db, pl, timeout)
-        pl.prechecked = _identity(db)
-    with _locked(db, exclusive=True, timeout=timeout) as deadline:
+
+    def first_look(pl: _PathLock) -> None:
+        if _check_header(db):
+            _precheck(db, pl)
+
+    with _locked(db, exclusive=True, timeout=timeout, first_look=first_look) as deadline:
         _check_header(db)  # again: it may have been replaced while we waited
         con = _connect(db, False, deadline, timeout, threads)
         try:
@@ -261,17 +281,18 @@ def read_connection(db: str | os.PathLike, timeout: float = DEFAULT_TIMEOUT,
                     threads: int | None = None):
     """A read-only connection under the shared lock. An older schema is upgraded first."""
     db = resolve(db)
-    if not _check_header(db):
-        raise DatabaseMissingError(
-            f"no Rampwatch database at {db}: the file does not exist. Check the path, or start "
-            "a run (RunWriter.start) to create it.")
-    pl = _path_lock(db)
-    if pl.prechecked != _identity(db):
-        _precheck(db, pl, timeout)
-        pl.prechecked = _identity(db)
+
+    def first_look(pl: _PathLock) -> None:
+        if not _check_header(db):
+            raise DatabaseMissingError(
+                f"no Rampwatch database at {db}: the file does not exist. Check the path, or "
+                "start a run (RunWriter.start) to create it.")
+        _precheck(db, pl)
+
     create = os.access(db.parent, os.W_OK)
     for _ in range(2):
-        with _locked(db, exclusive=False, timeout=timeout, create_lock_file=create) as deadline:
+        with _locked(db, exclusive=False, timeout=timeout, create_lock_file=create,
+                     first_look=first_look) as deadline:
             con = _connect(db, True, deadline, timeout, threads)
             try:
                 version = schema.read_version(con, db)

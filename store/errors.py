@@ -35,3 +35,12 @@ class CommandError(StoreError):
 
 class SpoolCorruptError(StoreError):
     """A spool file holds bytes that are not Rampwatch records (disk error, foreign file)."""
+
+
+class SpoolOffsetsError(StoreError):
+    """The stored offsets of a spool are not what the ingest expected (behind what was already
+    committed, missing, or changed under it): ingesting now could insert rows a second time."""
+
+    def __init__(self, message: str, spool: str | None = None):
+        super().__init__(message)
+        self.spool = spool  # the spool directory's name

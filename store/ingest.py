@@ -6,6 +6,12 @@ Arrow (never executemany, never pandas, which would turn NaN into NULL), fold th
 rollup, update the run's heartbeat and last step, and store the new offsets, all in the same
 transaction. A crash anywhere leaves the old offsets and no rows, so the next ingest of the
 spool (by the writer or by recovery) redoes exactly the missing part.
+
+Those offsets are all that stands between a spool and duplicate rows, so they are checked, not
+trusted: the offsets row is unique (schema v4's primary key), a live writer passes the offsets
+it committed last and an ingest that reads older ones (or none) refuses instead of ingesting
+again, and the UPDATE must change exactly the row that was read, with the offsets that were
+read (compare-and-set). Any of these failing rolls the transaction back (SpoolOffsetsError).
 """
 from __future__ import annotations
 
@@ -19,7 +25,7 @@ import pyarrow as pa
 
 from store import commands, rollup, spool
 from store.db import first, transaction
-from store.errors import CommandError, SpoolCorruptError
+from store.errors import CommandError, SpoolCorruptError, SpoolOffsetsError
 
 MAX_RECORDS = 1 << 18  # per transaction (8 MB of spool, ~0.1 s): bounds lock hold and memory
 
@@ -41,6 +47,7 @@ class IngestResult:
     more: bool = False      # the per-transaction cap was hit: call again
     bin_offset: int = 0     # offsets reached (committed with the rows)
     jsonl_offset: int = 0
+    stored: bool = False    # the spool's offsets row holds (bin_offset, jsonl_offset) now
 
 
 def _json_or_none(obj) -> str | None:
@@ -182,17 +189,38 @@ def _insert_metrics(con, run_id: str, recs: np.ndarray, names: list[str]) -> Non
     rollup.add_batch(con, run_id, step, value, ids, names)
 
 
+def _check_expected(path: Path, row, expect: tuple[int, int] | None) -> None:
+    if expect is None:
+        return
+    stored = None if row is None else (int(row[1]), int(row[2]))
+    if stored is None or stored[0] < expect[0] or stored[1] < expect[1]:
+        raise SpoolOffsetsError(
+            f"spool {path.name}: its stored offsets (bin, jsonl) are "
+            f"{'missing' if stored is None else stored}, behind the {expect} this writer "
+            "committed before: the database lost an update or returned a stale row. Nothing "
+            "was ingested (that would insert rows a second time); the records wait in "
+            f"{path}.", path.name)
+
+
 def ingest_spool(con, path: Path, *, heartbeat: float | None = None,
-                 max_records: int = MAX_RECORDS) -> IngestResult:
+                 max_records: int = MAX_RECORDS,
+                 expect: tuple[int, int] | None = None) -> IngestResult:
     """Ingest what `path` (one spool directory) holds beyond its stored offsets; one transaction.
 
     heartbeat: the live writer passes the time to record as the run's heartbeat; recovery
     passes None (a dead writer has no heartbeat).
+    expect: the (bin, jsonl) offsets the caller itself committed for this spool last (the live
+    writer); stored offsets behind them, or none, raise SpoolOffsetsError instead of ingesting.
     """
     name = path.name
     with transaction(con):
-        row = first(con.execute("SELECT run_id, bin_offset, jsonl_offset FROM spool_offsets "
-                                "WHERE spool = ?", [name]))
+        row = first(con.execute("SELECT run_id, bin_offset, jsonl_offset, count(*) OVER () "
+                                "FROM spool_offsets WHERE spool = ?", [name]))
+        if row is not None:
+            if row[3] != 1:  # the primary key forbids it; never pick one row by chance
+                raise SpoolOffsetsError(f"spool {name} has {row[3]} offsets rows", name)
+            row = row[:3]
+        _check_expected(path, row, expect)
         run_id, bin_off, js_off = row if row is not None else (None, 0, 0)
         records, js_new = spool.read_json_records(path, js_off)
         apply = _Apply(con, run_id)
@@ -202,6 +230,7 @@ def ingest_spool(con, path: Path, *, heartbeat: float | None = None,
         result = IngestResult(run_id, json_records=len(records), bin_offset=bin_off,
                               jsonl_offset=js_new)
         if run_id is None:  # not even a start record yet: the writer died while creating it
+            result.jsonl_offset = js_off  # nothing is stored
             return result
         recs, bin_new = spool.read_records(path, bin_off, max_records)
         if len(recs):
@@ -230,10 +259,19 @@ def ingest_spool(con, path: Path, *, heartbeat: float | None = None,
                WHERE run_id = ?""",
             [result.max_step, result.max_step, result.max_step, heartbeat, run_id])
         now = time.time()
-        if row is None:
+        if row is None:  # a second row for the spool fails here: primary key
             con.execute("INSERT INTO spool_offsets VALUES (?, ?, ?, ?, ?, ?, ?)",
                         [name, run_id, bin_new, js_new, apply.pid, apply.host, now])
         elif bin_new != bin_off or js_new != js_off:
-            con.execute("UPDATE spool_offsets SET bin_offset = ?, jsonl_offset = ?, "
-                        "updated_at = ? WHERE spool = ?", [bin_new, js_new, now, name])
+            # Compare-and-set: exactly the row read above, still at the offsets read above.
+            [(changed,)] = con.execute(
+                "UPDATE spool_offsets SET bin_offset = ?, jsonl_offset = ?, updated_at = ? "
+                "WHERE spool = ? AND bin_offset = ? AND jsonl_offset = ?",
+                [bin_new, js_new, now, name, bin_off, js_off]).fetchall()
+            if changed != 1:
+                raise SpoolOffsetsError(
+                    f"spool {name}: storing offsets ({bin_new}, {js_new}) changed {changed} "
+                    f"rows, not the one row read at ({bin_off}, {js_off}); rolled back so that "
+                    "nothing is ingested twice", name)
+        result.stored = True
     return result

@@ -9,9 +9,13 @@ Version history (a file at any older version is upgraded in place when opened):
   2  runs gains device, capacity_bytes, world_size, heartbeat, last_step (backfilled);
      events, memory_plan, commands + command_log, spool_offsets.
   3  min/max/last rollups of metrics at the ROLLUP_LEVELS (see store/rollup.py), backfilled.
-Times are unix seconds (DOUBLE); JSON is stored as text. No primary keys or unique indexes:
-uniqueness is enforced by code under the exclusive lock (an index would grow the metrics table
-several-fold and make a whole append fail on one duplicate).
+  4  spool_offsets gets PRIMARY KEY (spool). Should a file hold several rows for one spool, the
+     one that reached furthest is kept (its rows were ingested; the others' offsets are stale).
+Times are unix seconds (DOUBLE); JSON is stored as text. No other primary keys or unique
+indexes: uniqueness is enforced by code under the exclusive lock (an index would grow the
+metrics table several-fold and make a whole append fail on one duplicate). spool_offsets is the
+exception: one small row per writer session, and the one row exactly-once ingest hangs on, so a
+second row for a spool must fail its transaction rather than be read back by chance.
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ import duckdb
 
 from store.errors import NotRampwatchError, SchemaTooNewError
 
-CURRENT_VERSION = 3
+CURRENT_VERSION = 4
 VERSION_TABLE = "rampwatch_schema"
 # (shift, complete-buckets table, open-buckets table): rollups at 2**shift steps per bucket,
 # finest first. Measured choice: store/reader.py.
@@ -111,6 +115,21 @@ def _v3() -> list[str]:
 
 _V3 = _v3()
 
+# DuckDB builds the index of ALTER TABLE … ADD PRIMARY KEY over rows deleted in the same
+# transaction too, so the table is rebuilt instead: new table, the furthest row per spool, swap.
+_OFFSET_COLUMNS = "spool, run_id, bin_offset, jsonl_offset, pid, host, updated_at"
+_V4 = [
+    """CREATE TABLE spool_offsets_v4 (
+        spool VARCHAR NOT NULL PRIMARY KEY, run_id VARCHAR NOT NULL, bin_offset BIGINT NOT NULL,
+        jsonl_offset BIGINT NOT NULL, pid BIGINT, host VARCHAR, updated_at DOUBLE NOT NULL)""",
+    f"""INSERT INTO spool_offsets_v4 ({_OFFSET_COLUMNS})
+        SELECT {_OFFSET_COLUMNS} FROM spool_offsets
+        QUALIFY row_number() OVER (PARTITION BY spool ORDER BY bin_offset DESC,
+                                   jsonl_offset DESC, updated_at DESC) = 1""",
+    "DROP TABLE spool_offsets",
+    "ALTER TABLE spool_offsets_v4 RENAME TO spool_offsets",
+]
+
 # Every table with a run_id column, children first (commands' log goes with its commands).
 RUN_TABLES = ("metrics", *(t for _, c, p in ROLLUP_LEVELS for t in (c, p)), "rollup_state",
               "events", "memory_plan", "spool_offsets", "commands", "runs")
@@ -119,6 +138,7 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
     (1, "runs and tall metrics", _V1),
     (2, "run details, events, memory plan, commands, spool offsets", _V2),
     (3, "min/max/last rollups of metrics", _V3),
+    (4, "primary key on spool_offsets (spool)", _V4),
 ]
 assert [v for v, _, _ in MIGRATIONS] == list(range(1, CURRENT_VERSION + 1))
 

@@ -10,7 +10,11 @@ SIGTERM the writer flushes what is left; if the database stays busy, the spool s
 recovery, so nothing acknowledged is lost. Once a spool is fully ingested and over
 ROTATE_BYTES, the writer continues in a fresh one and deletes the old, so a long run's spool
 does not grow without bound. Starting a writer opens the database for writing
-synchronously: a foreign or too-new file fails there, with a clear error.
+synchronously: a foreign or too-new file fails there, with a clear error. The writer remembers
+the spool offsets it committed; should the database ever hand back older ones (or none), it
+refuses to ingest (SpoolOffsetsError, in `errors`/`last_error` and logged as an error) rather
+than insert rows twice, and at close sets that spool aside as `<session>.corrupt` instead of
+leaving it to recovery, which would trust the stale offsets.
 """
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ import numpy as np
 
 from store import commands, ingest, lifecycle, recovery, spool
 from store.db import DEFAULT_TIMEOUT, first, resolve, spool_root, write_connection
-from store.errors import RunNotFoundError, StoreBusyError, StoreError
+from store.errors import RunNotFoundError, SpoolOffsetsError, StoreBusyError, StoreError
 
 _log = logging.getLogger("rampwatch.store")
 _now = time.time
@@ -65,6 +69,11 @@ class RunWriter:
                  lock_timeout: float, actor: str, rotate_bytes: int = ROTATE_BYTES):
         self.db, self.run_id, self._files = db, run_id, files
         self._retired: list[spool.SpoolFiles] = []  # rotated out, tail not yet ingested
+        # spool name -> the (bin, jsonl) offsets this writer last committed for it: an ingest
+        # that reads older stored offsets refuses rather than insert those rows again
+        self._committed: dict[str, tuple[int, int]] = {}
+        self._offsets_alarm = False  # SpoolOffsetsError logged as an error already
+        self._refused: set[str] = set()  # spools whose last ingest raised SpoolOffsetsError
         self._rotate_bytes = rotate_bytes
         self._interval, self._lock_timeout, self._actor = flush_interval, lock_timeout, actor
         self._lock = threading.RLock()        # spool appends (RLock: the SIGTERM handler may
@@ -132,13 +141,14 @@ class RunWriter:
             files = spool.SpoolFiles.create(spool_root(db), uuid.uuid4().hex)
             try:
                 files.append_json(start)
-                ingest.ingest_spool(con, files.path, heartbeat=_now())
+                res = ingest.ingest_spool(con, files.path, heartbeat=_now())
                 pending = commands.pending(con, run_id)
             except BaseException:
                 files.close(remove=True)
                 raise
         w = cls(db, run_id, files, flush_interval=flush_interval, lock_timeout=lock_timeout,
                 actor=actor, rotate_bytes=rotate_bytes)
+        w._note_committed(files, res)
         w._pending = pending
         w._last_step = resume_step
         lifecycle.register(w, handle_sigterm)
@@ -296,9 +306,16 @@ class RunWriter:
             # in between so that readers are not locked out for the whole backlog.
             wait = 0.05 if self._backlog else self._interval
 
+    def _note_committed(self, files: spool.SpoolFiles, res: ingest.IngestResult) -> None:
+        if res.stored:
+            self._committed[files.path.name] = (res.bin_offset, res.jsonl_offset)
+        self._refused.discard(files.path.name)
+
     def _ingest_all(self, con, files: spool.SpoolFiles, drain: bool = True) -> ingest.IngestResult:
         while True:
-            res = ingest.ingest_spool(con, files.path, heartbeat=_now())
+            res = ingest.ingest_spool(con, files.path, heartbeat=_now(),
+                                      expect=self._committed.get(files.path.name))
+            self._note_committed(files, res)
             self.ingested_records += res.records
             self._backlog = res.more
             if not (res.more and drain):
@@ -326,7 +343,9 @@ class RunWriter:
         # Nothing is appended to a retired spool any more: ingest its tail, then delete it.
         while self._retired:
             self._ingest_all(con, self._retired[0])
-            self._retired.pop(0).close(remove=True)
+            done = self._retired.pop(0)
+            done.close(remove=True)
+            self._committed.pop(done.path.name, None)
 
     def _visit(self, timeout: float, drain: bool = True) -> bool:
         """One trip to the database; True if every record spooled before it is now ingested.
@@ -354,6 +373,13 @@ class RunWriter:
         except StoreBusyError as e:  # not an error: the records wait in the spool
             self.busy += 1
             self.last_busy = str(e)
+            return False
+        except SpoolOffsetsError as e:  # the database disagrees with what we committed
+            self._refused.add(e.spool)
+            if not self._offsets_alarm:
+                self._offsets_alarm = True
+                _log.error("rampwatch writer %s: %s", self.run_id, e)
+            self._note_error(f"flush refused, records wait in the spool: {e}")
             return False
         except Exception as e:
             self._note_error(f"flush failed, records wait in the spool: {e!r}")
@@ -390,10 +416,24 @@ class RunWriter:
             time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))  # a failing database
             ok = self._visit(max(0.1, deadline - time.monotonic()))     # must not spin a core
         lifecycle.unregister(self)
+        for files in [*self._retired, *([] if ok else [self._files])]:
+            if files.path.name in self._refused:  # recovery would trust the stale offsets
+                self._set_aside(files)
         for files in self._retired:  # only if the last visits failed: recovery finishes them
             files.close(remove=False)
         self._files.close(remove=ok)
         return ok
+
+    def _set_aside(self, files: spool.SpoolFiles) -> None:
+        try:
+            dest = spool.set_aside(files.path)
+        except OSError as e:
+            _log.error("rampwatch writer %s: could not set spool %s aside: %r", self.run_id,
+                       files.path, e)
+            return
+        _log.error("rampwatch writer %s: its stored offsets disagree with what it committed, "
+                   "so its spool is kept at %s for inspection, not left for recovery (which "
+                   "would ingest it again from the stored offsets)", self.run_id, dest)
 
     def __enter__(self) -> "RunWriter":
         return self
