@@ -201,6 +201,8 @@ def test_ramp_applies_on_both_ranks_at_the_same_step(ramped):
             assert first[s] == first[s - 1] + 2 * b * tiers[0][s - 1][1]
     ramps = reader.events(db, "r", kinds=[M.EVENT_RAMP])
     assert [e.step for e in ramps] == [switch[0] - 1]
+    # exactly once: a re-ingested spool would repeat the command result as an error event
+    assert reader.events(db, "r", kinds=["error"]) == []
 
 
 def test_resume_on_one_process_keeps_the_effective_batch(ramped):
