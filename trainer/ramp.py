@@ -17,6 +17,7 @@ from advisor.memory import fit_memory_model, format_gb, usable_bytes
 from advisor.ramp import candidate_tiers, ramp_decision
 from store import CommandError, StoreError
 from store.commands import Command
+from store.commands import validate as validate_command
 from store import names as M
 from trainer import memplan
 
@@ -97,11 +98,6 @@ class OomInjector:
 class Check:
     tier: Tier | None
     reason: str
-
-
-def _positive_int(payload: dict, key: str) -> int | None:
-    v = payload.get(key)
-    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
 
 
 class RampController:
@@ -235,15 +231,11 @@ class RampController:
 
     def check(self, payload: dict) -> Check:
         """Would this tier run here, now? (None, reason) when not."""
-        b = _positive_int(payload, "per_device_batch")
-        a = _positive_int(payload, "accum")
-        if b is None or a is None:
-            return Check(None, "per_device_batch and accum must be positive integers, got "
-                               f"{payload.get('per_device_batch')!r} and {payload.get('accum')!r}")
-        mult = payload.get("lr_multiplier")
-        if mult is not None and not (isinstance(mult, (int, float)) and math.isfinite(mult)
-                                     and mult > 0):
-            return Check(None, f"lr_multiplier must be a positive number, got {mult!r}")
+        try:  # the store's own payload rules: the trainer does not trust what it was sent
+            payload = validate_command("ramp", payload)
+        except CommandError as e:
+            return Check(None, str(e))
+        b, a = payload["per_device_batch"], payload["accum"]
         current = Tier(self.t.state.per_device_batch, self.t.state.accum)
         if (b, a) == (current.per_device_batch, current.accum):
             return Check(None, f"the run already uses {b} x {a}")
