@@ -34,23 +34,17 @@ if str(REPO) not in sys.path:
 import torch  # noqa: E402
 
 from trainer.config import PRESETS, matmul_params  # noqa: E402
+from advisor import flops as advisor_flops  # noqa: E402
+from bench.memplan_bench import _status_bytes, make_step  # noqa: E402
 from trainer.memplan import _model_config, calibrate, start_plan  # noqa: E402
 from trainer.model import GPT, configure_optimizer  # noqa: E402
 
 OOM = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
-PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12}  # dense, SXM
-
-
-def _proc_status(key: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(key)
 
 
 def flops_per_token(cfg) -> float:
-    return 6 * matmul_params(cfg) + 12 * cfg.n_layer * cfg.d_model * cfg.seq_len
+    return advisor_flops.flops_per_token(matmul_params(cfg), cfg.n_layer, cfg.d_model,
+                                         cfg.seq_len)
 
 
 def run_config(cfg: dict, batch: int, variant: str, dev: torch.device, amp, warm: int,
@@ -58,7 +52,7 @@ def run_config(cfg: dict, batch: int, variant: str, dev: torch.device, amp, warm
     """Peak memory and speed of real steps at one (batch, variant); OOM reported, not raised."""
     mcfg = _model_config(cfg, variant)
     out = {"per_device_batch": batch, "variant": variant, "oom": False}
-    model = opt = idx = tgt = params = None
+    model = opt = idx = tgt = step = None
     try:
         torch.manual_seed(0)
         with torch.device(dev):
@@ -66,16 +60,7 @@ def run_config(cfg: dict, batch: int, variant: str, dev: torch.device, amp, warm
             idx = torch.randint(0, mcfg.vocab_size, (batch, mcfg.seq_len))
             tgt = torch.randint(0, mcfg.vocab_size, (batch, mcfg.seq_len))
         opt = configure_optimizer(model, "adamw", lr=1e-4)
-        params = [p for p in model.parameters() if p.requires_grad]
-
-        def step():  # the step trainer/memplan.py plans
-            with torch.autocast(dev.type, dtype=amp, enabled=amp is not None):
-                loss = model(idx, tgt)
-            loss.backward()
-            del loss
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+        step = make_step(model, opt, idx, tgt, amp)
 
         for _ in range(warm):
             step()
@@ -89,11 +74,11 @@ def run_config(cfg: dict, batch: int, variant: str, dev: torch.device, amp, warm
             out["steady_allocated"] = torch.cuda.memory_allocated()
         else:
             gc.collect()
-            base = _proc_status("VmRSS")
+            base = _status_bytes("VmRSS")
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")
             step()
-            out["peak_step_rss"] = _proc_status("VmHWM") - base  # what the step added
+            out["peak_step_rss"] = _status_bytes("VmHWM") - base  # what the step added
         t0 = time.perf_counter()
         for _ in range(steps):
             step()
@@ -102,12 +87,12 @@ def run_config(cfg: dict, batch: int, variant: str, dev: torch.device, amp, warm
         dt = (time.perf_counter() - t0) / steps
         out["step_s"] = dt
         out["tokens_per_s"] = batch * mcfg.seq_len / dt
-        out["mfu"] = (out["tokens_per_s"] * flops_per_token(mcfg) / peak_flops
+        out["mfu"] = (advisor_flops.mfu(out["tokens_per_s"], flops_per_token(mcfg), peak_flops)
                       if peak_flops else None)
     except OOM:
         out["oom"] = True
     finally:
-        del model, opt, idx, tgt, params  # (cells: step() lets go of them too)
+        del model, opt, idx, tgt, step  # the step's closure held them too
         gc.collect()
         if dev.type == "cuda":
             torch.cuda.empty_cache()
@@ -174,7 +159,7 @@ def main(argv=None) -> int:
     amp = torch.bfloat16 if a.amp == "bf16" else None
     cfg = PRESETS[preset].to_dict()
     name = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"
-    peak = a.peak_flops or next((v for k, v in PEAK_BF16.items() if k in name), None)
+    peak = a.peak_flops or advisor_flops.peak_flops(name)
     capacity = torch.cuda.get_device_properties(0).total_memory if dev.type == "cuda" else None
 
     # The planner runs beside the measurements, as it does beside a training loop.

@@ -46,6 +46,25 @@ def _status_bytes(key: str) -> int:
     raise KeyError(key)
 
 
+def make_step(model, opt, idx, tgt, amp=None):
+    """One real training step, the one trainer/memplan.py plans: forward (under autocast when
+    `amp` is a dtype), backward, clip, optimizer step. Shared with bench/gpu_check.py."""
+    import torch
+
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def step():
+        with torch.autocast(idx.device.type, dtype=amp, enabled=amp is not None):
+            loss = model(idx, tgt)
+        loss.backward()
+        del loss
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
 def _measure_here(cfg: dict, batch: int, optimizer: str, warm_steps: int = 2) -> dict:
     """In this (fresh) process: the bytes one real training step adds on top of the steady state."""
     import torch
@@ -57,17 +76,9 @@ def _measure_here(cfg: dict, batch: int, optimizer: str, warm_steps: int = 2) ->
     mcfg = _model_config(cfg, "chunked" if cfg.get("chunked_ce") else "plain")
     model = GPT(mcfg).train()
     opt = configure_optimizer(model, optimizer, lr=1e-3)
-    params = [p for p in model.parameters() if p.requires_grad]
     idx = torch.randint(0, mcfg.vocab_size, (batch, mcfg.seq_len))
     tgt = torch.randint(0, mcfg.vocab_size, (batch, mcfg.seq_len))
-
-    def step():  # the same step trainer/memplan.py plans
-        loss = model(idx, tgt)
-        loss.backward()
-        del loss
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    step = make_step(model, opt, idx, tgt)
 
     for _ in range(warm_steps):
         step()
