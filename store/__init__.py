@@ -2,23 +2,27 @@
 
 Public API (see each module's docstring for the why):
   RunWriter.start(db, …) → writer.log(step, {name: value}), .event, .memory_plan, .update_run,
-      .pending_commands, .claim, .command_applied, .command_refused, .flush, .close (writer.py)
+      .take_claimed_commands, .command_applied, .command_refused (never wait on the database),
+      .pending_commands, .claim (older, blocking), .flush, .close, .stats (writer.py)
   Reader(db) and list_runs, get_run, metric_names, series, latest, events, memory_plan,
       export (reader.py)
   commands: submit, claim, apply, refuse, cancel, list_commands, get, log (commands.py)
   recover(db) (recovery.py), delete_run(db, run_id), schema_version(db); the errors
   (errors.py); `python -m store info|recover DB`;
-  read_connection / write_connection (db.py) for tools that need raw SQL under the lock.
+  read_connection / write_connection (db.py) for tools that need raw SQL under the lock;
+  set_read_only() makes every read of the process write nothing (the dashboard's read-only
+  mode; reads also pass read_only=True one by one).
 No torch, streamlit or pandas here: stdlib, duckdb, numpy, pyarrow only.
 """
 from __future__ import annotations
 
 from store import commands
 from store.commands import Command, LogEntry
-from store.db import read_connection, write_connection
-from store.errors import (CommandError, DatabaseMissingError, NotRampwatchError, RunNotFoundError,
-                          SchemaTooNewError, SpoolCorruptError, SpoolOffsetsError, StoreBusyError,
-                          StoreError)
+from store.db import read_connection, set_read_only, write_connection
+from store.errors import (CommandError, DatabaseCorruptError, DatabaseMissingError,
+                          NotRampwatchError, RunNotFoundError, SchemaTooNewError,
+                          SchemaUpgradeNeededError, SpoolCorruptError, SpoolOffsetsError,
+                          StoreBusyError, StoreError)
 from store.reader import (Event, PlanRow, Reader, Run, Series, events, export, get_run, latest,
                           list_runs, memory_plan, metric_names, series)
 from store.recovery import RecoveryReport, recover_dead
@@ -48,9 +52,10 @@ def delete_run(db, run_id: str, timeout: float = 60.0) -> None:
                 con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
 
 
-def schema_version(db, timeout: float = 10.0) -> int:
-    """The schema version of an existing database (after any upgrade opening it performs)."""
-    with read_connection(db, timeout) as con:
+def schema_version(db, timeout: float = 10.0, read_only: bool | None = None) -> int:
+    """The schema version of an existing database (after any upgrade opening it performs;
+    read_only: none, the version as the file has it)."""
+    with read_connection(db, timeout, read_only=read_only) as con:
         [(v,)] = con.execute("SELECT max(version) FROM rampwatch_schema").fetchall()
     return int(v)
 
@@ -63,5 +68,6 @@ __all__ = [
     "StoreError", "StoreBusyError", "DatabaseMissingError", "NotRampwatchError",
     "SchemaTooNewError", "RunNotFoundError", "CommandError", "SpoolCorruptError",
     "SpoolOffsetsError",
-    "read_connection", "write_connection",
+    "DatabaseCorruptError", "SchemaUpgradeNeededError",
+    "read_connection", "write_connection", "set_read_only",
 ]

@@ -4,7 +4,14 @@ Owns: where the lock file and spool directory live beside a database, the one lo
 access goes through (a POSIX fcntl record lock on `<db>.lock`, shared for readers and exclusive
 for writers, with a turnstile so writers are not starved, plus a per-process threading lock),
 jittered retry with a timeout, connecting with
-extension downloads off, and the schema check on first contact (errors: store/errors.py).
+extension downloads off, the schema check on first contact (errors: store/errors.py), the
+check that the file is whole before it is trusted (store/integrity.py), and read-only reading.
+
+Read-only reading (read_connection(read_only=True), or set_read_only() for a whole process such
+as the dashboard's read-only mode, and always where the file or its folder cannot be written)
+never changes anything: no schema upgrade (an older schema from MIN_READABLE_VERSION on is read
+as it is; an older one raises SchemaUpgradeNeededError naming `python -m store upgrade`), no
+lock file created (an existing one is opened read-only and locked shared).
 
 Why this shape: DuckDB lets one read-write process *or* many read-only processes hold a file,
 and a second process fails at once instead of waiting. So nobody keeps a connection open:
@@ -29,13 +36,29 @@ from pathlib import Path
 
 import duckdb
 
-from store import schema
-from store.errors import DatabaseMissingError, NotRampwatchError, StoreBusyError, StoreError
+from store import integrity, schema
+from store.errors import (DatabaseMissingError, NotRampwatchError, SchemaUpgradeNeededError,
+                          StoreBusyError, StoreError)
 
 # DuckDB 2.0.1 would try to download extensions it knows; there is no network at run time.
 BASE_CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
 DEFAULT_TIMEOUT = 10.0
 _DUCKDB_MAGIC = b"DUCK"  # bytes 8..12 of every DuckDB file header
+_read_only_process = False  # set_read_only(): every read of this process writes nothing
+
+
+def set_read_only(on: bool = True) -> None:
+    """Make every read of this process read-only (the dashboard's read-only mode): no schema
+    upgrade, no lock file created, nothing written beside the database."""
+    global _read_only_process
+    _read_only_process = bool(on)
+
+
+def _never_write(db: Path, read_only: bool | None) -> bool:
+    if _read_only_process if read_only is None else read_only:
+        return True
+    # read-only media or permissions: reading must still work, without trying to write
+    return not (os.access(db.parent, os.W_OK) and (not db.exists() or os.access(db, os.W_OK)))
 
 
 def resolve(db: str | os.PathLike) -> Path:
@@ -60,6 +83,7 @@ class _PathLock:
         self.fd: int | None = None
         # (st_dev, st_ino) of the file last checked read-only before taking any lock
         self.prechecked: tuple[int, int] | None = None
+        self.size_seen = 0  # of that file at the last first look: shrinking means a re-check
 
 
 _registry: dict[str, _PathLock] = {}
@@ -139,12 +163,17 @@ def _locked(db: Path, exclusive: bool, timeout: float, create_lock_file: bool = 
         path = lock_path(db)
         if pl.fd is None and (create_lock_file or exclusive or path.exists()):
             try:
+                if not (create_lock_file or exclusive):
+                    raise PermissionError  # read-only reading: never open it for writing
                 pl.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-            except PermissionError:
+            except OSError as e:  # EACCES, EPERM, EROFS (read-only media)
                 if exclusive:
-                    raise StoreError(f"cannot write {db}: its lock file {path} is not "
-                                     "writable by this user") from None
-                pl.fd = os.open(path, os.O_RDONLY)  # a shared lock needs only reading
+                    raise StoreError(f"cannot write {db}: its lock file {path} cannot be "
+                                     f"opened for writing ({e.strerror or e})") from None
+                try:
+                    pl.fd = os.open(path, os.O_RDONLY)  # a shared lock needs only reading
+                except FileNotFoundError:
+                    pl.fd = None
         # No fd: reading beside a directory we cannot write, with no lock file in it. No
         # Rampwatch writer can exist there, so there is nothing to lock against.
         fd = -1 if pl.fd is None else pl.fd
@@ -181,6 +210,8 @@ def _connect(db: Path, read_only: bool, deadline: float, timeout: float, threads
             msg = str(e)
             if "not a valid DuckDB database" in msg:
                 raise NotRampwatchError(_not_duckdb_message(db)) from None
+            if integrity.is_corruption(e):
+                raise integrity.corrupt(db, msg.splitlines()[0]) from None
             if "lock" not in msg.lower() or time.monotonic() >= deadline:
                 if "lock" in msg.lower():
                     raise StoreBusyError(
@@ -228,23 +259,43 @@ def _precheck(db: Path, pl: _PathLock) -> None:
     this process has the file open meanwhile.
     """
     identity = _identity(db)
-    if pl.prechecked == identity:
+    size = os.stat(db).st_size
+    shrunk, pl.size_seen = size < pl.size_seen, size
+    if pl.prechecked == identity and not shrunk:  # truncated since? then look again
         return
+    pl.prechecked = None  # until this check passes: a failed one is repeated next time
     try:
         con = duckdb.connect(str(db), read_only=True, config=dict(BASE_CONFIG))
     except duckdb.IOException as e:
         if "not a valid DuckDB database" in str(e):
             raise NotRampwatchError(_not_duckdb_message(db)) from None
+        if integrity.is_corruption(e):
+            raise integrity.corrupt(db, str(e).splitlines()[0]) from None
         con = None  # held by a writer: checked under the lock instead
     except duckdb.ConnectionException:
         con = None  # this process has it open in another mode: it was checked then
     if con is not None:
         try:
-            version = schema.read_version(con, db, allow_empty=True)
+            with _corruption_named(db):
+                version = schema.read_version(con, db, allow_empty=True)
+                if version:  # ours: every block it uses must be inside the file
+                    integrity.check_blocks(con, db, os.stat(db).st_size)
         finally:
             con.close()
         schema.check_not_newer(version, db)
     pl.prechecked = identity
+
+
+@contextlib.contextmanager
+def _corruption_named(db: Path):
+    """DuckDB's errors about damaged contents, raised anywhere in the block, as one
+    DatabaseCorruptError naming the file and what to do."""
+    try:
+        yield
+    except duckdb.Error as e:
+        if integrity.is_corruption(e):
+            raise integrity.corrupt(db, str(e).splitlines()[0]) from None
+        raise
 
 
 @contextlib.contextmanager
@@ -267,20 +318,41 @@ def write_connection(db: str | os.PathLike, timeout: float = DEFAULT_TIMEOUT,
         _check_header(db)  # again: it may have been replaced while we waited
         con = _connect(db, False, deadline, timeout, threads)
         try:
-            # Every time, not once per process: another process may have upgraded the file.
-            version = schema.read_version(con, db, allow_empty=True)
-            schema.check_not_newer(version, db)
-            schema.upgrade(con, version)
-            yield con
+            with _corruption_named(db):
+                # Every time, not once per process: another process may have upgraded the file.
+                version = schema.read_version(con, db, allow_empty=True)
+                schema.check_not_newer(version, db)
+                schema.upgrade(con, version)
+                yield con
         finally:
-            con.close()
+            try:
+                con.close()  # the checkpoint at close reads blocks too
+            except duckdb.Error as e:
+                if integrity.is_corruption(e):
+                    raise integrity.corrupt(db, str(e).splitlines()[0]) from None
+                raise
+
+
+def _upgrade_needed(db: Path, version: int) -> SchemaUpgradeNeededError:
+    return SchemaUpgradeNeededError(
+        f"{db} has Rampwatch schema version {version}; reading without writing (read-only "
+        f"mode, or a file or folder that cannot be written) reads versions "
+        f"{schema.MIN_READABLE_VERSION}..{schema.CURRENT_VERSION} as they are, and this one "
+        f"needs an upgrade first. Run `python -m store upgrade {db}` where the file can be "
+        "written (a copy, if the media is read-only), then view that.")
 
 
 @contextlib.contextmanager
 def read_connection(db: str | os.PathLike, timeout: float = DEFAULT_TIMEOUT,
-                    threads: int | None = None):
-    """A read-only connection under the shared lock. An older schema is upgraded first."""
+                    threads: int | None = None, read_only: bool | None = None):
+    """A read-only connection under the shared lock.
+
+    An older schema is upgraded first, unless read_only (default: the process setting, see
+    set_read_only) or the file cannot be written: then nothing is written at all, and an older
+    schema is read as it is (from MIN_READABLE_VERSION on).
+    """
     db = resolve(db)
+    never_write = _never_write(db, read_only)
 
     def first_look(pl: _PathLock) -> None:
         if not _check_header(db):
@@ -289,17 +361,22 @@ def read_connection(db: str | os.PathLike, timeout: float = DEFAULT_TIMEOUT,
                 "start a run (RunWriter.start) to create it.")
         _precheck(db, pl)
 
-    create = os.access(db.parent, os.W_OK)
+    create = not never_write
     for _ in range(2):
         with _locked(db, exclusive=False, timeout=timeout, create_lock_file=create,
                      first_look=first_look) as deadline:
             con = _connect(db, True, deadline, timeout, threads)
             try:
-                version = schema.read_version(con, db)
-                schema.check_not_newer(version, db)
-                if version == schema.CURRENT_VERSION:
-                    yield con
-                    return
+                with _corruption_named(db):
+                    version = schema.read_version(con, db)
+                    schema.check_not_newer(version, db)
+                    readable = version == schema.CURRENT_VERSION or (
+                        never_write and version >= schema.MIN_READABLE_VERSION)
+                    if readable:
+                        yield con
+                        return
+                    if never_write:
+                        raise _upgrade_needed(db, version)
             finally:
                 con.close()
         with write_connection(db, timeout):  # an older file: upgrade it, then read

@@ -44,3 +44,13 @@ class SpoolOffsetsError(StoreError):
     def __init__(self, message: str, spool: str | None = None):
         super().__init__(message)
         self.spool = spool  # the spool directory's name
+
+
+class DatabaseCorruptError(StoreError):
+    """The file is a DuckDB database but damaged (truncated, unreadable blocks): nothing is
+    written to it and the message says what to do (store/integrity.py)."""
+
+
+class SchemaUpgradeNeededError(StoreError):
+    """Reading without writing (read-only mode or media) met a schema too old to read as it is;
+    the message names the command that upgrades it."""

@@ -24,8 +24,9 @@ import numpy as np
 import pyarrow as pa
 
 from store import commands, rollup, spool
+from store import spool_format as fmt
 from store.db import first, transaction
-from store.errors import CommandError, SpoolCorruptError, SpoolOffsetsError
+from store.errors import CommandError, SpoolOffsetsError
 
 MAX_RECORDS = 1 << 18  # per transaction (8 MB of spool, ~0.1 s): bounds lock hold and memory
 
@@ -48,6 +49,15 @@ class IngestResult:
     bin_offset: int = 0     # offsets reached (committed with the rows)
     jsonl_offset: int = 0
     stored: bool = False    # the spool's offsets row holds (bin_offset, jsonl_offset) now
+    damaged_bytes: int = 0  # stepped over in the records and rare-records files
+    lost_records: int = 0   # metric records lost to damage (estimated from the bytes) or names
+    torn_bytes: int = 0     # a dead writer's cut-short last write, never acknowledged
+    unusable: int = 0       # records that passed their check but could not be applied
+
+    @property
+    def damaged(self) -> bool:
+        """Something was stepped over: the spool must be kept for inspection, not deleted."""
+        return bool(self.damaged_bytes or self.lost_records or self.unusable)
 
 
 def _json_or_none(obj) -> str | None:
@@ -62,13 +72,18 @@ class _Apply:
         self.events: list[dict] = []
         self.plans: list[dict] = []
         self.pid = self.host = None
+        self.unusable: list[str] = []  # records that passed their check but cannot be applied
 
-    def record(self, r: dict) -> None:
-        kind = r.get("k")
+    def record(self, r) -> None:
+        kind = r.get("k") if isinstance(r, dict) else None
         handler = getattr(self, "_" + kind, None) if isinstance(kind, str) else None
         if handler is None:
-            raise SpoolCorruptError(f"spool record of unknown kind {kind!r}: {r!r}")
-        handler(r)
+            self.unusable.append(f"unknown record kind {kind!r}")
+            return
+        try:  # fields are read before any SQL runs, so a bad record changes nothing
+            handler(r)
+        except (KeyError, TypeError, ValueError) as e:
+            self.unusable.append(f"{kind} record without a usable {e}")
 
     def _start(self, r: dict) -> None:
         con, run_id = self.con, r["run_id"]
@@ -202,15 +217,64 @@ def _check_expected(path: Path, row, expect: tuple[int, int] | None) -> None:
             f"{path}.", path.name)
 
 
+def _names_for(path: Path, recs: np.ndarray, offs: np.ndarray, final: bool):
+    """(records whose name is known, the list for their ids, records lost, offset to stop at).
+
+    A name is written whole before the first record that uses it, so an id without a name means
+    a names line that is still being written (its tail is torn: wait, unless final) or one that
+    was damaged (its records are lost, and counted).
+    """
+    names, _, torn = spool.read_names(path)
+    ids = recs["name_id"]
+    top = max(names) if names else -1
+    have = np.zeros(top + 2, bool)
+    have[list(names)] = True
+    known = have[np.clip(ids, -1, top + 1)] & (ids >= 0)  # ids < 0 and > top map to False
+    table = [names.get(i, "") for i in range(top + 1)]
+    if known.all():
+        return recs, table, 0, None
+    if torn and not final:  # wait at the first record whose name may be on its way
+        cut = int(np.argmin(known))
+        return recs[:cut], table, 0, int(offs[cut])
+    return recs[known], table, int((~known).sum()), None
+
+
+def _alert(result: IngestResult, path: Path, bin_damage: fmt.Damage, js_damage: fmt.Damage,
+           lost_names: int, unusable: list[str], t: float) -> dict:
+    about = bin_damage.records
+    parts = []
+    if bin_damage:
+        parts.append(f"{bin_damage.nbytes} damaged bytes of metric records skipped (about "
+                     f"{about} records)")
+    if lost_names:
+        parts.append(f"{lost_names} metric records whose name line was damaged")
+    if js_damage:
+        parts.append(f"{js_damage.lines} damaged event/command lines ({js_damage.nbytes} "
+                     "bytes) skipped")
+    if unusable:
+        parts.append(f"{len(unusable)} records that cannot be applied ({unusable[0]})")
+    message = (f"spool {path.name} was damaged: " + "; ".join(parts) + ". Every record that "
+               "passed its check was kept; the damaged spool is kept for inspection.")
+    data = {"spool": path.name, "damaged_bytes": bin_damage.nbytes + js_damage.nbytes,
+            "lost_metric_records": about + lost_names, "damaged_metric_bytes": bin_damage.nbytes,
+            "metric_ranges": bin_damage.ranges, "lost_name_records": lost_names,
+            "damaged_lines": js_damage.lines, "line_ranges": js_damage.ranges,
+            "unusable_records": len(unusable)}
+    return dict(step=result.max_step, t=t, kind="alert", message=message,
+                data=json.dumps(data))
+
+
 def ingest_spool(con, path: Path, *, heartbeat: float | None = None,
                  max_records: int = MAX_RECORDS,
-                 expect: tuple[int, int] | None = None) -> IngestResult:
+                 expect: tuple[int, int] | None = None, final: bool = False) -> IngestResult:
     """Ingest what `path` (one spool directory) holds beyond its stored offsets; one transaction.
 
     heartbeat: the live writer passes the time to record as the run's heartbeat; recovery
     passes None (a dead writer has no heartbeat).
     expect: the (bin, jsonl) offsets the caller itself committed for this spool last (the live
     writer); stored offsets behind them, or none, raise SpoolOffsetsError instead of ingesting.
+    final: nothing will be appended any more (a dead writer's spool, or the writer's own after
+    its last record): torn tails are judged instead of waited for.
     """
     name = path.name
     with transaction(con):
@@ -222,7 +286,7 @@ def ingest_spool(con, path: Path, *, heartbeat: float | None = None,
             row = row[:3]
         _check_expected(path, row, expect)
         run_id, bin_off, js_off = row if row is not None else (None, 0, 0)
-        records, js_new = spool.read_json_records(path, js_off)
+        records, js_new, js_damage = spool.read_json_records(path, js_off, final=final)
         apply = _Apply(con, run_id)
         for r in records:
             apply.record(r)
@@ -231,26 +295,29 @@ def ingest_spool(con, path: Path, *, heartbeat: float | None = None,
                               jsonl_offset=js_new)
         if run_id is None:  # not even a start record yet: the writer died while creating it
             result.jsonl_offset = js_off  # nothing is stored
+            result.damaged_bytes = js_damage.nbytes
             return result
-        recs, bin_new = spool.read_records(path, bin_off, max_records)
+        recs, offs, bin_new, bin_damage, more = spool.read_records(path, bin_off, max_records,
+                                                                   final)
+        lost_names = 0
         if len(recs):
-            names = spool.read_names(path)
-            ids = recs["name_id"]
-            unknown = np.flatnonzero((ids < 0) | (ids >= len(names)))
-            if len(unknown):
-                if ids[unknown[0]] < 0:
-                    raise SpoolCorruptError(f"spool {path} has a negative metric name id")
-                # Names are written before their records; a torn names line waits like a
-                # torn record would.
-                recs = recs[:unknown[0]]
-                bin_new = bin_off + len(recs) * spool.RECORD.itemsize
-        result.more = len(recs) == max_records
+            recs, names, lost_names, stop = _names_for(path, recs, offs, final)
+            if stop is not None:
+                bin_new, more = stop, False
+        result.more = more
         result.bin_offset = bin_new
         if len(recs):
             _insert_metrics(con, run_id, recs, names)
             result.records = len(recs)
             result.max_step = int(recs["step"].max())
             result.max_t = float(recs["t"].max())
+        result.damaged_bytes = bin_damage.nbytes + js_damage.nbytes
+        result.lost_records = bin_damage.records + lost_names
+        result.torn_bytes = bin_damage.torn + js_damage.torn
+        result.unusable = len(apply.unusable)
+        if bin_damage or js_damage or lost_names or apply.unusable:
+            apply.events.append(_alert(result, path, bin_damage, js_damage, lost_names,
+                                       apply.unusable, time.time()))
         apply.flush_rows()
         con.execute(
             """UPDATE runs SET last_step = CASE WHEN ?::BIGINT IS NULL THEN last_step
@@ -275,3 +342,14 @@ def ingest_spool(con, path: Path, *, heartbeat: float | None = None,
                     "nothing is ingested twice", name)
         result.stored = True
     return result
+
+
+def apply_records(con, run_id: str, records: list[dict]) -> list[str]:
+    """Apply rare records straight to the database, in one transaction (the writer's outbox:
+    records its spool could not take). Returns the reasons of records that could not be used."""
+    with transaction(con):
+        apply = _Apply(con, run_id)
+        for r in records:
+            apply.record(r)
+        apply.flush_rows()
+    return apply.unusable

@@ -162,9 +162,22 @@ def _empty_series(run_id, name, width, start) -> Series:
 
 
 def width_for(lo: int, hi: int, buckets: int) -> int:
-    """log2 of the smallest power-of-two width giving at most `buckets` aligned buckets."""
-    k = 0
-    while (hi >> k) - (lo >> k) + 1 > buckets:
+    """log2 of the smallest power-of-two width giving at most `buckets` aligned buckets.
+
+    Total: returns for any integers. An empty range (hi < lo) needs width 1 (k = 0). Aligned
+    buckets that must hold both -1 and 0 can never be fewer than two, so the search stops at
+    the width where every step of the range falls in at most two buckets.
+    """
+    if isinstance(buckets, bool) or not isinstance(buckets, int) or buckets < 1:
+        raise ValueError(f"buckets must be an integer >= 1, got {buckets!r}")
+    lo, hi = int(lo), int(hi)
+    if hi <= lo:
+        return 0
+    # From the width that the span alone needs (one below, as alignment may add a bucket) up
+    # to the one beyond which shifting changes nothing: at most ~3 steps of the loop.
+    k = max(0, ((hi - lo) // buckets).bit_length() - 1)
+    top = max(lo.bit_length(), hi.bit_length())  # from there on every step >> k is 0 or -1
+    while k < top and (hi >> k) - (lo >> k) + 1 > buckets:
         k += 1
     return k
 
@@ -172,14 +185,18 @@ def width_for(lo: int, hi: int, buckets: int) -> int:
 class Reader:
     """Read queries on one database; each call connects and closes unless inside session()."""
 
-    def __init__(self, db, timeout: float = DEFAULT_TIMEOUT, stale_after: float = STALE_AFTER):
+    def __init__(self, db, timeout: float = DEFAULT_TIMEOUT, stale_after: float = STALE_AFTER,
+                 read_only: bool | None = None):
+        """read_only: write nothing, not even a schema upgrade or a lock file (None: the
+        process setting, store.set_read_only)."""
         self.db, self.timeout, self.stale_after = db, timeout, stale_after
+        self.read_only = read_only
         self._local = threading.local()  # a session belongs to the thread that opened it
 
     @contextlib.contextmanager
     def session(self):
         """Share one read connection among several calls; keep the block short."""
-        with read_connection(self.db, self.timeout) as con:
+        with read_connection(self.db, self.timeout, read_only=self.read_only) as con:
             self._local.con = con
             try:
                 yield self
@@ -192,7 +209,7 @@ class Reader:
         if con is not None:
             yield con
         else:
-            with read_connection(self.db, self.timeout) as con:
+            with read_connection(self.db, self.timeout, read_only=self.read_only) as con:
                 yield con
 
     def _run(self, con, row, now: float) -> Run:
@@ -242,8 +259,8 @@ class Reader:
         if width is not None and (not isinstance(width, int) or width < 1
                                   or width & (width - 1)):
             raise ValueError(f"width must be a power of two >= 1, got {width!r}")
-        if buckets < 1:
-            raise ValueError(f"buckets must be >= 1, got {buckets!r}")
+        if isinstance(buckets, bool) or not isinstance(buckets, int) or buckets < 1:
+            raise ValueError(f"buckets must be an integer >= 1, got {buckets!r}")
         with self._connection() as con:
             if width is None:
                 [(lo, hi)] = con.execute(_EXTENT, {"run": run_id, "name": name,

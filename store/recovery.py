@@ -16,7 +16,6 @@ from pathlib import Path
 
 from store import commands, ingest, spool
 from store.db import first, spool_root, transaction
-from store.errors import SpoolCorruptError
 
 
 @dataclass
@@ -24,7 +23,9 @@ class RecoveredSpool:
     spool: str
     run_id: str | None
     records: int
-    corrupt: str | None = None  # the parse error, when the spool was set aside
+    corrupt: str | None = None  # why the spool was set aside (kept as <session>.corrupt)
+    damaged_bytes: int = 0
+    lost_records: int = 0
 
 
 @dataclass
@@ -41,21 +42,33 @@ def live_spools(con, db, run_id: str) -> list[Path]:
 
 
 def _recover_spool(con, path: Path, fd: int) -> tuple[RecoveredSpool, float | None]:
-    total, run_id, max_t = 0, None, None
-    try:
-        while True:
-            res = ingest.ingest_spool(con, path)
-            run_id = res.run_id or run_id
-            total += res.records
-            if res.max_t is not None:
-                max_t = res.max_t if max_t is None else max(max_t, res.max_t)
-            if not res.more:
-                break
-    except SpoolCorruptError as e:
-        spool.set_aside(path)
-        return RecoveredSpool(path.name, run_id, total, corrupt=str(e)), max_t
+    total, run_id, max_t, damaged, lost, unusable = 0, None, None, 0, 0, 0
+    while True:
+        res = ingest.ingest_spool(con, path, final=True)
+        run_id = res.run_id or run_id
+        total += res.records
+        damaged, lost, unusable = (damaged + res.damaged_bytes, lost + res.lost_records,
+                                   unusable + res.unusable)
+        if res.max_t is not None:
+            max_t = res.max_t if max_t is None else max(max_t, res.max_t)
+        if not res.more:
+            break
+    sizes = spool.file_sizes(path)
+    unread = (sizes[0] - res.bin_offset) + (sizes[1] - res.jsonl_offset)
+    why = None
+    if run_id is None and unread:
+        why = (f"{unread} bytes but no readable start record: they cannot be tied to a run")
+    elif damaged or lost or unusable:
+        why = (f"damaged: {damaged} bytes stepped over, about {lost} metric records lost, "
+               f"{unusable} unusable records (an alert event on run {run_id} has the details)")
+    elif unread > 0:
+        why = f"{unread} bytes could not be read"
+    out = RecoveredSpool(path.name, run_id, total, damaged_bytes=damaged, lost_records=lost)
+    if why is not None:  # never delete bytes that were not read back
+        out.corrupt = f"{why}; kept at {spool.set_aside(path)}"
+        return out, max_t
     spool.remove_dir(path)  # still under the dead writer's lock (fd), so nobody else races us
-    return RecoveredSpool(path.name, run_id, total), max_t
+    return out, max_t
 
 
 def _mark_killed(con, db, run_id: str, recovered: int, ended: float | None) -> int | None:

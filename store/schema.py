@@ -11,6 +11,8 @@ Version history (a file at any older version is upgraded in place when opened):
   3  min/max/last rollups of metrics at the ROLLUP_LEVELS (see store/rollup.py), backfilled.
   4  spool_offsets gets PRIMARY KEY (spool). Should a file hold several rows for one spool, the
      one that reached furthest is kept (its rows were ingested; the others' offsets are stale).
+  5  commands gains idempotency_key: a second submit with the same key returns the first id.
+     (Written with spool format 2: checked records; store/spool_format.py.)
 Times are unix seconds (DOUBLE); JSON is stored as text. No other primary keys or unique
 indexes: uniqueness is enforced by code under the exclusive lock (an index would grow the
 metrics table several-fold and make a whole append fail on one duplicate). spool_offsets is the
@@ -25,7 +27,10 @@ import duckdb
 
 from store.errors import NotRampwatchError, SchemaTooNewError
 
-CURRENT_VERSION = 4
+CURRENT_VERSION = 5
+# Oldest version the readers' queries work on unchanged (read-only reading does not upgrade):
+# v3 added the rollups every chart reads; v4 and v5 changed nothing a reader selects.
+MIN_READABLE_VERSION = 3
 VERSION_TABLE = "rampwatch_schema"
 # (shift, complete-buckets table, open-buckets table): rollups at 2**shift steps per bucket,
 # finest first. Measured choice: store/reader.py.
@@ -130,6 +135,8 @@ _V4 = [
     "ALTER TABLE spool_offsets_v4 RENAME TO spool_offsets",
 ]
 
+_V5 = ["ALTER TABLE commands ADD COLUMN idempotency_key VARCHAR"]
+
 # Every table with a run_id column, children first (commands' log goes with its commands).
 RUN_TABLES = ("metrics", *(t for _, c, p in ROLLUP_LEVELS for t in (c, p)), "rollup_state",
               "events", "memory_plan", "spool_offsets", "commands", "runs")
@@ -139,6 +146,7 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
     (2, "run details, events, memory plan, commands, spool offsets", _V2),
     (3, "min/max/last rollups of metrics", _V3),
     (4, "primary key on spool_offsets (spool)", _V4),
+    (5, "idempotency keys of commands", _V5),
 ]
 assert [v for v, _, _ in MIGRATIONS] == list(range(1, CURRENT_VERSION + 1))
 

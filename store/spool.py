@@ -1,27 +1,30 @@
 """Spool files: what log() appends to and what ingest reads back, and whose spool is alive.
 
-Owns the on-disk format and the liveness lock. One writer session has one directory
-`<db>.spool/<session>/` holding:
-  metrics.bin    fixed 32-byte records: int64 step, float64 t, float64 value, int32 name_id,
-                 int32 magic; parsed with numpy.frombuffer, never a Python loop per record
-  names.jsonl    one JSON string per line, line i naming name_id i; a name is appended before
-                 the first record that uses it, so ingest never sees an unknown id for long
-  records.jsonl  rare records (start or segment first, then event, plan, run update, status,
-                 command result), one JSON object per line
+Owns the files and the liveness lock (the bytes inside them: store/spool_format.py). One writer
+session has one directory `<db>.spool/<session>/` holding:
+  metrics.v2.bin  fixed 40-byte checked records (step, t, value, name id), parsed with
+                  numpy.frombuffer, never a Python loop per record
+  names.v2.txt    one checked line `[name_id, "name"]` per name, appended before the first
+                  record that uses it, so ingest never sees an unknown id for long
+  records.v2.txt  rare records (start or segment first, then event, plan, run update, status,
+                  command result), one checked JSON line each
+(`metrics.bin`, `names.jsonl`, `records.jsonl`: format 1, still read.)
 Every append is one unbuffered os.write on an O_APPEND descriptor: a killed process leaves what
-it wrote in the OS. Readers take only whole records/lines; a torn tail waits (or, if its writer
-is dead, was never acknowledged). The live writer holds an exclusive fcntl lock on the spool's
+it wrote in the OS. A write that fails part-way (disk full, file-size limit) is cut back to the
+last whole record or line, so the spool stays readable and later appends land whole; if even
+that fails, the next line starts on a fresh line and the damage is stepped over by the reader.
+Readers take only whole records/lines; a torn tail waits (or, if its writer is dead, was never
+acknowledged). The live writer holds an exclusive fcntl lock on the spool's
 `lock` file; a spool whose lock can be taken belongs to a dead writer. The lock is on a file
 of its own because closing *any* descriptor of a file drops the process's fcntl locks on it,
-and the writer's own flusher opens and closes metrics.bin to read it. A directory is built as
-`<session>.tmp` and renamed only once locked, so recovery never mistakes a spool being created
-for a dead one.
+and the writer's own flusher opens and closes the records file to read it. A directory is built
+as `<session>.tmp` and renamed only once locked, so recovery never mistakes a spool being
+created for a dead one.
 """
 from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import os
 import shutil
 import threading
@@ -30,13 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
-from store.errors import SpoolCorruptError
-
-MAGIC = 0x52570001  # 'RW' + format 1: a record that lacks it means misaligned or foreign bytes
-RECORD = np.dtype([("step", "<i8"), ("t", "<f8"), ("value", "<f8"),
-                   ("name_id", "<i4"), ("magic", "<i4")])
-assert RECORD.itemsize == 32
-BIN, NAMES, RECORDS, LOCK = "metrics.bin", "names.jsonl", "records.jsonl", "lock"
+from store import spool_format as fmt
+BIN, NAMES, RECORDS, LOCK = "metrics.v2.bin", "names.v2.txt", "records.v2.txt", "lock"
+LEGACY_FILES = ("metrics.bin", "names.jsonl", "records.jsonl")  # format 1
 _TMP, CORRUPT = ".tmp", ".corrupt"
 
 # Spool directories owned by live writers of *this* process. fcntl locks do not conflict
@@ -55,11 +54,34 @@ def is_ours(path: Path) -> bool:
         return _key(path) in _live
 
 
-def _write_all(fd: int, data) -> None:
-    view = memoryview(data).cast("B")
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
+class _File:
+    """One append-only file of the spool, with the size of what was appended whole."""
+
+    def __init__(self, fd: int, line_based: bool):
+        self.fd, self.size, self.line_based = fd, 0, line_based
+        self.torn = False  # a failed write could not be cut back: its bytes stay in the file
+
+    def append(self, data) -> None:
+        view = memoryview(data).cast("B")
+        if self.torn and self.line_based:
+            view = memoryview(b"\n" + bytes(view))  # the damaged bytes end on their own line
+        written = 0
+        try:
+            while written < len(view):
+                written += os.write(self.fd, view[written:])
+        except OSError:
+            if written:
+                try:  # cut the partial record or line off: readers never see it
+                    os.ftruncate(self.fd, self.size)
+                except OSError:
+                    self.torn = True  # the reader steps over it (spool_format resyncs)
+                    try:
+                        self.size = os.fstat(self.fd).st_size
+                    except OSError:
+                        pass  # size stays at the last whole append; nothing is cut later
+            raise
+        self.size += written
+        self.torn = False
 
 
 class SpoolFiles:
@@ -68,6 +90,8 @@ class SpoolFiles:
     def __init__(self, path: Path, lock_fd: int, bin_fd: int, names_fd: int, rec_fd: int):
         self.path = path
         self.lock_fd, self.bin_fd, self.names_fd, self.rec_fd = lock_fd, bin_fd, names_fd, rec_fd
+        self._bin, self._names, self._rec = (_File(bin_fd, False), _File(names_fd, True),
+                                             _File(rec_fd, True))
         self.name_ids: dict[str, int] = {}
 
     @classmethod
@@ -86,7 +110,7 @@ class SpoolFiles:
         return cls(final, *fds)
 
     def append_records(self, buf) -> None:
-        _write_all(self.bin_fd, buf)
+        self._bin.append(buf)
 
     def name_id(self, name: str) -> int:
         nid = self.name_ids.get(name)
@@ -94,12 +118,12 @@ class SpoolFiles:
             if not isinstance(name, str):
                 raise TypeError(f"metric names must be str, got {type(name).__name__} {name!r}")
             nid = len(self.name_ids)
-            _write_all(self.names_fd, (json.dumps(name, ensure_ascii=False) + "\n").encode())
+            self._names.append(fmt.encode_line([nid, name]))
             self.name_ids[name] = nid
         return nid
 
     def append_json(self, obj: dict) -> None:
-        _write_all(self.rec_fd, (json.dumps(obj, ensure_ascii=False) + "\n").encode())
+        self._rec.append(fmt.encode_line(obj))
 
     def size(self) -> int:
         return os.fstat(self.bin_fd).st_size
@@ -112,7 +136,7 @@ class SpoolFiles:
             try:
                 os.close(fd)
             except OSError:
-                pass
+                pass  # already closed: nothing of ours is lost by that
         with _live_lock:
             _live.discard(_key(self.path))
 
@@ -202,44 +226,54 @@ def _read_from(path: Path, offset: int, limit: int) -> bytes:
         os.close(fd)
 
 
-def read_records(path: Path, offset: int, max_records: int) -> tuple[np.ndarray, int]:
-    """Whole metric records from byte `offset` on (at most max_records) and the new offset."""
-    data = _read_from(path / BIN, offset, max_records * RECORD.itemsize)
-    whole = len(data) - len(data) % RECORD.itemsize
-    recs = np.frombuffer(data, RECORD, count=whole // RECORD.itemsize)
-    bad = np.flatnonzero(recs["magic"] != MAGIC)
-    if len(bad):
-        if bad[0] == 0:
-            raise SpoolCorruptError(
-                f"spool {path / BIN} has a record without Rampwatch's magic at byte {offset}: "
-                "the file is damaged (a failed partial write?) and cannot be read further.")
-        recs = recs[:bad[0]]  # ingest what precedes the damage; the next read reports it
-    return recs, offset + len(recs) * RECORD.itemsize
+def is_legacy(path: Path) -> bool:
+    """A format-1 spool (left by a Rampwatch before schema 5)."""
+    return (path / LEGACY_FILES[2]).exists() and not (path / RECORDS).exists()
 
 
-def read_names(path: Path) -> list[str]:
-    data = _read_from(path / NAMES, 0, 1 << 30)
-    end = data.rfind(b"\n") + 1
-    try:
-        return [json.loads(line) for line in data[:end].splitlines()]
-    except ValueError as e:
-        raise SpoolCorruptError(f"spool {path / NAMES} has a line that is not JSON: {e}") from None
+def file_sizes(path: Path) -> tuple[int, int]:
+    """(records file, rare-records file) sizes in bytes; 0 for a missing file."""
+    legacy = is_legacy(path)
+    out = []
+    for name in ((LEGACY_FILES[0], LEGACY_FILES[2]) if legacy else (BIN, RECORDS)):
+        try:
+            out.append((path / name).stat().st_size)
+        except FileNotFoundError:
+            out.append(0)
+    return out[0], out[1]
 
 
-def read_json_records(path: Path, offset: int, max_bytes: int = 16 << 20
-                      ) -> tuple[list[dict], int]:
-    """Whole JSON lines from byte `offset` on, and the offset after the last whole line."""
-    data = _read_from(path / RECORDS, offset, max_bytes)
-    end = data.rfind(b"\n") + 1
-    try:
-        recs = [json.loads(line) for line in data[:end].splitlines()]
-    except ValueError as e:
-        raise SpoolCorruptError(
-            f"spool {path / RECORDS} has a line that is not JSON after byte {offset}: {e}"
-        ) from None
-    return recs, offset + end
+def read_records(path: Path, offset: int, max_records: int, final: bool = False
+                 ) -> tuple[np.ndarray, np.ndarray, int, fmt.Damage, bool]:
+    """Valid metric records from byte `offset` on (at most max_records), their offsets, the
+    offset reached, the damage stepped over (spool_format.decode_records), and whether more
+    may follow."""
+    legacy = is_legacy(path)
+    size = fmt.LEGACY_RECORD.itemsize if legacy else fmt.SIZE
+    limit = max_records * size
+    data = _read_from(path / (LEGACY_FILES[0] if legacy else BIN), offset, limit)
+    more = len(data) == limit
+    if legacy:
+        return (*fmt.decode_legacy_records(data, offset), more)
+    # `final` only if this chunk reaches the end of the file: a chunk boundary is not a tail
+    return (*fmt.decode_records(data, offset, final and not more), more)
+
+
+def read_names(path: Path) -> tuple[dict[int, str], fmt.Damage, bool]:
+    """{name_id: name}, the damaged lines, and whether a torn last line is still waiting."""
+    legacy = is_legacy(path)
+    data = _read_from(path / (LEGACY_FILES[1] if legacy else NAMES), 0, 1 << 30)
+    return fmt.decode_names(data, legacy)
+
+
+def read_json_records(path: Path, offset: int, max_bytes: int = 16 << 20, final: bool = False
+                      ) -> tuple[list, int, fmt.Damage]:
+    """Valid rare records from byte `offset` on, the offset after the last line read, damage."""
+    legacy = is_legacy(path)
+    data = _read_from(path / (LEGACY_FILES[2] if legacy else RECORDS), offset, max_bytes)
+    return fmt.decode_lines(data, offset, final and len(data) < max_bytes, legacy)
 
 
 def first_json_record(path: Path) -> dict | None:
-    recs, _ = read_json_records(path, 0, 1 << 20)
+    recs, _, _ = read_json_records(path, 0, 1 << 20)
     return recs[0] if recs else None

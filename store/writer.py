@@ -1,11 +1,15 @@
 """RunWriter: what a training process logs through, without ever waiting on the database.
 
 Owns the trainer's side of the store: `log()` appends fixed binary records to this session's
-spool with one os.write and returns in microseconds (it never raises: problems are counted in
-`errors` and shown in `last_error`); rare records (events, memory-plan rows, run updates, the
-final status, command results) go to the spool's JSON-lines file. A daemon thread moves new
-records into DuckDB about once a second (store/ingest.py), records the run's heartbeat, reads
-its pending commands and now and then recovers dead writers' spools. At exit (atexit) and on
+spool with one os.write and returns in microseconds. It never raises: a record it cannot take
+(a step that is not a non-negative integer, a value float() refuses, a full disk) is dropped,
+counted by reason in `stats()['dropped']`, and reported as an 'alert' event on the run at the
+next flush (store/outbox.py). Rare records (events, memory-plan rows, run updates, the final
+status, command results) go to the spool's rare-records file, or, when it cannot be written,
+are held in memory and written straight into the database by the next visit. A daemon thread
+moves new records into DuckDB about once a second (store/ingest.py), records the run's
+heartbeat, claims the run's pending commands for the trainer (take_claimed_commands: nothing at
+a step boundary waits on the database) and now and then recovers dead writers' spools. At exit (atexit) and on
 SIGTERM the writer flushes what is left; if the database stays busy, the spool stays for
 recovery, so nothing acknowledged is lost. Once a spool is fully ingested and over
 ROTATE_BYTES, the writer continues in a fresh one and deletes the old, so a long run's spool
@@ -18,51 +22,32 @@ leaving it to recovery, which would trust the stale offsets.
 """
 from __future__ import annotations
 
-import json
+import collections
 import logging
-import operator
 import os
+import warnings
 import socket
-import struct
 import threading
 import time
 import uuid
 from pathlib import Path
 
-import numpy as np
-
-from store import commands, ingest, lifecycle, recovery, spool
-from store.db import DEFAULT_TIMEOUT, first, resolve, spool_root, write_connection
+from store import commands, fs, ingest, lifecycle, recovery, spool
+from store import spool_format as fmt
+from store.db import DEFAULT_TIMEOUT, first, read_connection, resolve, spool_root, \
+    write_connection
 from store.errors import RunNotFoundError, SpoolOffsetsError, StoreBusyError, StoreError
+from store.outbox import Outbox
+from store.steps import MAX_STEP, as_step, step_problem
+from store.writer_records import RareRecords, json_ready
 
 _log = logging.getLogger("rampwatch.store")
 _now = time.time
-_RECORD = struct.Struct("<qddii")  # the slow path; must match spool.RECORD
-PLAN_SOURCES = ("plan", "measured", "oom")
 RECOVER_EVERY = 30.0  # seconds between a live writer's sweeps for other writers' dead spools
 ROTATE_BYTES = 64 << 20  # a fully ingested spool this big is replaced by a fresh one
 
 
-def _as_step(step) -> int:
-    try:
-        return operator.index(step)  # int, numpy integer, 0-d integer tensor
-    except TypeError:
-        f = float(step)
-        if not f.is_integer():
-            raise TypeError(f"step must be an integer, got {step!r}") from None
-        return int(f)
-
-
-def _json_ready(obj, what: str):
-    try:
-        json.dumps(obj)
-    except (TypeError, ValueError) as e:
-        raise TypeError(f"{what} must be JSON-serializable (dicts, lists, str, numbers): {e}") \
-            from None
-    return obj
-
-
-class RunWriter:
+class RunWriter(RareRecords):
     """Logs one run into a Rampwatch database. Create with RunWriter.start(...)."""
 
     def __init__(self, db: Path, run_id: str, files: spool.SpoolFiles, *, flush_interval: float,
@@ -78,12 +63,16 @@ class RunWriter:
         self._interval, self._lock_timeout, self._actor = flush_interval, lock_timeout, actor
         self._lock = threading.RLock()        # spool appends (RLock: the SIGTERM handler may
         self._visit_lock = threading.RLock()  # interrupt log() or flush() in the main thread)
-        self._templates: dict[tuple, np.ndarray] = {}
+        self._templates: dict[tuple, fmt.Template] = {}
         self._pid = os.getpid()
         self._closed = False
         self._usable = True  # False once closed, and in a forked child (checked per log())
         self._last_step: int | None = None
         self._pending: list[commands.Command] = []
+        self._auto_claim = False  # set by the first take_claimed_commands()
+        self._claimed: collections.deque[commands.Command] = collections.deque()
+        self._outbox = Outbox()
+        self._damaged: set[str] = set()  # spools in which ingest stepped over damage
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_recover = time.monotonic()
@@ -109,14 +98,16 @@ class RunWriter:
 
         Resuming (run_id=existing, resume_step=S) deletes the run's metrics and events with
         step > S and records a 'resume' event, in the transaction of its first ingest, after
-        ingesting what dead writers of the run left in their spools.
+        ingesting what dead writers of the run left in their spools. S is a step (>= 0), or -1
+        for a run resumed before its first checkpoint (everything is discarded).
         """
         db = resolve(db)
-        _json_ready(config, "config")
+        json_ready(config, "config")
         if resume_step is not None:
             if run_id is None:
                 raise ValueError("resume_step needs the run_id of the run to resume")
-            resume_step = _as_step(resume_step)
+            if not (type(resume_step) is int and resume_step == -1):  # -1: before step 0
+                resume_step = as_step(resume_step, "resume_step")
         if run_id is not None and (not isinstance(run_id, str) or not run_id):
             raise ValueError(f"run_id must be a non-empty string, got {run_id!r}")
         # Random from the first character: DuckDB's zone maps keep an 8-byte prefix of strings,
@@ -155,74 +146,97 @@ class RunWriter:
         w._thread = threading.Thread(target=w._flusher, name=f"rampwatch-flush-{run_id}",
                                      daemon=True)
         w._thread.start()
+        w._warn_if_shared()
         return w
+
+    def _warn_if_shared(self) -> None:
+        """Locks are unreliable on network filesystems: say so where people look."""
+        m = fs.shared_mount(self.db.parent)
+        if m is not None:
+            text = fs.warning_text(self.db, m)
+            warnings.warn(text, fs.SharedFilesystemWarning, stacklevel=3)
+            self.event("alert", text, data={"filesystem": m.fstype, "mount_point": m.point,
+                                            "source": m.source})
 
     # ---- the hot path -------------------------------------------------------------------
     def log(self, step, metrics: dict) -> None:
-        """Append {name: value} at `step`. Never raises; problems are counted in `errors`.
+        """Append {name: value} at `step`. Never raises; what it drops is counted by reason.
 
-        Values are anything float() accepts: Python and numpy numbers, 0-d tensors (float() of
-        a CUDA tensor waits for the GPU, as .item() does: pass numbers you already have).
+        step: a non-negative integer (int, numpy integer, 0-d integer tensor); anything else
+        (negative, bool, float, str) drops the whole record. Values are anything float()
+        accepts: Python and numpy numbers, 0-d tensors (float() of a CUDA tensor waits for the
+        GPU, as .item() does: pass numbers you already have).
         """
         try:
-            if type(step) is not int:
-                step = _as_step(step)
+            if type(step) is not int or step < 0 or step > MAX_STEP:
+                step, problem = step_problem(step)
+                if problem is not None:
+                    return self._drop(_count(metrics), problem, f"log() dropped: {problem}")
             with self._lock:
                 if not self._usable:
                     raise RuntimeError("log() on a closed writer, or in a forked child process "
                                        "(only the process that started the writer may log)")
                 keys = tuple(metrics)
-                rec = self._templates.get(keys)
-                if rec is None:
-                    rec = self._template(keys)
-                rec["step"] = step
-                rec["t"] = _now()
-                rec["value"] = [float(v) for v in metrics.values()]
+                tpl = self._templates.get(keys)
+                if tpl is None:
+                    tpl = self._template(keys)
+                rec = tpl.fill(step, _now(), [float(v) for v in metrics.values()])
                 try:
                     self._files.append_records(rec)
-                except OSError as e:  # not retried: part of it may be on disk already
-                    return self._note_error(f"log(step={step}) lost: spool write failed: {e!r}")
+                except OSError as e:  # cut back to the last whole record by the spool
+                    return self._drop(len(keys), _write_reason(e),
+                                      f"log(step={step}) lost: spool write failed: {e!r}")
                 self._last_step = step
                 self.logged_records += len(keys)
         except Exception as e:  # never into the training loop
             self._log_slow(step, metrics, e)
 
-    def _template(self, keys: tuple) -> np.ndarray:
-        ids = [self._files.name_id(k) for k in keys]  # names reach the disk before records
-        rec = np.zeros(len(keys), spool.RECORD)
-        rec["name_id"] = ids
-        rec["magic"] = spool.MAGIC
+    def _template(self, keys: tuple) -> fmt.Template:
+        tpl = fmt.Template([self._files.name_id(k) for k in keys])  # names reach the disk first
         if len(self._templates) >= 256:  # key sets that keep changing: bound the cache
             self._templates.clear()
-        self._templates[keys] = rec
-        return rec
+        self._templates[keys] = tpl
+        return tpl
 
     def _log_slow(self, step, metrics, first_error: Exception) -> None:
         """Per-item path after the fast one failed: keep every value that can be kept."""
         with self._lock:
-            if not self._usable or not isinstance(step, int):
-                return self._note_error(f"log(step={step!r}) dropped: {first_error}")
+            if not self._usable:
+                return self._drop(_count(metrics), "writer closed or in a forked child",
+                                  f"log(step={step!r}) dropped: {first_error}")
             try:
                 items = list(metrics.items())
             except Exception:
-                return self._note_error(f"log(step={step}) dropped: metrics must be a dict of "
-                                        f"name: value, got {type(metrics).__name__}")
+                return self._drop(1, "metrics is not a dict",
+                                  f"log(step={step}) dropped: metrics must be a dict of "
+                                  f"name: value, got {type(metrics).__name__}")
             t, parts, bad = _now(), [], []
             for k, v in items:
                 try:
-                    parts.append(_RECORD.pack(step, t, float(v), self._files.name_id(k),
-                                              spool.MAGIC))
+                    parts.append(fmt.encode_one(step, t, float(v), self._files.name_id(k)))
+                except OSError as e:  # a new name could not be written: its record waits never
+                    bad.append((_write_reason(e), f"{k!r}: {e!r}"))
                 except Exception as e:
-                    bad.append(f"{k!r}: {e}")
+                    reason = ("name is not a str" if not isinstance(k, str) else
+                              "value is not a number")
+                    bad.append((reason, f"{k!r}: {e}"))
             try:
                 if parts:
                     self._files.append_records(b"".join(parts))
                     self._last_step = step
                     self.logged_records += len(parts)
-            except Exception as e:
-                return self._note_error(f"log(step={step}) lost: spool write failed: {e!r}")
-            self._note_error(f"log(step={step}) dropped " + "; ".join(bad) if bad else
-                             f"log(step={step}) slow path after: {first_error!r}")
+            except OSError as e:
+                return self._drop(len(parts) + len(bad), _write_reason(e),
+                                  f"log(step={step}) lost: spool write failed: {e!r}")
+            if not bad:
+                return self._note_error(f"log(step={step}) slow path after: {first_error!r}")
+            for reason, _ in bad:
+                self._outbox.drop(reason, 1)
+            self._note_error(f"log(step={step}) dropped " + "; ".join(m for _, m in bad))
+
+    def _drop(self, n: int, reason: str, message: str) -> None:
+        self._outbox.drop(reason, n, message)
+        self._note_error(message)
 
     def _note_error(self, message: str) -> None:
         self.errors += 1
@@ -230,70 +244,6 @@ class RunWriter:
         if self.errors == 1 or self.errors % 1000 == 0:
             _log.warning("rampwatch writer %s: %s (%d errors so far)", self.run_id, message,
                          self.errors)
-
-    # ---- rare records -------------------------------------------------------------------
-    def _append(self, rec: dict) -> None:
-        try:
-            with self._lock:
-                if self._closed:
-                    raise RuntimeError("writer is closed")
-                self._files.append_json(rec)
-        except Exception as e:
-            self._note_error(f"{rec.get('k')} record lost: {e!r}")
-
-    def event(self, kind: str, message: str = "", *, step: int | None = None,
-              data: dict | None = None) -> None:
-        """An event (ramp, oom, checkpoint, alert …) at `step` (default: the last logged)."""
-        if not isinstance(kind, str) or not kind:
-            raise ValueError(f"event kind must be a non-empty string, got {kind!r}")
-        self._append({"k": "event", "run_id": self.run_id, "kind": kind, "message": str(message),
-                      "step": self._last_step if step is None else _as_step(step), "t": _now(),
-                      "data": _json_ready(data, "event data")})
-
-    def memory_plan(self, per_device_batch: int, *, variant: str = "plain",
-                    predicted_bytes: int | None = None, measured_bytes: int | None = None,
-                    source: str = "plan", feasible: bool | None = None,
-                    breakdown: dict | None = None, step: int | None = None) -> None:
-        """A memory-plan row: predicted and/or measured peak bytes at a per-device batch."""
-        if source not in PLAN_SOURCES:
-            raise ValueError(f"memory_plan source must be one of {PLAN_SOURCES}, got {source!r}")
-        self._append({"k": "plan", "run_id": self.run_id, "per_device_batch":
-                      operator.index(per_device_batch), "variant": str(variant),
-                      "predicted_bytes": None if predicted_bytes is None else int(predicted_bytes),
-                      "measured_bytes": None if measured_bytes is None else int(measured_bytes),
-                      "source": source, "feasible": None if feasible is None else bool(feasible),
-                      "breakdown": _json_ready(breakdown, "breakdown"),
-                      "step": self._last_step if step is None else _as_step(step), "t": _now()})
-
-    def update_run(self, *, name: str | None = None, config: dict | None = None,
-                   device: str | None = None, capacity_bytes: int | None = None,
-                   world_size: int | None = None) -> None:
-        """Change run details known only after start (device, capacity …); None keeps a field."""
-        self._append({"k": "run", "run_id": self.run_id, "name": name,
-                      "config": _json_ready(config, "config"), "device": device,
-                      "capacity_bytes": capacity_bytes, "world_size": world_size})
-
-    # ---- commands -----------------------------------------------------------------------
-    def pending_commands(self) -> list[commands.Command]:
-        """This run's pending commands as of the last flush (claim one before acting on it)."""
-        return list(self._pending)
-
-    def claim(self, command_id: int) -> commands.Command:
-        """Claim a pending command (synchronous: raises CommandError if it is gone)."""
-        cmd = commands.claim(self.db, command_id, self._actor, self._lock_timeout)
-        self._pending = [c for c in self._pending if c.command_id != command_id]
-        return cmd
-
-    def command_applied(self, command_id: int, step: int) -> None:
-        """Record, without waiting, that a claimed command took effect at `step`."""
-        self._append({"k": "cmd", "command_id": int(command_id), "to": "applied",
-                      "step": _as_step(step), "actor": self._actor, "t": _now()})
-
-    def command_refused(self, command_id: int, reason: str) -> None:
-        """Record, without waiting, that a command was refused, and why."""
-        self._append({"k": "cmd", "command_id": int(command_id), "to": "refused",
-                      "reason": str(reason), "actor": self._actor, "t": _now(),
-                      "step": self._last_step})
 
     # ---- flushing -----------------------------------------------------------------------
     def _flusher(self) -> None:
@@ -311,13 +261,16 @@ class RunWriter:
             self._committed[files.path.name] = (res.bin_offset, res.jsonl_offset)
         self._refused.discard(files.path.name)
 
-    def _ingest_all(self, con, files: spool.SpoolFiles, drain: bool = True) -> ingest.IngestResult:
+    def _ingest_all(self, con, files: spool.SpoolFiles, drain: bool = True,
+                    final: bool = False) -> ingest.IngestResult:
         while True:
-            res = ingest.ingest_spool(con, files.path, heartbeat=_now(),
+            res = ingest.ingest_spool(con, files.path, heartbeat=_now(), final=final,
                                       expect=self._committed.get(files.path.name))
             self._note_committed(files, res)
             self.ingested_records += res.records
             self._backlog = res.more
+            if res.damaged:  # reported as an alert by ingest; the bytes are kept at close
+                self._damaged.add(files.path.name)
             if not (res.more and drain):
                 return res
 
@@ -342,15 +295,36 @@ class RunWriter:
     def _drain_retired(self, con) -> None:
         # Nothing is appended to a retired spool any more: ingest its tail, then delete it.
         while self._retired:
-            self._ingest_all(con, self._retired[0])
+            self._ingest_all(con, self._retired[0], final=True)
             done = self._retired.pop(0)
-            done.close(remove=True)
+            self._release(done, remove=True)
             self._committed.pop(done.path.name, None)
 
-    def _visit(self, timeout: float, drain: bool = True) -> bool:
+    def _release(self, files: spool.SpoolFiles, remove: bool) -> None:
+        """Close a spool; delete it only if asked and nothing in it was damaged."""
+        if remove and files.path.name in self._damaged:
+            self._set_aside(files, "it held damaged records (see the run's alert events)")
+            remove = False
+        files.close(remove=remove)
+
+    def _write_outbox(self, con) -> bool:
+        """Rare records the spool could not take, and unreported drops, straight into the
+        database (one transaction); True if nothing is left waiting."""
+        records, drops = self._outbox.snapshot()
+        alert = self._outbox.alert(drops, self._last_step, _now())
+        todo = records + ([alert] if alert is not None else [])
+        if not todo:
+            return True
+        for reason in ingest.apply_records(con, self.run_id, todo):
+            self._note_error(f"a held record could not be applied: {reason}")
+        self._outbox.committed(len(records), drops)
+        return True
+
+    def _visit(self, timeout: float, drain: bool = True, final: bool = False) -> bool:
         """One trip to the database; True if every record spooled before it is now ingested.
 
         drain=False ingests at most one chunk (ingest.MAX_RECORDS) of this spool's backlog.
+        final=True once nothing will be appended any more (close).
         """
         if not self._visit_lock.acquire(timeout=timeout):
             return False
@@ -361,12 +335,18 @@ class RunWriter:
                     self._last_recover = time.monotonic()
                     recovery.recover_dead(con, self.db)
                 self._drain_retired(con)
-                res = self._ingest_all(con, self._files, drain)
-                whole = target[0] - target[0] % spool.RECORD.itemsize
-                done = res.bin_offset >= whole and res.jsonl_offset >= target[1]
+                res = self._ingest_all(con, self._files, drain, final)
+                # done: less than one whole record is left (a torn or damaged tail waits)
+                done = (res.bin_offset + fmt.SIZE > target[0]
+                        and res.jsonl_offset >= target[1])
                 if done and target[0] >= self._rotate_bytes and not self._closed:
                     self._rotate(con)
-                self._pending = commands.pending(con, self.run_id)
+                done = self._write_outbox(con) and done
+                if self._auto_claim and not self._closed:
+                    # handed over right after the claim commits: nothing in between can fail
+                    self._claimed.extend(commands.claim_pending(con, self.run_id, self._actor))
+                else:
+                    self._pending = commands.pending(con, self.run_id)
             self.flushes += 1
             self.last_flush = _now()
             return done
@@ -396,44 +376,89 @@ class RunWriter:
         """Final status, final flush, spool removed once fully ingested. True if all ingested.
 
         If the database stays busy, the spool stays: recovery ingests it later, final status
-        included, so a closed run is never mistaken for a killed one.
+        included, so a closed run is never mistaken for a killed one. Commands the flusher
+        claimed that the trainer never took are refused.
         """
         if status not in ("finished", "failed", "killed"):
             raise ValueError(f"close status must be finished, failed or killed, got {status!r}")
         with self._lock:
             if self._closed or self._pid != os.getpid():
                 return False
-            self._files.append_json({"k": "status", "status": status, "message": message,
-                                     "t": _now(), "step": self._last_step})
-            self._closed = True
+            self._closed = True  # log() is refused from here on: nothing follows the status
             self._usable = False
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=max(5.0, 3 * self._interval))
+        with self._lock:
+            while self._claimed:
+                cmd = self._claimed.popleft()
+                self._append({"k": "cmd", "command_id": cmd.command_id, "to": "refused",
+                              "reason": f"the run ended ({status}) before the trainer took "
+                                        "the command", "actor": self._actor, "t": _now(),
+                              "step": self._last_step}, after_close=True)
+            self._append({"k": "status", "status": status, "message": message, "t": _now(),
+                          "step": self._last_step}, after_close=True)
         deadline = time.monotonic() + (self._lock_timeout if timeout is None else timeout)
-        ok = self._visit(max(0.1, deadline - time.monotonic()))
+        ok = self._visit(max(0.1, deadline - time.monotonic()), final=True)
         while not ok and time.monotonic() < deadline:
             time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))  # a failing database
-            ok = self._visit(max(0.1, deadline - time.monotonic()))     # must not spin a core
+            ok = self._visit(max(0.1, deadline - time.monotonic()), final=True)  # no spinning
+        if ok:
+            ok = self._readable_back()
         lifecycle.unregister(self)
+        if not ok:
+            self._outbox_to_spool()
         for files in [*self._retired, *([] if ok else [self._files])]:
             if files.path.name in self._refused:  # recovery would trust the stale offsets
-                self._set_aside(files)
+                self._set_aside(files, "its stored offsets disagree with what it committed")
         for files in self._retired:  # only if the last visits failed: recovery finishes them
             files.close(remove=False)
-        self._files.close(remove=ok)
+        self._release(self._files, remove=ok)
         return ok
 
-    def _set_aside(self, files: spool.SpoolFiles) -> None:
+    def _readable_back(self) -> bool:
+        """Before its spool goes, read back from the database what this writer committed (a
+        file that took the writes but cannot return them must not cost the only copy)."""
+        name = self._files.path.name
+        want = self._committed.get(name)
+        try:
+            with read_connection(self.db, self._lock_timeout) as con:
+                row = first(con.execute("SELECT bin_offset, jsonl_offset FROM spool_offsets "
+                                        "WHERE spool = ?", [name]))
+                con.execute("SELECT count(*), max(step) FROM metrics WHERE run_id = ?",
+                            [self.run_id]).fetchall()
+        except StoreError as e:  # damaged, busy, gone: the spool stays for recovery
+            self._note_error(f"the database could not be read back, the spool is kept: {e}")
+            return False
+        if want is not None and (row is None or (int(row[0]), int(row[1])) != want):
+            self._note_error(f"the database reads back offsets {row} for spool {name}, not the "
+                             f"{want} committed; the spool is kept")
+            return False
+        return True
+
+    def _outbox_to_spool(self) -> None:
+        """The database stayed out of reach at close: give what waits in memory to the spool
+        (the disk may have room again), where recovery will find it."""
+        records, drops = self._outbox.snapshot()
+        alert = self._outbox.alert(drops, self._last_step, _now())
+        for rec in records + ([alert] if alert is not None else []):
+            try:
+                self._files.append_json(rec)
+            except OSError as e:
+                _log.error("rampwatch writer %s: %s record lost at close: %r", self.run_id,
+                           rec.get("k"), e)
+
+    def _set_aside(self, files: spool.SpoolFiles, why: str) -> None:
+        if not files.path.exists():
+            return
         try:
             dest = spool.set_aside(files.path)
         except OSError as e:
             _log.error("rampwatch writer %s: could not set spool %s aside: %r", self.run_id,
                        files.path, e)
             return
-        _log.error("rampwatch writer %s: its stored offsets disagree with what it committed, "
-                   "so its spool is kept at %s for inspection, not left for recovery (which "
-                   "would ingest it again from the stored offsets)", self.run_id, dest)
+        _log.error("rampwatch writer %s: %s, so its spool is kept at %s for inspection and "
+                   "not left for recovery", self.run_id, why, dest)
 
     def __enter__(self) -> "RunWriter":
         return self
@@ -448,5 +473,19 @@ class RunWriter:
         return {"run_id": self.run_id, "logged_records": self.logged_records,
                 "ingested_records": self.ingested_records, "flushes": self.flushes,
                 "busy": self.busy, "last_busy": self.last_busy, "errors": self.errors,
-                "last_error": self.last_error,
+                "last_error": self.last_error, "dropped": dict(self._outbox.dropped),
+                "held_in_memory": len(self._outbox), "claimed_not_taken": len(self._claimed),
                 "last_flush": self.last_flush, "closed": self._closed}
+
+
+def _count(metrics) -> int:
+    """How many values a dropped log() call held (1 if it is not even a dict)."""
+    try:
+        return max(1, len(metrics))
+    except Exception:
+        return 1
+
+
+def _write_reason(e: OSError) -> str:
+    """A drop reason that groups writes failing the same way (disk full, file too large …)."""
+    return f"spool write failed ({e.strerror or type(e).__name__})"

@@ -5,6 +5,8 @@ Run as `python tests/store_child.py MODE …` from the repository root (tests.pr
   read  poll a run at a fixed rate and print one JSON line of counts per poll
   hold  hold the database's exclusive lock for a while (a busy database)
   readloop  take read connections back to back (readers that never leave the lock free)
+  diskfull  log and send events while the spool cannot grow (RLIMIT_FSIZE), then with room
+            again; print `ACK`/`DROP <step>` for each log() and `ROOM` when the limit is lifted
 Value of metric j at step s in generation g: g * 1e6 + s * 100 + j (exact in float64).
 """
 from __future__ import annotations
@@ -47,6 +49,8 @@ def _log(a) -> int:
         print(f"ACK {step}", flush=True)
         if step == a.flush_at:
             print(f"FLUSHED {w.flush()}", flush=True)
+    for i in range(a.events):
+        w.event("tick", f"event {i}")
     print("STATS " + json.dumps(w.stats()), flush=True)
     if a.exit_mode == "close":
         ok = w.close()
@@ -99,6 +103,38 @@ def _read(a) -> int:
     return 3
 
 
+def _diskfull(a) -> int:
+    import resource
+    from store import RunWriter
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead
+    w = RunWriter.start(a.db, a.name, run_id=a.run_id, flush_interval=1000)
+    print(f"STARTED {w.run_id}", flush=True)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    # Spool files hit the limit; the database file, written only at flushes, is not written
+    # while it holds.
+    resource.setrlimit(resource.RLIMIT_FSIZE, (a.limit, hard))
+    step = 0
+    for phase in ("full", "room"):
+        for i in range(a.last):
+            before = w.errors  # log() counts an error for each call it could not keep whole
+            w.log(step, {metric(j): value(a.gen, step, j) for j in range(a.metrics)})
+            print(f"{'ACK' if w.errors == before else 'DROP'} {step}", flush=True)
+            if i % 20 == 0:  # events of ~4 KB fill the rare-records file too
+                w.event("tick", f"{phase} {i} " + "x" * 4000)
+                print(f"EVENT {phase} {i}", flush=True)
+            step += 1
+        if phase == "full":
+            resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+            print("ROOM", flush=True)
+    print("STATS " + json.dumps(w.stats()), flush=True)
+    if a.exit_mode == "close":
+        print(f"CLOSED {w.close()}", flush=True)
+    else:
+        print("WAITING", flush=True)
+        time.sleep(3600)
+    return 0
+
+
 def _readloop(a) -> int:
     """Back-to-back read connections, each held a while: with two of these, the shared lock is
     never free, and only the writers' turnstile lets a writer in."""
@@ -128,7 +164,7 @@ def _hold(a) -> int:
 
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["log", "read", "hold", "readloop"])
+    p.add_argument("mode", choices=["log", "read", "hold", "readloop", "diskfull"])
     p.add_argument("db")
     p.add_argument("--run-id")
     p.add_argument("--name", default="child")
@@ -148,8 +184,11 @@ def main() -> int:
     p.add_argument("--hz", type=float, default=5.0)
     p.add_argument("--hold", type=float, default=0.05)
     p.add_argument("--expect", type=int, default=0)
+    p.add_argument("--events", type=int, default=0)
+    p.add_argument("--limit", type=int, default=(64 << 10) + 13)  # mid-record, mid-line
     a = p.parse_args()
-    return {"log": _log, "read": _read, "hold": _hold, "readloop": _readloop}[a.mode](a)
+    return {"log": _log, "read": _read, "hold": _hold, "readloop": _readloop,
+            "diskfull": _diskfull}[a.mode](a)
 
 
 if __name__ == "__main__":

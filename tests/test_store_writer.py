@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import store
-from store import spool
+from store import spool, spool_format
 from store.db import spool_root
 from tests.store_helpers import Lines
 
@@ -77,13 +77,14 @@ def test_log_never_raises_and_keeps_what_it_can(db_path):
     assert w.errors == 1 and "'bad'" in w.last_error and "not a number" in w.last_error
     w.log(1.5, {"ok": 1.0})               # a fractional step is dropped, counted
     w.log("x", {"ok": 1.0})
-    w.log(2.0, {"ok": 3.0})               # an integral float step is fine
+    w.log(2.0, {"ok": 3.0})               # a float step is dropped too, integral or not
+    w.log(2, {"ok": 3.0})
     w.log(3, {7: 1.0, "ok": 4.0})         # a non-str name is refused, the rest kept
     w.log(4, None)                        # not even a dict
-    assert w.errors == 5, w.last_error
+    assert w.errors == 6, w.last_error
     assert w.close()
     w.log(5, {"ok": 5.0})                 # after close: counted, not raised
-    assert w.errors == 6 and "closed" in w.last_error
+    assert w.errors == 7 and "closed" in w.last_error
     got = sorted((r["step"], r["name"], r["value"])
                  for r in store.export(db_path, w.run_id).to_pylist())
     assert got == [(1, "also_ok", 2.0), (1, "ok", 1.0), (2, "ok", 3.0), (3, "ok", 4.0)]
@@ -227,10 +228,8 @@ def test_torn_tails_wait_until_whole(db_path):
     the rest arrives; nothing after it is skipped."""
     w = store.RunWriter.start(db_path, "torn", flush_interval=1000)
     w.log(0, {"a": 1.0})
-    rec = np.zeros(2, spool.RECORD)
-    rec["step"], rec["value"], rec["name_id"] = [1, 2], [2.0, 3.0], [0, 1]
-    rec["magic"] = spool.MAGIC
-    raw = rec.tobytes()
+    raw = spool_format.encode_one(1, 0.0, 2.0, 0) + spool_format.encode_one(2, 0.0, 3.0, 1)
+    name_b = spool_format.encode_line([1, "b"])
     bin_fd = os.open(w._files.path / spool.BIN, os.O_WRONLY | os.O_APPEND)
     names_fd = os.open(w._files.path / spool.NAMES, os.O_WRONLY | os.O_APPEND)
     try:
@@ -238,10 +237,10 @@ def test_torn_tails_wait_until_whole(db_path):
         assert w.flush()
         assert store.export(db_path, w.run_id).num_rows == 1
         os.write(bin_fd, raw[20:])  # record 1 is whole now; record 2 names id 1, not yet known
-        os.write(names_fd, b'"b')
+        os.write(names_fd, name_b[:-3])
         assert not w.flush()  # record 2 waits for its name: flush says not everything is in
         assert sorted(r["step"] for r in store.export(db_path, w.run_id).to_pylist()) == [0, 1]
-        os.write(names_fd, b'"\n')
+        os.write(names_fd, name_b[-3:])
         assert w.flush()
     finally:
         os.close(bin_fd)
