@@ -296,7 +296,7 @@ def ramp_decision(
 ) -> Recommendation:
     """Should the batch be doubled now, and if not, when will it be time?
 
-    steps, b_noise: the smoothed noise scale (sequences, e.g. NoiseScaleEMA.b_simple) by step;
+    steps, b_noise: the smoothed noise scale (sequences, e.g. advisor.gns_window's b_simple) by step;
     None / NaN / negative mean "no estimate". Ready when at least `min_samples` estimates exist and
     the noise scale has stayed above threshold × current_batch for the last `hysteresis_steps`
     steps (counted only after `since_step`, the last ramp: a ramp restarts the hysteresis but keeps
