@@ -2,6 +2,7 @@
 
     python bench/ramp_bench.py                  # seeds 0 1, batches 8..128, target val 1.75
     python bench/ramp_bench.py --quick          # one seed, batches 8..64, target val 2.0
+    python bench/ramp_bench.py --keep DIR       # keep the runs; finished ones are not retrained
 
 Every run is the reference trainer (`python -m trainer train`, a child process, one thread) on
 the `bench-tiny` preset, stopped by `--target-val-loss` (validation every ~160 sequences on a
@@ -14,9 +15,10 @@ Printed, per seed:
   (McCandlish et al. 2018, §2.3, Fig. 4; advisor.gns.fit_critical_batch);
 - the windowed noise scale with its 95% bounds along the fixed-16 run, and at its target beside
   B_crit;
-- `--ramp auto` from 16 (√-rule LR, accumulation-only tiers with --no-plan) against fixed 16 at
-  the same LR and against the fixed batch with the fewest steps, beside what eq. 2.11 predicts
-  for the policy (advisor.policy.RampPolicy) over the fixed-16 run's own noise-scale path.
+- `--ramp auto` from 16 (√-rule LR, accumulation-only tiers with --no-plan) at the policy's
+  ramp point (2× the batch: B in [B_noise/2, B_noise]) and at a bolder one (1×: B in
+  [B_noise, 2·B_noise]), against fixed 16 at the same LR and the fixed batch with the fewest
+  steps, beside what eq. 2.11 predicts for each over the fixed-16 run's own noise-scale path.
 Goal: auto ≤ 0.75× the steps of fixed 16 at ≤ 1.5× its sequences; B_crit / noise scale at the
 target in [0.5, 4].
 """
@@ -25,12 +27,13 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -45,6 +48,8 @@ from store import reader  # noqa: E402
 BASE_LR, BASE_BATCH = 3e-3, 16
 LR_GRID = (0.5, 1.0, 2.0)
 MAX_SEQUENCES = 160_000  # a run that has not reached the target by then is reported as such
+DEFAULT_RAMP_AT = RampPolicy.ramp_at  # the policy's band: B in [B_noise/2, B_noise]
+AUTO_RAMP_AT = (DEFAULT_RAMP_AT, 1.0)  # and a bolder one: B in [B_noise, 2·B_noise]
 
 
 @dataclass
@@ -59,21 +64,32 @@ class Result:
 
 
 def run(out: Path, name: str, batch: int, lr: float, seed: int, target: float,
-        auto: bool = False) -> Result:
+        ramp_at: float | None = None) -> Result:
+    """Train one run to the target; a finished run already in `out` (--keep) is read instead.
+    ramp_at: `--ramp auto` with that ramp point (× the batch); None: a constant batch."""
     db = out / f"{name}.duckdb"
+    if db.exists():
+        if reader.get_run(db, name).status == "finished":
+            return measured(db, name, batch, lr, target, 0.0)
+        for leftover in out.glob(f"{name}.duckdb*"):
+            shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
     args = [sys.executable, "-m", "trainer", "train", "--preset", "bench-tiny", "--db", str(db),
             "--run-id", name, "--seed", str(seed), "--per-device-batch", str(batch // 2),
             "--accum", "2", "--lr", f"{lr:.6g}", "--steps", str(MAX_SEQUENCES // batch),
             "--val-every", str(max(2, 160 // batch)), "--val-batch", "64",
             "--target-val-loss", str(target), "--checkpoint-dir", str(out / "ckpt"),
-            "--checkpoint-every", "0", "--progress", "off", "--no-plan",
-            "--ramp", "auto" if auto else "off"]
+            "--checkpoint-every", "0", "--progress", "off", "--no-plan"]
+    args += ["--ramp", "off"] if ramp_at is None else ["--ramp", "auto", "--ramp-at", f"{ramp_at:g}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     t0 = time.perf_counter()
     done = subprocess.run(args, env=env, capture_output=True, text=True, cwd=out)
     wall = time.perf_counter() - t0
     if done.returncode != 0:
         raise SystemExit(f"ramp_bench: run {name} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    return measured(db, name, batch, lr, target, wall)
+
+
+def measured(db: Path, name: str, batch: int, lr: float, target: float, wall: float) -> Result:
     val = series(db, name, M.VAL_LOSS)
     hit = next((s for s, v in sorted(val.items()) if v <= target), None)
     seqs = None
@@ -92,19 +108,21 @@ def series(db: Path, run_id: str, name: str) -> dict[int, float]:
 
 
 def sweep(out: Path, seed: int, batches, target: float, jobs: int):
-    """({batch: best Result over the LR grid}, the auto run, every constant-batch Result)."""
+    """({batch: best Result over the LR grid}, {ramp_at: auto run}, every constant-batch Result)."""
     tasks = [(f"s{seed}-b{b}-lr{m:g}", b, BASE_LR * math.sqrt(b / BASE_BATCH) * m)
              for b in batches for m in LR_GRID]
     with ThreadPoolExecutor(jobs) as pool:
-        auto = pool.submit(run, out, f"s{seed}-auto", BASE_BATCH, BASE_LR, seed, target, True)
+        autos = {at: pool.submit(run, out, f"s{seed}-auto" + ("" if at == DEFAULT_RAMP_AT
+                                                               else f"-at{at:g}"),
+                                 BASE_BATCH, BASE_LR, seed, target, at) for at in AUTO_RAMP_AT}
         results = list(pool.map(lambda t: run(out, t[0], t[1], t[2], seed, target), tasks))
-        auto = auto.result()
+        autos = {at: f.result() for at, f in autos.items()}
     best = {}
     for r in results:
         key = (r.steps is None, r.steps or 0)
         if r.batch not in best or key < (best[r.batch].steps is None, best[r.batch].steps or 0):
             best[r.batch] = r
-    return best, auto, results
+    return best, autos, results
 
 
 def predicted_by_eq_2_11(noise: dict[int, float], steps16: int, policy: RampPolicy) -> tuple[float, float]:
@@ -128,7 +146,7 @@ def predicted_by_eq_2_11(noise: dict[int, float], steps16: int, policy: RampPoli
     return s_auto / steps16, e_auto / (steps16 * BASE_BATCH)
 
 
-def report(seed: int, best: dict, results: list[Result], auto: Result, target: float) -> dict:
+def report(seed: int, best: dict, results: list[Result], autos: dict, target: float) -> dict:
     print(f"\n### seed {seed}: steps and sequences to val loss {target}\n")
     print("| batch | best LR | steps | sequences |\n|---|---|---|---|")
     for b, r in sorted(best.items()):
@@ -169,7 +187,8 @@ def report(seed: int, best: dict, results: list[Result], auto: Result, target: f
     fewest = min(reached.values(), key=lambda r: r.steps) if reached else None
     print(f"\n`--ramp auto` from 16 (policy: {policy.describe()}):\n")
     print("| run | steps | sequences | steps / fixed 16 | sequences / fixed 16 |\n|---|---|---|---|---|")
-    rows = [("fixed 16 (same LR)", fixed16), ("auto from 16", auto)]
+    rows = [("fixed 16 (same LR)", fixed16)]
+    rows += [(f"auto from 16, ramp at {at:g}× the batch", r) for at, r in autos.items()]
     if fewest is not None:
         rows.append((f"fixed {fewest.batch} (fewest steps)", fewest))
     for label, r in rows:
@@ -178,16 +197,20 @@ def report(seed: int, best: dict, results: list[Result], auto: Result, target: f
                   f"{r.sequences / fixed16.sequences:.2f} |")
         else:
             print(f"| {label} | {r.steps or 'not reached'} | {r.sequences or '—'} | — | — |")
-    out = {"ratio": ratio, "auto_steps": None, "auto_seqs": None}
-    if fixed16.steps:
-        ps, pe = predicted_by_eq_2_11(series(fixed16.db, fixed16.name, M.GNS), fixed16.steps, policy)
-        print(f"| eq. 2.11 for the policy over fixed 16's noise scale | | | {ps:.2f} | {pe:.2f} |")
-        if auto.steps:
-            out["auto_steps"] = auto.steps / fixed16.steps
-            out["auto_seqs"] = auto.sequences / fixed16.sequences
-    ramps = reader.events(auto.db, auto.name, kinds=[M.EVENT_RAMP])
-    print("\nauto ramps: " + ("; ".join(f"step {e.step}: {e.data['before']['batch']} -> "
-                                        f"{e.data['after']['batch']}" for e in ramps) or "none"))
+    out = {"ratio": ratio}
+    noise = series(fixed16.db, fixed16.name, M.GNS) if fixed16.steps else {}
+    for at, r in autos.items():
+        if fixed16.steps:
+            ps, pe = predicted_by_eq_2_11(noise, fixed16.steps, replace(policy, ramp_at=at))
+            print(f"| eq. 2.11 for ramp at {at:g}× over fixed 16's noise scale | | | {ps:.2f} | "
+                  f"{pe:.2f} |")
+        out[at] = ((r.steps / fixed16.steps, r.sequences / fixed16.sequences)
+                   if r.steps and fixed16.steps else None)
+    for at, r in autos.items():
+        ramps = reader.events(r.db, r.name, kinds=[M.EVENT_RAMP])
+        print(f"\nauto ramps (ramp at {at:g}×): " + ("; ".join(
+            f"step {e.step}: {e.data['before']['batch']} -> {e.data['after']['batch']}"
+            for e in ramps) or "none"))
     return out
 
 
@@ -201,7 +224,8 @@ def main() -> int:
     ap.add_argument("--target", type=float, help="val loss (default 1.75; --quick 2.0)")
     ap.add_argument("--batches", type=int, nargs="+")
     ap.add_argument("--jobs", type=int, default=2, help="runs at once (one thread each)")
-    ap.add_argument("--keep", type=Path, help="keep the run databases in this folder")
+    ap.add_argument("--keep", type=Path, help="keep the run databases in this folder; finished "
+                                             "runs already there are read, not trained again")
     ap.add_argument("--quick", action="store_true")
     a = ap.parse_args()
     target = a.target or (2.0 if a.quick else 1.75)
@@ -218,15 +242,16 @@ def main() -> int:
         out = a.keep or Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
         for seed in seeds:
-            best, auto, results = sweep(out, seed, batches, target, a.jobs)
-            summary.append(report(seed, best, results, auto, target))
+            best, autos, results = sweep(out, seed, batches, target, a.jobs)
+            summary.append(report(seed, best, results, autos, target))
     print("\n### summary\n")
     for seed, s in zip(seeds, summary):
-        st = "—" if s["auto_steps"] is None else f"{s['auto_steps']:.2f}"
-        sq = "—" if s["auto_seqs"] is None else f"{s['auto_seqs']:.2f}"
         rt = "—" if s["ratio"] is None else f"{s['ratio']:.2f}"
-        print(f"- seed {seed}: auto / fixed 16 steps {st} (goal ≤ 0.75), sequences {sq} "
-              f"(goal ≤ 1.5); B_crit / noise scale at target {rt} (goal 0.5–4)")
+        autos = "; ".join(f"ramp at {at:g}×: " + ("not reached" if s[at] is None else
+                          f"steps {s[at][0]:.2f}, sequences {s[at][1]:.2f}")
+                          for at in AUTO_RAMP_AT)
+        print(f"- seed {seed}: auto / fixed 16 — {autos} (goal: steps ≤ 0.75 at sequences ≤ 1.5); "
+              f"B_crit / noise scale at target {rt} (goal 0.5–4)")
     print(f"\nwall time {time.perf_counter() - t0:.0f} s on {os.cpu_count()} cores "
           f"(load average at start {load:.2f}, at end {os.getloadavg()[0]:.2f})")
     return 0

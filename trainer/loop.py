@@ -123,7 +123,8 @@ class Trainer:
     def _policy(self) -> RampPolicy:
         a = self.args
         overrides = {k: v for k, v in (("hysteresis_steps", a.ramp_hysteresis),
-                                       ("min_estimates", a.ramp_min_samples)) if v is not None}
+                                       ("min_estimates", a.ramp_min_samples),
+                                       ("ramp_at", getattr(a, "ramp_at", None))) if v is not None}
         return RampPolicy(original_batch=a.per_device_batch * a.accum * self.ddp.world_size,
                           original_lr=a.lr, lr_rule=rule_for(a.optimizer), **overrides)
 
