@@ -1,9 +1,9 @@
 """Gradient noise scale: estimators of |G|² and tr(Σ), their per-sample EMAs, and what they imply.
 
 Owns: the two-batch and in-accumulation estimators of the true gradient's squared norm |G|² and
-of the per-example gradient covariance trace tr(Σ), the bias-corrected EMAs that smooth them
-(`NoiseScaleEMA`), B_simple = tr(Σ)/|G|², and the step/example trade-off formulas built on it
-(S/S_min, E/E_min, optimal learning rate, critical batch fit).
+of the per-example gradient covariance trace tr(Σ) (one step's estimates; advisor/gns_window.py
+smooths them into B_simple = tr(Σ)/|G|² with an interval), and the step/example trade-off
+formulas built on it (S/S_min, E/E_min, optimal learning rate, critical batch fit).
 
 Source throughout: S. McCandlish, J. Kaplan, D. Amodei et al., "An Empirical Model of
 Large-Batch Training", arXiv:1812.06162 (2018). Section numbers below refer to that paper.
@@ -23,7 +23,6 @@ __all__ = [
     "two_batch_estimates",
     "line_estimates",
     "accumulation_estimates",
-    "NoiseScaleEMA",
     "steps_ratio",
     "examples_ratio",
     "optimal_lr",
@@ -56,8 +55,8 @@ def two_batch_estimates(
     McCandlish et al. 2018, App. A (eqs. A.2): since E|g_B|² = |G|² + tr(Σ)/B,
         |G|²  ≈ (B_big·|g_big|² − B_small·|g_small|²) / (B_big − B_small)
         tr(Σ) ≈ (|g_small|² − |g_big|²) / (1/B_small − 1/B_big)
-    Each estimate is unbiased but noisy; |G|² may come out negative for one step. Smooth both with
-    `NoiseScaleEMA` before taking their ratio.
+    Each estimate is unbiased but noisy; |G|² may come out negative for one step. Sum both over
+    a window of steps before taking their ratio (advisor.gns_window).
     """
     bs = _positive("b_small", b_small)
     bb = _positive("b_big", b_big)
@@ -129,130 +128,6 @@ def accumulation_estimates(running_sq_norms: Sequence[float], micro_batch: int) 
         )
     sizes = [j * int(b) for j in range(1, k + 1)]
     return line_estimates(sizes, running_sq_norms)
-
-
-class NoiseScaleEMA:
-    """Bias-corrected EMAs of |G|² and tr(Σ), decayed per *sample*; B_simple is their ratio.
-
-    Why two EMAs and not an EMA of the ratio: the per-step |G|² estimate is noisy and can be near
-    zero or negative, so a ratio of noisy numbers is biased and heavy-tailed; McCandlish et al.
-    2018, App. A.1 average numerator and denominator separately.
-
-    Decay per sample: a step that saw `samples` sequences decays the average by
-    beta**samples with beta = 0.5**(1/half_life_samples), so a bigger batch decays more per step and
-    the half-life means the same amount of data before and after a ramp. Neither |G|² nor tr(Σ)
-    depends on the batch, so a ramp keeps the state (do not reset it).
-
-    Bias correction (Adam, Kingma & Ba 2015, §3): value = m / (1 − Π decays). It is kept here
-    in the equivalent incremental form avg += (1 − d)/W · (x − avg), W = 1 − Π d, which makes the
-    first update return the input exactly.
-    """
-
-    STATE_VERSION = 1
-
-    def __init__(self, half_life_samples: float = 20_000.0):
-        self.half_life_samples = _positive("half_life_samples", half_life_samples)
-        self._g2 = 0.0
-        self._trace = 0.0
-        self._weight = 0.0  # 1 − Π decays: the bias-correction denominator
-        self.samples_seen = 0
-        self.updates = 0
-        self.skipped = 0
-
-    def update(self, g2: float, trace: float, samples: int) -> bool:
-        """Fold one step's estimates in; returns False (and changes nothing) for non-finite input."""
-        s = float(samples)
-        if not math.isfinite(s) or s <= 0:
-            raise ValueError(
-                f"samples must be the positive number of sequences in this step, got {samples!r}"
-            )
-        try:
-            g2f, trf = float(g2), float(trace)
-        except (TypeError, ValueError):
-            self.skipped += 1
-            return False
-        if not (math.isfinite(g2f) and math.isfinite(trf)):
-            self.skipped += 1
-            return False
-        # 1 − decay via expm1: exact enough even when samples ≪ half-life (decay rounds to 1.0)
-        fresh = -math.expm1(math.log(0.5) * s / self.half_life_samples)
-        decay = 1.0 - fresh
-        self._weight = decay * self._weight + fresh
-        step = fresh / self._weight
-        self._g2 += step * (g2f - self._g2)
-        self._trace += step * (trf - self._trace)
-        self.samples_seen += int(samples)
-        self.updates += 1
-        return True
-
-    @property
-    def g2(self) -> float | None:
-        """Smoothed |G|² (None before the first update)."""
-        return self._g2 if self.updates else None
-
-    @property
-    def trace(self) -> float | None:
-        """Smoothed tr(Σ) (None before the first update)."""
-        return self._trace if self.updates else None
-
-    @property
-    def b_simple(self) -> float | None:
-        """B_simple = EMA(tr Σ)/EMA(|G|²) in sequences (McCandlish et al. 2018, §2.2, eq. for B_simple).
-
-        None means "no estimate yet": no data, a smoothed |G|² that is not positive, or a negative
-        smoothed trace. Never negative, never infinite.
-        """
-        if not self.updates or not self._g2 > 0 or self._trace < 0:
-            return None
-        b = self._trace / self._g2
-        return b if math.isfinite(b) else None
-
-    def b_simple_tokens(self, seq_len: int) -> float | None:
-        """B_simple in tokens (sequences × seq_len)."""
-        b = self.b_simple
-        return None if b is None else b * _positive("seq_len", seq_len)
-
-    def to_dict(self) -> dict:
-        """JSON-safe state for a checkpoint."""
-        return {
-            "version": self.STATE_VERSION,
-            "half_life_samples": self.half_life_samples,
-            "g2": self._g2,
-            "trace": self._trace,
-            "weight": self._weight,
-            "samples_seen": self.samples_seen,
-            "updates": self.updates,
-            "skipped": self.skipped,
-        }
-
-    @classmethod
-    def from_dict(cls, state: dict) -> NoiseScaleEMA:
-        """Rebuild from `to_dict()` output; a resumed run continues the same averages."""
-        version = state.get("version")
-        if version != cls.STATE_VERSION:
-            raise ValueError(
-                f"NoiseScaleEMA state version {version!r} is not supported (expected "
-                f"{cls.STATE_VERSION}); start a fresh NoiseScaleEMA instead of loading this checkpoint's"
-            )
-        missing = {"half_life_samples", "g2", "trace", "weight", "samples_seen", "updates"} - set(state)
-        if missing:
-            raise ValueError(f"NoiseScaleEMA state lacks {sorted(missing)}: not a to_dict() output")
-        ema = cls(state["half_life_samples"])
-        ema._g2 = float(state["g2"])
-        ema._trace = float(state["trace"])
-        ema._weight = float(state["weight"])
-        if not (0.0 <= ema._weight <= 1.0) or not (math.isfinite(ema._g2) and math.isfinite(ema._trace)):
-            raise ValueError("NoiseScaleEMA state is corrupt (weight outside [0, 1] or non-finite averages)")
-        ema.samples_seen = int(state["samples_seen"])
-        ema.updates = int(state["updates"])
-        ema.skipped = int(state.get("skipped", 0))
-        return ema
-
-    def __repr__(self) -> str:
-        return (
-            f"NoiseScaleEMA(half_life_samples={self.half_life_samples:g}, g2={self.g2}, "
-            f"trace={self.trace}, b_simple={self.b_simple}, updates={self.updates})"
-        )
 
 
 def steps_ratio(batch: float, b_noise: float) -> float:

@@ -5,7 +5,7 @@ Owns: `MemoryModel` (intercept + bytes per sequence, and where they came from), 
 
 Peak memory of one training step grows linearly in the per-device batch b: parameters, gradients
 and optimizer state are constant, while activations and the logits (b·seq, vocab) scale with b.
-So peak(b) ≈ intercept + slope·b (DESIGN.md, "Memory model"). Sources, in order of trust:
+So peak(b) ≈ intercept + slope·b (docs/ARCHITECTURE.md, "Memory model"). Sources, in order of trust:
   1. >= 2 measured peaks: their least-squares line, intercept raised until no measurement lies
      above it (a conservative line: it never predicts less than was seen).
   2. 1 measured peak + a plan: the plan's slope (least squares over its points), anchored on the

@@ -5,7 +5,7 @@ accumulation × world size under a memory model), `ramp_decision` / `Recommendat
 smoothed noise scale above the batch for long enough; when will it be), and `predicted_effect`
 (steps and examples before and after a ramp).
 
-Sources: tiers follow DESIGN.md "Tier" (prefer the largest per-device batch that fits, make up the
+Sources: tiers follow docs/ARCHITECTURE.md "Tier" (prefer the largest per-device batch that fits, make up the
 rest with accumulation; a per-device batch that ran out of memory stays infeasible). The ramp rule
 and effect use S/S_min = 1 + B_noise/B and E/E_min = 1 + B/B_noise (McCandlish et al. 2018,
 "An Empirical Model of Large-Batch Training", §2.3, eq. 2.11 with B_crit ≈ B_noise): at
@@ -21,12 +21,14 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from advisor.gns import examples_ratio, steps_ratio
+from advisor.gns_window import significant
 from advisor.lr import lr_multiplier, rule_for
 from advisor.memory import MemoryModel, format_gb, usable_bytes
 
 __all__ = [
     "Tier",
     "candidate_tiers",
+    "accumulation_tiers",
     "Evidence",
     "Recommendation",
     "ramp_decision",
@@ -61,6 +63,11 @@ class Tier:
     reason: str = ""
     lr_multiplier: float = 1.0  # relative to the current batch, by the optimizer's rule
     factor: int = 1  # effective batch / current effective batch
+
+    @property
+    def measures_noise(self) -> bool:
+        """Two batch sizes per step (accumulation >= 2 or several ranks): the noise scale goes on."""
+        return self.accum >= 2 or self.world_size >= 2
 
     @property
     def effective_batch(self) -> int:
@@ -103,6 +110,7 @@ def candidate_tiers(
     optimizer: str | None = "adamw",
     max_per_device: int | None = None,
     rule: str | None = None,
+    keep_noise_scale: bool = False,
 ) -> list[Tier]:
     """A tier for each factor × the current effective batch, in the order of `factors`.
 
@@ -113,7 +121,9 @@ def candidate_tiers(
     batch and the current one is not known infeasible (it is running, and memory grows with the
     batch): an accumulation-only ramp needs no new memory. A tier that cannot fit has fits=False
     and a reason. lr_multiplier is relative to the current batch (rule from `optimizer`, or
-    `rule` if given).
+    `rule` if given). keep_noise_scale on one device: only per-device batches with accumulation
+    >= 2, so every step still has two batch sizes for the noise scale (accumulation 1 on one
+    device has one); the reason says what the larger per-device batch would have cost.
     """
     pdb = _pos_int("per_device_batch", per_device_batch)
     acc = _pos_int("accum", accum)
@@ -132,6 +142,8 @@ def candidate_tiers(
         factor = _pos_int("factor", f)
         per_rank = factor * pdb * acc
         divisors = [d for d in _divisors(per_rank) if cap is None or d <= cap]
+        if keep_noise_scale and world == 1 and per_rank >= 2:
+            divisors = [d for d in divisors if d <= per_rank // 2]
         allowed = [d for d in divisors if d not in bad]
         pred = {d: memory_model.predict(d) for d in divisors}
 
@@ -143,6 +155,11 @@ def candidate_tiers(
         if fitting:
             p = fitting[-1]
             reason = _fit_reason(p, pdb, pred[p], usable, divisors, bad, pred, running_ok)
+            if keep_noise_scale and world == 1 and p == per_rank // 2 and per_rank >= 2 and (
+                    (running_ok and per_rank <= pdb) or memory_model.predict(per_rank) <= usable):
+                reason += (f"; {per_rank} × 1 would fit too but measures no noise scale (one batch "
+                           f"size per step): accumulation 2 keeps it, at the cost of smaller "
+                           f"micro-batches")
             tiers.append(Tier(p, per_rank // p, world, seq, pred[p], True, reason, mult, factor))
             continue
         if allowed:
@@ -160,6 +177,22 @@ def candidate_tiers(
             reason = f"every per-device batch dividing {per_rank} is excluded ({'; '.join(why)})"
         tiers.append(Tier(p, per_rank // p, world, seq, pred.get(p), False, reason, mult, factor))
     return tiers
+
+
+def accumulation_tiers(per_device_batch: int, accum: int, world_size: int, seq_len: int,
+                       factors: Iterable[int] = (2, 4, 8), infeasible: Iterable[int] = (),
+                       rule: str = "sqrt") -> list[Tier]:
+    """Tiers without a memory model: only the running per-device batch is known to fit, so each
+    factor is made up by accumulation alone (which also keeps two batch sizes per step)."""
+    pdb, acc = _pos_int("per_device_batch", per_device_batch), _pos_int("accum", accum)
+    world, seq = _pos_int("world_size", world_size), _pos_int("seq_len", seq_len)
+    ok = pdb not in set(infeasible)
+    reason = ("accumulation only: the running per-device batch fits; no memory model to judge a "
+              "larger one" if ok else f"per-device batch {pdb} ran out of memory")
+    current = pdb * acc * world
+    return [Tier(pdb, acc * f, world, seq, None, ok, reason,
+                 lr_multiplier(current, current * f, rule), f)
+            for f in (_pos_int("factor", f) for f in factors)]
 
 
 def _list(xs: Sequence[int]) -> str:
@@ -196,13 +229,14 @@ class Evidence:
     """What a ramp decision rests on."""
 
     n_samples: int  # finite noise-scale estimates in the series (observations, not sequences)
-    noise_scale: float | None  # latest smoothed noise scale, sequences
+    noise_scale: float | None  # latest smoothed noise scale, sequences (None: no point)
     threshold_batch: float  # threshold × current batch, sequences
     trend_per_step: float | None  # d(noise scale)/d(step) at the latest step, from the trend fit
-    steps_above: int  # consecutive steps (most recent) above threshold_batch, since the last ramp
+    steps_above: int  # consecutive estimates (most recent) above threshold_batch, since the last ramp
     hysteresis_steps: int
     min_samples: int
     trend: str  # how the trend was fitted, e.g. 'log-linear over 200 estimates'
+    lower_bound: float | None = None  # the latest estimate's one-sided 95% lower bound
 
 
 @dataclass(frozen=True)
@@ -257,17 +291,25 @@ def ramp_decision(
     since_step: int | None = None,
     trend: str = "log",
     z: float = 1.96,
+    lower: Sequence[float | None] | None = None,
+    lower_threshold: float = 0.0,
 ) -> Recommendation:
     """Should the batch be doubled now, and if not, when will it be time?
 
-    steps, b_noise: the smoothed noise scale (sequences, e.g. NoiseScaleEMA.b_simple) by step;
+    steps, b_noise: the smoothed noise scale (sequences, e.g. advisor.gns_window's b_simple) by step;
     None / NaN / negative mean "no estimate". Ready when at least `min_samples` estimates exist and
     the noise scale has stayed above threshold × current_batch for the last `hysteresis_steps`
     steps (counted only after `since_step`, the last ramp: a ramp restarts the hysteresis but keeps
     the noise-scale history). Otherwise the crossing is forecast from an OLS trend over the last
     `window` estimates, log-linear (trend='log', the noise scale grows roughly geometrically as
     the loss falls) or linear; the range is ±z standard errors by the delta method. The series is
-    an EMA, so its points are correlated and the range is a guide, not a confidence interval.
+    smoothed, so its points are correlated and the range is a guide, not a confidence interval.
+
+    lower: the noise scale's one-sided lower bound at each step (advisor.gns_window), or None.
+    With it, a step counts as above when its point is above the target and its bound is at least
+    lower_threshold × current_batch, or when it has no point (the windowed |G|² is not positive:
+    B_noise ≫ batch) but its bound alone is above the target. Steps are the steps that have an
+    estimate; a step with none is simply absent and neither breaks nor extends the streak.
     """
     batch = float(current_batch)
     if not math.isfinite(batch) or batch <= 0:
@@ -283,20 +325,32 @@ def ramp_decision(
         raise ValueError(f"trend must be 'log' or 'linear', got {trend!r}")
     target = float(threshold) * batch
     points = _clean(steps, b_noise)
+    bounds = dict(_clean(steps, lower)) if lower is not None else {}
+    bound_target = float(lower_threshold) * batch
+
+    def above(s: int, v: float | None) -> bool:
+        b = bounds.get(s)
+        if v is None:
+            return b is not None and b > target
+        return v > target and (lower is None or (b is not None and b >= bound_target))
+
     valid = [(s, v) for s, v in points if v is not None]
-    n = len(valid)
+    estimates = [(s, v) for s, v in points if v is not None or bounds.get(s)]
+    n = len(estimates)
     latest = valid[-1][1] if valid else None
     last_step = points[-1][0] if points else None
+    latest_bound = bounds.get(estimates[-1][0]) if estimates else None
+    if estimates and estimates[-1][1] is None:  # the newest step has a bound and no point
+        latest = None
 
-    # Consecutive steps above the target, newest first, after the last ramp.
-    streak_start = None
-    for s, v in reversed(points):
+    # Consecutive estimates above the target, newest first, after the last ramp.
+    steps_above = 0
+    for s, v in reversed(estimates):
         if since_step is not None and s <= since_step:
             break
-        if v is None or v <= target:
+        if not above(s, v):
             break
-        streak_start = s
-    steps_above = 0 if streak_start is None else last_step - streak_start + 1
+        steps_above += 1
 
     # Trend over the recent window.
     recent = valid[-win:]
@@ -337,38 +391,47 @@ def ramp_decision(
         hysteresis_steps=hyst,
         min_samples=min_samples,
         trend=trend_desc,
+        lower_bound=latest_bound,
     )
     ready = n >= min_samples and steps_above >= hyst
+    ns = "none" if latest is None else significant(latest)
+    if latest is None and latest_bound:
+        ns = f"> {significant(latest_bound)} (95%)"
+    bound_note = "" if lower is None else f" with its 95% lower bound >= {significant(bound_target)}"
     if ready:
         reason = (
-            f"smoothed noise scale {latest:.0f} has stayed above {_thr(threshold)}the batch "
-            f"({target:.0f} sequences) for {steps_above} steps ({n} estimates): double the batch"
+            f"noise scale {ns} has stayed above {_thr(threshold)}the batch ({significant(target)} "
+            f"sequences){bound_note} for {steps_above} estimates ({n} in all): ramp the batch"
         )
         return Recommendation(True, reason, None, None, evidence, int(round(2 * batch)))
-    if latest is None:
-        reason = "no noise-scale estimate yet (the smoothed |G|² is not positive): keep training"
-    elif latest > target and steps_above == 0:
-        reason = (
-            f"last estimate {latest:.0f} (step {valid[-1][0]}) is above {target:.0f}, but the latest "
-            f"step has no estimate or precedes the ramp at step {since_step}: the hysteresis restarts"
-        )
+    if not estimates:
+        reason = "no noise-scale estimate yet: keep training"
     elif steps_above > 0:
-        ready_at = streak_start + hyst - 1
+        ready_at = last_step + hyst - steps_above
         reason = (
-            f"noise scale {latest:.0f} above {target:.0f} for {steps_above} of {hyst} steps: "
-            f"ready at step ~{ready_at} if it stays above"
+            f"noise scale {ns} above {significant(target)}{bound_note} for {steps_above} of {hyst} "
+            f"estimates: ready at step ~{ready_at} if it stays above"
         )
         forecast, frange = ready_at, None
-    elif forecast is not None:
-        hi = "unbounded" if frange[1] is None else str(frange[1])
+    elif latest is not None and latest > target:
         reason = (
-            f"noise scale {latest:.0f} below {target:.0f}; trend {slope_per_step:+.3g}/step "
-            f"({trend_desc}) crosses at step ~{forecast} (range {frange[0]}–{hi})"
+            f"noise scale {ns} is above {significant(target)}, but "
+            + (f"its 95% lower bound is below {significant(bound_target)}: wait for more evidence"
+               if lower is not None else f"not since the ramp at step {since_step}")
+        )
+    elif latest is None:
+        reason = (f"noise scale {ns}: not above {significant(target)} with 95% confidence yet"
+                  if latest_bound else "the windowed |G|² is not positive and no bound is known yet")
+    elif forecast is not None:
+        hi = "unbounded" if frange[1] is None else f"{frange[1]:,}"
+        reason = (
+            f"noise scale {ns} below {significant(target)}; trend {slope_per_step:+.3g}/step "
+            f"({trend_desc}) crosses at step ~{forecast:,} (range {frange[0]:,}–{hi})"
         )
     elif fit is None:
-        reason = f"noise scale {latest:.0f} below {target:.0f}; too few estimates ({len(recent)}) for a trend"
+        reason = f"noise scale {ns} below {significant(target)}; too few estimates ({len(recent)}) for a trend"
     else:
-        reason = f"noise scale {latest:.0f} below {target:.0f} and not rising ({trend_desc}): no crossing forecast"
+        reason = f"noise scale {ns} below {significant(target)} and not rising ({trend_desc}): no crossing forecast"
     if n < min_samples:
         reason = f"not enough evidence ({n} noise-scale estimates, need {min_samples}); " + reason
     return Recommendation(False, reason, forecast, frange, evidence, None)

@@ -38,7 +38,7 @@ from store import Reader, RunWriter, commands  # noqa: E402
 from store import names as M  # noqa: E402
 
 # Same list and numbers as pages/data.py (checked by tests/test_dashboard_bench.py).
-LIVE_METRICS = (M.LOSS, M.VAL_LOSS, M.GRAD_NORM, M.GNS, M.BATCH_SEQS, M.MEM_PEAK, M.MEM_CAPACITY,
+LIVE_METRICS = (M.LOSS, M.VAL_LOSS, M.GRAD_NORM, M.GNS, M.GNS_LOW, M.BATCH_SEQS, M.MEM_PEAK, M.MEM_CAPACITY,
                 M.TOKENS_PER_S, M.MFU, M.PER_DEVICE_BATCH, M.ACCUM, M.TOKENS_SEEN)
 TARGET_BUCKETS = 1000
 GNS_WINDOW = 2048
@@ -117,7 +117,7 @@ class LiveMirror:
 
     def __init__(self):
         self.kept: dict[str, tuple[int, int]] = {}  # name -> (width, last bucket start)
-        self.gns_last: int | None = None
+        self.gns_last: dict[str, int] = {}
         self.ticks = 0
         self.open_command = False
 
@@ -136,10 +136,13 @@ class LiveMirror:
                 rows += len(s.step)
                 self.kept[name] = (width, int(s.step[-1]) if len(s.step) else since)
             lo = max(0, run.last_step - GNS_WINDOW + 1)
-            since = lo if self.gns_last is None else max(lo, self.gns_last)
-            g = r.series(run_id, M.GNS, width=1, since_step=since)
-            rows += len(g.step)
-            self.gns_last = int(g.last_step[-1]) if len(g.step) else self.gns_last
+            for name in (M.GNS, M.GNS_LOW):  # the card's raw window: points and bounds
+                last = self.gns_last.get(name)
+                since = lo if last is None else max(lo, last)
+                g = r.series(run_id, name, width=1, since_step=since)
+                rows += len(g.step)
+                if len(g.step):
+                    self.gns_last[name] = int(g.last_step[-1])
             r.memory_plan(run_id)
         # commands: every tick while one is open, else every COMMANDS_EVERY ticks
         if self.ticks % COMMANDS_EVERY == 0 or self.open_command:

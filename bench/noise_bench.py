@@ -8,7 +8,7 @@ backward of loss/accum), gradient clipping, AdamW step, zero_grad. Three variant
 - off:   no noise-scale work at all;
 - on:    what Monitor does for the noise scale: AccumulationStats.after_backward() after each
          backward (|.grad|^2 via one fused norm, kept on the device), and at the step's end one
-         collect() (one transfer), line_estimates and NoiseScaleEMA.update;
+         collect() (one transfer), line_estimates and NoiseScaleWindow.update;
 - naive: a separate small-batch gradient, i.e. one extra forward + backward of `per_device_batch`
          sequences per step, its |g|^2 read before the accumulation starts, then the same
          two-batch estimate (what one does without the running-sum trick).
@@ -35,7 +35,8 @@ if str(REPO) not in sys.path:  # `python bench/noise_bench.py` from anywhere
 
 import torch  # noqa: E402
 
-from advisor.gns import NoiseScaleEMA, line_estimates, two_batch_estimates  # noqa: E402
+from advisor.gns import line_estimates, two_batch_estimates  # noqa: E402
+from advisor.gns_window import NoiseScaleWindow  # noqa: E402
 from trainer.config import PRESETS  # noqa: E402
 from trainer.data import prepare  # noqa: E402
 from trainer.gradstats import AccumulationStats  # noqa: E402
@@ -53,7 +54,7 @@ class Bench:
         self.model = GPT(self.cfg).train()
         self.opt = configure_optimizer(self.model, "adamw", lr=1e-3)
         self.stats = AccumulationStats(self.model.parameters())
-        self.ema = NoiseScaleEMA(half_life_samples=2000)
+        self.window = NoiseScaleWindow()
         self.next_id = 0
 
     def _batch(self, n: int):
@@ -78,10 +79,10 @@ class Bench:
         if variant == "on":
             st = self.stats.collect(b)
             g2, trace = line_estimates(st.batch_sizes, st.sq_norms)
-            self.ema.update(g2, trace, b * k)
+            self.window.update(g2, trace)
         elif variant == "naive":
             g2, trace = two_batch_estimates(b, small, b * k, self._sq_norm())
-            self.ema.update(g2, trace, b * k)
+            self.window.update(g2, trace)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
@@ -93,7 +94,7 @@ class Bench:
 
     def isolated_cost(self, repeats: int = 200) -> float:
         """Seconds per optimizer step of the estimator's own calls: k after_backward() on the
-        model's real gradients, one collect(), line_estimates, one EMA update."""
+        model's real gradients, one collect(), line_estimates, one window update."""
         x, y = self._batch(self.b)
         (self.model(x, y) / self.k).backward()
         t0 = time.perf_counter()
@@ -102,7 +103,7 @@ class Bench:
                 self.stats.after_backward()
             st = self.stats.collect(self.b)
             g2, trace = line_estimates(st.batch_sizes, st.sq_norms)
-            self.ema.update(g2, trace, self.b * self.k)
+            self.window.update(g2, trace)
         dt = (time.perf_counter() - t0) / repeats
         self.opt.zero_grad(set_to_none=True)
         return dt

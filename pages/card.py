@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import streamlit as st
 
+from advisor.gns_window import significant
 from advisor.memory import format_gb
 from pages import data
 from pages.recommend import Card, TierView
 
+STALE_STEPS = 50  # an estimate this many steps behind the run means the measurement is off
 REJECTED = "rw_rejected"
 FLASH = "rw_flash"
 
@@ -76,7 +78,13 @@ def _evidence(card: Card) -> None:
     if d is None:
         return
     ev = d.evidence
-    ns = "none yet" if ev.noise_scale is None else f"{ev.noise_scale:,.0f}"
+    ns = "none yet"
+    if ev.noise_scale is not None:
+        ns = significant(ev.noise_scale)
+        if ev.lower_bound is not None:
+            ns += f" (95% lower bound {significant(ev.lower_bound)})"
+    elif ev.lower_bound:
+        ns = f"> {significant(ev.lower_bound)} (95%; the windowed |G|² is not positive)"
     trend = "n/a" if ev.trend_per_step is None else f"{ev.trend_per_step:+.3g}/step ({ev.trend})"
     if d.forecast_step is None:
         fc = "none"
@@ -86,12 +94,20 @@ def _evidence(card: Card) -> None:
             lo, hi = d.forecast_range
             fc += f" (range {lo:,}–{'unbounded' if hi is None else f'{hi:,}'})"
     since = "" if card.last_ramp_step is None else f" since the ramp at step {card.last_ramp_step:,}"
+    fresh = ""
+    if card.latest_estimate_step is not None:
+        behind = card.last_step - card.latest_estimate_step if card.last_step is not None else 0
+        fresh = (f" at step {card.latest_estimate_step:,}"
+                 + (f" — **{behind:,} steps old: the run measures no noise scale now**"
+                    if behind > STALE_STEPS else ""))
     st.markdown(
         f"- samples: **{ev.n_samples}** noise-scale estimates (need {ev.min_samples})\n"
-        f"- smoothed noise scale **{ns}** vs threshold **{ev.threshold_batch:,.0f}** sequences\n"
-        f"- above the threshold for **{ev.steps_above}** of {ev.hysteresis_steps} steps{since}\n"
+        f"- noise scale **{ns}**{fresh} vs ramp point **{significant(ev.threshold_batch)}** "
+        f"sequences\n"
+        f"- above the ramp point for **{ev.steps_above}** of {ev.hysteresis_steps} estimates{since}\n"
         f"- trend: {trend}\n"
-        f"- forecast crossing: {fc}")
+        f"- forecast crossing: {fc}\n"
+        + (f"- policy: {card.policy.describe()}" if card.policy else ""))
 
 
 def _tier_rows(card: Card) -> list[dict]:
@@ -104,7 +120,9 @@ def _tier_rows(card: Card) -> list[dict]:
             "tokens/step": t.tokens_per_step if card.current and card.current.seq_len else None,
             "predicted peak": format_gb(t.predicted_peak_bytes) if t.predicted_peak_bytes else "—",
             "fits": "yes" if t.fits else "no", "LR ×": round(t.lr_multiplier, 4),
-            "new base LR": f"{v.new_base_lr:.3g}" if v.new_base_lr else "—", "why": t.reason})
+            "new base LR": f"{v.new_base_lr:.3g}" if v.new_base_lr else "—",
+            "noise scale": "measured" if t.measures_noise else
+            "not measured: one batch size per step", "why": t.reason})
     return rows
 
 

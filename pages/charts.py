@@ -149,14 +149,22 @@ def grad_norm_figure(gn: Buckets | None, events: Sequence[Mapping] = ()) -> go.F
     return fig
 
 
-def noise_figure(gns: Buckets | None, batch: Buckets | None, events: Sequence[Mapping] = ()) -> go.Figure:
-    """Smoothed noise scale B_simple against the effective batch, both in sequences."""
+def noise_figure(gns: Buckets | None, batch: Buckets | None, events: Sequence[Mapping] = (),
+                 lower: Buckets | None = None) -> go.Figure:
+    """Windowed noise scale B_simple and its one-sided 95% lower bound against the effective
+    batch, all in sequences. Steps without a fresh estimate are gaps, not joined lines."""
     if (gns is None or not len(gns)) and (batch is None or not len(batch)):
         return empty_figure("Noise scale vs batch", "no noise-scale estimate yet")
     fig = _base("Gradient noise scale vs batch", "sequences")
     if gns is not None and len(gns):
         for tr in series_traces(gns, "noise scale (B_simple)", PALETTE[2]):
+            tr.connectgaps = False
             fig.add_trace(tr)
+    if lower is not None and len(lower):
+        bound = np.where(lower.last > 0, lower.last, np.nan)  # 0 = no lower bound: not drawn
+        fig.add_trace(go.Scatter(x=lower.steps, y=bound, mode="lines", connectgaps=False,
+                                 name="95% lower bound", line=dict(color=PALETTE[2], width=1,
+                                                                   dash="dot")))
     if batch is not None and len(batch):
         for tr in series_traces(batch, "batch (sequences)", PALETTE[7], band=False, shape="hv"):
             fig.add_trace(tr)

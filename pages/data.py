@@ -264,9 +264,10 @@ class Snapshot:
     plan_rows: list[dict]
     commands: list = field(default_factory=list)
     busy: str | None = None  # set when this is the previous snapshot: the database was busy
+    gns_lower: np.ndarray | None = None  # one-sided 95% lower bound at each of gns_steps
 
 
-LIVE_METRICS = (M.LOSS, M.VAL_LOSS, M.GRAD_NORM, M.GNS, M.BATCH_SEQS, M.MEM_PEAK, M.MEM_CAPACITY,
+LIVE_METRICS = (M.LOSS, M.VAL_LOSS, M.GRAD_NORM, M.GNS, M.GNS_LOW, M.BATCH_SEQS, M.MEM_PEAK, M.MEM_CAPACITY,
                 M.TOKENS_PER_S, M.MFU, M.PER_DEVICE_BATCH, M.ACCUM, M.TOKENS_SEEN)
 COMMANDS_EVERY = 6  # ticks between command reads while none is open (an open one: every tick)
 
@@ -285,7 +286,7 @@ class LiveState:
     def __init__(self, target_buckets: int = TARGET_BUCKETS, gns_window: int = GNS_WINDOW):
         self.caches = {n: SeriesCache(target_buckets) for n in LIVE_METRICS}
         self.gns_window = gns_window
-        self._gns: Buckets | None = None  # raw noise scale, last `gns_window` steps
+        self._gns: dict[str, Buckets] = {}  # raw noise scale and its bound, last `gns_window` steps
         self._gns_key: tuple[int, int] | None = None  # (run last step, resume epoch) it is for
         self.fetches = 0
         self.commands: list | None = None
@@ -323,28 +324,37 @@ class LiveState:
                     self.fetches += 1
                     return buckets_from(reader.series(run_id, name, width=width, since_step=since))
                 out[name] = cache.refresh(fetch, run.last_step, epoch)
-            gsteps, gvals = self._gns_window(reader, run_id, run.last_step, epoch)
+            gsteps, gvals, glower = self._gns_window(reader, run_id, run.last_step, epoch)
             plan = [plan_dict(p) for p in reader.memory_plan(run_id)]
         latest = {}
         for name, b in out.items():
             fin = np.flatnonzero(np.isfinite(b.last))
             if fin.size:
                 latest[name] = float(b.last[fin[-1]])
-        return Snapshot(run, out, latest, gsteps, gvals, evs, plan)
+        return Snapshot(run, out, latest, gsteps, gvals, evs, plan, gns_lower=glower)
 
     def _gns_window(self, reader, run_id, last_step, epoch):
-        """Raw (width 1) smoothed noise scale over the last `gns_window` steps, incrementally."""
+        """Raw (width 1) noise-scale points and lower bounds over the last `gns_window` steps,
+        fetched incrementally. Steps are those with a fresh estimate (each logs a lower bound);
+        runs written before bounds were logged have points only."""
         if last_step is None:
-            return np.zeros(0, np.int64), np.zeros(0)
+            return np.zeros(0, np.int64), np.zeros(0), None
         lo = max(0, int(last_step) - self.gns_window + 1)
-        old = self._gns
-        stale = old is None or self._gns_key[1] != epoch or self._gns_key[0] > last_step
-        since = lo if stale or not len(old) else max(lo, int(old.last_step[-1]))
-        self.fetches += 1
-        fresh = buckets_from(reader.series(run_id, M.GNS, width=1, since_step=since))
-        kept = Buckets(1) if stale else old.take((old.last_step >= lo) & (old.last_step < since))
-        self._gns, self._gns_key = kept.concat(fresh), (int(last_step), epoch)
-        return self._gns.last_step, self._gns.last
+        stale = self._gns_key is None or self._gns_key[1] != epoch or self._gns_key[0] > last_step
+        for name in (M.GNS, M.GNS_LOW):
+            old = None if stale else self._gns.get(name)
+            since = lo if old is None or not len(old) else max(lo, int(old.last_step[-1]))
+            self.fetches += 1
+            fresh = buckets_from(reader.series(run_id, name, width=1, since_step=since))
+            kept = Buckets(1) if old is None else old.take((old.last_step >= lo) & (old.last_step < since))
+            self._gns[name] = kept.concat(fresh)
+        self._gns_key = (int(last_step), epoch)
+        points, bounds = self._gns[M.GNS], self._gns[M.GNS_LOW]
+        if not len(bounds):
+            return points.last_step, points.last, None
+        by_step = dict(zip(points.last_step.tolist(), points.last.tolist()))
+        values = np.array([by_step.get(s, np.nan) for s in bounds.last_step.tolist()])
+        return bounds.last_step, values, bounds.last
 
 
 def live_snapshot(db: Path, run_id: str) -> Snapshot:

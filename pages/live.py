@@ -60,7 +60,8 @@ def _charts(snap: data.Snapshot, card: recommend.Card) -> None:
         st.plotly_chart(charts.throughput_figure(s.get(M.TOKENS_PER_S), s.get(M.MFU), ev),
                         key="chart_throughput")
     with right:
-        st.plotly_chart(charts.noise_figure(s.get(M.GNS), s.get(M.BATCH_SEQS), ev), key="chart_noise")
+        st.plotly_chart(charts.noise_figure(s.get(M.GNS), s.get(M.BATCH_SEQS), ev,
+                                            s.get(M.GNS_LOW)), key="chart_noise")
         st.plotly_chart(charts.memory_figure(s.get(M.MEM_PEAK), s.get(M.MEM_CAPACITY),
                                              [t.chart_line() for t in card.tiers], ev,
                                              card.usable_bytes), key="chart_memory")
@@ -92,8 +93,9 @@ def live_view() -> None:
         return
     card = recommend.build_card(
         {"run_id": snap.run.run_id, "config": snap.run.config, "world_size": snap.run.world_size,
-         "capacity_bytes": snap.run.capacity_bytes},
-        snap.latest, snap.gns_steps, snap.gns_values, snap.events, snap.plan_rows, snap.commands)
+         "capacity_bytes": snap.run.capacity_bytes, "last_step": snap.run.last_step},
+        snap.latest, snap.gns_steps, snap.gns_values, snap.events, snap.plan_rows, snap.commands,
+        snap.gns_lower)
     _header(snap)
     busy = st.empty()  # always there, so the elements below keep their places
     if snap.busy:

@@ -14,16 +14,12 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from advisor.lr import lr_multiplier, noise_scale_warning, ramp_lr, rule_for
+from advisor.lr import noise_scale_warning, rule_for
 from advisor.memory import MemoryModel, fit_memory_model, format_gb, usable_bytes
-from advisor.ramp import Effect, Recommendation, Tier, candidate_tiers, predicted_effect, ramp_decision
+from advisor.policy import RampPolicy
+from advisor.ramp import (Effect, Recommendation, Tier, accumulation_tiers, candidate_tiers,
+                          predicted_effect)
 from store import names as M
-
-MARGIN = 0.05  # of capacity kept free; the trainer re-checks with the same margin
-FACTORS = (2, 4, 8)
-HYSTERESIS_STEPS = 50  # advisor.ramp.ramp_decision defaults, overridable from the run config
-MIN_SAMPLES = 100
-GNS_WINDOW_STEPS = 2048  # raw noise-scale steps read for the decision (trend uses the last 200)
 
 
 @dataclass(frozen=True)
@@ -96,6 +92,9 @@ class Card:
     command: CommandView | None = None
     problems: list[str] = field(default_factory=list)  # why parts of the card are missing
     notes: list[str] = field(default_factory=list)
+    policy: RampPolicy | None = None
+    latest_estimate_step: int | None = None  # the newest step with a noise-scale estimate
+    last_step: int | None = None  # the run's newest step
 
     @property
     def suggested(self) -> TierView | None:
@@ -203,12 +202,15 @@ def command_view(cmd) -> CommandView:
 
 def build_card(run: Mapping, latest: Mapping[str, float], gns_steps: Sequence[int],
                gns_values: Sequence[float | None], events: Sequence[Mapping],
-               plan_rows: Sequence[Mapping], commands: Sequence = ()) -> Card:
+               plan_rows: Sequence[Mapping], commands: Sequence = (),
+               gns_lower: Sequence[float | None] | None = None) -> Card:
     """Everything the recommendation card shows, from one run's store rows.
 
     run: mapping with run_id, config (dict), world_size, capacity_bytes; latest: the latest value
-    of each metric; gns_*: the smoothed noise scale by step (recent window); events, plan_rows:
-    the run's rows as mappings; commands: the run's ramp commands, oldest first.
+    of each metric; gns_*: the noise scale's steps with a fresh estimate (recent window), its
+    point (None where the window's |G|² was not positive) and one-sided 95% lower bound; events,
+    plan_rows: the run's rows as mappings; commands: the run's ramp commands, oldest first. The
+    ramp policy, like the trainer's, comes from the run config (advisor.policy.RampPolicy).
     """
     run_id = str(run.get("run_id"))
     config = run.get("config") or {}
@@ -223,19 +225,22 @@ def build_card(run: Mapping, latest: Mapping[str, float], gns_steps: Sequence[in
         problems.append("the run has not logged per_device_batch and accum yet (and its config "
                         "does not name them): no tier can be computed")
         return Card(run_id, None, None, last_ramp_step=last_ramp, command=cmd, problems=problems)
-
-    hyst = _pos_int(_get(config, "ramp_hysteresis")) or HYSTERESIS_STEPS
-    min_samples = _pos_int(_get(config, "ramp_min_samples")) or MIN_SAMPLES
-    decision = ramp_decision(gns_steps, gns_values, cur.batch, hysteresis_steps=hyst,
-                             min_samples=min_samples, since_step=last_ramp)
-    b_noise = decision.evidence.noise_scale
-
-    optimizer = _get(config, "optimizer") or "adamw"
     try:
-        rule = rule_for(optimizer)
-    except ValueError:
-        rule = "sqrt"
-        notes.append(f"no learning-rate rule known for optimizer {optimizer!r}: the √ rule is assumed")
+        policy = RampPolicy.from_config(config)
+    except ValueError as e:  # a run of someone's own loop that recorded neither: its first tier
+        policy = RampPolicy(original_batch=cur.batch, original_lr=1.0)
+        notes.append(f"{e}: the ramp policy's defaults apply and no new base LR can be given")
+    optimizer = _get(config, "optimizer")
+    if optimizer is not None:
+        try:
+            rule_for(optimizer)
+        except ValueError:
+            notes.append(f"no learning-rate rule known for optimizer {optimizer!r}: the "
+                         f"{policy.lr_rule} rule is assumed")
+    decision = policy.decide(gns_steps, gns_values, gns_lower, cur.batch, since_step=last_ramp)
+    b_noise = decision.evidence.noise_scale
+    knows_lr = _get(config, "ramp_policy") is not None or isinstance(
+        _get(config, "original_lr") or _get(config, "lr"), (int, float))
 
     bad = infeasible_batches(plan_rows, events)
     measured, planned = memory_points(plan_rows, running_variant(config), bad)
@@ -245,7 +250,7 @@ def build_card(run: Mapping, latest: Mapping[str, float], gns_steps: Sequence[in
         memory_note = f"memory model: {model.source}"
     except ValueError as e:
         memory_note = f"no memory model yet: {e}"
-    usable = usable_bytes(cur.capacity_bytes, MARGIN) if cur.capacity_bytes else None
+    usable = usable_bytes(cur.capacity_bytes, policy.margin) if cur.capacity_bytes else None
     if cur.capacity_bytes is None:
         problems.append("the run's device capacity is unknown (no capacity_bytes, no mem_capacity): "
                         "only accumulation-only ramps can be judged")
@@ -253,38 +258,21 @@ def build_card(run: Mapping, latest: Mapping[str, float], gns_steps: Sequence[in
     seq = cur.seq_len or 1
     if model is not None and cur.capacity_bytes:
         tiers = candidate_tiers(cur.per_device_batch, cur.accum, cur.world_size, seq, model,
-                                cur.capacity_bytes, MARGIN, FACTORS, infeasible=bad, rule=rule)
+                                cur.capacity_bytes, policy.margin, policy.offered_factors,
+                                infeasible=bad, rule=policy.lr_rule,
+                                keep_noise_scale=policy.keep_noise_scale)
     else:
-        tiers = _accumulation_tiers(cur, seq, rule, bad)
-    orig_lr = _get(config, "lr")
-    orig_batch = None
-    if _pos_int(_get(config, "per_device_batch")) and _pos_int(_get(config, "accum")):
-        orig_batch = (_pos_int(_get(config, "per_device_batch")) * _pos_int(_get(config, "accum"))
-                      * (_pos_int(_get(config, "world_size")) or cur.world_size))
+        tiers = accumulation_tiers(cur.per_device_batch, cur.accum, cur.world_size, seq,
+                                   policy.offered_factors, bad, policy.lr_rule)
     views = []
     for t in tiers:
-        new_lr, warning = None, None
-        if isinstance(orig_lr, (int, float)) and orig_lr > 0 and orig_batch:
-            ch = ramp_lr(float(orig_lr), orig_batch, t.effective_batch, rule=rule, b_noise=b_noise)
-            new_lr, warning = ch.base_lr, ch.warning
-        elif b_noise:
-            warning = noise_scale_warning(t.effective_batch, b_noise)
+        new_lr = policy.new_base_lr(t.effective_batch) if knows_lr else None
+        warning = noise_scale_warning(t.effective_batch, b_noise) if b_noise else None
         effect = predicted_effect(cur.batch, t.effective_batch, b_noise) if b_noise and b_noise > 0 else None
         label = (f"×{t.factor}: {t.per_device_batch} × {t.accum}"
                  + (f" ({format_gb(t.predicted_peak_bytes)})" if t.predicted_peak_bytes else ""))
         views.append(TierView(t, label, new_lr, warning, effect))
+    newest = int(gns_steps[-1]) if len(gns_steps) else None
+    last_step = _pos_int(run.get("last_step"))
     return Card(run_id, cur, decision, views, model, memory_note, usable, last_ramp, cmd,
-                problems, notes)
-
-
-def _accumulation_tiers(cur: Current, seq: int, rule: str, bad: set[int]) -> list[Tier]:
-    """Without a memory model only the running per-device batch is known to fit."""
-    out = []
-    for f in FACTORS:
-        ok = cur.per_device_batch not in bad
-        out.append(Tier(cur.per_device_batch, cur.accum * f, cur.world_size, seq, None, ok,
-                        "accumulation only: the running per-device batch fits; no memory model to "
-                        "judge a larger one" if ok else
-                        f"per-device batch {cur.per_device_batch} ran out of memory",
-                        lr_multiplier(cur.batch, cur.batch * f, rule), f))
-    return out
+                problems, notes, policy, newest, last_step)

@@ -31,8 +31,12 @@ MEM_CAPACITY = "mem_capacity"
 GNS_G2 = "gns_g2"  # |G|^2 estimate this step
 GNS_TRACE = "gns_trace"  # tr(Sigma) estimate this step, per sequence
 GNS_RAW = "gns_b_simple_raw"  # trace / g2 this step, sequences (very noisy)
-GNS = "gns_b_simple"  # EMA(trace) / EMA(g2), sequences
+GNS = "gns_b_simple"  # sum(trace) / sum(g2) over the recent window, sequences; only on steps
+#                       with a fresh estimate, absent when the window's |G|^2 is not positive
 GNS_TOKENS = "gns_b_simple_tokens"
+GNS_LOW = "gns_b_simple_low"  # one-sided 95% lower bound (Fieller); 0 = no lower bound
+GNS_HIGH = "gns_b_simple_high"  # one-sided 95% upper bound; absent = unbounded
+GNS_WINDOW = "gns_window_steps"  # steps behind the smoothed value
 
 LIVE_CHART_METRICS = (LOSS, VAL_LOSS, GRAD_NORM, GNS, BATCH_SEQS, MEM_PEAK, MEM_CAPACITY,
                       TOKENS_PER_S, MFU, LR)

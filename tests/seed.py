@@ -55,11 +55,13 @@ def _config(pdb: int, accum: int, **extra) -> dict:
 
 def live_run(db, steps: int = 400, name: str = "live-run", nonfinite_steps=(150, 151, 320),
              ramp_due: bool = True, oom_at_running: bool = False,
-             capacity: int = CAPACITY) -> Seeded:
+             capacity: int = CAPACITY, estimates_until: int | None = None) -> Seeded:
     """A running run (its writer stays open): pdb 8 × accum 2 = 16 sequences.
 
-    The smoothed noise scale grows from 4 to ~80 sequences, so it has been above 16 for far more
-    than the 50-step hysteresis at the end (ramp_due) — or stays below (ramp_due=False).
+    The windowed noise scale (with 95% bounds at 0.6× and 1.6×) grows from 4 to ~80 sequences,
+    so it has been above the ramp point 2 × 16 for far more than the policy's hysteresis at the
+    end (ramp_due) — or stays below (ramp_due=False). estimates_until: no noise-scale estimate
+    after this step (the measurement went off, e.g. accumulation 1 on one device).
     Events: checkpoint at 100, alert at 150, oom at 250 (recovered), checkpoint at 300.
     oom_at_running: the running per-device batch 8 is marked out of memory at the last step;
     with a small `capacity` no tier can fit then.
@@ -79,10 +81,12 @@ def live_run(db, steps: int = 400, name: str = "live-run", nonfinite_steps=(150,
         gns = 4.0 * math.exp(s * math.log(20) / steps) if ramp_due else 4.0 + s * 0.01
         m = {M.LOSS: loss, M.GRAD_NORM: 1.0 + 0.3 * rng.random(), M.LR: 1e-3,
              M.PER_DEVICE_BATCH: pdb, M.ACCUM: accum, M.BATCH_SEQS: batch,
-             M.BATCH_TOKENS: batch * SEQ_LEN, M.TOKENS_SEEN: tokens, M.GNS: gns,
-             M.GNS_TOKENS: gns * SEQ_LEN, M.MEM_PEAK: min(25.5 * GB, 0.9 * capacity) + 0.1 * GB * rng.random(),
+             M.BATCH_TOKENS: batch * SEQ_LEN, M.TOKENS_SEEN: tokens, M.MEM_PEAK: min(25.5 * GB, 0.9 * capacity) + 0.1 * GB * rng.random(),
              M.MEM_CAPACITY: capacity, M.TOKENS_PER_S: 50_000 + 1000 * rng.random(),
              M.MFU: 0.41 + 0.01 * rng.random(), M.STEP_TIME: 0.04}
+        if estimates_until is None or s <= estimates_until:
+            m.update({M.GNS: gns, M.GNS_TOKENS: gns * SEQ_LEN, M.GNS_LOW: 0.6 * gns,
+                      M.GNS_HIGH: 1.6 * gns})
         w.log(s, m)
         if s % 100 == 99:
             w.log(s, {M.VAL_LOSS: 2.1 + 3.0 * math.exp(-s / 120)})

@@ -18,7 +18,7 @@ def test_flops_per_token_hand_computed():
 
 
 def test_gpt_matmul_params_design_preset():
-    # a 24-layer GPT with DESIGN.md's d_model 1536 and vocab 32768 (~0.73B): 12·L·d² + V·d
+    # a 24-layer GPT with the gpu-0.7b preset's d_model 1536 and vocab 32768 (~0.73B): 12·L·d² + V·d
     assert gpt_matmul_params(24, 1536, 32768) == 24 * 12 * 1536**2 + 32768 * 1536 == 729_808_896
 
 

@@ -1,7 +1,6 @@
 """advisor.gns: noise-scale estimators against hand-computed cases, closed forms and a simulation."""
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
@@ -10,7 +9,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from advisor.gns import (
-    NoiseScaleEMA,
     accumulation_estimates,
     examples_ratio,
     fit_critical_batch,
@@ -109,100 +107,6 @@ def test_line_estimates_for_ddp_ranks_and_global():
         line_estimates([8, 16], [1.0])
 
 
-# ----------------------------------------------------------------------------------- the EMAs
-
-
-@given(
-    g2=st.floats(-1e9, 1e9, allow_nan=False),
-    trace=st.floats(-1e9, 1e9, allow_nan=False),
-    samples=st.integers(1, 10**7),
-    half_life=st.floats(1.0, 1e300),
-)
-def test_ema_first_update_equals_input(g2, trace, samples, half_life):
-    ema = NoiseScaleEMA(half_life)
-    assert ema.update(g2, trace, samples)
-    assert ema.g2 == g2 and ema.trace == trace  # bias correction: exactly the input
-
-
-def test_ema_hand_computed_two_updates_and_per_sample_decay():
-    # half-life 100 samples; step 1: 100 samples (decay 1/2); step 2: 200 samples (decay 1/4)
-    ema = NoiseScaleEMA(half_life_samples=100)
-    ema.update(4.0, 40.0, 100)
-    ema.update(2.0, 10.0, 200)
-    # Adam form m_t = d·m + (1−d)·x: m_2 = ¼·(½·x1) + ¾·x2 = x1/8 + 3·x2/4;
-    # bias correction 1 − ½·¼ = 7/8, so the value is (x1/8 + 3·x2/4)/(7/8) = (x1 + 6·x2)/7
-    assert ema.g2 == pytest.approx((4.0 + 6 * 2.0) / 7, rel=1e-14)
-    assert ema.trace == pytest.approx((40.0 + 6 * 10.0) / 7, rel=1e-14)
-    assert ema.b_simple == pytest.approx(100 / 16, rel=1e-14)
-    assert ema.samples_seen == 300 and ema.updates == 2
-
-
-def test_ema_bigger_batch_decays_more_per_step():
-    small, big = NoiseScaleEMA(1000), NoiseScaleEMA(1000)
-    for ema, n in ((small, 10), (big, 1000)):
-        ema.update(1.0, 1.0, n)
-        ema.update(0.0, 0.0, n)
-    # after one more step the big-batch EMA has moved further towards the new value
-    assert big.g2 < small.g2
-    # per sample, the same: 100 steps of 10 samples decay like 1 step of 1000 samples
-    a, b = NoiseScaleEMA(500), NoiseScaleEMA(500)
-    a.update(1.0, 1.0, 7)
-    b.update(1.0, 1.0, 7)
-    for _ in range(100):
-        a.update(0.0, 0.0, 10)
-    b.update(0.0, 0.0, 1000)
-    assert a.g2 == pytest.approx(b.g2, rel=1e-9)
-
-
-def test_ema_ignores_non_finite_and_keeps_state():
-    ema = NoiseScaleEMA(1000)
-    ema.update(2.0, 8.0, 10)
-    before = ema.to_dict()
-    assert ema.update(float("nan"), 1.0, 10) is False
-    assert ema.update(1.0, float("inf"), 10) is False
-    assert ema.update(None, 1.0, 10) is False
-    after = ema.to_dict()
-    assert after.pop("skipped") == 3
-    before.pop("skipped")
-    assert after == before
-    with pytest.raises(ValueError, match="positive number of sequences"):
-        ema.update(1.0, 1.0, 0)
-
-
-def test_b_simple_none_until_meaningful():
-    ema = NoiseScaleEMA(1000)
-    assert ema.b_simple is None and ema.g2 is None and ema.trace is None
-    ema.update(-1.0, 5.0, 10)  # non-positive smoothed |G|²: "no estimate yet"
-    assert ema.b_simple is None
-    ema = NoiseScaleEMA(1000)
-    ema.update(0.0, 5.0, 10)
-    assert ema.b_simple is None
-    ema = NoiseScaleEMA(1000)
-    ema.update(1.0, -5.0, 10)  # negative trace: no estimate either, never a negative noise scale
-    assert ema.b_simple is None
-    ema = NoiseScaleEMA(1000)
-    ema.update(1e-320, 1e308, 10)  # ratio overflows: None, never inf
-    assert ema.b_simple is None
-    ema = NoiseScaleEMA(1000)
-    ema.update(2.0, 100.0, 10)
-    assert ema.b_simple == 50.0 and ema.b_simple_tokens(2048) == 50.0 * 2048
-
-
-def test_ema_state_round_trips_through_json():
-    ema = NoiseScaleEMA(5000)
-    for i in range(1, 20):
-        ema.update(1.0 + 0.1 * i, 30.0 - i, 64 * (1 + i % 3))
-    clone = NoiseScaleEMA.from_dict(json.loads(json.dumps(ema.to_dict())))
-    assert clone.to_dict() == ema.to_dict()
-    ema.update(2.0, 20.0, 64)
-    clone.update(2.0, 20.0, 64)
-    assert clone.b_simple == ema.b_simple
-    with pytest.raises(ValueError, match="version"):
-        NoiseScaleEMA.from_dict({**ema.to_dict(), "version": 99})
-    with pytest.raises(ValueError, match="lacks"):
-        NoiseScaleEMA.from_dict({"version": 1})
-
-
 # ------------------------------------------------------------------- statistical check (simulated)
 
 
@@ -210,7 +114,7 @@ def test_simulated_gaussian_gradients_recover_truth_within_5_percent():
     """Per-example gradients g ~ N(G, Σ) in 50 dimensions, |G|² = 1, tr(Σ) = 64 (B_simple = 64).
 
     Each step: 8 micro-batches of 8 examples; the running mean after micro-batch j is what .grad
-    holds (S_j/j); its squared norms go through accumulation_estimates and a NoiseScaleEMA.
+    holds (S_j/j); its squared norms go through accumulation_estimates, summed over all steps.
     """
     rng = np.random.default_rng(12345)
     dim, b, k, steps, true_g2, true_trace = 50, 8, 8, 4000, 1.0, 64.0
@@ -220,7 +124,6 @@ def test_simulated_gaussian_gradients_recover_truth_within_5_percent():
     cov = a @ a.T  # anisotropic, known covariance
     cov *= true_trace / np.trace(cov)
     chol = np.linalg.cholesky(cov)
-    ema = NoiseScaleEMA(half_life_samples=100_000)
     per_step = []
     js = np.arange(1, k + 1)[:, None]
     for _ in range(steps):
@@ -229,12 +132,9 @@ def test_simulated_gaussian_gradients_recover_truth_within_5_percent():
         running = np.cumsum(micro_means, axis=0) / js  # S_j / j
         g2, tr = accumulation_estimates((running**2).sum(axis=1).tolist(), b)
         per_step.append((g2, tr))
-        assert ema.update(g2, tr, b * k)
-    assert ema.g2 == pytest.approx(true_g2, rel=0.05)
-    assert ema.trace == pytest.approx(true_trace, rel=0.05)
-    assert ema.b_simple == pytest.approx(true_trace / true_g2, rel=0.05)
-    # the per-step estimates are unbiased: their plain mean is close too
+    # the per-step estimates are unbiased: their plain means are close, and so is their ratio
     g2_mean, tr_mean = np.mean(per_step, axis=0)
+    assert tr_mean / g2_mean == pytest.approx(true_trace / true_g2, rel=0.05)
     assert g2_mean == pytest.approx(true_g2, rel=0.05)
     assert tr_mean == pytest.approx(true_trace, rel=0.05)
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from advisor.memory import GB, MemoryModel, fit_memory_model, usable_bytes
 from advisor.ramp import Tier, candidate_tiers, predicted_effect, ramp_decision
 
-# The DESIGN.md example: per-device 16 measured at 70 GB, 32 at 130 GB -> 10 GB + 3.75 GB/sequence.
+# The design example: per-device 16 measured at 70 GB, 32 at 130 GB -> 10 GB + 3.75 GB/sequence.
 MODEL = fit_memory_model({16: 70 * GB, 32: 130 * GB})
 H200 = 141 * GB  # usable at 5%: 133.95 GB
 
@@ -160,7 +160,7 @@ def test_ready_after_hysteresis_with_enough_samples():
     assert rec.ready and rec.suggested_batch == 1024
     assert rec.evidence.steps_above == 300 and rec.evidence.n_samples == 300
     assert rec.evidence.noise_scale == 600.0 and rec.evidence.threshold_batch == 512.0
-    assert "stayed above the batch (512 sequences) for 300 steps" in rec.reason
+    assert "stayed above the batch (512 sequences) for 300 estimates" in rec.reason
 
 
 def test_ramp_restarts_hysteresis_but_keeps_history():
@@ -168,7 +168,7 @@ def test_ramp_restarts_hysteresis_but_keeps_history():
     rec = ramp_decision(steps, [600.0] * 300, current_batch=512, hysteresis_steps=50, since_step=280)
     assert not rec.ready and rec.evidence.steps_above == 19 and rec.evidence.n_samples == 300
     assert rec.forecast_step == 281 + 49
-    assert "above 512 for 19 of 50 steps: ready at step ~330" in rec.reason
+    assert "above 512 for 19 of 50 estimates: ready at step ~330" in rec.reason
 
 
 def test_not_enough_evidence():
@@ -177,10 +177,31 @@ def test_not_enough_evidence():
     assert rec.reason.startswith("not enough evidence (30 noise-scale estimates, need 100)")
 
 
-def test_missing_estimate_breaks_the_streak():
-    values = [600.0] * 100 + [None] + [600.0] * 20
-    rec = ramp_decision(list(range(121)), values, current_batch=512, hysteresis_steps=50, min_samples=10)
-    assert not rec.ready and rec.evidence.steps_above == 20 and rec.evidence.n_samples == 120
+def test_a_step_without_an_estimate_neither_breaks_nor_extends_the_streak():
+    # A step with no fresh estimate logs no value: the streak counts estimates, so a gap (e.g. a
+    # non-finite step) does not restart the hysteresis
+    values = [100.0] * 60 + [600.0] * 30 + [None] + [600.0] * 20
+    rec = ramp_decision(list(range(111)), values, current_batch=512, hysteresis_steps=50, min_samples=10)
+    assert rec.ready and rec.evidence.steps_above == 50 and rec.evidence.n_samples == 110
+    below = [100.0] * 60 + [600.0] * 30 + [100.0] + [600.0] * 20
+    rec = ramp_decision(list(range(111)), below, current_batch=512, hysteresis_steps=50, min_samples=10)
+    assert not rec.ready and rec.evidence.steps_above == 20
+
+
+def test_the_lower_bound_gates_the_ramp_and_stands_in_for_a_missing_point():
+    steps = list(range(100))
+    # point above 2 x 64 but its 95% lower bound under 64: not yet
+    rec = ramp_decision(steps, [200.0] * 100, 64, threshold=2, hysteresis_steps=20, min_samples=10,
+                        lower=[50.0] * 100, lower_threshold=1)
+    assert not rec.ready and "lower bound is below 64" in rec.reason
+    rec = ramp_decision(steps, [200.0] * 100, 64, threshold=2, hysteresis_steps=20, min_samples=10,
+                        lower=[70.0] * 100, lower_threshold=1)
+    assert rec.ready
+    # no point (the windowed |G|² is negative: B_noise >> batch) but a lower bound above 2 x 64
+    rec = ramp_decision(steps, [None] * 100, 64, threshold=2, hysteresis_steps=20, min_samples=10,
+                        lower=[300.0] * 100, lower_threshold=1)
+    assert rec.ready and rec.evidence.noise_scale is None and rec.evidence.lower_bound == 300.0
+    assert "noise scale > 300 (95%)" in rec.reason
 
 
 def test_log_linear_forecast_hand_computed():

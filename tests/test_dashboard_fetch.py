@@ -116,7 +116,7 @@ def test_live_state_against_the_real_store(db_path):
             assert w.flush()
             fetches_before = state.fetches
             snap = state.refresh(reader, w.run_id)
-            assert state.fetches - fetches_before == len(LIVE_METRICS) + 1
+            assert state.fetches - fetches_before == len(LIVE_METRICS) + 2  # + raw GNS and bound
             width = width_for(step - 1, 8)
             for name in (M.LOSS, M.GNS, M.BATCH_SEQS, M.MEM_PEAK, M.VAL_LOSS):
                 full = buckets_from(reader.series(w.run_id, name, width=width))

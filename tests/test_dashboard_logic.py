@@ -67,13 +67,16 @@ def test_card_ready_with_tiers_lr_and_effect():
     assert card.decision.ready and card.current.batch == 16
     assert [t.tier.factor for t in card.tiers] == [2, 4, 8]
     x2 = card.suggested
-    assert (x2.tier.per_device_batch, x2.tier.accum) == (32, 1)  # 74 GB <= 76 GB usable
-    assert x2.predicted_bytes == 74 * GB and x2.fits
-    assert x2.payload() == {"per_device_batch": 32, "accum": 1, "lr_multiplier": pytest.approx(math.sqrt(2))}
+    # 32 x 1 fits (74 GB <= 76 GB usable) but on one device it would measure no noise scale:
+    # the policy keeps accumulation 2 and the table says what the faster tier would cost
+    assert (x2.tier.per_device_batch, x2.tier.accum) == (16, 2) and x2.tier.measures_noise
+    assert "32 × 1 would fit too but measures no noise scale" in x2.tier.reason
+    assert x2.predicted_bytes == 42 * GB and x2.fits
+    assert x2.payload() == {"per_device_batch": 16, "accum": 2, "lr_multiplier": pytest.approx(math.sqrt(2))}
     assert x2.new_base_lr == pytest.approx(1e-3 * math.sqrt(2))
     assert x2.effect == predicted_effect(16, 32, 40.0)
     assert card.memory_note == "memory model: plan (5 points)"
-    assert card.key == "r1:None:32x1"
+    assert card.key == "r1:None:16x2"
 
 
 def test_card_not_ready_forecasts_and_measured_peaks_win():
@@ -92,8 +95,9 @@ def test_card_since_last_ramp_and_infeasible_batches():
               {"step": 260, "kind": M.EVENT_OOM, "message": "", "data": {"per_device_batch": 16}}]
     plan = PLAN + [{"step": 260, "per_device_batch": 32, "variant": "plain", "predicted_bytes": None,
                     "measured_bytes": None, "source": "oom", "feasible": False}]
-    card = recommend.build_card(RUN, LATEST, *_gns(True), events, plan)
-    assert card.last_ramp_step == 250
+    run = {**RUN, "config": {**RUN["config"], "ramp_hysteresis": 50}}  # a pre-policy config key
+    card = recommend.build_card(run, LATEST, *_gns(True), events, plan)
+    assert card.policy.hysteresis_steps == 50 and card.last_ramp_step == 250
     assert card.decision.evidence.steps_above == 49  # hysteresis restarted at the ramp
     assert not card.decision.ready
     assert card.suggested.tier.per_device_batch == 8  # 16 and 32 ran out of memory

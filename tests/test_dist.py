@@ -10,6 +10,7 @@ resuming on one process keeps the effective batch; an out-of-memory on one rank 
 """
 from __future__ import annotations
 
+import math
 import re
 import subprocess
 import threading
@@ -237,3 +238,28 @@ def test_oom_on_one_rank_stops_both_and_torchrun_resumes_at_half_the_tier(tmp_pa
     [oom] = reader.events(db, "o", kinds=[M.EVENT_OOM])
     assert oom.step == 2 and oom.data["rank"] == 1 and oom.data["after"] == {
         "per_device_batch": 4, "accum": 4}
+
+
+def test_card_and_trainer_agree_on_the_new_lr_after_a_resume_on_another_world_size(ramped):
+    """The card reads the ramp policy the trainer wrote into the run config: after the resume on
+    one process (config world size 1, per-device 8 × accumulation 2), the original batch is still
+    the first step's 32 sequences, so the card's new base LR is the trainer's."""
+    from advisor.policy import RampPolicy
+    from pages.recommend import build_card
+
+    db = ramped[0]
+    run_ = reader.get_run(db, "r")
+    latest = {name: value for name, (_, value) in reader.latest(db, "r").items()}
+    card = build_card({"run_id": "r", "config": run_.config, "world_size": run_.world_size,
+                       "capacity_bytes": run_.capacity_bytes, "last_step": run_.last_step},
+                      latest, [], [], [], [])
+    first_batch = metric(db, "r", M.BATCH_SEQS)[1]
+    lr = run_.config["lr"]
+    assert card.current.batch == 64 and first_batch == 32 and run_.world_size == 1
+    x2 = card.suggested
+    assert x2.tier.effective_batch == 128
+    assert x2.new_base_lr == pytest.approx(lr * math.sqrt(128 / first_batch), rel=1e-12)
+    # the trainer applied its ramp (at world size 2) with the same policy: same number, exactly
+    [ramp] = reader.events(db, "r", kinds=[M.EVENT_RAMP])
+    policy = RampPolicy.from_config(run_.config)
+    assert policy.new_base_lr(ramp.data["after"]["batch"]) == ramp.data["after"]["base_lr"]

@@ -1,4 +1,4 @@
-"""The import rules of DESIGN.md, enforced by walking every module's imports."""
+"""The import rules of docs/ARCHITECTURE.md, enforced by walking every module's imports."""
 from __future__ import annotations
 
 import ast
@@ -56,7 +56,7 @@ def test_import_rules():
             broken.append(f"{path.relative_to(REPO)} imports {pkg}")
         for mod in _imports(path) & FORBIDDEN_THIRD_PARTY.get(owner, set()):
             broken.append(f"{path.relative_to(REPO)} imports {mod} ({owner}/ must not)")
-    assert not broken, "import rules of DESIGN.md broken:\n" + "\n".join(broken)
+    assert not broken, "import rules of docs/ARCHITECTURE.md broken:\n" + "\n".join(broken)
 
 
 def test_nothing_imports_pages_but_app():

@@ -39,7 +39,8 @@ def test_charts_traces_events_and_nonfinite(live, monkeypatch):
     mem = seed.trace_names(figs["Memory (GB)"])
     assert {"peak memory", "capacity", "usable"} <= set(mem)
     assert [n for n in mem if n.startswith("×")] == [
-        "×2: 32 × 1 (73.6 GB)", "×4: 32 × 2 (73.6 GB)", "×8: 32 × 4 (73.6 GB)"]
+        # one device: every tier keeps accumulation >= 2 (the noise scale); 16 ran out of memory
+        "×2: 8 × 4 (25.6 GB)", "×4: 32 × 2 (73.6 GB)", "×8: 32 × 4 (73.6 GB)"]
     assert {"tokens/s", "MFU (%)"} <= set(seed.trace_names(figs["Throughput"]))
     assert "grad_norm" in seed.trace_names(figs["Gradient norm (before clipping)"])
     for title in CHARTS:  # every event is a vertical marker on every chart
@@ -47,18 +48,20 @@ def test_charts_traces_events_and_nonfinite(live, monkeypatch):
         assert len(shapes) == live.events == 4, title
         assert sorted(s["x0"] for s in shapes) == [100, 150, 250, 300]
     text = seed.texts(at)
-    assert "Ramp now." in text and "double the batch" in text
+    assert "Ramp now." in text and "ramp the batch" in text
     assert "status **running**" in text
 
 
 def test_card_evidence_and_chosen_tier(live, monkeypatch):
     at = seed.app(monkeypatch, live.db)
     text = seed.texts(at)
-    assert "noise-scale estimates (need 100)" in text
-    assert "vs threshold **16** sequences" in text
+    assert "noise-scale estimates (need 30)" in text  # the ramp policy's default
+    assert "vs ramp point **32.0** sequences" in text  # 2 × the batch of 16
+    assert "(95% lower bound 47.6)" in text  # the newest estimate's bound
+    assert "keep the batch within [0.5, 1] × the noise scale" in text
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Batch"] == "32 seq"
-    assert metrics["Predicted peak"] == "73.6 GB"
+    assert metrics["Predicted peak"] == "25.6 GB"
     assert metrics["LR multiplier"] == "×1.414"
     assert metrics["Steps to target"].startswith("-")  # a doubling saves steps
     # choosing the ×4 tier updates the card
@@ -77,9 +80,9 @@ def test_approve_writes_pending_then_cancel(live, monkeypatch):
     assert len(cmds) == 1
     c = cmds[0]
     assert (c.status, c.kind, c.actor) == ("pending", "ramp", "dashboard")
-    assert c.payload == {"per_device_batch": 32, "accum": 1, "lr_multiplier": pytest.approx(2 ** 0.5)}
+    assert c.payload == {"per_device_batch": 8, "accum": 4, "lr_multiplier": pytest.approx(2 ** 0.5)}
     text = seed.texts(at)
-    assert f"Ramp #{c.command_id} to 32 per device × 1 accumulation is pending" in text
+    assert f"Ramp #{c.command_id} to 8 per device × 4 accumulation is pending" in text
     assert at.button(key="approve").disabled  # one open ramp at a time
     at.button(key="cancel_command").click().run()
     assert commands.get(live.db, c.command_id).status == "cancelled"
@@ -204,3 +207,19 @@ def test_read_only_never_submits(live, monkeypatch):
     with pytest.raises(data.CommandError, match="read-only"):
         data.submit_ramp(live.db, live.run_id, seed.RAMP_PAYLOAD)
     assert commands.list_commands(live.db, live.run_id) == []
+
+
+def test_card_says_when_the_noise_scale_stopped_being_measured(db_path, monkeypatch):
+    # estimates stop at step 300 of 400 (e.g. a tier with accumulation 1 on one device): the
+    # card names the newest estimate's step and that it is old, never shows it as current
+    run = seed.live_run(db_path, estimates_until=300)
+    try:
+        at = seed.app(monkeypatch, db_path)
+        assert not at.exception
+        text = seed.texts(at)
+        assert "at step 300 — **99 steps old: the run measures no noise scale now**" in text
+        noise = seed.figures(at)["Gradient noise scale vs batch"]
+        points = next(t for t in noise["data"] if t["name"] == "noise scale (B_simple)")
+        assert max(x for x, y in zip(points["x"], points["y"]) if y is not None) <= 300
+    finally:
+        run.close()

@@ -32,22 +32,25 @@ def assert_continuous_samples(db, run_id):
 
 def test_tiny_run_logs_every_metric_and_learns(tmp_path):
     db = tmp_path / "runs.duckdb"
-    done = run_trainer(db, tmp_path / "ckpt", "--run-id", "tiny", "--steps", "40",
-                       "--val-every", "20", "--no-plan")
+    done = run_trainer(db, tmp_path / "ckpt", "--run-id", "tiny", "--steps", "50",
+                       "--val-every", "25", "--no-plan")
     assert done.returncode == 0, done.stdout
     run = reader.get_run(db, "tiny")
-    assert run.status == "finished" and run.last_step == 40
+    assert run.status == "finished" and run.last_step == 50
     assert run.config["preset"] == "test-tiny" and run.config["data"]["corpus"]["files"] > 100
     names = set(reader.metric_names(db, "tiny"))
     assert PER_STEP | {M.VAL_LOSS, M.GNS, M.GNS_TOKENS} <= names, PER_STEP - names
     assert M.MFU not in names  # no peak FLOPs for a CPU
     for name in PER_STEP - {M.STEP_TIME, M.TOKENS_PER_S}:
-        assert sorted(metric(db, "tiny", name)) == list(range(1, 41)), name
+        assert sorted(metric(db, "tiny", name)) == list(range(1, 51)), name
     # throughput starts at step 2: the first step of a tier may include compilation
-    assert sorted(metric(db, "tiny", M.TOKENS_PER_S)) == list(range(2, 41))
+    assert sorted(metric(db, "tiny", M.TOKENS_PER_S)) == list(range(2, 51))
+    # the windowed noise scale once its window holds its 48 steps: a bound on every such step
+    assert sorted(metric(db, "tiny", M.GNS_LOW)) == list(range(48, 51))
+    assert set(metric(db, "tiny", M.GNS)) <= set(range(48, 51))
     val = metric(db, "tiny", M.VAL_LOSS)
-    assert sorted(val) == [0, 20, 40]
-    assert val[40] < val[0] - 0.5, val
+    assert sorted(val) == [0, 25, 50]
+    assert val[50] < val[0] - 0.5, val
     assert_continuous_samples(db, "tiny")
 
 

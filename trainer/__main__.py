@@ -37,17 +37,24 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument("--total-tokens", type=int)
     batch.add_argument("--steps", type=int, help="stop after this many optimizer steps")
     t.add_argument("--val-every", type=int, default=50)
+    t.add_argument("--target-val-loss", type=float,
+                   help="stop once the validation loss is at or below this (a sweep's target)")
     t.add_argument("--val-batch", type=int, default=16, help="sequences in the fixed val batch")
     t.add_argument("--capacity-bytes", type=int,
                    help="device capacity to report and plan against (default: the device's)")
     t.add_argument("--chunked-ce", action="store_true", help="chunked lm_head + cross-entropy")
     t.add_argument("--compile", action="store_true", help="torch.compile the model")
-    t.add_argument("--gns-half-life", type=float, default=2000.0,
-                   help="noise-scale EMA half-life in sequences")
+    t.add_argument("--gns-window", type=int, default=200,
+                   help="longest window of steps behind the smoothed noise scale")
     ramp = t.add_argument_group("ramps")
     ramp.add_argument("--ramp", default="manual", choices=("manual", "auto", "off"))
-    ramp.add_argument("--ramp-hysteresis", type=int, default=20, help="steps above the batch")
-    ramp.add_argument("--ramp-min-samples", type=int, default=30, help="noise-scale estimates")
+    ramp.add_argument("--ramp-hysteresis", type=int,
+                      help="estimates above the ramp point before a ramp (default: the policy's)")
+    ramp.add_argument("--ramp-min-samples", type=int,
+                      help="noise-scale estimates before any ramp (default: the policy's)")
+    ramp.add_argument("--ramp-at", type=float,
+                      help="ramp once the noise scale is >= this × the batch (default: the "
+                           "policy's 2, i.e. keep the batch within [B_noise/2, B_noise])")
     ramp.add_argument("--no-plan", dest="plan", action="store_false",
                       help="skip the fake-tensor memory plan")
     t.add_argument("--progress", default="auto", choices=("auto", "on", "off"))

@@ -27,7 +27,7 @@ class TrainState:
     accum: int = 1
     base_lr: float = 0.0  # the schedule's base; ramps move it, the schedule shapes it
     infeasible_batches: list[int] = field(default_factory=list)  # per-device batches that OOMed
-    noise_ema: dict[str, Any] = field(default_factory=dict)
+    noise_window: dict[str, Any] = field(default_factory=dict)  # NoiseScaleWindow.to_dict()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -59,7 +59,9 @@ def load(path: Path) -> dict[str, Any]:
         raise FileNotFoundError(f"no checkpoint at {path}: check --checkpoint-dir and the run id, "
                                 "or start a new run without --resume")
     blob = torch.load(path, map_location="cpu", weights_only=False)
-    blob["state"] = TrainState(**blob["state"])
+    state = dict(blob["state"])
+    state.pop("noise_ema", None)  # the EMA of older checkpoints: the window refills instead
+    blob["state"] = TrainState(**state)
     return blob
 
 

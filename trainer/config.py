@@ -65,12 +65,15 @@ class RunDefaults:
 PRESETS: dict[str, ModelConfig] = {
     # What tests use: ~0.46M parameters, tens of ms per step on one CPU thread.
     "test-tiny": ModelConfig(vocab_size=256, n_layer=2, n_head=4, d_model=128, seq_len=128),
+    # The ramp bench's model: ~0.1M parameters, 64-byte sequences, a few ms per sequence on one
+    # CPU thread, so constant-batch sweeps to a deep loss fit in minutes.
+    "bench-tiny": ModelConfig(vocab_size=256, n_layer=2, n_head=2, d_model=64, seq_len=64),
     # The demo: bytes, ~1.9M parameters, loss falls visibly within minutes on 2 cores.
     "cpu-tiny": ModelConfig(vocab_size=256, n_layer=4, n_head=4, d_model=192, seq_len=256),
     # GPT-3 Small / GPT-2 124M shape with a 32k BPE and untied embeddings: ~136M.
     "gpu-small": ModelConfig(vocab_size=32768, n_layer=12, n_head=12, d_model=768,
                              seq_len=1024, tokenizer="bpe"),
-    # The run of DESIGN.md on one H200: ~0.67B.
+    # The design's reference run on one H200: ~0.67B.
     "gpu-0.7b": ModelConfig(vocab_size=32768, n_layer=20, n_head=12, d_model=1536,
                             seq_len=2048, tokenizer="bpe"),
 }
@@ -78,10 +81,12 @@ PRESETS: dict[str, ModelConfig] = {
 # GPU learning rates and warmup follow GPT-3 (Brown et al. 2020, Table 2.1: 125M → 6e-4,
 # 760M → 2.5e-4 at 0.5M tokens per step; 375M warmup tokens); totals follow Chinchilla's
 # ~20 tokens per parameter (Hoffmann et al. 2022). Both GPU presets start at 0.5M tokens per
-# step, the first tier of DESIGN.md's 0.5M → 1M → 2M → 4M ramp.
+# step, the first tier of a 0.5M → 1M → 2M → 4M ramp.
 PRESET_RUN_DEFAULTS: dict[str, RunDefaults] = {
     "test-tiny": RunDefaults(per_device_batch=8, accum=2, lr=3e-3,
                              warmup_tokens=10 * 2048, total_tokens=200 * 2048),
+    "bench-tiny": RunDefaults(per_device_batch=8, accum=2, lr=3e-3,
+                              warmup_tokens=10 * 1024, total_tokens=10**12),
     "cpu-tiny": RunDefaults(per_device_batch=8, accum=4, lr=2e-3,
                             warmup_tokens=20 * 8192, total_tokens=2000 * 8192),
     "gpu-small": RunDefaults(per_device_batch=32, accum=16, lr=6e-4,

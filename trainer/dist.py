@@ -237,7 +237,7 @@ def stop_after_oom(t, tier: Tier, message: str) -> None:
             "error": message, "world_size": t.ddp.world_size}
     note = None if t.ddp.is_main else {"kind": M.EVENT_OOM, "message": msg, "data": data}
     saved = replace(st, per_device_batch=new.per_device_batch, accum=new.accum,
-                    noise_ema=t.mon.noise.to_dict())
+                    noise_window=t.mon.noise.to_dict())
     ckpt.save(ckpt.checkpoint_path(t.args.checkpoint_dir, st.run_id), state=saved,
               model=t.model, optimizer=t.optimizer, config=t.run_config, note=note)
     # at the checkpoint's step: a resume purges events after it. Rank 0 records it now, any

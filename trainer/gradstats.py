@@ -3,7 +3,7 @@
 Within gradient accumulation of k micro-batches of b sequences each, after micro-batch j the
 parameter .grad already holds the running sum S_j (scaled by 1/k and the loss scale), so the
 squared norm of .grad after every backward is all the noise-scale estimator needs:
-E|S_j/j|^2 = |G|^2 + tr(Sigma)/(j*b)  (McCandlish et al. 2018, App. A; DESIGN.md "The math").
+E|S_j/j|^2 = |G|^2 + tr(Sigma)/(j*b)  (McCandlish et al. 2018, App. A; docs/ARCHITECTURE.md "Gradient noise scale").
 
 Norms are reduced in fp32 on the device and stay there; `collect()` moves the k values to the
 host in one transfer per optimizer step, so no micro-step ever synchronizes with the device.

@@ -18,6 +18,9 @@ from pathlib import Path
 
 import torch
 
+from advisor.lr import rule_for
+from advisor.policy import CONFIG_KEY as POLICY_KEY
+from advisor.policy import RampPolicy
 from store import names as M
 from trainer import checkpoint as ckpt
 from trainer import dist
@@ -48,7 +51,7 @@ class StepOutcome:
 # model, the optimizer and the schedule it started with (the tier and data position come with
 # the checkpoint's state).
 RESUMED_FROM_CONFIG = ("preset", "model", "optimizer", "lr", "weight_decay", "betas",
-                       "grad_clip", "warmup_tokens", "total_tokens", "seed", "gns_half_life")
+                       "grad_clip", "warmup_tokens", "total_tokens", "seed", "gns_window")
 
 
 def adopt_run_config(args, config: dict) -> None:
@@ -89,6 +92,7 @@ class Trainer:
         self.oom = OomInjector.parse(args.inject_oom)
         dist.after_setup(self)  # DDP: per-rank norm hook, resume notes; no-op for one process
         self.val_x, self.val_y = (t.to(self.device) for t in self.data.val_batch(args.val_batch))
+        self.reached_target = False  # --target-val-loss met at the last validation
 
     # -- set-up ---------------------------------------------------------------------------
     def _initial_state(self) -> tuple[ckpt.TrainState, bool]:
@@ -114,9 +118,15 @@ class Trainer:
                 "per_device_batch": a.per_device_batch, "accum": a.accum,
                 "world_size": self.ddp.world_size, "seq_len": self.cfg.seq_len,
                 "params": self.model.num_params(), "compile": a.compile, "data": self.data.meta,
-                "gns_half_life": a.gns_half_life, "ramp_hysteresis": a.ramp_hysteresis,
-                "ramp_min_samples": a.ramp_min_samples, "original_lr": a.lr,
-                "original_batch": a.per_device_batch * a.accum * self.ddp.world_size}
+                "gns_window": a.gns_window, POLICY_KEY: self._policy().to_config()}
+
+    def _policy(self) -> RampPolicy:
+        a = self.args
+        overrides = {k: v for k, v in (("hysteresis_steps", a.ramp_hysteresis),
+                                       ("min_estimates", a.ramp_min_samples),
+                                       ("ramp_at", getattr(a, "ramp_at", None))) if v is not None}
+        return RampPolicy(original_batch=a.per_device_batch * a.accum * self.ddp.world_size,
+                          original_lr=a.lr, lr_rule=rule_for(a.optimizer), **overrides)
 
     def _start_monitor(self, resumed: bool) -> Monitor:
         from advisor.flops import flops_per_token
@@ -125,7 +135,7 @@ class Trainer:
         common = dict(model=self.model, optimizer=self.optimizer,
                       per_device_batch=self.state.per_device_batch, accum=self.state.accum,
                       seq_len=self.cfg.seq_len, world_size=self.ddp.world_size,
-                      flops_per_token=fpt, gns_half_life_samples=self.args.gns_half_life)
+                      flops_per_token=fpt, gns_window_steps=self.args.gns_window)
         if not self.ddp.is_main:
             mon = Monitor(None, device=self.device, **common)
         else:
@@ -134,8 +144,8 @@ class Trainer:
                                 run_id=self.state.run_id,
                                 resume_step=self.state.step if resumed else None, **common)
         mon.tokens_seen = self.state.tokens_seen
-        if self.state.noise_ema:
-            mon.noise = type(mon.noise).from_dict(self.state.noise_ema)
+        if self.state.noise_window:
+            mon.noise = type(mon.noise).from_dict(self.state.noise_window)
         return mon
 
     # -- one optimizer step -------------------------------------------------------------------
@@ -249,7 +259,7 @@ class Trainer:
     def save_checkpoint(self) -> None:
         if not self.ddp.is_main:
             return
-        self.state.noise_ema = self.mon.noise.to_dict()
+        self.state.noise_window = self.mon.noise.to_dict()
         path = ckpt.checkpoint_path(self.args.checkpoint_dir, self.state.run_id)
         ckpt.save(path, state=self.state, model=self.model, optimizer=self.optimizer,
                   config=self.run_config)
@@ -258,6 +268,8 @@ class Trainer:
 
     def done(self) -> bool:
         a = self.args
+        if self.reached_target:
+            return True
         if a.steps is not None and self.state.step >= a.steps:
             return True
         return self.state.tokens_seen >= a.total_tokens
@@ -278,7 +290,10 @@ class Trainer:
                 step = self.state.step
                 if self.args.val_every and step % self.args.val_every == 0 or self.done():
                     with self.mon.untimed():
-                        self.mon.log(step, {M.VAL_LOSS: self.validate()})
+                        val = self.validate()
+                        self.mon.log(step, {M.VAL_LOSS: val})
+                    target = getattr(self.args, "target_val_loss", None)
+                    self.reached_target = target is not None and val <= target
                 if self.args.checkpoint_every and step % self.args.checkpoint_every == 0:
                     with self.mon.untimed():
                         self.save_checkpoint()

@@ -5,7 +5,7 @@ Owns: `plan_in_process` (the planner), `start_plan` / `PlanHandle` (the same in 
 never raising into the caller), `plan_points` and `calibrate` (plan rows -> advisor/memory.py),
 and `python -m trainer.memplan` (prints the rows as JSON).
 
-How (DESIGN.md, "Memory model"): build the GPT and its optimizer under FakeTensorMode, run two
+How (docs/ARCHITECTURE.md, "Memory model"): build the GPT and its optimizer under FakeTensorMode, run two
 training iterations (forward, backward, clip, optimizer step) under MemTracker, with
 `reset_mod_stats()` between them; the peak of the *second* iteration is the plan, since only then
 does optimizer state exist. A row is plain data (JSON-able):
@@ -234,7 +234,7 @@ def plan_one(cfg: Mapping[str, Any], per_device_batch: int, variant: str = "plai
     dt = _amp_dtype(amp)
     dev = torch.device(device_type)
     if dev.type == "cuda" and not torch.cuda.is_available():
-        # Faking a device this torch lacks can abort the whole process (DESIGN.md): refuse.
+        # Faking a device this torch lacks can abort the whole process (docs/ARCHITECTURE.md, "Memory model"): refuse.
         raise ValueError("fake 'cuda' needs a CUDA build of torch and a visible GPU; plan on 'cpu'")
     with FakeTensorMode():
         with torch.device(dev):  # only around creation: it taxes every torch call it wraps

@@ -24,7 +24,8 @@ import psutil
 import torch
 
 from advisor import flops as flops_math
-from advisor.gns import NoiseScaleEMA, line_estimates
+from advisor.gns import line_estimates
+from advisor.gns_window import NoiseScaleWindow
 from store import RunWriter
 from store import names as M
 from trainer.gradstats import AccumulationStats, StepGradStats
@@ -71,14 +72,15 @@ class Monitor:
     def __init__(self, writer: RunWriter | None, *, model: torch.nn.Module, optimizer,
                  per_device_batch: int, accum: int, seq_len: int, world_size: int = 1,
                  device: torch.device | None = None, flops_per_token: float | None = None,
-                 gns_half_life_samples: float = 2000.0, loss_divided_by_accum: bool = True):
+                 gns_window_steps: int = 200, loss_divided_by_accum: bool = True,
+                 noise_window: NoiseScaleWindow | None = None):
         self.writer = writer
         self.optimizer = optimizer
         self.seq_len = seq_len
         self.world_size = world_size
         self.device = device or next(model.parameters()).device
         self.grads = AccumulationStats(model.parameters(), loss_divided_by_accum)
-        self.noise = NoiseScaleEMA(half_life_samples=gns_half_life_samples)
+        self.noise = noise_window or NoiseScaleWindow(max_steps=gns_window_steps)
         self.flops_per_token = flops_per_token
         self.peak_flops = flops_math.peak_flops(device_name(self.device))
         self.capacity = device_capacity_bytes(self.device)
@@ -87,7 +89,6 @@ class Monitor:
         self.tokens_seen = 0
         self.last_metrics: dict[str, float] = {}
         self._nonfinite_steps = 0
-        self._one_size_alerted = False  # accumulation 1 on one device: said once
         self._excluded = 0.0
 
     # -- construction -------------------------------------------------------------------------
@@ -116,6 +117,7 @@ class Monitor:
         self.per_device_batch = per_device_batch
         self.accum = accum
         self._last_step_t: float | None = None  # the first step of a tier may recompile
+        self._one_size_alerted = False  # accumulation 1 on one device: said once per tier
 
     # -- per micro-batch ----------------------------------------------------------------------
     def after_backward(self) -> None:
@@ -191,18 +193,26 @@ class Monitor:
             out[M.GNS_G2], out[M.GNS_TRACE] = g2, trace
             if g2 > 0:
                 out[M.GNS_RAW] = trace / g2
-            self.noise.update(g2, trace, batch_seqs)
+            out.update(self._smoothed(self.noise.update(g2, trace)))
         elif not self._one_size_alerted:  # one point per step: nothing to fit, say so once
             self._one_size_alerted = True
             self.event(step, M.EVENT_ALERT,
-                       "accumulation 1 on one device: no second batch size for the noise scale; "
-                       "use --split-micro or accumulation ≥ 2",
+                       "noise scale not measured: accumulation 1 on one device gives one batch "
+                       "size per step; use accumulation ≥ 2 (or --split-micro)",
                        {"batch_sizes": stats.batch_sizes, "accum": self.accum,
                         "world_size": self.world_size})
-        b_simple = self.noise.b_simple
-        if b_simple is not None:
-            out[M.GNS] = b_simple
-            out[M.GNS_TOKENS] = b_simple * self.seq_len
+        return out
+
+    def _smoothed(self, est) -> dict[str, float]:
+        """This step's windowed estimate; nothing at all on a step without a fresh one."""
+        if est is None:
+            return {}
+        out = {M.GNS_LOW: est.lower, M.GNS_WINDOW: est.steps}
+        if est.b_simple is not None:
+            out[M.GNS] = est.b_simple
+            out[M.GNS_TOKENS] = est.b_simple * self.seq_len
+        if est.upper is not None:
+            out[M.GNS_HIGH] = est.upper
         return out
 
     def _memory_metrics(self) -> dict[str, float]:
@@ -229,8 +239,9 @@ class Monitor:
 
     @property
     def noise_scale(self) -> float | None:
-        """Smoothed B_simple in sequences, or None while there is no estimate."""
-        return self.noise.b_simple
+        """The latest windowed B_simple in sequences, or None while there is none."""
+        est = self.noise.latest
+        return None if est is None else est.b_simple
 
     def finish(self, status: str = "finished", message: str | None = None) -> None:
         """Final status (finished, failed or killed) and a last flush into the database."""

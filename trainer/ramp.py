@@ -8,20 +8,20 @@ Every command ends exactly once: applied at step N, or refused with a reason.
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import asdict, dataclass
 
 import torch
 
-from advisor.lr import rule_for, scaled_base_lr
 from advisor.memory import fit_memory_model, format_gb, usable_bytes
-from advisor.ramp import candidate_tiers, ramp_decision
+from advisor.policy import RampPolicy
+from advisor.ramp import accumulation_tiers, candidate_tiers
 from store import CommandError, StoreError
 from store.commands import Command
 from store.commands import validate as validate_command
 from store import names as M
 from trainer import memplan
 
-MARGIN = 0.05  # of capacity kept free when judging fit (DESIGN.md: capacity minus a margin)
 HISTORY = 2000  # noise-scale points kept for the auto policy (covers its window and min samples)
 
 
@@ -108,20 +108,26 @@ class RampController:
             raise ValueError(f"--ramp {mode!r}: one of manual, auto, off")
         self.t = trainer
         self.mode = mode
-        self.rule = rule_for(trainer.args.optimizer)
-        cfg = trainer.run_config  # a resumed run's own: ramps scale from its first lr and batch
-        self.original = (cfg["original_lr"], cfg["original_batch"])
+        # the run config's policy (a resumed run's own): ramps scale from its first LR and batch
+        self.policy = RampPolicy.from_config(trainer.run_config)
         self.plan_rows: list[dict] = []
         self.measured: dict[int, int] = {}
         self._plan = None
         self._handled: set[int] = set()
-        self._gns_steps: list[int] = []
+        self._gns_steps: list[int] = []  # steps with a fresh noise-scale estimate
         self._gns_values: list[float | None] = []
+        self._gns_lower: list[float] = []
         self._last_ramp_step = trainer.state.step
 
     # -- memory plan ----------------------------------------------------------------------
     def start(self) -> None:
         self._start_plan()
+        if self.mode == "auto" and not self.t.args.plan and self.t.ddp.is_main:
+            self._say("--ramp auto without a memory plan (--no-plan): ramps by accumulation "
+                      f"only, per-device batch stays {self.t.state.per_device_batch}")
+
+    def _say(self, message: str) -> None:
+        print(f"rampwatch: {message}", file=sys.stderr, flush=True)
 
     def _start_plan(self) -> None:
         if not self.t.args.plan or not self.t.ddp.is_main:
@@ -185,11 +191,14 @@ class RampController:
     def at_boundary(self) -> None:
         if self.t.state.step > 0:
             self._record_measurement()
-            gns = self.t.mon.last_metrics.get(M.GNS)
-            self._gns_steps.append(self.t.state.step)
-            self._gns_values.append(gns)
+            last = self.t.mon.last_metrics
+            if M.GNS_LOW in last:  # a fresh estimate this step (a point, a bound or both)
+                self._gns_steps.append(self.t.state.step)
+                self._gns_values.append(last.get(M.GNS))
+                self._gns_lower.append(last[M.GNS_LOW])
             if len(self._gns_steps) > HISTORY:  # ramp_decision's cost grows with the history
                 del self._gns_steps[:-HISTORY], self._gns_values[:-HISTORY]
+                del self._gns_lower[:-HISTORY]
         self._poll_plan()
         if self.mode == "off" or self.t.mon.writer is None:
             return
@@ -246,12 +255,12 @@ class RampController:
             if model is None:
                 return Check(None, f"per-device batch {b} is larger than any measured and the "
                                    "memory plan is not ready yet; try again in a few steps")
-            capacity = self.t.mon.capacity
-            need, usable = model.predict(b), usable_bytes(capacity, MARGIN)
+            capacity, margin = self.t.mon.capacity, self.policy.margin
+            need, usable = model.predict(b), usable_bytes(capacity, margin)
             if need > usable:
                 return Check(None, f"per-device batch {b} needs about {format_gb(need)} > "
                                    f"{format_gb(usable)} usable ({format_gb(capacity)} capacity, "
-                                   f"{MARGIN:.0%} margin)")
+                                   f"{margin:.0%} margin)")
         return Check(Tier(b, a), "fits")
 
     def apply(self, tier: Tier, source: str, lr_multiplier: float | None = None) -> None:
@@ -263,7 +272,7 @@ class RampController:
         old_batch = before.per_device_batch * before.accum * world
         new_batch = tier.per_device_batch * tier.accum * world
         old_lr = t.state.base_lr
-        by_rule = scaled_base_lr(self.original[0], self.original[1], new_batch, self.rule)
+        by_rule = self.policy.new_base_lr(new_batch)
         if lr_multiplier is None or math.isclose(old_lr * lr_multiplier, by_rule, rel_tol=1e-9):
             t.state.base_lr = by_rule  # from the original base: a ramp and its reverse restore it
         else:
@@ -279,25 +288,30 @@ class RampController:
                     {"source": source, "before": {**before.as_dict(), "batch": old_batch,
                                                   "tokens": old_batch * seq, "base_lr": old_lr},
                      "after": {**tier.as_dict(), "batch": new_batch, "tokens": new_batch * seq,
-                               "base_lr": t.state.base_lr}, "rule": self.rule})
+                               "base_lr": t.state.base_lr}, "rule": self.policy.lr_rule})
         if tier.per_device_batch != before.per_device_batch:
             self._start_plan()
 
     def _auto(self) -> None:
-        t = self.t
-        batch = t.state.per_device_batch * t.state.accum * t.ddp.world_size
-        rec = ramp_decision(self._gns_steps, self._gns_values, batch,
-                            hysteresis_steps=t.args.ramp_hysteresis,
-                            min_samples=t.args.ramp_min_samples, since_step=self._last_ramp_step)
+        t, policy = self.t, self.policy
+        st = t.state
+        rec = policy.decide(self._gns_steps, self._gns_values, self._gns_lower,
+                            st.per_device_batch * st.accum * t.ddp.world_size,
+                            since_step=self._last_ramp_step)
         if not rec.ready:
             return
         model = self.memory_model()
+        if model is None and t.args.plan:
+            return  # the plan is still running: judge the per-device batch when it is in
         if model is None:
-            return
-        tiers = candidate_tiers(t.state.per_device_batch, t.state.accum, t.ddp.world_size,
-                                t.cfg.seq_len, model, t.mon.capacity, MARGIN, factors=(2,),
-                                infeasible=t.state.infeasible_batches,
-                                optimizer=t.args.optimizer)
+            tiers = accumulation_tiers(st.per_device_batch, st.accum, t.ddp.world_size,
+                                       t.cfg.seq_len, (policy.factor,), st.infeasible_batches,
+                                       policy.lr_rule)
+        else:
+            tiers = candidate_tiers(st.per_device_batch, st.accum, t.ddp.world_size,
+                                    t.cfg.seq_len, model, t.mon.capacity, policy.margin,
+                                    factors=(policy.factor,), infeasible=st.infeasible_batches,
+                                    rule=policy.lr_rule, keep_noise_scale=policy.keep_noise_scale)
         tier = next((x for x in tiers if x.fits), None)
         if tier is None:
             return

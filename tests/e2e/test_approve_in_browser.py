@@ -59,7 +59,7 @@ def test_approve_ramp_in_browser(tmp_path, procs):
                            "--steps", "100000", "--total-tokens", "1000000000",
                            "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "0",
                            "--val-every", "0", "--ramp-hysteresis", "10",
-                           "--ramp-min-samples", "20", "--gns-half-life", "200",
+                           "--ramp-min-samples", "20",
                            "--progress", "off"])
     port = _free_port()
     app = procs.spawn(["-m", "streamlit", "run", "app.py", "--server.port", str(port),
