@@ -22,9 +22,9 @@ REJECTED = "rw_rejected"
 FLASH = "rw_flash"
 
 
-def _approve(db, run_id: str, payload: dict, label: str) -> None:
+def _approve(db, run_id: str, payload: dict, label: str, key: str) -> None:
     try:
-        cid = data.submit_ramp(db, run_id, payload)
+        cid = data.submit_ramp(db, run_id, payload, key=key)
         st.session_state[FLASH] = ("success", f"Ramp #{cid} to {label} submitted: pending until "
                                    "the trainer picks it up at its next step boundary.")
     except data.StoreError as e:
@@ -209,6 +209,13 @@ def render(card: Card, *, db, run, read_only: bool) -> None:
         _controls(card, v, db, run.run_id)
 
 
+def _approval_key(card: Card, v: TierView) -> str:
+    """The command's idempotency key: the same for every click (or replay) on this card state,
+    new once the latest command changed (applied, refused, cancelled) or a ramp happened."""
+    last = card.command.command_id if card.command else 0
+    return f"{card.key}:{v.tier.per_device_batch}x{v.tier.accum}:after-{last}"
+
+
 def _controls(card: Card, v: TierView | None, db, run_id: str) -> None:
     open_cmd = card.command if card.command and card.command.open else None
     cols = st.columns([3, 1, 2])
@@ -221,7 +228,7 @@ def _controls(card: Card, v: TierView | None, db, run_id: str) -> None:
             help=(t.reason if not t.fits else
                   f"already waiting on ramp #{open_cmd.command_id}" if open_cmd else
                   "writes a ramp command; the trainer re-checks and applies it at a step boundary"),
-            on_click=_approve, args=(db, run_id, v.payload(), label))
+            on_click=_approve, args=(db, run_id, v.payload(), label, _approval_key(card, v)))
     cols[1].button("Reject", key="reject", on_click=_reject, args=(card.key,),
                    help="hide this recommendation for this session")
     if open_cmd is not None and open_cmd.status == "pending":

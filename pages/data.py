@@ -25,6 +25,7 @@ import streamlit as st
 
 from pages.buckets import Buckets, SeriesCache
 from store import commands as store_commands
+from store import db as store_db
 from store import names as M
 from store.errors import (CommandError, DatabaseMissingError, NotRampwatchError, RunNotFoundError,
                           SchemaTooNewError, StoreBusyError, StoreError)
@@ -68,7 +69,11 @@ def parse_options(argv: list[str] | None = None, env: dict | None = None) -> Opt
 
 
 def options() -> Options:
-    return parse_options()
+    """The dashboard's options; in read-only mode every read of this process writes nothing
+    (no schema upgrade, no lock file)."""
+    opts = parse_options()
+    store_db.set_read_only(opts.read_only)
+    return opts
 
 
 def page_context(need_run: bool = True) -> tuple[Path, str | None, bool]:
@@ -392,11 +397,14 @@ def _writable() -> None:
         raise CommandError("this dashboard is read-only: it writes nothing")
 
 
-def submit_ramp(db: Path, run_id: str, payload: dict, actor: str = ACTOR) -> int:
-    """Queue an approved ramp (store validates and refuses a second open one)."""
+def submit_ramp(db: Path, run_id: str, payload: dict, actor: str = ACTOR,
+                key: str | None = None) -> int:
+    """Queue an approved ramp (store validates and refuses a second open one); the same key
+    makes one command however often it is sent."""
     _writable()
     try:
-        return store_commands.submit(db, run_id, "ramp", payload, actor=actor, timeout=TIMEOUT)
+        return store_commands.submit(db, run_id, "ramp", payload, actor=actor, timeout=TIMEOUT,
+                                     key=key)
     finally:
         mark_commands_dirty()
 

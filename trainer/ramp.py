@@ -16,7 +16,7 @@ import torch
 from advisor.memory import fit_memory_model, format_gb, usable_bytes
 from advisor.policy import RampPolicy
 from advisor.ramp import accumulation_tiers, candidate_tiers
-from store import CommandError, StoreError
+from store import CommandError
 from store.commands import Command
 from store.commands import validate as validate_command
 from store import names as M
@@ -202,8 +202,10 @@ class RampController:
         self._poll_plan()
         if self.mode == "off" or self.t.mon.writer is None:
             return
-        for cmd in self.t.mon.writer.pending_commands():
-            if cmd.command_id not in self._handled and cmd.kind == "ramp":
+        # the writer's flusher claims approved commands in the background: nothing here waits
+        # on the database, however long another process holds it
+        for cmd in self.t.mon.writer.take_claimed_commands():
+            if cmd.command_id not in self._handled:
                 self._handled.add(cmd.command_id)
                 self._handle_command(cmd)
         if self.mode == "auto":
@@ -211,13 +213,9 @@ class RampController:
 
     def _handle_command(self, cmd: Command) -> None:
         writer = self.t.mon.writer
-        try:
-            writer.claim(cmd.command_id)
-        except CommandError:
-            return  # cancelled (or taken) since the writer saw it pending
-        except StoreError as e:  # database busy: leave it pending, try at a later boundary
-            self._handled.discard(cmd.command_id)
-            writer.last_error = f"could not claim command {cmd.command_id}: {e}"
+        if cmd.kind != "ramp":
+            writer.command_refused(cmd.command_id, f"the trainer does not know command kind "
+                                                   f"{cmd.kind!r}")
             return
         payload = cmd.payload or {}
         check = self.check(payload)
