@@ -1,13 +1,18 @@
 """The ramp policy: one dataclass that the trainer's auto mode, its command check and the
 dashboard's card all read from the run config, so they cannot disagree.
 
-Target: keep the effective batch B within [B_noise/2, B_noise]. Ramp ×2 once the noise scale
-has stayed at or above 2·B (`ramp_at`) for `hysteresis_steps` estimates and its one-sided 95%
-lower bound is at or above B (`bound_at`): after the doubling, B' = 2B <= B_noise.
+Target: keep the effective batch B within [B_noise, 2·B_noise], with B_noise the measured
+B_simple. Ramp ×2 once the noise scale's one-sided 95% lower bound has stayed at or above B
+(`bound_at`) — and its point at or above `ramp_at`·B — for `hysteresis_steps` estimates.
 
-What it costs, by McCandlish et al. 2018 §2.3, eq. 2.11 (S/S_min = 1 + B_noise/B,
-E/E_min = 1 + B/B_noise, B_crit ≈ B_noise): inside the band the run takes 2–3× the minimum
-number of steps and 1.5–2× the minimum number of examples; a batch held at B while B_noise grows
+Why not [B_noise/2, B_noise]: B_simple underestimates the critical batch when the Hessian is not
+isotropic (McCandlish et al. 2018, §2.2: B_noise >= B_simple; B_crit ≈ B_noise). bench/ramp_bench.py
+measured B_crit ≈ 1.8 × B_simple at its target, so [B_simple, 2·B_simple] is about
+[B_crit/2, B_crit]; the README has the figures, including the same bench at ramp_at = 2.
+
+What it costs, by eq. 2.11 (S/S_min = 1 + B_noise/B, E/E_min = 1 + B/B_noise): inside the band
+1.5–2× the minimum number of steps and 2–3× the minimum number of examples with B_crit = B_simple,
+or about 1.9–2.8× and 1.6–2.1× with B_crit = 1.8·B_simple; a batch held at B while B_noise grows
 to k·B takes (1 + k)× the minimum steps. `band_cost()` states it for any settings.
 
 The run config holds the policy under CONFIG_KEY; `from_config` also reads the keys that runs
@@ -38,7 +43,7 @@ class RampPolicy:
     original_batch: int  # sequences per optimizer step at the run's start (all ranks)
     original_lr: float  # base LR at original_batch; every ramp's LR is scaled from it
     lr_rule: str = "sqrt"  # advisor.lr rule: 'sqrt' (Adam family), 'linear' (SGD), 'none'
-    ramp_at: float = 2.0  # ramp once the noise scale >= ramp_at × B ...
+    ramp_at: float = 1.0  # ramp once the noise scale >= ramp_at × B ...
     bound_at: float = 1.0  # ... and its one-sided 95% lower bound >= bound_at × B
     factor: int = 2  # the auto ramp multiplies the batch by this
     hysteresis_steps: int = 20  # consecutive estimates above, counted after the last ramp

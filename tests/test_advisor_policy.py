@@ -10,13 +10,13 @@ from advisor.policy import CONFIG_KEY, RampPolicy
 
 
 def test_band_cost_is_eq_2_11_at_the_band_ends():
-    # B in [B_noise/2, B_noise]: S/S_min = 1 + B_noise/B in [2, 3], E/E_min = 1 + B/B_noise in [1.5, 2]
+    # B in [B_noise, 2·B_noise]: S/S_min = 1 + B_noise/B in [1.5, 2], E/E_min = 1 + B/B_noise in [2, 3]
     cost = RampPolicy(original_batch=16, original_lr=3e-3).band_cost()
-    assert (cost["batch_low"], cost["batch_high"]) == (0.5, 1.0)
-    assert (cost["steps_low"], cost["steps_high"]) == (2.0, 3.0)
-    assert (cost["examples_low"], cost["examples_high"]) == (1.5, 2.0)
-    bold = RampPolicy(original_batch=16, original_lr=3e-3, ramp_at=1.0).band_cost()
-    assert (bold["steps_low"], bold["steps_high"], bold["examples_high"]) == (1.5, 2.0, 3.0)
+    assert (cost["batch_low"], cost["batch_high"]) == (1.0, 2.0)
+    assert (cost["steps_low"], cost["steps_high"]) == (1.5, 2.0)
+    assert (cost["examples_low"], cost["examples_high"]) == (2.0, 3.0)
+    half = RampPolicy(original_batch=16, original_lr=3e-3, ramp_at=2.0).band_cost()
+    assert (half["steps_low"], half["steps_high"], half["examples_high"]) == (2.0, 3.0, 2.0)
 
 
 def test_the_run_config_round_trips_through_json():
@@ -48,14 +48,15 @@ def test_new_base_lr_scales_from_the_original_and_restores_it():
 
 
 def test_decide_uses_the_policys_ramp_point_and_bound():
-    p = RampPolicy(original_batch=16, original_lr=3e-3, hysteresis_steps=5, min_estimates=5)
+    p = RampPolicy(original_batch=16, original_lr=3e-3, ramp_at=2.0, hysteresis_steps=5,
+                   min_estimates=5)
     steps = list(range(20))
     assert not p.decide(steps, [30.0] * 20, [20.0] * 20, 16, None).ready  # 30 < 2 × 16
     assert p.decide(steps, [40.0] * 20, [20.0] * 20, 16, None).ready
     assert not p.decide(steps, [40.0] * 20, [10.0] * 20, 16, None).ready  # bound < 16
-    bold = RampPolicy(original_batch=16, original_lr=3e-3, ramp_at=1.0, hysteresis_steps=5,
-                      min_estimates=5)
-    assert bold.decide(steps, [20.0] * 20, [17.0] * 20, 16, None).ready
+    default = RampPolicy(original_batch=16, original_lr=3e-3, hysteresis_steps=5, min_estimates=5)
+    assert default.decide(steps, [20.0] * 20, [17.0] * 20, 16, None).ready
+    assert not default.decide(steps, [20.0] * 20, [15.0] * 20, 16, None).ready
 
 
 def test_bad_policies_are_refused():

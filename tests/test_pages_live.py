@@ -56,9 +56,9 @@ def test_card_evidence_and_chosen_tier(live, monkeypatch):
     at = seed.app(monkeypatch, live.db)
     text = seed.texts(at)
     assert "noise-scale estimates (need 30)" in text  # the ramp policy's default
-    assert "vs ramp point **32.0** sequences" in text  # 2 × the batch of 16
+    assert "vs ramp point **16.0** sequences" in text  # the batch of 16 (the policy's 1×)
     assert "(95% lower bound 47.6)" in text  # the newest estimate's bound
-    assert "keep the batch within [0.5, 1] × the noise scale" in text
+    assert "keep the batch within [1, 2] × the noise scale" in text
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Batch"] == "32 seq"
     assert metrics["Predicted peak"] == "25.6 GB"
