@@ -30,3 +30,14 @@ def procs():
 @pytest.fixture
 def db_path(tmp_path):
     return tmp_path / "runs.duckdb"
+
+
+@pytest.fixture(autouse=True)
+def _writable_store_process():
+    """The dashboard's read-only mode makes every store read of its process read-only
+    (store.db.set_read_only); a page test in read-only mode must not leave that on for the
+    tests after it, which share this process."""
+    yield
+    from store import db as store_db
+
+    store_db.set_read_only(False)
