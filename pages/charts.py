@@ -152,7 +152,8 @@ def grad_norm_figure(gn: Buckets | None, events: Sequence[Mapping] = ()) -> go.F
 def noise_figure(gns: Buckets | None, batch: Buckets | None, events: Sequence[Mapping] = (),
                  lower: Buckets | None = None) -> go.Figure:
     """Windowed noise scale B_simple and its one-sided 95% lower bound against the effective
-    batch, all in sequences. Steps without a fresh estimate are gaps, not joined lines."""
+    batch, all in sequences. A stretch of steps without an estimate is still drawn as a straight
+    line: nothing is logged there, so no NaN row breaks it (to do: break on a jump in steps)."""
     if (gns is None or not len(gns)) and (batch is None or not len(batch)):
         return empty_figure("Noise scale vs batch", "no noise-scale estimate yet")
     fig = _base("Gradient noise scale vs batch", "sequences")
