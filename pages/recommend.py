@@ -4,7 +4,7 @@ Owns: reading the run's current tier, sequence length, capacity and LR rule from
 latest metrics; the memory model from memory_plan rows (measured peaks + the plan of the running
 variant, per-device batches that ran out of memory excluded); the ramp point
 (advisor.ramp.ramp_decision over the noise scale, hysteresis restarted at the last ramp event);
-the tiers (advisor.ramp.candidate_tiers) with their LR change (advisor.lr.ramp_lr) and
+the tiers (advisor.ramp.candidate_tiers) with their new base LR (RampPolicy.new_base_lr) and
 predicted effect (advisor.ramp.predicted_effect); and what the latest ramp command says.
 pages/card.py draws it; tests build it from seeded databases.
 """
@@ -225,10 +225,11 @@ def build_card(run: Mapping, latest: Mapping[str, float], gns_steps: Sequence[in
         problems.append("the run has not logged per_device_batch and accum yet (and its config "
                         "does not name them): no tier can be computed")
         return Card(run_id, None, None, last_ramp_step=last_ramp, command=cmd, problems=problems)
+    knows_lr = True  # the config names the original batch and LR the new base LR scales from
     try:
         policy = RampPolicy.from_config(config)
     except ValueError as e:  # a run of someone's own loop that recorded neither: its first tier
-        policy = RampPolicy(original_batch=cur.batch, original_lr=1.0)
+        policy, knows_lr = RampPolicy(original_batch=cur.batch, original_lr=1.0), False
         notes.append(f"{e}: the ramp policy's defaults apply and no new base LR can be given")
     optimizer = _get(config, "optimizer")
     if optimizer is not None:
@@ -239,8 +240,6 @@ def build_card(run: Mapping, latest: Mapping[str, float], gns_steps: Sequence[in
                          f"{policy.lr_rule} rule is assumed")
     decision = policy.decide(gns_steps, gns_values, gns_lower, cur.batch, since_step=last_ramp)
     b_noise = decision.evidence.noise_scale
-    knows_lr = _get(config, "ramp_policy") is not None or isinstance(
-        _get(config, "original_lr") or _get(config, "lr"), (int, float))
 
     bad = infeasible_batches(plan_rows, events)
     measured, planned = memory_points(plan_rows, running_variant(config), bad)
