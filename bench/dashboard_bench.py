@@ -13,8 +13,8 @@ What is timed (target: a refresh tick under 100 ms):
                step 0, the raw noise-scale window, events, memory plan; then the commands table.
   refresh      the same after `--append` new steps arrived: each series refetched only from the
                start of its last (partial) bucket, the noise-scale window from its last step.
-The query plan mirrors pages/data.py (LiveState.refresh + live_snapshot): bench/ may not import
-pages/ (tests/test_layout.py), so tests/test_dashboard_bench.py checks the two stay in step.
+The query plan mirrors dashboard/data.py (LiveState.refresh + live_snapshot): bench/ may not import
+dashboard/ (tests/test_layout.py), so tests/test_dashboard_bench.py checks the two stay in step.
 `page` renders the live page with AppTest (the real app.py and pages, figures serialized), first
 run and reruns (a rerun is one refresh of an open session).
 """
@@ -31,13 +31,12 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # `python bench/dashboard_bench.py` from anywhere
-    sys.path.insert(0, str(REPO))
+APP = REPO / "rampwatch" / "dashboard" / "app.py"
 
-from store import Reader, RunWriter, commands  # noqa: E402
-from store import names as M  # noqa: E402
+from rampwatch.store import Reader, RunWriter, commands
+from rampwatch.store import names as M
 
-# Same list and numbers as pages/data.py (checked by tests/test_dashboard_bench.py).
+# Same list and numbers as dashboard/data.py (checked by tests/test_dashboard_bench.py).
 LIVE_METRICS = (M.LOSS, M.VAL_LOSS, M.GRAD_NORM, M.GNS, M.GNS_LOW, M.BATCH_SEQS, M.MEM_PEAK, M.MEM_CAPACITY,
                 M.TOKENS_PER_S, M.MFU, M.PER_DEVICE_BATCH, M.ACCUM, M.TOKENS_SEEN)
 TARGET_BUCKETS = 1000
@@ -113,7 +112,7 @@ def build(db: Path, steps: int) -> tuple[RunWriter, str]:
 
 
 class LiveMirror:
-    """pages/data.py LiveState.refresh + live_snapshot's query plan, timed."""
+    """dashboard/data.py LiveState.refresh + live_snapshot's query plan, timed."""
 
     def __init__(self):
         self.kept: dict[str, tuple[int, int]] = {}  # name -> (width, last bucket start)
@@ -130,7 +129,7 @@ class LiveMirror:
             width = width_for(run.last_step)
             for name in LIVE_METRICS:
                 w0, since = self.kept.get(name, (width, 0))
-                if w0 != width:  # coarsened locally in pages/buckets.py
+                if w0 != width:  # coarsened locally in dashboard/buckets.py
                     since = since - since % width
                 s = r.series(run_id, name, width=width, since_step=since)
                 rows += len(s.step)
@@ -203,12 +202,13 @@ def bench_queries(db: Path, run_id: str, w: RunWriter, steps: int, reps: int, ap
 def bench_page(db: Path, reps: int) -> None:
     os.environ["RAMPWATCH_DB"] = str(db)
     os.environ.pop("RAMPWATCH_READ_ONLY", None)
+    sys.argv = ["app.py"]  # what Streamlit gives the app when nothing follows `--`
     from streamlit.testing.v1 import AppTest
 
     firsts, reruns = [], []
     for _ in range(max(1, reps // 3)):
         t = time.perf_counter()
-        at = AppTest.from_file(str(REPO / "app.py"), default_timeout=120).run()
+        at = AppTest.from_file(str(APP), default_timeout=120).run()
         firsts.append(time.perf_counter() - t)
         assert not at.exception, [e.message for e in at.exception]
         for _ in range(3):

@@ -28,16 +28,14 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
-import torch  # noqa: E402
+import torch
 
-from trainer.config import PRESETS, matmul_params  # noqa: E402
-from advisor import flops as advisor_flops  # noqa: E402
-from bench.memplan_bench import _status_bytes, make_step  # noqa: E402
-from trainer.memplan import _model_config, calibrate, start_plan  # noqa: E402
-from trainer.model import GPT, configure_optimizer  # noqa: E402
+from bench.memplan_bench import _status_bytes, make_step
+from rampwatch.advisor import flops as advisor_flops
+from rampwatch.trainer.config import PRESETS, matmul_params
+from rampwatch.trainer.memplan import _model_config, calibrate, start_plan
+from rampwatch.trainer.model import GPT, configure_optimizer
 
 OOM = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
 

@@ -32,8 +32,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # `python bench/memplan_bench.py` from anywhere
-    sys.path.insert(0, str(REPO))
 
 MMAP_THRESHOLD = 16384
 
@@ -69,8 +67,10 @@ def _measure_here(cfg: dict, batch: int, optimizer: str, warm_steps: int = 2) ->
     """In this (fresh) process: the bytes one real training step adds on top of the steady state."""
     import torch
 
-    from trainer.memplan import _model_config  # the plan's own config mapping, so both agree
-    from trainer.model import GPT, configure_optimizer
+    from rampwatch.trainer.memplan import (
+        _model_config,  # the plan's own config mapping, so both agree
+    )
+    from rampwatch.trainer.model import GPT, configure_optimizer
 
     torch.manual_seed(0)
     mcfg = _model_config(cfg, "chunked" if cfg.get("chunked_ce") else "plain")
@@ -97,12 +97,11 @@ def _measure_here(cfg: dict, batch: int, optimizer: str, warm_steps: int = 2) ->
 def measure(cfg: dict, batch: int, optimizer: str = "adamw", timeout: float = 300) -> dict:
     """measured step bytes at `batch`, in a fresh child process (see the module docstring)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-               MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD), MALLOC_ARENA_MAX="1",
-               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+               MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD), MALLOC_ARENA_MAX="1")
     out = subprocess.run(
         [sys.executable, str(Path(__file__).resolve()), "--measure-child", json.dumps(
             {"cfg": cfg, "batch": batch, "optimizer": optimizer})],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=True)
+        env=env, capture_output=True, text=True, timeout=timeout, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -116,7 +115,7 @@ def slope(points: dict[int, float]) -> float:
 def compare(cfg: dict, batches: list[int], optimizer: str = "adamw",
             variants: tuple[str, ...] = ("plain",)) -> dict:
     """Plan (in process) + measurement (one child per batch and variant) -> figures."""
-    from trainer.memplan import plan_in_process
+    from rampwatch.trainer.memplan import plan_in_process
 
     t0 = time.perf_counter()
     rows = plan_in_process(cfg, batches, optimizer, "cpu", variants)
@@ -188,7 +187,7 @@ def main(argv=None) -> int:
         req = json.loads(a.measure_child)
         print(json.dumps(_measure_here(req["cfg"], req["batch"], req["optimizer"])))
         return 0
-    from trainer.config import PRESETS
+    from rampwatch.trainer.config import PRESETS
 
     cfg = dict(PRESETS[a.preset].to_dict(), **json.loads(a.config or "{}"))
     batches = [int(x) for x in (a.batches or ("2,4,8" if a.quick else "4,8,16")).split(",")]

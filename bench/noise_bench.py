@@ -30,17 +30,15 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # `python bench/noise_bench.py` from anywhere
-    sys.path.insert(0, str(REPO))
 
-import torch  # noqa: E402
+import torch
 
-from advisor.gns import line_estimates, two_batch_estimates  # noqa: E402
-from advisor.gns_window import NoiseScaleWindow  # noqa: E402
-from trainer.config import PRESETS  # noqa: E402
-from trainer.data import prepare  # noqa: E402
-from trainer.gradstats import AccumulationStats  # noqa: E402
-from trainer.model import GPT, configure_optimizer  # noqa: E402
+from rampwatch.advisor.gns import line_estimates, two_batch_estimates
+from rampwatch.advisor.gns_window import NoiseScaleWindow
+from rampwatch.monitor.gradstats import AccumulationStats
+from rampwatch.trainer.config import PRESETS
+from rampwatch.trainer.data import prepare
+from rampwatch.trainer.model import GPT, configure_optimizer
 
 VARIANTS = ("off", "on", "naive")
 

@@ -25,12 +25,10 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # `python bench/noise_window_bench.py` from anywhere
-    sys.path.insert(0, str(REPO))
 
-from advisor.gns_window import NoiseScaleWindow  # noqa: E402
-from store import names as M  # noqa: E402
-from store import reader  # noqa: E402
+from rampwatch.advisor.gns_window import NoiseScaleWindow
+from rampwatch.store import names as M
+from rampwatch.store import reader
 
 HALF_WIDTH = 75  # steps either side of the centred reference
 THRESHOLDS = (16, 32, 64)
@@ -107,11 +105,11 @@ def score(steps, path, ref) -> dict:
 
 def train_one(out: Path, steps: int, seed: int) -> tuple[Path, str]:
     db = out / "runs.duckdb"
-    subprocess.run([sys.executable, "-m", "trainer", "train", "--preset", "bench-tiny", "--db",
+    subprocess.run([sys.executable, "-m", "rampwatch", "train", "--preset", "bench-tiny", "--db",
                     str(db), "--run-id", "rec", "--seed", str(seed), "--steps", str(steps),
                     "--ramp", "off", "--no-plan", "--checkpoint-dir", str(out / "ckpt"),
                     "--checkpoint-every", "0", "--progress", "off", "--val-every", "0"],
-                   env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)},
+                   env={**os.environ, "OMP_NUM_THREADS": "1"},
                    cwd=out, check=True)
     return db, "rec"
 

@@ -4,7 +4,7 @@
     python bench/ramp_bench.py --quick          # one seed, batches 8..64, target val 2.0
     python bench/ramp_bench.py --keep DIR       # keep the runs; finished ones are not retrained
 
-Every run is the reference trainer (`python -m trainer train`, a child process, one thread) on
+Every run is the reference trainer (`rampwatch train`, a child process, one thread) on
 the `bench-tiny` preset, stopped by `--target-val-loss` (validation every ~160 sequences on a
 fixed 64-sequence batch). Each constant batch B runs accumulation 2 (so its noise scale is
 measured) at learning rates {½, 1, 2} × the √ rule from 3e-3 at B = 16, and keeps the LR with
@@ -37,13 +37,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # `python bench/ramp_bench.py` from anywhere
-    sys.path.insert(0, str(REPO))
 
-from advisor.gns import fit_critical_batch  # noqa: E402
-from advisor.policy import RampPolicy  # noqa: E402
-from store import names as M  # noqa: E402
-from store import reader  # noqa: E402
+from rampwatch.advisor.gns import fit_critical_batch
+from rampwatch.advisor.policy import RampPolicy
+from rampwatch.store import names as M
+from rampwatch.store import reader
 
 BASE_LR, BASE_BATCH = 3e-3, 16
 LR_GRID = (0.5, 1.0, 2.0)
@@ -72,14 +70,14 @@ def run(out: Path, name: str, batch: int, lr: float, seed: int, target: float,
             return measured(db, name, batch, lr, target, 0.0)
         for leftover in out.glob(f"{name}.duckdb*"):
             shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
-    args = [sys.executable, "-m", "trainer", "train", "--preset", "bench-tiny", "--db", str(db),
+    args = [sys.executable, "-m", "rampwatch", "train", "--preset", "bench-tiny", "--db", str(db),
             "--run-id", name, "--seed", str(seed), "--per-device-batch", str(batch // 2),
             "--accum", "2", "--lr", f"{lr:.6g}", "--steps", str(MAX_SEQUENCES // batch),
             "--val-every", str(max(2, 160 // batch)), "--val-batch", "64",
             "--target-val-loss", str(target), "--checkpoint-dir", str(out / "ckpt"),
             "--checkpoint-every", "0", "--progress", "off", "--no-plan"]
     args += ["--ramp", "off"] if ramp_at is None else ["--ramp", "auto", "--ramp-at", f"{ramp_at:g}"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     t0 = time.perf_counter()
     done = subprocess.run(args, env=env, capture_output=True, text=True, cwd=out)
     wall = time.perf_counter() - t0

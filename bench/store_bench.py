@@ -19,10 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import store  # noqa: E402
-from store.db import read_connection, write_connection  # noqa: E402
+from rampwatch import store
+from rampwatch.store.db import read_connection, write_connection
 
 N_METRICS = 20
 NAMES = [f"metric_{j:02d}" for j in range(N_METRICS)]

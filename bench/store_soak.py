@@ -14,16 +14,12 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import sys
 import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import store  # noqa: E402
+from rampwatch import store
 
 N_METRICS, RATE, READERS, READ_HZ = 20, 200, 3, 5.0
 NAMES = [f"metric_{j:02d}" for j in range(N_METRICS)]

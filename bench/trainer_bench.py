@@ -22,17 +22,15 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
-import torch  # noqa: E402
+import torch
 
-from bench.memplan_bench import measure  # noqa: E402
-from trainer.config import PRESET_RUN_DEFAULTS, PRESETS  # noqa: E402
-from trainer.data import prepare  # noqa: E402
-from trainer.memplan import plan_in_process  # noqa: E402
-from trainer.model import GPT, configure_optimizer  # noqa: E402
-from trainer.monitor import Monitor  # noqa: E402
+from bench.memplan_bench import measure
+from rampwatch.monitor import Monitor
+from rampwatch.trainer.config import PRESET_RUN_DEFAULTS, PRESETS
+from rampwatch.trainer.data import prepare
+from rampwatch.trainer.memplan import plan_in_process
+from rampwatch.trainer.model import GPT, configure_optimizer
 
 LOGITS_HEAVY = {"vocab_size": 8192, "tokenizer": "bpe", "n_layer": 2, "n_head": 4,
                 "d_model": 128, "seq_len": 256, "ce_chunk_tokens": 256}

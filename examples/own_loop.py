@@ -1,4 +1,5 @@
-"""Rampwatch in your own training loop: the README's snippet, runnable (tests/test_own_loop.py runs it).
+"""Rampwatch in your own training loop: the README's snippet, runnable (tests/test_install.py runs it
+from a wheel installed into a fresh environment; tests/test_trainer.py checks the README matches).
 
     python examples/own_loop.py runs.duckdb
 """
@@ -6,7 +7,7 @@ import sys
 
 import torch
 
-from trainer import Monitor
+from rampwatch import Monitor
 
 model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
 opt = torch.optim.AdamW(model.parameters(), lr=1e-2)

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Installs what is missing, starts a cpu-tiny training run and the dashboard on 127.0.0.1.
-#   bash scripts/demo.sh            (Ctrl-C stops both)
+#   bash scripts/demo.sh            (Ctrl-C stops both; PORT=8502 picks another port)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
-PY=${PYTHON:-python3}
+bash scripts/setup.sh demo
+. scripts/env.sh
 PORT=${PORT:-8501}
 mkdir -p runs
 DB=${RAMPWATCH_DB:-runs/demo.duckdb}
@@ -12,13 +12,11 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
 # A small per-device batch makes the noise scale cross the batch within a few minutes, so the
 # dashboard has a ramp to recommend; approve it and watch the trainer apply it.
-"$PY" -m trainer train --db "$DB" --preset cpu-tiny --name "demo-$(date +%H%M%S)" \
-  --per-device-batch 4 --accum 2 --checkpoint-dir runs/checkpoints --progress off \
+rampwatch train --db "$DB" --preset cpu-tiny --name "demo-$(date +%H%M%S)" \
+  --per-device-batch 4 --accum 2 --checkpoint-dir runs/checkpoints --progress on \
   > runs/demo-trainer.log 2>&1 &
 TRAINER=$!
-"$PY" -m streamlit run app.py --server.address 127.0.0.1 --server.port "$PORT" \
-  --server.headless true --browser.gatherUsageStats false -- --db "$DB" \
-  > runs/demo-dashboard.log 2>&1 &
+rampwatch dashboard --db "$DB" --port "$PORT" > runs/demo-dashboard.log 2>&1 &
 DASH=$!
 trap 'kill $TRAINER $DASH 2>/dev/null; wait' INT TERM EXIT
 echo "Rampwatch demo: dashboard at http://127.0.0.1:$PORT  (trainer log: runs/demo-trainer.log)"

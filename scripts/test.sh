@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Installs what is missing, then runs the whole test suite (unit, processes, pages, browser).
+# Installs what is missing (scripts/setup.sh), then runs the whole test suite (unit, processes,
+# pages, browser, a wheel installed into fresh virtual environments).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+. scripts/env.sh
 export OMP_NUM_THREADS=1
-exec "${PYTHON:-python3}" -m pytest -q "$@"
+exec "$PY" -m pytest -q "$@"

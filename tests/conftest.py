@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -38,6 +39,13 @@ def _writable_store_process():
     (store.db.set_read_only); a page test in read-only mode must not leave that on for the
     tests after it, which share this process."""
     yield
-    from store import db as store_db
+    from rampwatch.store import db as store_db
 
     store_db.set_read_only(False)
+
+
+@pytest.fixture(autouse=True)
+def _app_argv(monkeypatch):
+    """Streamlit hands an app the arguments after `--` as sys.argv[1:]; under AppTest the app
+    would see pytest's own arguments (and rightly call them unknown dashboard arguments)."""
+    monkeypatch.setattr(sys, "argv", ["app.py"])

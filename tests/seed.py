@@ -17,9 +17,9 @@ from pathlib import Path
 import duckdb
 import numpy as np
 
-import store
-from store import RunWriter, commands
-from store import names as M
+from rampwatch import store
+from rampwatch.store import RunWriter, commands
+from rampwatch.store import names as M
 
 GB = 10**9
 CAPACITY = 80 * GB
@@ -198,14 +198,24 @@ def delete_run(db, run_id: str) -> None:
 
 # ------------------------------------------------------------------------ the app under test
 
-APP = Path(__file__).resolve().parent.parent / "app.py"
+APP = Path(__file__).resolve().parent.parent / "rampwatch" / "dashboard" / "app.py"
 
 
-def app(monkeypatch, db, read_only: bool = False, page: str | None = None, timeout: float = 60):
-    """AppTest of app.py on `db` (through RAMPWATCH_DB, as a deployment would), already run."""
+TOKEN = "test-operator-token"  # what `rampwatch dashboard` would hand the app in RAMPWATCH_TOKEN
+OPERATOR = "alice"
+
+
+def app(monkeypatch, db, read_only: bool = False, page: str | None = None, timeout: float = 60,
+        token: str | None = TOKEN):
+    """AppTest of the dashboard app on `db` (through RAMPWATCH_DB, as a deployment would), with
+    the server's operator token `token`, already run."""
     from streamlit.testing.v1 import AppTest
 
     monkeypatch.setenv("RAMPWATCH_DB", str(db))
+    if token is None:
+        monkeypatch.delenv("RAMPWATCH_TOKEN", raising=False)
+    else:
+        monkeypatch.setenv("RAMPWATCH_TOKEN", token)
     if read_only:
         monkeypatch.setenv("RAMPWATCH_READ_ONLY", "1")
     else:
@@ -213,6 +223,15 @@ def app(monkeypatch, db, read_only: bool = False, page: str | None = None, timeo
     at = AppTest.from_file(str(APP), default_timeout=timeout).run()
     if page is not None:
         at.switch_page(page).run()
+    return at
+
+
+def sign_in(at, operator: str | None = OPERATOR, token: str | None = TOKEN):
+    """Type the operator's name and token beside the card's buttons (not rerun yet)."""
+    if operator is not None:
+        at.text_input(key="rw_operator").input(operator)
+    if token is not None:
+        at.text_input(key="rw_token").input(token)
     return at
 
 

@@ -28,7 +28,7 @@ def metric(j: int) -> str:
 
 
 def _log(a) -> int:
-    from store import RunWriter
+    from rampwatch.store import RunWriter
     got_sigterm = []
     if a.exit_mode == "sigterm-user":  # the program's own handler, installed before the writer
         def handler(signum, frame):
@@ -73,7 +73,7 @@ def _log(a) -> int:
 
 
 def _read(a) -> int:
-    from store import Reader, RunNotFoundError
+    from rampwatch.store import Reader, RunNotFoundError
     r = Reader(a.db)
     deadline = time.monotonic() + a.duration
     series = None
@@ -105,7 +105,8 @@ def _read(a) -> int:
 
 def _diskfull(a) -> int:
     import resource
-    from store import RunWriter
+
+    from rampwatch.store import RunWriter
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead
     w = RunWriter.start(a.db, a.name, run_id=a.run_id, flush_interval=1000)
     print(f"STARTED {w.run_id}", flush=True)
@@ -138,7 +139,7 @@ def _diskfull(a) -> int:
 def _readloop(a) -> int:
     """Back-to-back read connections, each held a while: with two of these, the shared lock is
     never free, and only the writers' turnstile lets a writer in."""
-    from store.db import read_connection
+    from rampwatch.store.db import read_connection
     end = time.monotonic() + a.duration
     n = 0
     while time.monotonic() < end:
@@ -153,7 +154,7 @@ def _readloop(a) -> int:
 
 
 def _hold(a) -> int:
-    from store.db import write_connection
+    from rampwatch.store.db import write_connection
     with write_connection(a.db) as con:
         con.execute("SELECT 1").fetchall()
         print("HOLDING", flush=True)

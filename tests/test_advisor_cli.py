@@ -1,4 +1,4 @@
-"""`python -m advisor plan` as a user runs it: a real subprocess, table, JSON, and exit 2 on bad input."""
+"""`rampwatch plan` as a user runs it: a real subprocess, table, JSON, and exit 2 on bad input."""
 from __future__ import annotations
 
 import json
@@ -15,7 +15,7 @@ MEASURED = ["--measured", "16:70", "--measured", "32:130"]
 
 def run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "advisor", "plan", *args],
+        [sys.executable, "-m", "rampwatch", "plan", *args],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )
 
@@ -76,5 +76,5 @@ def test_bad_arguments_exit_2_with_one_line(args, message):
     p = run(*args)
     assert p.returncode == 2, (p.stdout, p.stderr)
     last = p.stderr.strip().splitlines()[-1]
-    assert last.startswith("python -m advisor plan: error:") and message in last, last
+    assert last.startswith("rampwatch plan: error:") and message in last, last
     assert p.stdout == ""

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from advisor.flops import PEAK_FLOPS, flops_per_token, gpt_matmul_params, mfu, peak_flops
+from rampwatch.advisor.flops import PEAK_FLOPS, flops_per_token, gpt_matmul_params, mfu, peak_flops
 
 
 def test_flops_per_token_hand_computed():

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from advisor.gns import (
+from rampwatch.advisor.gns import (
     accumulation_estimates,
     examples_ratio,
     fit_critical_batch,

@@ -13,8 +13,8 @@ import math
 import numpy as np
 import pytest
 
-from advisor.gns import accumulation_estimates
-from advisor.gns_window import NoiseScaleWindow, fieller_interval, significant
+from rampwatch.advisor.gns import accumulation_estimates
+from rampwatch.advisor.gns_window import NoiseScaleWindow, fieller_interval, significant
 
 TRACE = 64.0
 

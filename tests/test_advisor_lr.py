@@ -7,7 +7,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from advisor.lr import lr_multiplier, noise_scale_warning, ramp_lr, rule_for, scaled_base_lr
+from rampwatch.advisor.lr import (
+    lr_multiplier,
+    noise_scale_warning,
+    ramp_lr,
+    rule_for,
+    scaled_base_lr,
+)
 
 
 @pytest.mark.parametrize(

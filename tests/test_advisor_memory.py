@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from advisor.memory import GB, MemoryModel, fit_memory_model, format_gb, usable_bytes
+from rampwatch.advisor.memory import GB, MemoryModel, fit_memory_model, format_gb, usable_bytes
 
 
 def test_two_measured_points_give_their_line():

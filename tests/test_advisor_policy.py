@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from advisor.policy import CONFIG_KEY, RampPolicy
+from rampwatch.advisor.policy import CONFIG_KEY, RampPolicy
 
 
 def test_band_cost_is_eq_2_11_at_the_band_ends():

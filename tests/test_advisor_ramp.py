@@ -5,11 +5,11 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from advisor.memory import GB, MemoryModel, fit_memory_model, usable_bytes
-from advisor.ramp import Tier, candidate_tiers, predicted_effect, ramp_decision
+from rampwatch.advisor.memory import GB, MemoryModel, fit_memory_model, usable_bytes
+from rampwatch.advisor.ramp import Tier, candidate_tiers, predicted_effect, ramp_decision
 
 # The design example: per-device 16 measured at 70 GB, 32 at 130 GB -> 10 GB + 3.75 GB/sequence.
 MODEL = fit_memory_model({16: 70 * GB, 32: 130 * GB})

@@ -1,4 +1,4 @@
-"""bench/dashboard_bench.py mirrors the live page's query plan (bench/ may not import pages/):
+"""bench/dashboard_bench.py mirrors the live page's query plan (bench/ may not import dashboard/):
 the same series, bucket target, noise-scale window and command polling, and a quick run works."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import importlib.util
 import subprocess
 import sys
 
-from pages import data
-from pages.buckets import width_for
+from rampwatch.dashboard import data
+from rampwatch.dashboard.buckets import width_for
 from tests.procs import REPO, child_env
 
 _spec = importlib.util.spec_from_file_location("dashboard_bench", REPO / "bench" / "dashboard_bench.py")

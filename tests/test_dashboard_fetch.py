@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pages.buckets import Buckets, SeriesCache, width_for
-from pages.data import LIVE_METRICS, LiveState, buckets_from
-from store import Reader, RunWriter
-from store import names as M
+from rampwatch.dashboard.buckets import Buckets, SeriesCache, width_for
+from rampwatch.dashboard.data import LIVE_METRICS, LiveState, buckets_from
+from rampwatch.store import Reader, RunWriter
+from rampwatch.store import names as M
 
 COLS = ("bucket", "last_step", "lo", "hi", "last", "n", "nonfinite")
 

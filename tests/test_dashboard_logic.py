@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from advisor.ramp import predicted_effect
-from pages import charts, comparison, recommend
-from pages.buckets import Buckets
-from pages.data import parse_options
-from pages.smoothing import debiased_ema, first_crossing
-from store import names as M
+from rampwatch.advisor.ramp import predicted_effect
+from rampwatch.dashboard import charts, comparison, recommend
+from rampwatch.dashboard.buckets import Buckets
+from rampwatch.dashboard.data import parse_options
+from rampwatch.dashboard.smoothing import debiased_ema, first_crossing
+from rampwatch.store import names as M
 
 GB = 10**9
 

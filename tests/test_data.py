@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from trainer import data
-from trainer.config import PRESETS, ModelConfig
-from trainer.data import TokenDataset, is_val, load_corpus, prepare, rank_slice
+from rampwatch.trainer import data
+from rampwatch.trainer.config import PRESETS, ModelConfig
+from rampwatch.trainer.data import TokenDataset, is_val, load_corpus, prepare, rank_slice
 
 TINY = PRESETS["test-tiny"]
 

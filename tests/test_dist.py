@@ -17,8 +17,8 @@ import threading
 
 import pytest
 
-from store import commands, reader
-from store import names as M
+from rampwatch.store import commands, reader
+from rampwatch.store import names as M
 from tests.procs import child_env, kill_group, spawn
 from tests.trainer_runs import metric, trainer_args
 
@@ -99,10 +99,10 @@ def test_per_rank_noise_points_match_a_recomputation(step1):
     from the comm hook) and (32, |global gradient|^2); recompute those here and compare."""
     import torch
 
-    from advisor.gns import line_estimates
-    from trainer.config import PRESETS
-    from trainer.data import prepare
-    from trainer.model import GPT
+    from rampwatch.advisor.gns import line_estimates
+    from rampwatch.trainer.config import PRESETS
+    from rampwatch.trainer.data import prepare
+    from rampwatch.trainer.model import GPT
 
     db, ck = step1
     cfg = PRESETS["test-tiny"]
@@ -137,8 +137,8 @@ def test_per_rank_noise_points_match_a_recomputation(step1):
 
 
 def test_keep_effective_batch_across_world_sizes():
-    from trainer.checkpoint import TrainState
-    from trainer.dist import keep_effective_batch
+    from rampwatch.trainer.checkpoint import TrainState
+    from rampwatch.trainer.dist import keep_effective_batch
 
     def moved(b, a, old, new):
         st = keep_effective_batch(TrainState("x", per_device_batch=b, accum=a), old, new)
@@ -244,8 +244,8 @@ def test_card_and_trainer_agree_on_the_new_lr_after_a_resume_on_another_world_si
     """The card reads the ramp policy the trainer wrote into the run config: after the resume on
     one process (config world size 1, per-device 8 × accumulation 2), the original batch is still
     the first step's 32 sequences, so the card's new base LR is the trainer's."""
-    from advisor.policy import RampPolicy
-    from pages.recommend import build_card
+    from rampwatch.advisor.policy import RampPolicy
+    from rampwatch.dashboard.recommend import build_card
 
     db = ramped[0]
     run_ = reader.get_run(db, "r")

@@ -1,65 +1,117 @@
-"""The import rules of docs/ARCHITECTURE.md, enforced by walking every module's imports."""
+"""The import rules of docs/ARCHITECTURE.md, enforced by walking every module's imports; and the
+checkout's front door (app.py, pages/, trainer/) holding no logic of its own."""
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("store", "advisor", "trainer", "pages")
+PACKAGE = REPO / "rampwatch"
+SUBPACKAGES = ("store", "advisor", "monitor", "trainer", "dashboard")
 
-# package -> packages of ours it may import
+# owner -> subpackages of rampwatch it may import
 ALLOWED = {
     "store": set(),
     "advisor": set(),
-    "trainer": {"store", "advisor"},
-    "pages": {"store", "advisor"},
-    "app": {"store", "advisor", "pages"},
-    "bench": {"store", "advisor", "trainer"},
+    "monitor": {"store", "advisor"},
+    "trainer": {"store", "advisor", "monitor"},
+    "dashboard": {"store", "advisor"},
+    "rampwatch": {"monitor", "store", "advisor", "trainer", "dashboard"},  # cli: guard.py only
+    "bench": {"store", "advisor", "monitor", "trainer"},
 }
-# third-party modules a pure package must not touch
+# third-party modules a package must not touch
 FORBIDDEN_THIRD_PARTY = {
-    "store": {"torch", "streamlit", "plotly"},
+    "store": {"torch", "streamlit", "plotly", "pandas"},
     "advisor": {"torch", "streamlit", "plotly", "duckdb", "pandas", "pyarrow"},
+    "dashboard": {"torch"},
+    "rampwatch": {"torch", "streamlit", "plotly"},  # a viewer's install has neither torch
 }
+FRONT_DOOR = [REPO / "app.py", *sorted((REPO / "pages").glob("*.py")),
+              *sorted((REPO / "trainer").glob("*.py"))]
 
 
-def _imports(path: Path) -> set[str]:
+def _imported_modules(path: Path) -> set[str]:
+    """Every absolute module name imported anywhere in the file (dotted, as written)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            found.update(alias.name.split(".")[0] for alias in node.names)
+            found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found.add(node.module.split(".")[0])
+            found.add(node.module)
+            if node.module == "rampwatch":  # from rampwatch import store
+                found.update(f"rampwatch.{alias.name}" for alias in node.names)
     return found
 
 
+def _ours(modules: set[str]) -> set[str]:
+    """The rampwatch subpackages among imported modules (rampwatch.cli counts as 'rampwatch')."""
+    out = set()
+    for m in modules:
+        parts = m.split(".")
+        if parts[0] == "rampwatch" and len(parts) > 1:
+            out.add(parts[1] if parts[1] in SUBPACKAGES else "rampwatch")
+    return out
+
+
 def _owner(path: Path) -> str:
-    rel = path.relative_to(REPO)
-    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+    if path.is_relative_to(PACKAGE):
+        rel = path.relative_to(PACKAGE)
+        return rel.parts[0] if len(rel.parts) > 1 else "rampwatch"
+    return path.relative_to(REPO).parts[0]
 
 
 def _sources():
-    for top in (*PACKAGES, "bench"):
-        yield from (REPO / top).rglob("*.py")
-    yield REPO / "app.py"
+    yield from PACKAGE.rglob("*.py")
+    yield from (REPO / "bench").rglob("*.py")
 
 
 def test_import_rules():
     broken = []
     for path in _sources():
-        if not path.exists():
-            continue
         owner = _owner(path)
-        ours = _imports(path) & set(PACKAGES)
-        for pkg in ours - ALLOWED[owner] - {owner}:
-            broken.append(f"{path.relative_to(REPO)} imports {pkg}")
-        for mod in _imports(path) & FORBIDDEN_THIRD_PARTY.get(owner, set()):
-            broken.append(f"{path.relative_to(REPO)} imports {mod} ({owner}/ must not)")
+        modules = _imported_modules(path)
+        for pkg in _ours(modules) - ALLOWED[owner] - {owner}:
+            broken.append(f"{path.relative_to(REPO)} imports rampwatch.{pkg}")
+        tops = {m.split(".")[0] for m in modules}
+        for mod in tops & FORBIDDEN_THIRD_PARTY.get(owner, set()):
+            broken.append(f"{path.relative_to(REPO)} imports {mod} ({owner} must not)")
     assert not broken, "import rules of docs/ARCHITECTURE.md broken:\n" + "\n".join(broken)
 
 
-def test_nothing_imports_pages_but_app():
-    for path in _sources():
-        if path.exists() and _owner(path) not in ("pages", "app"):
-            assert "pages" not in _imports(path), f"{path} imports pages"
+def test_no_generic_top_level_imports():
+    """Code in the package imports ours only as rampwatch.*: a bare `store` or `trainer` would
+    work from a checkout and break in an install."""
+    bare = {"store", "advisor", "monitor", "trainer", "dashboard", "pages", "app"}
+    bad = [f"{p.relative_to(REPO)} imports {m}" for p in _sources()
+           for m in _imported_modules(p) if m.split(".")[0] in bare]
+    assert not bad, "\n".join(bad)
+
+
+def test_front_door_is_thin():
+    """app.py, pages/*.py and trainer/*.py are docstring, imports of rampwatch and one call."""
+    assert FRONT_DOOR and all(p.exists() for p in FRONT_DOOR)
+    for path in FRONT_DOOR:
+        tree = ast.parse(path.read_text(), filename=str(path))
+        body = [n for n in tree.body if not (isinstance(n, ast.Expr)
+                                             and isinstance(n.value, ast.Constant))]
+        imports = [n for n in body if isinstance(n, (ast.Import, ast.ImportFrom))]
+        rest = [n for n in body if n not in imports]
+        assert all(isinstance(n, ast.Import) and n.names[0].name == "sys"
+                   or isinstance(n, ast.ImportFrom) and n.module.startswith("rampwatch")
+                   for n in imports), f"{path.name} imports more than rampwatch"
+        assert len(rest) <= 1 and all(isinstance(n, ast.Expr) for n in rest), \
+            f"{path.relative_to(REPO)} has logic of its own"
+
+
+def test_nothing_outside_the_repository_is_cited():
+    """Docs and comments point inside the repository (a clone has no ../shared/)."""
+    hits = []
+    for path in REPO.rglob("*"):
+        if (path.suffix in (".py", ".md", ".sh", ".toml", ".txt") and ".venv" not in path.parts
+                and ".git" not in path.parts and path.is_file()):
+            text = path.read_text(errors="replace")
+            if "DESIGN.md" in text or "../shared" in text:
+                hits.append(str(path.relative_to(REPO)))
+    hits = [h for h in hits if h != "tests/test_layout.py"]
+    assert not hits, f"cite a path outside the repository: {hits}"

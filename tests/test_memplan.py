@@ -8,8 +8,14 @@ import time
 import pytest
 import torch
 
-from trainer.config import PRESETS, count_params
-from trainer.memplan import COMPONENTS, calibrate, plan_in_process, plan_points, start_plan
+from rampwatch.trainer.config import PRESETS, count_params
+from rampwatch.trainer.memplan import (
+    COMPONENTS,
+    calibrate,
+    plan_in_process,
+    plan_points,
+    start_plan,
+)
 
 TINY = PRESETS["test-tiny"].to_dict()
 # A head-heavy shape: vocab 4096 makes the (b·T, V) fp32 logits the biggest tensors, and a chunk

@@ -8,8 +8,14 @@ import dataclasses
 import pytest
 import torch
 
-from trainer.config import PRESET_RUN_DEFAULTS, PRESETS, ModelConfig, count_params, matmul_params
-from trainer.model import GPT, configure_optimizer
+from rampwatch.trainer.config import (
+    PRESET_RUN_DEFAULTS,
+    PRESETS,
+    ModelConfig,
+    count_params,
+    matmul_params,
+)
+from rampwatch.trainer.model import GPT, configure_optimizer
 
 torch.set_num_threads(1)
 TINY = PRESETS["test-tiny"]

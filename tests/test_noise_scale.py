@@ -18,15 +18,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from advisor.gns import two_batch_estimates
-from advisor.gns_window import NoiseScaleWindow
-from store import reader
-from store import names as M
+from rampwatch.advisor.gns import two_batch_estimates
+from rampwatch.advisor.gns_window import NoiseScaleWindow
+from rampwatch.monitor import Monitor
+from rampwatch.store import names as M
+from rampwatch.store import reader
+from rampwatch.trainer.config import PRESETS
+from rampwatch.trainer.data import prepare
+from rampwatch.trainer.model import GPT, configure_optimizer
 from tests.trainer_runs import metric, run_trainer
-from trainer.config import PRESETS
-from trainer.data import prepare
-from trainer.model import GPT, configure_optimizer
-from trainer.monitor import Monitor
 
 torch.set_num_threads(1)
 def _online(model, optimizer, micro_batches, loss_fn, *, b: int, k: int, steps: int,
@@ -320,7 +320,7 @@ def test_nonfinite_gradient_is_left_out_of_the_window_and_reported(tmp_path, poi
 
 
 def test_accumulation_1_gives_one_point_and_one_clear_alert(tmp_path):
-    from trainer.gradstats import AccumulationStats
+    from rampwatch.monitor.gradstats import AccumulationStats
 
     model, x, y, _, _ = _least_squares(n=256, d_in=8, d_out=4)
     stats = AccumulationStats(model.parameters())
@@ -348,7 +348,8 @@ def test_accumulation_1_gives_one_point_and_one_clear_alert(tmp_path):
 
 
 def test_accumulation_2_or_split_micro_has_no_such_alert(tmp_path):
-    from trainer.__main__ import build_parser, resolve_defaults
+    from rampwatch.cli import build_parser
+    from rampwatch.trainer.cli import resolve_defaults
 
     args = resolve_defaults(build_parser().parse_args(
         ["train", "--preset", "test-tiny", "--per-device-batch", "8", "--accum", "1",

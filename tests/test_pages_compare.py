@@ -14,7 +14,7 @@ def four(db_path):
 
 
 def _compare(monkeypatch, db):
-    at = seed.app(monkeypatch, db, page="pages/compare.py")
+    at = seed.app(monkeypatch, db, page="views/compare.py")
     assert not at.exception, [e.message for e in at.exception]
     return at
 

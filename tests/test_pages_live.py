@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from store import commands
-from store import names as M
+from rampwatch.store import commands
+from rampwatch.store import names as M
 from tests import seed
 
 CHARTS = ("Loss", "Gradient norm (before clipping)", "Gradient noise scale vs batch",
@@ -71,7 +71,7 @@ def test_card_evidence_and_chosen_tier(live, monkeypatch):
 
 
 def test_approve_writes_pending_then_cancel(live, monkeypatch):
-    at = seed.app(monkeypatch, live.db)
+    at = seed.sign_in(seed.app(monkeypatch, live.db))
     approve = at.button(key="approve")
     assert approve.label.startswith("Approve") and not approve.disabled
     approve.click().run()
@@ -79,7 +79,7 @@ def test_approve_writes_pending_then_cancel(live, monkeypatch):
     cmds = commands.list_commands(live.db, live.run_id)
     assert len(cmds) == 1
     c = cmds[0]
-    assert (c.status, c.kind, c.actor) == ("pending", "ramp", "dashboard")
+    assert (c.status, c.kind, c.actor) == ("pending", "ramp", "alice (dashboard, token)")
     assert c.payload == {"per_device_batch": 8, "accum": 4, "lr_multiplier": pytest.approx(2 ** 0.5)}
     text = seed.texts(at)
     assert f"Ramp #{c.command_id} to 8 per device × 4 accumulation is pending" in text
@@ -175,8 +175,8 @@ def test_finished_run_has_card_but_no_buttons(db_path, monkeypatch):
 def test_busy_database_keeps_the_last_refresh(live, monkeypatch):
     import threading
 
-    from pages import data
-    from store import write_connection
+    from rampwatch.dashboard import data
+    from rampwatch.store import write_connection
 
     at = seed.app(monkeypatch, live.db)
     monkeypatch.setattr(data, "TIMEOUT", 0.3)
@@ -201,11 +201,12 @@ def test_busy_database_keeps_the_last_refresh(live, monkeypatch):
 
 
 def test_read_only_never_submits(live, monkeypatch):
-    from pages import data
+    from rampwatch.dashboard import data
 
     monkeypatch.setenv("RAMPWATCH_READ_ONLY", "1")
     with pytest.raises(data.CommandError, match="read-only"):
-        data.submit_ramp(live.db, live.run_id, seed.RAMP_PAYLOAD)
+        data.submit_ramp(live.db, live.run_id, seed.RAMP_PAYLOAD, operator=seed.OPERATOR,
+                         token=seed.TOKEN)
     assert commands.list_commands(live.db, live.run_id) == []
 
 

@@ -13,7 +13,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import pytest
 
-from pages import data
+from rampwatch.dashboard import data
 from tests import seed
 from tests.procs import REPO, child_env
 
@@ -24,7 +24,7 @@ def _runs_table(at):
 
 def _killed_writer(db, name):
     """A writer process killed with SIGKILL: its run stays 'running' in the file, writer gone."""
-    code = ("import sys, time; from store import RunWriter\n"
+    code = ("import sys, time; from rampwatch.store import RunWriter\n"
             "w = RunWriter.start(sys.argv[1], name=sys.argv[2], handle_sigterm=False)\n"
             "[w.log(s, {'loss': 3.0 - s * 0.01}) for s in range(50)]\n"
             "assert w.flush(); print('ready', flush=True); time.sleep(60)\n")
@@ -49,7 +49,7 @@ def many(db_path):
 
 def test_every_run_with_status_and_summary(many, monkeypatch):
     db, live, _ = many
-    at = seed.app(monkeypatch, db, page="pages/runs.py")
+    at = seed.app(monkeypatch, db, page="views/runs.py")
     assert not at.exception, [e.message for e in at.exception]
     t = _runs_table(at)
     assert set(t.index) == {"done", "killed", "crashed", "live"}
@@ -69,7 +69,7 @@ def test_every_run_with_status_and_summary(many, monkeypatch):
 
 def test_export_csv_and_parquet(many, monkeypatch):
     db, live, b32 = many
-    at = seed.app(monkeypatch, db, page="pages/runs.py")
+    at = seed.app(monkeypatch, db, page="views/runs.py")
     assert at.get("download_button"), "no download button"
     at.selectbox(key="export_run").set_value(b32).run()
     assert not at.exception
@@ -89,9 +89,9 @@ def test_read_only_serves_runs_without_writing(many, monkeypatch):
     before = {p: os.stat(db.parent / p).st_mtime_ns for p in os.listdir(db.parent)}
     time.sleep(0.01)
     live.writer._stop.set()  # nothing else may touch the file during this look
-    at = seed.app(monkeypatch, db, read_only=True, page="pages/runs.py")
+    at = seed.app(monkeypatch, db, read_only=True, page="views/runs.py")
     assert not at.exception
-    at.switch_page("pages/compare.py").run()
+    at.switch_page("views/compare.py").run()
     assert not at.exception
     after = {p: os.stat(db.parent / p).st_mtime_ns for p in os.listdir(db.parent)}
     assert after == before

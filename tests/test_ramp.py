@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-from advisor.policy import RampPolicy
-from store import CommandError, commands, reader
-from store import names as M
-from tests.procs import kill_group, spawn
+from rampwatch.advisor.policy import RampPolicy
+from rampwatch.store import CommandError, commands, reader
+from rampwatch.store import names as M
+from rampwatch.trainer import checkpoint as ckpt
+from tests.procs import kill_group
 from tests.test_trainer import assert_continuous_samples
-from trainer import checkpoint as ckpt
 from tests.trainer_runs import metric, run_trainer, trainer_args, wait_for_step
 
 pytestmark = pytest.mark.slow

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-import store
-from store import commands
+from rampwatch import store
+from rampwatch.store import commands
 from tests.store_helpers import Lines
 
 pytestmark = pytest.mark.timeout(120)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-import store
-from store import commands
-from store.errors import CommandError
+from rampwatch import store
+from rampwatch.store import commands
+from rampwatch.store.errors import CommandError
 
 pytestmark = pytest.mark.timeout(120)
 

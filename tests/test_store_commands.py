@@ -6,9 +6,9 @@ import subprocess
 
 import pytest
 
-import store
-from store import commands
-from store.errors import CommandError
+from rampwatch import store
+from rampwatch.store import commands
+from rampwatch.store.errors import CommandError
 from tests.procs import kill_group
 from tests.store_helpers import Lines
 
@@ -153,7 +153,8 @@ def test_delete_run_removes_everything_of_that_run_only(db_path):
     assert w.close()
     store.delete_run(db_path, "gone")
     import duckdb
-    from store.schema import RUN_TABLES
+
+    from rampwatch.store.schema import RUN_TABLES
     con = duckdb.connect(str(db_path), read_only=True)
     try:
         for table in RUN_TABLES:

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-import store
+from rampwatch import store
 from tests.procs import kill_group
 from tests.store_child import metric, value
 from tests.store_helpers import Lines

@@ -16,10 +16,10 @@ import threading
 import duckdb
 import pytest
 
-import store
-from store import commands, ingest, schema
-from store.db import spool_root, write_connection
-from store.errors import StoreBusyError
+from rampwatch import store
+from rampwatch.store import commands, ingest, schema
+from rampwatch.store.db import spool_root, write_connection
+from rampwatch.store.errors import StoreBusyError
 
 pytestmark = pytest.mark.timeout(120)
 

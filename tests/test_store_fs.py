@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-import store
-from store import fs
+from rampwatch import store
+from rampwatch.store import fs
 
 pytestmark = pytest.mark.timeout(60)
 

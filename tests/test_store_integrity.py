@@ -1,6 +1,6 @@
 """A damaged database is checked before it is trusted: a truncated DuckDB file is refused by
 RunWriter.start (and left as it is), a writer whose database is cut under it keeps its spool
-instead of deleting records it cannot read back, and `python -m store info` says in one line
+instead of deleting records it cannot read back, and `python -m rampwatch info` says in one line
 what is wrong and what to do (exit 2, no traceback)."""
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
-import store
-from store import spool
-from store.db import spool_root
+from rampwatch import store
+from rampwatch.store import spool
+from rampwatch.store.db import spool_root
 from tests.procs import REPO, child_env
 
 pytestmark = pytest.mark.timeout(120)
@@ -55,7 +55,7 @@ def test_cli_info_on_a_corrupt_file_is_one_line_and_exit_2(tmp_path, how):
         with open(db, "r+b") as f:
             f.seek(3 * 4096 + 100)
             f.write(os.urandom(db.stat().st_size - 3 * 4096 - 100))
-    r = subprocess.run([sys.executable, "-m", "store", "info", str(db)], cwd=REPO,
+    r = subprocess.run([sys.executable, "-m", "rampwatch", "info", str(db)], cwd=REPO,
                        env=child_env(), capture_output=True, text=True, timeout=60)
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -11,10 +11,10 @@ import time
 import numpy as np
 import pytest
 
-import store
+from rampwatch import store
 from tests.procs import kill_group
-from tests.store_helpers import Lines
 from tests.store_child import metric, value
+from tests.store_helpers import Lines
 
 pytestmark = pytest.mark.timeout(180)  # pytest.ini says 300 s; these are far shorter
 
@@ -89,7 +89,7 @@ def test_sigkill_at_random_moments_loses_no_acknowledged_step(procs, db_path):
                 acked_by[step] = gen
                 last_acked = step
     assert len(acked_by) > 50, "the children hardly logged; the test proves nothing"
-    rec = subprocess.run([sys.executable, "-m", "store", "recover", str(db_path)],
+    rec = subprocess.run([sys.executable, "-m", "rampwatch", "recover", str(db_path)],
                          capture_output=True, text=True, timeout=60)
     assert rec.returncode == 0, rec.stderr
     step, name, val = _rows(db_path, "k")
@@ -157,7 +157,7 @@ def test_recovery_leaves_live_writers_alone(procs, db_path):
     for out in outs.values():
         out.wait_for("ACK 20")
     cid = store.commands.submit(db_path, "b", "ramp", {"per_device_batch": 2, "accum": 4}, "op")
-    rec = subprocess.run([sys.executable, "-m", "store", "recover", str(db_path)],
+    rec = subprocess.run([sys.executable, "-m", "rampwatch", "recover", str(db_path)],
                          capture_output=True, text=True, timeout=60)
     assert rec.returncode == 0 and "nothing to recover" in rec.stdout, rec
     assert not store.recover(db_path).spools

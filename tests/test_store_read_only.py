@@ -1,4 +1,4 @@
-"""Read-only means read-only: the dashboard's read-only mode and `python -m store info` never
+"""Read-only means read-only: the dashboard's read-only mode and `python -m rampwatch info` never
 change the database (same bytes, same mtime, no lock file or anything else beside it), read an
 older schema as it is, and say how to upgrade one too old to read; on read-only media (a real
 read-only bind mount, where the machine allows one) a v3 file can be viewed."""
@@ -13,9 +13,9 @@ import sys
 import duckdb
 import pytest
 
-import store
-from store import schema
-from store.db import read_connection
+from rampwatch import store
+from rampwatch.store import schema
+from rampwatch.store.db import read_connection
 from tests.procs import REPO, child_env
 
 pytestmark = pytest.mark.timeout(120)
@@ -38,7 +38,7 @@ def _v3_file(db):
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "store", *map(str, args)], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "rampwatch", *map(str, args)], cwd=REPO,
                           env=child_env(), capture_output=True, text=True, timeout=60)
 
 
@@ -63,7 +63,7 @@ def test_process_wide_read_only_mode_for_the_dashboard(tmp_path):
     db = tmp_path / "v3.duckdb"
     _v3_file(db)
     before = _state(tmp_path)
-    code = ("import sys, store\n"
+    code = ("import sys\nfrom rampwatch import store\n"
             "store.set_read_only(True)\n"
             "print([r.run_id for r in store.list_runs(sys.argv[1])],\n"
             "      store.commands.list_commands(sys.argv[1]))\n")
@@ -77,7 +77,7 @@ def test_a_file_too_old_to_read_as_is_says_how_to_upgrade(tmp_path):
     db = tmp_path / "v1.duckdb"
     schema.create_at_version(db, 1)
     before = _state(tmp_path)
-    with pytest.raises(store.SchemaUpgradeNeededError, match="python -m store upgrade"):
+    with pytest.raises(store.SchemaUpgradeNeededError, match="rampwatch upgrade"):
         store.list_runs(db, read_only=True)
     r = _cli("info", db)
     assert r.returncode == 2 and "upgrade" in r.stderr and "Traceback" not in r.stderr, r
@@ -109,8 +109,8 @@ def test_a_v3_file_on_read_only_media_can_be_viewed(tmp_path):
     _v3_file(db)
     before = _state(tmp_path)
     script = (f"mount --bind {tmp_path} {tmp_path} && mount -o remount,bind,ro {tmp_path} && "
-              f"{sys.executable} -m store info {db} && "
-              f"{sys.executable} -c 'import sys, store; "
+              f"{sys.executable} -m rampwatch info {db} && "
+              f"{sys.executable} -c 'import sys; from rampwatch import store; "
               f"print(\"ROWS\", store.export(sys.argv[1], \"old\").num_rows)' {db}")
     out = subprocess.run(["unshare", "-rm", "sh", "-c", script], cwd=REPO, env=child_env(),
                          capture_output=True, text=True, timeout=60)

@@ -1,5 +1,5 @@
 """Schema and file identity: foreign, newer and missing files fail clearly and stay untouched;
-older files are upgraded; the `python -m store` command line."""
+older files are upgraded; the `rampwatch info|recover|upgrade` command line."""
 from __future__ import annotations
 
 import hashlib
@@ -9,9 +9,9 @@ import sys
 import duckdb
 import pytest
 
-import store
-from store import schema
-from store.db import lock_path, spool_root
+from rampwatch import store
+from rampwatch.store import schema
+from rampwatch.store.db import lock_path, spool_root
 
 pytestmark = pytest.mark.timeout(120)  # pytest.ini says 300 s; these are far shorter
 
@@ -21,7 +21,7 @@ def _digest(path) -> str:
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "store", *map(str, args)], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "rampwatch", *map(str, args)], capture_output=True,
                           text=True, timeout=60)
 
 

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-import store
-from store.schema import ROLLUP_SHIFT
+from rampwatch import store
+from rampwatch.store.schema import ROLLUP_SHIFT
 
 pytestmark = pytest.mark.timeout(180)  # pytest.ini says 300 s; these are far shorter
 

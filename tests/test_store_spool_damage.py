@@ -7,9 +7,9 @@ import subprocess
 
 import pytest
 
-import store
-from store import spool
-from store.db import spool_root
+from rampwatch import store
+from rampwatch.store import spool
+from rampwatch.store.db import spool_root
 from tests.procs import kill_group
 from tests.store_child import metric, value
 from tests.store_helpers import Lines

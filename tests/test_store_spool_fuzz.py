@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import store
-from store import spool_format as fmt
+from rampwatch import store
+from rampwatch.store import spool_format as fmt
 
 pytestmark = pytest.mark.timeout(300)
 

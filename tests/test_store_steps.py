@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import store
-from store import rollup
-from store.db import write_connection
-from store.reader import width_for
+from rampwatch import store
+from rampwatch.store import rollup
+from rampwatch.store.db import write_connection
+from rampwatch.store.reader import width_for
 from tests.procs import REPO, child_env
 
 pytestmark = pytest.mark.timeout(120)
@@ -93,7 +93,7 @@ def _old_run_with_negative_steps(db):
 def test_series_of_a_run_with_negative_steps_returns(db_path):
     """It used to spin forever inside the read connection, locking every writer out."""
     _old_run_with_negative_steps(db_path)
-    code = ("import sys, store\n"
+    code = ("import sys\nfrom rampwatch import store\n"
             "for b in (1, 2, 3, 2000):\n"
             "    s = store.series(sys.argv[1], 'neg', 'x', buckets=b)\n"
             "    print(b, s.width, int(s.count.sum()), len(s.step))\n")

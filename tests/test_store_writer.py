@@ -10,9 +10,9 @@ import time
 import numpy as np
 import pytest
 
-import store
-from store import spool, spool_format
-from store.db import spool_root
+from rampwatch import store
+from rampwatch.store import spool, spool_format
+from rampwatch.store.db import spool_root
 from tests.store_helpers import Lines
 
 pytestmark = pytest.mark.timeout(120)  # pytest.ini says 300 s; these are far shorter

@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-from store import names as M
-from store import reader
+from rampwatch.store import names as M
+from rampwatch.store import reader
 from tests.procs import REPO, kill_group, spawn
 from tests.trainer_runs import metric, run_trainer, trainer_args, wait_for_step
 

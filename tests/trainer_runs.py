@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from store import reader
+from rampwatch.store import reader
 from tests.procs import kill_group, spawn
 
 QUICK = ["--preset", "test-tiny", "--progress", "off", "--val-every", "0"]

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from store import reader
-from store import names as M
-from tests.procs import REPO
+from rampwatch.store import commands, reader
+from rampwatch.store import names as M
+from tests.procs import REPO, child_env
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = REPO / "artifacts"
@@ -24,6 +24,7 @@ LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking
                "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
+TOKEN = "e2e-operator-token"
 
 
 def _free_port() -> int:
@@ -40,6 +41,15 @@ def _wait_http(port: int, timeout: float) -> None:
                 return
         time.sleep(0.3)
     raise AssertionError(f"the dashboard did not listen on port {port} within {timeout:.0f} s")
+
+
+def _sign_in(page, operator: str, token: str) -> None:
+    """Type the operator's name and token beside the card's buttons; each commits on Enter."""
+    for label, value in (("Operator", operator), ("Operator token", token)):
+        box = page.get_by_label(label, exact=True)
+        box.fill(value)
+        box.press("Enter")
+    page.wait_for_timeout(1500)  # the rerun that stores them
 
 
 def _ramp_events(db: Path, run_id: str) -> list:
@@ -62,9 +72,8 @@ def test_approve_ramp_in_browser(tmp_path, procs):
                            "--ramp-min-samples", "20",
                            "--progress", "off"])
     port = _free_port()
-    app = procs.spawn(["-m", "streamlit", "run", "app.py", "--server.port", str(port),
-                       "--server.address", "127.0.0.1", "--server.headless", "true",
-                       "--browser.gatherUsageStats", "false", "--", "--db", str(db)])
+    app = procs.spawn(["-m", "rampwatch", "dashboard", "--db", str(db), "--port", str(port)],
+                      env=child_env(RAMPWATCH_TOKEN=TOKEN))
     _wait_http(port, 60)
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as pw:
@@ -82,6 +91,17 @@ def test_approve_ramp_in_browser(tmp_path, procs):
                 page.screenshot(path=str(ARTIFACTS / "e2e-no-recommendation.png"), full_page=True)
                 pytest.fail("no approvable recommendation on the live page within 120 s "
                             f"(trainer alive: {trainer.poll() is None}); screenshot in artifacts/")
+            # another client, without the token: refused on the server, nothing written
+            intruder = browser.new_page(viewport={"width": 1400, "height": 1600})
+            intruder.goto(f"http://127.0.0.1:{port}/", wait_until="domcontentloaded")
+            _sign_in(intruder, "mallory", "not-the-token")
+            intruder.get_by_role("button", name=re.compile(r"^Approve")).click()
+            expect(intruder.get_by_text(re.compile("Not submitted: the operator token is "
+                                                   "missing or wrong"))).to_be_visible()
+            assert commands.list_commands(db, run_id) == []
+            intruder.close()
+
+            _sign_in(page, "e2e-operator", TOKEN)
             approve.click()
             applied = page.get_by_text(re.compile(r"applied at step \d+"))
             expect(applied).to_be_visible(timeout=90_000)
@@ -91,6 +111,39 @@ def test_approve_ramp_in_browser(tmp_path, procs):
             browser.close()
     events = _ramp_events(db, run_id)
     assert events, "the page says applied but the database has no ramp event"
+    [cmd] = commands.list_commands(db, run_id)
+    assert cmd.actor == "e2e-operator (dashboard, token)"  # who approved, in the command log
     assert events[-1].step == shown_step
     assert trainer.poll() is None, "the trainer died"
     assert app.poll() is None, "the dashboard died"
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium not installed "
+                    "(scripts/setup.sh installs it)")
+def test_checkout_deep_link_runs_the_whole_app(tmp_path, procs):
+    """`streamlit run app.py` from a checkout: on a fresh server whose first request is
+    /compare, Streamlit runs pages/compare.py by itself; it must still show the app's sidebar
+    and the Compare page, not a bare script."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from tests import seed
+
+    db = tmp_path / "runs.duckdb"
+    seed.finished_run(db, 16, name="deep-link-run")
+    port = _free_port()
+    procs.spawn(["-m", "streamlit", "run", "app.py", "--server.port", str(port),
+                 "--server.address", "127.0.0.1", "--server.headless", "true",
+                 "--browser.gatherUsageStats", "false", "--", "--db", str(db)])
+    _wait_http(port, 60)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(f"http://127.0.0.1:{port}/compare", wait_until="domcontentloaded")
+            expect(page.get_by_role("heading", name="Compare runs")).to_be_visible(timeout=60_000)
+            sidebar = page.get_by_test_id("stSidebar")
+            expect(sidebar.get_by_text(f"Database: {db}")).to_be_visible()
+            expect(sidebar.get_by_role("link", name="Runs")).to_be_visible()
+            expect(page.get_by_text("Page not found")).to_have_count(0)
+        finally:
+            browser.close()

@@ -1,0 +1,15 @@
+"""Rampwatch's advisor: pure math (standard library + numpy) for batch ramps.
+
+Modules, one concern each:
+  gns       gradient noise scale: one step's |G|² and tr(Σ) estimators, S/S_min, E/E_min,
+            optimal LR, critical-batch fit (McCandlish et al. 2018)
+  gns_window  the smoothed noise scale: ratio of sums over a window of steps, Fieller interval
+  policy    RampPolicy: the one ramp policy, kept in the run config
+  memory    peak memory as a line in the per-device batch; usable capacity
+  lr        learning-rate rules on a ramp (√ for Adam-type, linear for SGD), exact reversal
+  ramp      batch tiers that fit in memory; when to ramp (hysteresis, forecast); its effect
+  flops     FLOPs per token, device peak FLOPs, MFU
+  cli       `rampwatch plan`
+Import from the modules (e.g. `from rampwatch.advisor.gns_window import NoiseScaleWindow`); nothing here imports
+torch, duckdb, pandas or streamlit.
+"""

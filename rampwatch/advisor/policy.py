@@ -1,0 +1,134 @@
+"""The ramp policy: one dataclass that the trainer's auto mode, its command check and the
+dashboard's card all read from the run config, so they cannot disagree.
+
+Target: keep the effective batch B within [B_noise, 2·B_noise], with B_noise the measured
+B_simple. Ramp ×2 once the noise scale's one-sided 95% lower bound has stayed at or above B
+(`bound_at`) — and its point at or above `ramp_at`·B — for `hysteresis_steps` estimates.
+
+Why not [B_noise/2, B_noise]: B_simple underestimates the critical batch when the Hessian is not
+isotropic (McCandlish et al. 2018, §2.2: B_noise >= B_simple; B_crit ≈ B_noise). bench/ramp_bench.py
+measured B_crit ≈ 1.8 × B_simple at its target, so [B_simple, 2·B_simple] is about
+[B_crit/2, B_crit]; the README has the figures, including the same bench at ramp_at = 2.
+
+What it costs, by eq. 2.11 (S/S_min = 1 + B_noise/B, E/E_min = 1 + B/B_noise): inside the band
+1.5–2× the minimum number of steps and 2–3× the minimum number of examples with B_crit = B_simple,
+or about 1.9–2.8× and 1.6–2.1× with B_crit = 1.8·B_simple; a batch held at B while B_noise grows
+to k·B takes (1 + k)× the minimum steps. `band_cost()` states it for any settings.
+
+The run config holds the policy under CONFIG_KEY; `from_config` also reads the keys that runs
+written before the policy existed used (ramp_hysteresis, ramp_min_samples, original_lr,
+original_batch), and falls back on the first tier of the config.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, fields, replace
+
+from rampwatch.advisor.lr import rule_for, scaled_base_lr
+from rampwatch.advisor.ramp import ramp_decision
+
+__all__ = ["CONFIG_KEY", "RampPolicy"]
+
+CONFIG_KEY = "ramp_policy"  # where the run config keeps RampPolicy.to_config()
+# keys of run configs written before the policy existed
+LEGACY_HYSTERESIS = "ramp_hysteresis"
+LEGACY_MIN_ESTIMATES = "ramp_min_samples"
+LEGACY_ORIGINAL_LR = "original_lr"
+LEGACY_ORIGINAL_BATCH = "original_batch"
+
+
+@dataclass(frozen=True)
+class RampPolicy:
+    original_batch: int  # sequences per optimizer step at the run's start (all ranks)
+    original_lr: float  # base LR at original_batch; every ramp's LR is scaled from it
+    lr_rule: str = "sqrt"  # advisor.lr rule: 'sqrt' (Adam family), 'linear' (SGD), 'none'
+    ramp_at: float = 1.0  # ramp once the noise scale >= ramp_at × B ...
+    bound_at: float = 1.0  # ... and its one-sided 95% lower bound >= bound_at × B
+    factor: int = 2  # the auto ramp multiplies the batch by this
+    hysteresis_steps: int = 20  # consecutive estimates above, counted after the last ramp
+    min_estimates: int = 30  # noise-scale estimates before any ramp
+    margin: float = 0.05  # fraction of device memory kept free when judging fit
+    offered_factors: tuple[int, ...] = (2, 4, 8)  # the tiers the card offers
+    keep_noise_scale: bool = True  # on one device, offer tiers with accumulation >= 2
+
+    def __post_init__(self):
+        if not (isinstance(self.original_batch, int) and self.original_batch > 0):
+            raise ValueError(f"original_batch must be a positive integer, got {self.original_batch!r}")
+        if not (math.isfinite(self.original_lr) and self.original_lr > 0):
+            raise ValueError(f"original_lr must be a positive number, got {self.original_lr!r}")
+        rule_for(rule=self.lr_rule)  # raises on an unknown rule
+        if not (self.ramp_at > 0 and self.bound_at >= 0 and self.factor >= 2):
+            raise ValueError("ramp_at must be > 0, bound_at >= 0 and factor >= 2")
+        if self.hysteresis_steps < 1 or self.min_estimates < 0 or not 0 <= self.margin < 1:
+            raise ValueError("hysteresis_steps >= 1, min_estimates >= 0 and margin in [0, 1)")
+
+    # -- what it says ---------------------------------------------------------------------
+    def band_cost(self) -> dict[str, float]:
+        """Steps and examples relative to their minima at the band's ends (eq. 2.11)."""
+        low, high = 1.0 / self.ramp_at, self.factor / self.ramp_at  # B / B_noise at the ends
+        return {"batch_low": low, "batch_high": high,
+                "steps_low": 1 + 1 / high, "steps_high": 1 + 1 / low,
+                "examples_low": 1 + low, "examples_high": 1 + high}
+
+    def describe(self) -> str:
+        c = self.band_cost()
+        return (f"keep the batch within [{c['batch_low']:g}, {c['batch_high']:g}] × the noise "
+                f"scale: ×{self.factor} once it is >= {self.ramp_at:g}× the batch for "
+                f"{self.hysteresis_steps} estimates (95% lower bound >= {self.bound_at:g}× the "
+                f"batch); eq. 2.11 prices that band at {c['steps_low']:g}–{c['steps_high']:g}× "
+                f"the minimum steps and {c['examples_low']:g}–{c['examples_high']:g}× the "
+                "minimum examples")
+
+    def new_base_lr(self, new_batch: int) -> float:
+        """The base LR at new_batch, scaled from the original (a ramp and its reverse restore it)."""
+        return scaled_base_lr(self.original_lr, self.original_batch, new_batch, self.lr_rule)
+
+    def decide(self, steps: Sequence[int], b_noise: Sequence[float | None],
+               lower: Sequence[float | None] | None, batch: float, since_step: int | None):
+        """advisor.ramp.ramp_decision with this policy's thresholds."""
+        return ramp_decision(steps, b_noise, batch, threshold=self.ramp_at,
+                             hysteresis_steps=self.hysteresis_steps,
+                             min_samples=self.min_estimates, since_step=since_step,
+                             lower=lower, lower_threshold=self.bound_at)
+
+    # -- the run config -----------------------------------------------------------------------
+    def to_config(self) -> dict:
+        d = asdict(self)
+        d["offered_factors"] = list(self.offered_factors)
+        return d
+
+    @classmethod
+    def from_config(cls, config: Mapping | None, **overrides) -> RampPolicy:
+        """The policy a run recorded; older configs through their legacy keys and first tier.
+        Raises ValueError when the config names neither a policy nor a first tier and LR."""
+        config = config or {}
+        saved = config.get(CONFIG_KEY)
+        if isinstance(saved, Mapping):
+            known = {f.name for f in fields(cls)}
+            kw = {k: v for k, v in saved.items() if k in known}
+            if "offered_factors" in kw:
+                kw["offered_factors"] = tuple(int(f) for f in kw["offered_factors"])
+            return replace(cls(**kw), **overrides)
+        batch = config.get(LEGACY_ORIGINAL_BATCH) or _first_batch(config)
+        lr = config.get(LEGACY_ORIGINAL_LR) or config.get("lr")
+        if not batch or not isinstance(lr, (int, float)):
+            raise ValueError("the run config names no ramp policy and no first tier and LR")
+        kw = {"original_batch": int(batch), "original_lr": float(lr)}
+        try:
+            kw["lr_rule"] = rule_for(config.get("optimizer") or "adamw")
+        except ValueError:
+            pass  # an optimizer with no known rule: the default rule, and the card says so
+        if config.get(LEGACY_HYSTERESIS):
+            kw["hysteresis_steps"] = int(config[LEGACY_HYSTERESIS])
+        if config.get(LEGACY_MIN_ESTIMATES) is not None:
+            kw["min_estimates"] = int(config[LEGACY_MIN_ESTIMATES])
+        return replace(cls(**kw), **overrides)
+
+
+def _first_batch(config: Mapping) -> int | None:
+    try:
+        b = int(config["per_device_batch"]) * int(config["accum"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return b * int(config.get("world_size") or 1) if b > 0 else None

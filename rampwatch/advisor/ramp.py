@@ -1,0 +1,466 @@
+"""Batch tiers and the ramp point: how far the batch can grow in memory, and when it should.
+
+Owns: `Tier` and `candidate_tiers` (effective batch ×2/×4/×8 split into per-device batch ×
+accumulation × world size under a memory model), `ramp_decision` / `Recommendation` (is the
+smoothed noise scale above the batch for long enough; when will it be), and `predicted_effect`
+(steps and examples before and after a ramp).
+
+Sources: tiers follow docs/ARCHITECTURE.md "Tier" (prefer the largest per-device batch that fits, make up the
+rest with accumulation; a per-device batch that ran out of memory stays infeasible). The ramp rule
+and effect use S/S_min = 1 + B_noise/B and E/E_min = 1 + B/B_noise (McCandlish et al. 2018,
+"An Empirical Model of Large-Batch Training", §2.3, eq. 2.11 with B_crit ≈ B_noise): at
+B = B_noise a doubling saves 25% of the steps and costs 50% more examples; past it, less and more.
+"""
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from rampwatch.advisor.gns import examples_ratio, steps_ratio
+from rampwatch.advisor.gns_window import significant
+from rampwatch.advisor.lr import lr_multiplier, rule_for
+from rampwatch.advisor.memory import MemoryModel, format_gb, usable_bytes
+
+__all__ = [
+    "Tier",
+    "candidate_tiers",
+    "accumulation_tiers",
+    "Evidence",
+    "Recommendation",
+    "ramp_decision",
+    "Effect",
+    "predicted_effect",
+]
+
+
+def _pos_int(name: str, value) -> int:
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}") from None
+    if isinstance(value, bool) or v <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return v
+
+
+# --------------------------------------------------------------------------------------- tiers
+
+
+@dataclass(frozen=True)
+class Tier:
+    """One way to run an effective batch: per-device batch × accumulation × world size."""
+
+    per_device_batch: int
+    accum: int
+    world_size: int
+    seq_len: int
+    predicted_peak_bytes: float | None = None
+    fits: bool = True
+    reason: str = ""
+    lr_multiplier: float = 1.0  # relative to the current batch, by the optimizer's rule
+    factor: int = 1  # effective batch / current effective batch
+
+    @property
+    def measures_noise(self) -> bool:
+        """Two batch sizes per step (accumulation >= 2 or several ranks): the noise scale goes on."""
+        return self.accum >= 2 or self.world_size >= 2
+
+    @property
+    def effective_batch(self) -> int:
+        """Sequences per optimizer step."""
+        return self.per_device_batch * self.accum * self.world_size
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.effective_batch * self.seq_len
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["effective_batch"] = self.effective_batch
+        d["tokens_per_step"] = self.tokens_per_step
+        return d
+
+
+def _divisors(n: int) -> list[int]:
+    small, large = [], []
+    i = 1
+    while i * i <= n:
+        if n % i == 0:
+            small.append(i)
+            if i * i != n:
+                large.append(n // i)
+        i += 1
+    return small + large[::-1]
+
+
+def candidate_tiers(
+    per_device_batch: int,
+    accum: int,
+    world_size: int,
+    seq_len: int,
+    memory_model: MemoryModel,
+    capacity_bytes: float,
+    margin: float = 0.05,
+    factors: Iterable[int] = (2, 4, 8),
+    infeasible: Iterable[int] = (),
+    optimizer: str | None = "adamw",
+    max_per_device: int | None = None,
+    rule: str | None = None,
+    keep_noise_scale: bool = False,
+) -> list[Tier]:
+    """A tier for each factor × the current effective batch, in the order of `factors`.
+
+    For target effective batch E' = factor·E the per-rank batch is R = E'/world_size; the
+    per-device batch p must divide R (accumulation R/p). Among divisors not in `infeasible` (ran
+    out of memory before) and <= max_per_device, the largest that fits is chosen. A divisor fits
+    when its predicted peak is <= capacity·(1 − margin), or when it is <= the current per-device
+    batch and the current one is not known infeasible (it is running, and memory grows with the
+    batch): an accumulation-only ramp needs no new memory. A tier that cannot fit has fits=False
+    and a reason. lr_multiplier is relative to the current batch (rule from `optimizer`, or
+    `rule` if given). keep_noise_scale on one device: only per-device batches with accumulation
+    >= 2, so every step still has two batch sizes for the noise scale (accumulation 1 on one
+    device has one); the reason says what the larger per-device batch would have cost.
+    """
+    pdb = _pos_int("per_device_batch", per_device_batch)
+    acc = _pos_int("accum", accum)
+    world = _pos_int("world_size", world_size)
+    seq = _pos_int("seq_len", seq_len)
+    if not isinstance(memory_model, MemoryModel):
+        raise ValueError(f"memory_model must be an advisor.memory.MemoryModel, got {type(memory_model).__name__}")
+    usable = usable_bytes(capacity_bytes, margin)
+    cap = None if max_per_device is None else _pos_int("max_per_device", max_per_device)
+    bad = {_pos_int("infeasible per-device batch", b) for b in infeasible}
+    lr_rule = rule_for(optimizer, rule)
+    running_ok = pdb not in bad  # the current per-device batch is running, so it and smaller fit
+    current = pdb * acc * world
+    tiers = []
+    for f in factors:
+        factor = _pos_int("factor", f)
+        per_rank = factor * pdb * acc
+        divisors = [d for d in _divisors(per_rank) if cap is None or d <= cap]
+        if keep_noise_scale and world == 1 and per_rank >= 2:
+            divisors = [d for d in divisors if d <= per_rank // 2]
+        allowed = [d for d in divisors if d not in bad]
+        pred = {d: memory_model.predict(d) for d in divisors}
+
+        def fits(d: int) -> bool:
+            return (running_ok and d <= pdb) or pred[d] <= usable
+
+        fitting = [d for d in allowed if fits(d)]
+        mult = lr_multiplier(current, current * factor, lr_rule)
+        if fitting:
+            p = fitting[-1]
+            reason = _fit_reason(p, pdb, pred[p], usable, divisors, bad, pred, running_ok)
+            if keep_noise_scale and world == 1 and p == per_rank // 2 and per_rank >= 2 and (
+                    (running_ok and per_rank <= pdb) or memory_model.predict(per_rank) <= usable):
+                reason += (f"; {per_rank} × 1 would fit too but measures no noise scale (one batch "
+                           f"size per step): accumulation 2 keeps it, at the cost of smaller "
+                           f"micro-batches")
+            tiers.append(Tier(p, per_rank // p, world, seq, pred[p], True, reason, mult, factor))
+            continue
+        if allowed:
+            p = allowed[0]
+            reason = f"even per-device batch {p} needs {format_gb(pred[p])} > {format_gb(usable)} usable"
+            if bad:
+                reason += f" (known to run out of memory: {_list(sorted(bad))})"
+        else:
+            p = divisors[0] if divisors else 1
+            why = []
+            if bad & set(_divisors(per_rank)):
+                why.append(f"ran out of memory before: {_list(sorted(bad & set(_divisors(per_rank))))}")
+            if cap is not None:
+                why.append(f"max per-device batch {cap}")
+            reason = f"every per-device batch dividing {per_rank} is excluded ({'; '.join(why)})"
+        tiers.append(Tier(p, per_rank // p, world, seq, pred.get(p), False, reason, mult, factor))
+    return tiers
+
+
+def accumulation_tiers(per_device_batch: int, accum: int, world_size: int, seq_len: int,
+                       factors: Iterable[int] = (2, 4, 8), infeasible: Iterable[int] = (),
+                       rule: str = "sqrt") -> list[Tier]:
+    """Tiers without a memory model: only the running per-device batch is known to fit, so each
+    factor is made up by accumulation alone (which also keeps two batch sizes per step)."""
+    pdb, acc = _pos_int("per_device_batch", per_device_batch), _pos_int("accum", accum)
+    world, seq = _pos_int("world_size", world_size), _pos_int("seq_len", seq_len)
+    ok = pdb not in set(infeasible)
+    reason = ("accumulation only: the running per-device batch fits; no memory model to judge a "
+              "larger one" if ok else f"per-device batch {pdb} ran out of memory")
+    current = pdb * acc * world
+    return [Tier(pdb, acc * f, world, seq, None, ok, reason,
+                 lr_multiplier(current, current * f, rule), f)
+            for f in (_pos_int("factor", f) for f in factors)]
+
+
+def _list(xs: Sequence[int]) -> str:
+    return ", ".join(str(x) for x in xs)
+
+
+def _fit_reason(p, pdb, peak, usable, divisors, bad, pred, running_ok) -> str:
+    if p > pdb:
+        reason = f"per-device batch {p}: predicted {format_gb(peak)} <= {format_gb(usable)} usable"
+    elif p == pdb:
+        reason = f"accumulation only: per-device batch {p} is already running"
+    elif not running_ok:  # then fitting means predicted <= usable
+        reason = (
+            f"per-device batch {p}: predicted {format_gb(peak)} <= {format_gb(usable)} usable "
+            f"(the current {pdb} ran out of memory)"
+        )
+    else:
+        reason = f"per-device batch {p}: at the per-device cap, below the running {pdb}"
+    bigger = [d for d in divisors if d > p]
+    if bigger and not (bigger[0] == pdb and not running_ok):
+        nxt = bigger[0]
+        if nxt in bad:
+            reason += f"; per-device {nxt} ran out of memory before"
+        elif pred[nxt] > usable:
+            reason += f"; per-device {nxt} would need {format_gb(pred[nxt])} > {format_gb(usable)}"
+    return reason
+
+
+# ---------------------------------------------------------------------------------- ramp point
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What a ramp decision rests on."""
+
+    n_samples: int  # finite noise-scale estimates in the series (observations, not sequences)
+    noise_scale: float | None  # latest smoothed noise scale, sequences (None: no point)
+    threshold_batch: float  # threshold × current batch, sequences
+    trend_per_step: float | None  # d(noise scale)/d(step) at the latest step, from the trend fit
+    steps_above: int  # consecutive estimates (most recent) above threshold_batch, since the last ramp
+    hysteresis_steps: int
+    min_samples: int
+    trend: str  # how the trend was fitted, e.g. 'log-linear over 200 estimates'
+    lower_bound: float | None = None  # the latest estimate's one-sided 95% lower bound
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    ready: bool
+    reason: str
+    forecast_step: int | None  # step at which the noise scale is forecast to cross the threshold
+    forecast_range: tuple[int, int | None] | None  # ±z standard errors; None upper = unbounded
+    evidence: Evidence
+    suggested_batch: int | None  # 2 × current batch when ready
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _clean(steps: Sequence[int], values: Sequence[float | None]) -> list[tuple[int, float | None]]:
+    if len(steps) != len(values):
+        raise ValueError(f"got {len(steps)} steps but {len(values)} noise-scale values: pass one per step")
+    out = []
+    for s, v in zip(steps, values):
+        fv = None
+        if v is not None:
+            fv = float(v)
+            if not math.isfinite(fv) or fv < 0:
+                fv = None
+        out.append((int(s), fv))
+    out.sort(key=lambda sv: sv[0])
+    return out
+
+
+def _trend(xs: np.ndarray, ys: np.ndarray):
+    """OLS y = c + s·x; returns (c, s, cov 2×2) or None when it cannot be fitted."""
+    n = len(xs)
+    if n < 3 or np.ptp(xs) == 0:
+        return None
+    X = np.stack([np.ones_like(xs), xs], axis=1)
+    coef, *_ = np.linalg.lstsq(X, ys, rcond=None)
+    resid = ys - X @ coef
+    s2 = float(resid @ resid) / (n - 2)
+    cov = s2 * np.linalg.inv(X.T @ X)
+    return float(coef[0]), float(coef[1]), cov
+
+
+def ramp_decision(
+    steps: Sequence[int],
+    b_noise: Sequence[float | None],
+    current_batch: float,
+    threshold: float = 1.0,
+    hysteresis_steps: int = 50,
+    min_samples: int = 100,
+    window: int = 200,
+    since_step: int | None = None,
+    trend: str = "log",
+    z: float = 1.96,
+    lower: Sequence[float | None] | None = None,
+    lower_threshold: float = 0.0,
+) -> Recommendation:
+    """Should the batch be doubled now, and if not, when will it be time?
+
+    steps, b_noise: the smoothed noise scale (sequences, e.g. advisor.gns_window's b_simple) by step;
+    None / NaN / negative mean "no estimate". Ready when at least `min_samples` estimates exist and
+    the noise scale has stayed above threshold × current_batch for the last `hysteresis_steps`
+    steps (counted only after `since_step`, the last ramp: a ramp restarts the hysteresis but keeps
+    the noise-scale history). Otherwise the crossing is forecast from an OLS trend over the last
+    `window` estimates, log-linear (trend='log', the noise scale grows roughly geometrically as
+    the loss falls) or linear; the range is ±z standard errors by the delta method. The series is
+    smoothed, so its points are correlated and the range is a guide, not a confidence interval.
+
+    lower: the noise scale's one-sided lower bound at each step (advisor.gns_window), or None.
+    With it, a step counts as above when its point is above the target and its bound is at least
+    lower_threshold × current_batch, or when it has no point (the windowed |G|² is not positive:
+    B_noise ≫ batch) but its bound alone is above the target. Steps are the steps that have an
+    estimate; a step with none is simply absent and neither breaks nor extends the streak.
+    """
+    batch = float(current_batch)
+    if not math.isfinite(batch) or batch <= 0:
+        raise ValueError(f"current_batch must be a positive number of sequences, got {current_batch!r}")
+    if not (math.isfinite(float(threshold)) and threshold > 0):
+        raise ValueError(f"threshold must be a positive multiple of the batch, got {threshold!r}")
+    hyst = _pos_int("hysteresis_steps", hysteresis_steps)
+    if isinstance(min_samples, bool) or int(min_samples) < 0:
+        raise ValueError(f"min_samples must be >= 0, got {min_samples!r}")
+    min_samples = int(min_samples)
+    win = _pos_int("window", window)
+    if trend not in ("log", "linear"):
+        raise ValueError(f"trend must be 'log' or 'linear', got {trend!r}")
+    target = float(threshold) * batch
+    points = _clean(steps, b_noise)
+    bounds = dict(_clean(steps, lower)) if lower is not None else {}
+    bound_target = float(lower_threshold) * batch
+
+    def above(s: int, v: float | None) -> bool:
+        b = bounds.get(s)
+        if v is None:
+            return b is not None and b > target
+        return v > target and (lower is None or (b is not None and b >= bound_target))
+
+    valid = [(s, v) for s, v in points if v is not None]
+    estimates = [(s, v) for s, v in points if v is not None or bounds.get(s)]
+    n = len(estimates)
+    latest = valid[-1][1] if valid else None
+    last_step = points[-1][0] if points else None
+    latest_bound = bounds.get(estimates[-1][0]) if estimates else None
+    if estimates and estimates[-1][1] is None:  # the newest step has a bound and no point
+        latest = None
+
+    # Consecutive estimates above the target, newest first, after the last ramp.
+    steps_above = 0
+    for s, v in reversed(estimates):
+        if since_step is not None and s <= since_step:
+            break
+        if not above(s, v):
+            break
+        steps_above += 1
+
+    # Trend over the recent window.
+    recent = valid[-win:]
+    if trend == "log":
+        recent = [(s, v) for s, v in recent if v > 0]
+    fit = None
+    if recent:
+        xs = np.array([s - recent[-1][0] for s, _ in recent], dtype=np.float64)
+        ys = np.array([v for _, v in recent], dtype=np.float64)
+        fit = _trend(xs, np.log(ys) if trend == "log" else ys)
+    trend_desc = f"{'log-linear' if trend == 'log' else 'linear'} over {len(recent)} estimates"
+    slope_per_step = None
+    forecast = None
+    frange = None
+    if fit is not None:
+        c, s, cov = fit
+        level = math.exp(c) if trend == "log" else c
+        slope_per_step = s * level if trend == "log" else s
+        if latest is not None and latest <= target and s > 0:
+            goal = math.log(target) if trend == "log" else target
+            delta = (goal - c) / s
+            if delta < 1e15:
+                crossing = recent[-1][0] + delta  # continuous step of the crossing
+                forecast = max(last_step + 1, math.ceil(crossing))
+                grad = np.array([-1.0 / s, -delta / s])  # ∂delta/∂(c, s), delta method
+                sd = math.sqrt(max(0.0, float(grad @ cov @ grad)))
+                lo = max(last_step + 1, math.floor(crossing - z * sd))
+                s_se = math.sqrt(max(0.0, float(cov[1, 1])))
+                hi = None if s - z * s_se <= 0 else max(forecast, math.ceil(crossing + z * sd))
+                frange = (lo, hi)
+
+    evidence = Evidence(
+        n_samples=n,
+        noise_scale=latest,
+        threshold_batch=target,
+        trend_per_step=slope_per_step,
+        steps_above=steps_above,
+        hysteresis_steps=hyst,
+        min_samples=min_samples,
+        trend=trend_desc,
+        lower_bound=latest_bound,
+    )
+    ready = n >= min_samples and steps_above >= hyst
+    ns = "none" if latest is None else significant(latest)
+    if latest is None and latest_bound:
+        ns = f"> {significant(latest_bound)} (95%)"
+    bound_note = "" if lower is None else f" with its 95% lower bound >= {significant(bound_target)}"
+    if ready:
+        reason = (
+            f"noise scale {ns} has stayed above {_thr(threshold)}the batch ({significant(target)} "
+            f"sequences){bound_note} for {steps_above} estimates ({n} in all): ramp the batch"
+        )
+        return Recommendation(True, reason, None, None, evidence, int(round(2 * batch)))
+    if not estimates:
+        reason = "no noise-scale estimate yet: keep training"
+    elif steps_above > 0:
+        ready_at = last_step + hyst - steps_above
+        reason = (
+            f"noise scale {ns} above {significant(target)}{bound_note} for {steps_above} of {hyst} "
+            f"estimates: ready at step ~{ready_at} if it stays above"
+        )
+        forecast, frange = ready_at, None
+    elif latest is not None and latest > target:
+        reason = (
+            f"noise scale {ns} is above {significant(target)}, but "
+            + (f"its 95% lower bound is below {significant(bound_target)}: wait for more evidence"
+               if lower is not None else f"not since the ramp at step {since_step}")
+        )
+    elif latest is None:
+        reason = (f"noise scale {ns}: not above {significant(target)} with 95% confidence yet"
+                  if latest_bound else "the windowed |G|² is not positive and no bound is known yet")
+    elif forecast is not None:
+        hi = "unbounded" if frange[1] is None else f"{frange[1]:,}"
+        reason = (
+            f"noise scale {ns} below {significant(target)}; trend {slope_per_step:+.3g}/step "
+            f"({trend_desc}) crosses at step ~{forecast:,} (range {frange[0]:,}–{hi})"
+        )
+    elif fit is None:
+        reason = f"noise scale {ns} below {significant(target)}; too few estimates ({len(recent)}) for a trend"
+    else:
+        reason = f"noise scale {ns} below {significant(target)} and not rising ({trend_desc}): no crossing forecast"
+    if n < min_samples:
+        reason = f"not enough evidence ({n} noise-scale estimates, need {min_samples}); " + reason
+    return Recommendation(False, reason, forecast, frange, evidence, None)
+
+
+def _thr(threshold: float) -> str:
+    return "" if threshold == 1 else f"{threshold:g}× "
+
+
+# ------------------------------------------------------------------------------------- effect
+
+
+@dataclass(frozen=True)
+class Effect:
+    """Steps and examples to a target loss, relative to their minima, before and after a ramp."""
+
+    steps_ratio_before: float  # S/S_min at the current batch
+    steps_ratio_after: float
+    examples_ratio_before: float  # E/E_min at the current batch
+    examples_ratio_after: float
+    step_savings: float  # fraction of optimizer steps saved: 1 − S_after/S_before
+    example_cost: float  # fraction more examples (tokens) needed: E_after/E_before − 1
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def predicted_effect(current_batch: float, new_batch: float, b_noise: float) -> Effect:
+    """S/S_min = 1 + B_noise/B and E/E_min = 1 + B/B_noise at both batches (McCandlish §2.3)."""
+    sb, sa = steps_ratio(current_batch, b_noise), steps_ratio(new_batch, b_noise)
+    eb, ea = examples_ratio(current_batch, b_noise), examples_ratio(new_batch, b_noise)
+    return Effect(sb, sa, eb, ea, 1.0 - sa / sb, ea / eb - 1.0)

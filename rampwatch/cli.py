@@ -1,0 +1,157 @@
+"""The `rampwatch` command: one entry point for every tool, from any directory.
+
+    rampwatch dashboard [--db PATH] [--read-only] [--host H] [--port P] [-- streamlit flags…]
+    rampwatch train …                 the reference trainer (rampwatch/trainer/cli.py)
+    rampwatch plan …                  batch tiers that fit in memory (rampwatch/advisor/cli.py)
+    rampwatch info | recover | upgrade DB,  rampwatch export DB [RUN]   (rampwatch/store/cli.py)
+
+Owns the dispatch and the rule that every mistake on the command line is one line on stderr and
+exit 2, never a traceback or a usage screen. Each subcommand's options live beside its code;
+heavy imports (torch, streamlit) happen only inside the subcommand that needs them, so a
+viewer's install without torch runs the dashboard and the database commands.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+from rampwatch.advisor import cli as plan_cli
+from rampwatch.dashboard import guard
+from rampwatch.store import cli as store_cli
+from rampwatch.trainer import cli as train_cli
+
+APP = Path(__file__).resolve().parent / "dashboard" / "app.py"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a mistake is one line naming the command and where to read more."""
+
+    def error(self, message: str):  # noqa: D102 - argparse's hook
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="rampwatch", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                parser_class=_Parser)
+    d = sub.add_parser("dashboard", help="serve the dashboard (Streamlit) on one database",
+                       description="Serve the dashboard. Anything after `--` goes to "
+                                   "`streamlit run` unchanged (e.g. -- --theme.base dark).")
+    d.add_argument("--db", help="the Rampwatch DuckDB file (default $RAMPWATCH_DB)")
+    d.add_argument("--read-only", action="store_true",
+                   help="no Approve, nothing written: for a shared or public view")
+    d.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1: this machine only)")
+    d.add_argument("--port", type=int, default=8501)
+    d.add_argument("--token-file", help="file whose first line is the operator token (default "
+                   "$RAMPWATCH_TOKEN; on 127.0.0.1 a fresh token is printed when neither is set)")
+    train_cli.add_arguments(sub.add_parser(
+        "train", help="train a GPT preset, logging every step to the database"))
+    plan_cli.add_arguments(sub.add_parser(
+        "plan", help="batch tiers (×2, ×4, ×8) and whether each fits in memory"))
+    store_cli.add_commands(sub)
+    for command in sub.choices.values():  # a mistake is reported by the subcommand's parser
+        command.set_defaults(command_parser=command)
+    return parser
+
+
+def _dashboard(args: argparse.Namespace, streamlit_flags: list[str]) -> int:
+    if importlib.util.find_spec("streamlit") is None:
+        print("rampwatch dashboard: error: Streamlit is not installed here; install the "
+              "dashboard with `pip install 'rampwatch[dashboard]'`", file=sys.stderr)
+        return 2
+    if not args.read_only and _agent_api_requested(streamlit_flags):
+        print("rampwatch dashboard: error: Streamlit's agent API is another way to drive the "
+              "page: Rampwatch does not serve Approve with it; drop it or add --read-only",
+              file=sys.stderr)
+        return 2
+    if not 0 < args.port < 65536:
+        print(f"rampwatch dashboard: error: --port must be 1-65535, got {args.port}",
+              file=sys.stderr)
+        return 2
+    env = dict(os.environ)
+    env.pop(guard.TOKEN_ENV, None)
+    if not args.read_only:
+        try:
+            token = _operator_token(args)
+        except ValueError as e:
+            print(f"rampwatch dashboard: error: {e}", file=sys.stderr)
+            return 2
+        env[guard.TOKEN_ENV] = token
+    app_args = (["--db", str(Path(args.db).expanduser().absolute())] if args.db else []) + (
+        ["--read-only"] if args.read_only else [])
+    hosts = []  # Host names a browser may use: a DNS-rebinding page's name is refused
+    if guard.is_loopback(args.host) and not any("allowedHosts" in f for f in streamlit_flags):
+        for name in guard.LOOPBACK_NAMES:
+            hosts += ["--server.allowedHosts", name]
+    command = [sys.executable, "-m", "streamlit", "run", str(APP),
+               "--server.address", args.host, "--server.port", str(args.port),
+               "--server.headless", "true", "--server.fileWatcherType", "none",
+               "--browser.gatherUsageStats", "false", "--client.toolbarMode", "viewer",
+               *hosts, *streamlit_flags, "--", *app_args]
+    sys.stdout.flush()
+    os.execve(sys.executable, command, env)  # Streamlit owns the process (and Ctrl-C) now
+
+
+def _agent_api_requested(flags: list[str]) -> bool:
+    """--server.enableAgentApi [true] or =true among the Streamlit flags."""
+    for i, flag in enumerate(flags):
+        name, eq, value = flag.partition("=")
+        if name == "--server.enableAgentApi":
+            value = value if eq else (flags[i + 1] if i + 1 < len(flags) else "true")
+            return value.strip().lower() not in ("false", "0", "no", "off")
+    return False
+
+
+def _operator_token(args: argparse.Namespace) -> str:
+    """The token every write must present: from --token-file, else $RAMPWATCH_TOKEN, else a
+    fresh one printed here, which only a dashboard on loopback may make up for itself."""
+    if args.token_file:
+        try:
+            token = Path(args.token_file).read_text().strip().splitlines()[:1]
+        except OSError as e:
+            raise ValueError(f"cannot read --token-file {args.token_file}: {e.strerror}") from None
+        if not token or not token[0].strip():
+            raise ValueError(f"--token-file {args.token_file} is empty: put the token on its "
+                             "first line")
+        return token[0].strip()
+    token = guard.server_token()
+    if token:
+        return token
+    if not guard.is_loopback(args.host):
+        raise ValueError(f"refusing to serve Approve on {args.host} without an operator token: "
+                         f"set {guard.TOKEN_ENV} or pass --token-file FILE, or serve --read-only")
+    token = guard.new_token()
+    print(f"Operator token (type it beside Approve; new each start): {token}", flush=True)
+    return token
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; the exit status (2 for any mistake on the command line)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    streamlit_flags: list[str] = []
+    if argv[:1] == ["dashboard"] and "--" in argv:
+        cut = argv.index("--")
+        argv, streamlit_flags = argv[:cut], argv[cut + 1:]
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if args.command == "dashboard":
+        return _dashboard(args, streamlit_flags)
+    if args.command == "train":
+        try:
+            train_cli.resolve_defaults(args)
+        except ValueError as e:
+            args.command_parser.error(str(e))
+        return train_cli.run(args)
+    if args.command == "plan":
+        return plan_cli.run(args)
+    return store_cli.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

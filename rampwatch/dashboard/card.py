@@ -1,0 +1,264 @@
+"""The recommendation card on the live page: what the advisor says, and Approve / Reject / Cancel.
+
+Owns the card's drawing and its controls (content comes from dashboard/recommend.py): the verdict
+and its evidence, the tier table with the chosen tier's predicted peak against capacity, LR
+change and predicted effect, the latest ramp command's state (pending → applied at step N, or
+refused with the reason), and the buttons. Stable widget keys for tests and the browser test:
+"approve" (label starts with "Approve"), "reject", "cancel_command", "tier_choice", and the
+operator's "rw_operator" (name) and "rw_token" (the operator token, dashboard/guard.py).
+Read-only mode and runs that are not running draw the same card with no buttons. A click is
+checked again on the server (data.py): the token, and that the button was not disabled.
+Reject hides that recommendation (Card.key) for this session until a new one appears.
+"""
+from __future__ import annotations
+
+import streamlit as st
+
+from rampwatch.advisor.gns_window import significant
+from rampwatch.advisor.memory import format_gb
+from rampwatch.dashboard import data
+from rampwatch.dashboard.recommend import Card, TierView
+
+STALE_STEPS = 50  # an estimate this many steps behind the run means the measurement is off
+REJECTED = "rw_rejected"
+FLASH = "rw_flash"
+
+
+OPERATOR, TOKEN = "rw_operator", "rw_token"
+
+
+def _who() -> dict:
+    return {"operator": st.session_state.get(OPERATOR), "token": st.session_state.get(TOKEN)}
+
+
+def _approve(db, run_id: str, payload: dict, label: str, key: str, blocked: str | None) -> None:
+    if blocked:  # rendered disabled: a click can still arrive from a scripted client
+        st.session_state[FLASH] = ("error", f"Not submitted: {blocked}")
+        return
+    try:
+        cid = data.submit_ramp(db, run_id, payload, key=key, **_who())
+        st.session_state[FLASH] = ("success", f"Ramp #{cid} to {label} submitted: pending until "
+                                   "the trainer picks it up at its next step boundary.")
+    except data.StoreError as e:
+        st.session_state[FLASH] = ("error", f"Not submitted: {e}")
+
+
+def _cancel(db, command_id: int) -> None:
+    try:
+        data.cancel_command(db, command_id, **_who())
+        st.session_state[FLASH] = ("info", f"Ramp #{command_id} cancelled.")
+    except data.StoreError as e:
+        st.session_state[FLASH] = ("error", f"Could not cancel #{command_id}: {e}")
+
+
+def _reject(key: str) -> None:
+    st.session_state.setdefault(REJECTED, set()).add(key)
+
+
+def _flash(slot) -> None:
+    msg = st.session_state.pop(FLASH, None)
+    if msg:
+        getattr(slot, msg[0])(msg[1])
+
+
+def _command_line(card: Card, slot) -> None:
+    c = card.command
+    if c is None:
+        return
+    if c.status in ("pending", "claimed"):
+        slot.info(c.text, icon=":material/hourglass_top:")
+    elif c.status == "applied":
+        slot.success(c.text, icon=":material/check_circle:")
+    elif c.status == "refused":
+        slot.error(c.text, icon=":material/block:")
+    else:
+        slot.caption(c.text)
+
+
+def _verdict(card: Card) -> None:
+    d = card.decision
+    if d is None:
+        return
+    if d.ready:
+        st.success(f"**Ramp now.** {d.reason}", icon=":material/trending_up:")
+    else:
+        st.info(f"**Not yet.** {d.reason}", icon=":material/schedule:")
+
+
+def _evidence(card: Card) -> None:
+    d = card.decision
+    if d is None:
+        return
+    ev = d.evidence
+    ns = "none yet"
+    if ev.noise_scale is not None:
+        ns = significant(ev.noise_scale)
+        if ev.lower_bound is not None:
+            ns += f" (95% lower bound {significant(ev.lower_bound)})"
+    elif ev.lower_bound:
+        ns = f"> {significant(ev.lower_bound)} (95%; the windowed |G|² is not positive)"
+    trend = "n/a" if ev.trend_per_step is None else f"{ev.trend_per_step:+.3g}/step ({ev.trend})"
+    if d.forecast_step is None:
+        fc = "none"
+    else:
+        fc = f"step ~{d.forecast_step:,}"
+        if d.forecast_range:
+            lo, hi = d.forecast_range
+            fc += f" (range {lo:,}–{'unbounded' if hi is None else f'{hi:,}'})"
+    since = "" if card.last_ramp_step is None else f" since the ramp at step {card.last_ramp_step:,}"
+    fresh = ""
+    if card.latest_estimate_step is not None:
+        behind = card.last_step - card.latest_estimate_step if card.last_step is not None else 0
+        fresh = (f" at step {card.latest_estimate_step:,}"
+                 + (f" — **{behind:,} steps old: the run measures no noise scale now**"
+                    if behind > STALE_STEPS else ""))
+    st.markdown(
+        f"- samples: **{ev.n_samples}** noise-scale estimates (need {ev.min_samples})\n"
+        f"- noise scale **{ns}**{fresh} vs ramp point **{significant(ev.threshold_batch)}** "
+        f"sequences\n"
+        f"- above the ramp point for **{ev.steps_above}** of {ev.hysteresis_steps} estimates{since}\n"
+        f"- trend: {trend}\n"
+        f"- forecast crossing: {fc}\n"
+        + (f"- policy: {card.policy.describe()}" if card.policy else ""))
+
+
+def _tier_rows(card: Card) -> list[dict]:
+    rows = []
+    for v in card.tiers:
+        t = v.tier
+        rows.append({
+            "tier": f"×{t.factor}", "per-device batch": t.per_device_batch, "accumulation": t.accum,
+            "batch (sequences)": t.effective_batch,
+            "tokens/step": t.tokens_per_step if card.current and card.current.seq_len else None,
+            "predicted peak": format_gb(t.predicted_peak_bytes) if t.predicted_peak_bytes else "—",
+            "fits": "yes" if t.fits else "no", "LR ×": round(t.lr_multiplier, 4),
+            "new base LR": f"{v.new_base_lr:.3g}" if v.new_base_lr else "—",
+            "noise scale": "measured" if t.measures_noise else
+            "not measured: one batch size per step", "why": t.reason})
+    return rows
+
+
+def _chosen(card: Card) -> TierView | None:
+    if not card.tiers:
+        return None
+    labels = [v.label for v in card.tiers]
+    default = labels.index(card.suggested.label) if card.suggested else 0
+    if st.session_state.get("tier_choice") not in labels:
+        st.session_state["tier_choice"] = labels[default]
+    label = st.radio("Tier", labels, key="tier_choice", horizontal=True)
+    return card.tiers[labels.index(label)]
+
+
+def _tier_detail(card: Card, v: TierView) -> None:
+    t, cur = v.tier, card.current
+    cols = st.columns(4)
+    cols[0].metric("Batch", f"{t.effective_batch:,} seq", f"from {cur.batch:,}", delta_color="off", delta_arrow="off")
+    cap = cur.capacity_bytes
+    if t.predicted_peak_bytes and cap:
+        cols[1].metric("Predicted peak", format_gb(t.predicted_peak_bytes),
+                       f"{t.predicted_peak_bytes / cap:.0%} of {format_gb(cap)}", delta_color="off", delta_arrow="off")
+    else:
+        cols[1].metric("Predicted peak", "—", "accumulation only" if t.fits else "unknown",
+                       delta_color="off", delta_arrow="off")
+    lr_note = f"base LR → {v.new_base_lr:.3g}" if v.new_base_lr else "of the current LR"
+    cols[2].metric("LR multiplier", f"×{t.lr_multiplier:.3f}", lr_note, delta_color="off", delta_arrow="off")
+    if v.effect:
+        cols[3].metric("Steps to target", f"{-v.effect.step_savings:+.0%}",
+                       f"tokens {v.effect.example_cost:+.0%}", delta_color="off", delta_arrow="off")
+    else:
+        cols[3].metric("Steps to target", "—", "needs a noise-scale estimate", delta_color="off", delta_arrow="off")
+    if t.predicted_peak_bytes and cap:
+        st.progress(min(1.0, t.predicted_peak_bytes / cap),
+                    text=f"predicted peak {format_gb(t.predicted_peak_bytes)} of "
+                         f"{format_gb(cap)} capacity (usable {format_gb(card.usable_bytes or cap)})")
+    if v.lr_warning:
+        st.warning(v.lr_warning)
+    if not t.fits:
+        st.error(f"This tier cannot be approved: {t.reason}", icon=":material/memory:")
+
+
+def render(card: Card, *, db, run, read_only: bool) -> None:
+    """Draw the card for `run` (store.reader.Run); buttons only when writable and running."""
+    st.subheader("Recommendation")
+    with st.container(border=True):
+        # fixed slots: a message appearing or going does not shift the elements below it, so a
+        # refresh never shows the previous buttons beside the new ones while it runs
+        flash, now, command = st.empty(), st.empty(), st.empty()
+        _flash(flash)
+        if card.current is not None:
+            now.caption("Now: " + card.current.describe())
+        _command_line(card, command)
+        # one container per part whose element count varies, so the buttons below keep their
+        # place in the element tree and a refresh never shows a stale copy beside the new ones
+        with st.container():
+            for p in card.problems:
+                st.warning(p)
+        rejected = card.key in st.session_state.get(REJECTED, set())
+        if rejected:
+            st.caption("You rejected this recommendation for this session; a new one appears "
+                       "after the next ramp or when the advisor suggests another tier.")
+            return
+        with st.container():
+            _verdict(card)
+        if card.current is None:
+            return
+        with st.container():
+            v = _chosen(card)
+        with st.container():
+            if v is not None:
+                _tier_detail(card, v)
+        with st.expander("Evidence and all tiers", expanded=False):
+            _evidence(card)
+            st.caption(card.memory_note)
+            for n in card.notes:
+                st.caption(n)
+            st.dataframe(_tier_rows(card), hide_index=True, key="tier_table")
+        if read_only:
+            return
+        if run.stored_status != "running" or run.status != "running":
+            st.caption(f"The run is {run.status}: ramp commands go only to running runs.")
+            return
+        _controls(card, v, db, run.run_id)
+
+
+def _approval_key(card: Card, v: TierView) -> str:
+    """The command's idempotency key: the same for every click (or replay) on this card state,
+    new once the latest command changed (applied, refused, cancelled) or a ramp happened."""
+    last = card.command.command_id if card.command else 0
+    return f"{card.key}:{v.tier.per_device_batch}x{v.tier.accum}:after-{last}"
+
+
+def _operator() -> None:
+    """Who approves: a typed name (recorded in the command log) and the operator token."""
+    left, right = st.columns(2)
+    left.text_input("Operator", key=OPERATOR, max_chars=64, placeholder="your name",
+                    help="recorded with every command you send")
+    right.text_input("Operator token", key=TOKEN, type="password",
+                     help="printed by `rampwatch dashboard` at start (or its RAMPWATCH_TOKEN); "
+                          "every Approve and Cancel is checked against it on the server")
+
+
+def _controls(card: Card, v: TierView | None, db, run_id: str) -> None:
+    open_cmd = card.command if card.command and card.command.open else None
+    if data.agent_api_enabled():
+        st.warning(data.AGENT_API_REFUSAL)
+        return
+    _operator()
+    cols = st.columns([3, 1, 2])
+    if v is not None:
+        t = v.tier
+        label = f"{t.per_device_batch} × {t.accum}"
+        blocked = (t.reason if not t.fits else
+                   f"already waiting on ramp #{open_cmd.command_id}" if open_cmd else None)
+        cols[0].button(
+            f"Approve ramp to {label} (batch {t.effective_batch:,})", key="approve", type="primary",
+            disabled=blocked is not None,
+            help=blocked or "writes a ramp command; the trainer re-checks and applies it at a "
+                            "step boundary",
+            on_click=_approve,
+            args=(db, run_id, v.payload(), label, _approval_key(card, v), blocked))
+    cols[1].button("Reject", key="reject", on_click=_reject, args=(card.key,),
+                   help="hide this recommendation for this session")
+    if open_cmd is not None and open_cmd.status == "pending":
+        cols[2].button(f"Cancel ramp #{open_cmd.command_id}", key="cancel_command",
+                       on_click=_cancel, args=(db, open_cmd.command_id))

@@ -1,0 +1,252 @@
+"""Plotly figures the pages draw, built from plain arrays and `Buckets` (no store, no Streamlit).
+
+Owns: every figure of the live page (loss, gradient norm, noise scale vs batch, memory vs
+capacity with tier lines, throughput/MFU), the compare overlay, and the shared pieces: a
+downsampled series as a min/max band plus a last-value line, non-finite values as markers
+(never gaps), and events as vertical markers with a hover label.
+
+Trace names are part of the contract with the tests (tests/test_pages_live.py reads them from the
+figure JSON): "<label>" for a series' line, "<label> range" for its band, "<label> non-finite"
+for its markers, "events" for the event hover trace; event lines are layout shapes named
+"event:<kind>".
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+
+from rampwatch.dashboard.buckets import Buckets
+from rampwatch.dashboard.smoothing import debiased_ema
+
+GB = 1e9
+HEIGHT = 340
+EVENT_COLORS = {"ramp": "#2ca02c", "oom": "#d62728", "refused": "#ff7f0e", "resume": "#9467bd",
+                "alert": "#e377c2", "checkpoint": "#b0b0b0"}
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+           "#7f7f7f", "#bcbd22", "#17becf")
+
+
+def _rgba(hex_color: str, alpha: float) -> str:
+    h = hex_color.lstrip("#")
+    r, g, b = (int(h[i:i + 2], 16) for i in (0, 2, 4))
+    return f"rgba({r},{g},{b},{alpha})"
+
+
+def empty_figure(title: str, message: str) -> go.Figure:
+    fig = go.Figure()
+    fig.update_layout(title=title, height=HEIGHT, margin=dict(l=50, r=20, t=40, b=30))
+    fig.add_annotation(text=message, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5)
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return fig
+
+
+def _base(title: str, y_title: str, x_title: str = "step") -> go.Figure:
+    fig = go.Figure()
+    fig.update_layout(
+        title=dict(text=title, x=0.01, font=dict(size=14)), height=HEIGHT,
+        margin=dict(l=55, r=20, t=36, b=40), hovermode="x unified",
+        legend=dict(orientation="h", yanchor="top", y=-0.3, xanchor="left", x=0.0,
+                    font=dict(size=11)),
+        yaxis=dict(title=y_title), xaxis=dict(title=dict(text=x_title, standoff=4)))
+    return fig
+
+
+def nonfinite_positions(b: Buckets, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(x, y, count) for buckets holding non-finite values: placed on the curve (the bucket's
+    last finite figure, else the nearest earlier one), so they sit where the gap would be."""
+    mask = b.nonfinite > 0
+    if not mask.any():
+        return np.zeros(0), np.zeros(0), np.zeros(0, np.int64)
+    cand = np.where(np.isfinite(b.last), b.last, b.hi)
+    idx = np.where(np.isfinite(cand), np.arange(len(cand)), -1)
+    np.maximum.accumulate(idx, out=idx)
+    finite = cand[np.isfinite(cand)]
+    fallback = finite[0] if finite.size else 0.0
+    y = np.where(idx >= 0, cand[np.maximum(idx, 0)], fallback)
+    return b.steps[mask], y[mask] * scale, b.nonfinite[mask]
+
+
+def series_traces(b: Buckets, label: str, color: str, *, scale: float = 1.0, opacity: float = 1.0,
+                  band: bool = True, shape: str = "linear", yaxis: str = "y",
+                  width: float = 1.5) -> list[go.Scatter]:
+    """A downsampled series: min/max band (when buckets hold > 1 step), last line, non-finite x's."""
+    traces: list[go.Scatter] = []
+    x = b.steps
+    if band and b.width > 1 and len(b):
+        traces.append(go.Scatter(x=x, y=b.lo * scale, mode="lines", line=dict(width=0),
+                                 name=f"{label} range", legendgroup=label, showlegend=False,
+                                 hoverinfo="skip", yaxis=yaxis))
+        traces.append(go.Scatter(x=x, y=b.hi * scale, mode="lines", line=dict(width=0),
+                                 fill="tonexty", fillcolor=_rgba(color, 0.18 * opacity + 0.05),
+                                 name=f"{label} range", legendgroup=label, showlegend=False,
+                                 hoverinfo="skip", yaxis=yaxis))
+    y = np.where(np.isfinite(b.last), b.last, np.nan) * scale
+    traces.append(go.Scatter(x=x, y=y, mode="lines", name=label, legendgroup=label,
+                             line=dict(color=color, width=width, shape=shape), opacity=opacity,
+                             connectgaps=True, yaxis=yaxis))
+    nx, ny, nc = nonfinite_positions(b, scale)
+    if len(nx):
+        traces.append(go.Scatter(
+            x=nx, y=ny, mode="markers", name=f"{label} non-finite", yaxis=yaxis,
+            marker=dict(symbol="x", size=10, color="#d62728", line=dict(width=2)),
+            text=[f"{int(c)} non-finite value(s)" for c in nc], hovertemplate="%{text}"))
+    return traces
+
+
+def add_events(fig: go.Figure, events: Sequence[Mapping]) -> int:
+    """Vertical line per event (shape 'event:<kind>') and one hover trace 'events'; returns count."""
+    pts = [e for e in events if e.get("step") is not None]
+    shapes = [dict(type="line", x0=e["step"], x1=e["step"], xref="x", yref="paper", y0=0, y1=1,
+                   name=f"event:{e.get('kind')}", layer="below",
+                   line=dict(color=EVENT_COLORS.get(str(e.get("kind")), "#7f7f7f"), width=1.5,
+                             dash="solid" if e.get("kind") in ("ramp", "oom") else "dot"))
+              for e in pts]
+    if shapes:  # one layout update: add_shape per event re-validates the layout each time
+        fig.update_layout(shapes=list(fig.layout.shapes) + shapes)
+    if pts:
+        fig.add_trace(go.Scatter(
+            x=[e["step"] for e in pts], y=[1.0] * len(pts), yaxis="y9", mode="markers",
+            name="events", showlegend=False,
+            marker=dict(symbol="triangle-down", size=9,
+                        color=[EVENT_COLORS.get(str(e.get("kind")), "#7f7f7f") for e in pts]),
+            text=[f"{e.get('kind')} @ {e['step']}: {str(e.get('message') or '')[:160]}" for e in pts],
+            hovertemplate="%{text}<extra></extra>"))
+        fig.update_layout(yaxis9=dict(overlaying="y", range=[0, 1.04], visible=False, fixedrange=True))
+    return len(pts)
+
+
+def loss_figure(loss: Buckets | None, val: Buckets | None, smoothing: float,
+                events: Sequence[Mapping] = ()) -> go.Figure:
+    """Raw loss faint (band + last), the debiased EMA of it, validation loss, events."""
+    if (loss is None or not len(loss)) and (val is None or not len(val)):
+        return empty_figure("Loss", "no loss logged yet")
+    fig = _base("Loss", "loss")
+    if loss is not None and len(loss):
+        for tr in series_traces(loss, "loss (raw)", PALETTE[0], opacity=0.35, width=1):
+            fig.add_trace(tr)
+        smooth = debiased_ema(loss.last, smoothing, counts=np.maximum(loss.n - loss.nonfinite, 1))
+        fig.add_trace(go.Scatter(x=loss.steps, y=smooth, mode="lines", name="loss (smoothed)",
+                                 line=dict(color=PALETTE[0], width=2.2)))
+    if val is not None and len(val):
+        for tr in series_traces(val, "val_loss", PALETTE[1], band=False):
+            tr.update(mode="lines+markers" if tr.name == "val_loss" else tr.mode)
+            fig.add_trace(tr)
+    add_events(fig, events)
+    return fig
+
+
+def grad_norm_figure(gn: Buckets | None, events: Sequence[Mapping] = ()) -> go.Figure:
+    if gn is None or not len(gn):
+        return empty_figure("Gradient norm", "no gradient norm logged yet")
+    fig = _base("Gradient norm (before clipping)", "‖g‖")
+    for tr in series_traces(gn, "grad_norm", PALETTE[4]):
+        fig.add_trace(tr)
+    add_events(fig, events)
+    return fig
+
+
+def noise_figure(gns: Buckets | None, batch: Buckets | None, events: Sequence[Mapping] = (),
+                 lower: Buckets | None = None) -> go.Figure:
+    """Windowed noise scale B_simple and its one-sided 95% lower bound against the effective
+    batch, all in sequences. A stretch of steps without an estimate is still drawn as a straight
+    line: nothing is logged there, so no NaN row breaks it (to do: break on a jump in steps)."""
+    if (gns is None or not len(gns)) and (batch is None or not len(batch)):
+        return empty_figure("Noise scale vs batch", "no noise-scale estimate yet")
+    fig = _base("Gradient noise scale vs batch", "sequences")
+    if gns is not None and len(gns):
+        for tr in series_traces(gns, "noise scale (B_simple)", PALETTE[2]):
+            tr.connectgaps = False
+            fig.add_trace(tr)
+    if lower is not None and len(lower):
+        bound = np.where(lower.last > 0, lower.last, np.nan)  # 0 = no lower bound: not drawn
+        fig.add_trace(go.Scatter(x=lower.steps, y=bound, mode="lines", connectgaps=False,
+                                 name="95% lower bound", line=dict(color=PALETTE[2], width=1,
+                                                                   dash="dot")))
+    if batch is not None and len(batch):
+        for tr in series_traces(batch, "batch (sequences)", PALETTE[7], band=False, shape="hv"):
+            fig.add_trace(tr)
+    fig.update_yaxes(type="log", tickvals=_ticks_125(gns, batch), tickformat="~s")
+    add_events(fig, events)
+    return fig
+
+
+def _ticks_125(*series: Buckets | None) -> list[float] | None:
+    """1-2-5 ticks spanning the data, for a readable log axis."""
+    vals = np.concatenate([np.r_[b.lo, b.hi, b.last] for b in series if b is not None and len(b)]
+                          or [np.zeros(0)])
+    vals = vals[np.isfinite(vals) & (vals > 0)]
+    if not vals.size:
+        return None
+    lo, hi = math.floor(math.log10(vals.min())), math.ceil(math.log10(vals.max()))
+    return [m * 10.0**e for e in range(lo, hi + 1) for m in (1, 2, 5)]
+
+
+def memory_figure(peak: Buckets | None, capacity: Buckets | None, tiers: Sequence[Mapping] = (),
+                  events: Sequence[Mapping] = (), usable_bytes: float | None = None) -> go.Figure:
+    """Peak memory against capacity (GB); each tier's predicted peak as a horizontal line.
+
+    tiers: mappings with 'label', 'predicted_bytes' and 'fits' (dashboard/recommend.py TierView).
+    """
+    if (peak is None or not len(peak)) and not tiers:
+        return empty_figure("Memory", "no memory figures logged yet")
+    fig = _base("Memory (GB)", "GB")
+    xs = [0, 1]
+    if peak is not None and len(peak):
+        xs = [int(peak.steps[0]), int(peak.steps[-1])]
+        for tr in series_traces(peak, "peak memory", PALETTE[0], scale=1 / GB):
+            fig.add_trace(tr)
+    if capacity is not None and len(capacity):
+        for tr in series_traces(capacity, "capacity", "#000000", scale=1 / GB, band=False, shape="hv"):
+            fig.add_trace(tr)
+    if usable_bytes:
+        fig.add_trace(go.Scatter(x=xs, y=[usable_bytes / GB] * 2, mode="lines", name="usable",
+                                 line=dict(color="#555555", dash="dot", width=1)))
+    for t in tiers:
+        if t.get("predicted_bytes") is None:
+            continue
+        fig.add_trace(go.Scatter(
+            x=xs, y=[t["predicted_bytes"] / GB] * 2, mode="lines", name=str(t["label"]),
+            line=dict(color="#2ca02c" if t.get("fits") else "#d62728", dash="dash", width=1.2)))
+    add_events(fig, events)
+    return fig
+
+
+def throughput_figure(tps: Buckets | None, mfu: Buckets | None, events: Sequence[Mapping] = ()) -> go.Figure:
+    """Tokens per second (left axis) and MFU in percent (right axis)."""
+    if (tps is None or not len(tps)) and (mfu is None or not len(mfu)):
+        return empty_figure("Throughput", "no throughput logged yet")
+    fig = _base("Throughput", "tokens/s")
+    if tps is not None and len(tps):
+        for tr in series_traces(tps, "tokens/s", PALETTE[5]):
+            fig.add_trace(tr)
+    if mfu is not None and len(mfu):
+        for tr in series_traces(mfu, "MFU (%)", PALETTE[9], scale=100.0, band=False, yaxis="y2"):
+            fig.add_trace(tr)
+        fig.update_layout(yaxis2=dict(title="MFU %", overlaying="y", side="right", rangemode="tozero"))
+    add_events(fig, events)
+    return fig
+
+
+def overlay_figure(curves: Sequence[Mapping], metric: str, x_title: str) -> go.Figure:
+    """One line per run: curves are mappings with 'name', 'x', 'y' (and optional 'nonfinite_x/y')."""
+    if not curves:
+        return empty_figure(metric, "choose runs that logged this metric")
+    fig = _base(f"{metric} by {x_title}", metric, x_title)
+    fig.update_layout(height=420)
+    for i, c in enumerate(curves):
+        color = PALETTE[i % len(PALETTE)]
+        fig.add_trace(go.Scatter(x=c["x"], y=c["y"], mode="lines", name=str(c["name"]),
+                                 line=dict(color=color, width=1.8), connectgaps=True))
+        if len(c.get("nonfinite_x", ())):
+            fig.add_trace(go.Scatter(x=c["nonfinite_x"], y=c["nonfinite_y"], mode="markers",
+                                     name=f"{c['name']} non-finite", showlegend=False,
+                                     marker=dict(symbol="x", size=9, color=color)))
+    return fig
+
+
+def figure_trace_names(fig: go.Figure) -> list[str]:
+    return [t.name for t in fig.data]

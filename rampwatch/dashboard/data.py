@@ -1,0 +1,460 @@
+"""Every store access of the dashboard, in one place: options, database checks, cached reads, the
+live page's incremental refresh, and the two writes (submit / cancel a ramp command).
+
+Owns: where the database path and read-only flag come from (`rampwatch dashboard --db PATH
+[--read-only]`, which passes them after `--` to the app; else RAMPWATCH_DB / RAMPWATCH_READ_ONLY); turning store errors into a message a
+page can show (`db_problem`); st.cache_data reads keyed on the file's version token (its and its
+WAL's size and mtime), so a finished run is read once and a live one on every change; the live
+refresh (`live_snapshot`), which keeps each chart's buckets in session state and fetches only from
+the last partial bucket on, all inside one read connection; and the command calls.
+Pages never call store/ directly.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
+import streamlit as st
+
+from rampwatch.dashboard import guard
+from rampwatch.dashboard.buckets import Buckets, SeriesCache
+from rampwatch.store import commands as store_commands
+from rampwatch.store import db as store_db
+from rampwatch.store import names as M
+from rampwatch.store.errors import (
+    CommandError,
+    DatabaseMissingError,
+    NotRampwatchError,
+    RunNotFoundError,
+    SchemaTooNewError,
+    StoreBusyError,
+    StoreError,
+)
+from rampwatch.store.reader import Reader
+
+TARGET_BUCKETS = 1000  # points per live chart (about a chart's width in pixels)
+COMPARE_BUCKETS = 2000
+GNS_WINDOW = 2048  # raw steps of the noise scale the recommendation reads (dashboard/recommend.py)
+TIMEOUT = 5.0
+
+
+# ------------------------------------------------------------------------------------ options
+
+
+@dataclass(frozen=True)
+class Options:
+    db: Path | None
+    read_only: bool
+    source: str  # where the path came from, for the sidebar
+    unknown: tuple[str, ...] = ()  # arguments the dashboard does not take (shown as an error)
+
+
+def _truthy(v: str | None) -> bool:
+    return str(v or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def parse_options(argv: list[str] | None = None, env: dict | None = None) -> Options:
+    """--db / --read-only after `--` on the streamlit command line, else the environment."""
+    argv = sys.argv[1:] if argv is None else argv
+    env = os.environ if env is None else env
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("--db")
+    ap.add_argument("--read-only", action="store_true")
+    args, unknown = ap.parse_known_args(argv)
+    read_only = bool(args.read_only) or _truthy(env.get("RAMPWATCH_READ_ONLY"))
+    unknown = tuple(unknown)
+    if args.db:
+        return Options(Path(args.db).expanduser().absolute(), read_only, "--db", unknown)
+    if env.get("RAMPWATCH_DB"):
+        return Options(Path(env["RAMPWATCH_DB"]).expanduser().absolute(), read_only,
+                       "RAMPWATCH_DB", unknown)
+    return Options(None, read_only, "", unknown)
+
+
+def options() -> Options:
+    """The dashboard's options; in read-only mode every read of this process writes nothing
+    (no schema upgrade, no lock file)."""
+    opts = parse_options()
+    store_db.set_read_only(opts.read_only)
+    return opts
+
+
+def page_context(need_run: bool = True) -> tuple[Path, str | None, bool]:
+    """(db, run_id, read_only) for a page, or a message on the page and st.stop().
+
+    app.py checks the database and picks the run before it runs a page; a fragment rerun runs
+    only the page's fragment, so the page checks again (cached, cheap).
+    """
+    opts = options()
+    db = st.session_state.get("rw_db") or opts.db
+    read_only = bool(st.session_state.get("rw_read_only")) or opts.read_only
+    problem = db_problem(db)
+    if problem is not None:
+        (st.error if problem.fatal else st.info)(problem.message)
+        st.stop()
+    run_id = st.session_state.get("rw_run_id")
+    if need_run:
+        ids = [r.run_id for r in list_runs(db)]
+        if run_id not in ids:
+            if run_id is not None:
+                st.warning(f"Run {run_id} is no longer in the database (it was deleted). Pick "
+                           "another run in the sidebar.")
+            else:
+                st.info("Pick a run in the sidebar.")
+            st.stop()
+    return db, run_id, read_only
+
+
+# ---------------------------------------------------------------------------- database checks
+
+
+@dataclass(frozen=True)
+class Problem:
+    kind: str  # 'usage', 'unset', 'missing', 'empty', 'foreign', 'newer', 'busy', 'error', 'no-runs'
+    message: str
+    fatal: bool = True  # False: the database is fine, it just has nothing to show yet
+
+
+def version_token(db: Path) -> tuple:
+    """Changes whenever the database (or its WAL) is written: the cache key of every read."""
+    out = []
+    for p in (db, Path(str(db) + ".wal")):
+        try:
+            s = os.stat(p)
+            out.append((s.st_size, s.st_mtime_ns))
+        except OSError:
+            out.append(None)
+    return tuple(out)
+
+
+def options_problem(opts: Options) -> Problem | None:
+    """Arguments the dashboard does not take are an error, not silently ignored."""
+    if not opts.unknown:
+        return None
+    return Problem("usage", f"Unknown dashboard argument(s): {' '.join(opts.unknown)}. The "
+                   "dashboard takes --db PATH and --read-only (`rampwatch dashboard --help`).")
+
+
+def db_problem(db: Path | None) -> Problem | None:
+    """None when the database opens and has runs; otherwise what is wrong and what to do."""
+    if db is None:
+        return Problem("unset", "No database given. Start the dashboard with "
+                       "`rampwatch dashboard --db PATH` (or set RAMPWATCH_DB=PATH).")
+    if db.is_dir():
+        return Problem("foreign", f"{db} is a directory, not a database file. Pass the path of the "
+                       "`.duckdb` file the trainer writes (its --db).")
+    if not db.exists():
+        return Problem("missing", f"No database at {db}: the file does not exist yet. Start a "
+                       f"training run with `--db {db}` (it creates the file), or check the path; "
+                       "this page refreshes when it appears.", fatal=False)
+    if db.stat().st_size == 0:
+        return Problem("empty", f"{db} is an empty file (0 bytes), not a Rampwatch database. Delete "
+                       "it and let a training run create the database, or point --db elsewhere.")
+    try:
+        runs = list_runs(db)
+    except StoreError as e:
+        return _problem_from(e, db)
+    except Exception as e:  # noqa: BLE001 - never a traceback on the page
+        return Problem("error", f"Could not read {db}: {type(e).__name__}: {e}")
+    if not runs:
+        return Problem("no-runs", f"{db} is a Rampwatch database with no runs yet. Start a training "
+                       f"run with `--db {db}`; this page refreshes when it appears.", fatal=False)
+    return None
+
+
+def _problem_from(e: Exception, db: Path) -> Problem:
+    if isinstance(e, SchemaTooNewError):
+        return Problem("newer", f"{e} (This dashboard cannot read it; nothing was changed.)")
+    if isinstance(e, NotRampwatchError):
+        return Problem("foreign", f"{e}")
+    if isinstance(e, DatabaseMissingError):
+        return Problem("missing", f"{e}")
+    if isinstance(e, StoreBusyError):
+        return Problem("busy", f"{e} The page retries on its next refresh.", fatal=False)
+    return Problem("error", f"Could not read {db}: {e}")
+
+
+# ----------------------------------------------------------------------------- cached reads
+
+
+@st.cache_data(ttl=60, max_entries=64, show_spinner=False)
+def _list_runs(db: str, token: tuple):
+    return Reader(db, timeout=TIMEOUT).list_runs()
+
+
+def list_runs(db: Path):
+    """Every run, newest first (store.reader.Run); statuses include 'stale'."""
+    return _list_runs(str(db), version_token(db))
+
+
+@st.cache_data(ttl=60, max_entries=256, show_spinner=False)
+def _metric_names(db: str, run_id: str, token: tuple) -> list[str]:
+    return Reader(db, timeout=TIMEOUT).metric_names(run_id)
+
+
+def metric_names(db: Path, run_id: str) -> list[str]:
+    return _metric_names(str(db), run_id, version_token(db))
+
+
+def buckets_from(series) -> Buckets:
+    """store.reader.Series -> Buckets (t comes along when the store provides it)."""
+    w = int(series.width)
+    t = getattr(series, "t", None)
+    return Buckets.from_columns(
+        w, bucket=np.asarray(series.step, np.int64) // w, last_step=series.last_step,
+        lo=series.min, hi=series.max, last=series.last, n=series.count,
+        nonfinite=series.nonfinite, t=t)
+
+
+@st.cache_data(ttl=300, max_entries=512, show_spinner=False)
+def _series(db: str, run_id: str, name: str, buckets: int, token: tuple) -> Buckets:
+    return buckets_from(Reader(db, timeout=TIMEOUT).series(run_id, name, buckets=buckets))
+
+
+def series(db: Path, run_id: str, name: str, buckets: int = COMPARE_BUCKETS) -> Buckets:
+    """One whole metric downsampled to ~`buckets` (compare and runs pages)."""
+    return _series(str(db), run_id, name, buckets, version_token(db))
+
+
+@st.cache_data(ttl=60, max_entries=256, show_spinner=False)
+def _run_summary(db: str, run_id: str, token: tuple) -> dict:
+    r = Reader(db, timeout=TIMEOUT)
+    with r.session():
+        latest = r.latest(run_id, [M.TOKENS_SEEN, M.LOSS])
+        loss = r.series(run_id, M.LOSS, buckets=1)
+        peak = r.series(run_id, M.MEM_PEAK, buckets=1)
+    best = float(np.nanmin(loss.min)) if len(loss.min) and np.isfinite(loss.min).any() else None
+    top = float(np.nanmax(peak.max)) if len(peak.max) and np.isfinite(peak.max).any() else None
+    tokens = latest.get(M.TOKENS_SEEN, (None, None))[1]
+    return {"tokens": tokens, "best_loss": best, "peak_bytes": top}
+
+
+def run_summary(db: Path, run_id: str) -> dict:
+    """tokens seen, best (lowest finite) loss and peak memory of a run."""
+    return _run_summary(str(db), run_id, version_token(db))
+
+
+@st.cache_data(ttl=300, max_entries=64, show_spinner=False)
+def _events(db: str, run_id: str, token: tuple) -> list[dict]:
+    return [event_dict(e) for e in Reader(db, timeout=TIMEOUT).events(run_id)]
+
+
+def events(db: Path, run_id: str) -> list[dict]:
+    return _events(str(db), run_id, version_token(db))
+
+
+def event_dict(e) -> dict:
+    return {"step": e.step, "t": e.t, "kind": e.kind, "message": e.message, "data": e.data}
+
+
+def plan_dict(p) -> dict:
+    return {"step": p.step, "per_device_batch": p.per_device_batch, "variant": p.variant,
+            "predicted_bytes": p.predicted_bytes, "measured_bytes": p.measured_bytes,
+            "source": p.source, "feasible": p.feasible, "breakdown": p.breakdown}
+
+
+def export_bytes(db: Path, run_id: str, fmt: str) -> bytes:
+    """Every raw metric row of a run as CSV or Parquet (called when the user clicks download)."""
+    table = Reader(db, timeout=30.0).export(run_id)
+    buf = io.BytesIO()
+    if fmt == "parquet":
+        pq.write_table(table, buf)
+    else:
+        pa_csv.write_csv(table, buf)
+    return buf.getvalue()
+
+
+# ------------------------------------------------------------------------------ live refresh
+
+
+@dataclass
+class Snapshot:
+    run: object  # store.reader.Run
+    series: dict[str, Buckets]
+    latest: dict[str, float]
+    gns_steps: np.ndarray
+    gns_values: np.ndarray
+    events: list[dict]
+    plan_rows: list[dict]
+    commands: list = field(default_factory=list)
+    busy: str | None = None  # set when this is the previous snapshot: the database was busy
+    gns_lower: np.ndarray | None = None  # one-sided 95% lower bound at each of gns_steps
+
+
+LIVE_METRICS = (M.LOSS, M.VAL_LOSS, M.GRAD_NORM, M.GNS, M.GNS_LOW, M.BATCH_SEQS, M.MEM_PEAK, M.MEM_CAPACITY,
+                M.TOKENS_PER_S, M.MFU, M.PER_DEVICE_BATCH, M.ACCUM, M.TOKENS_SEEN)
+COMMANDS_EVERY = 6  # ticks between command reads while none is open (an open one: every tick)
+
+
+class LiveState:
+    """What a session keeps between refreshes of one run: a SeriesCache per metric, the recent
+    raw noise-scale window, and the run's ramp commands. Plain object (no Streamlit), so the
+    bench mirrors it.
+
+    Commands cost a connection of their own (store.commands has no read inside a Reader
+    session), so they are read every tick only while one is open (pending → claimed → applied /
+    refused is what the card waits for), after this session wrote one (`commands_dirty`), when
+    the events changed, and otherwise every COMMANDS_EVERY ticks (another session's approval).
+    """
+
+    def __init__(self, target_buckets: int = TARGET_BUCKETS, gns_window: int = GNS_WINDOW):
+        self.caches = {n: SeriesCache(target_buckets) for n in LIVE_METRICS}
+        self.gns_window = gns_window
+        self._gns: dict[str, Buckets] = {}  # raw noise scale and its bound, last `gns_window` steps
+        self._gns_key: tuple[int, int] | None = None  # (run last step, resume epoch) it is for
+        self.fetches = 0
+        self.commands: list | None = None
+        self.commands_dirty = False
+        self._since_commands = 0
+        self._events_seen = -1
+        self.last: Snapshot | None = None
+
+    def commands_due(self, n_events: int) -> bool:
+        due = (self.commands is None or self.commands_dirty or n_events != self._events_seen
+               or any(c.status in ("pending", "claimed") for c in self.commands)
+               or self._since_commands + 1 >= COMMANDS_EVERY)
+        self._events_seen = n_events
+        return due
+
+    def update_commands(self, db, run_id: str, n_events: int) -> list:
+        """The run's ramp commands, read from the store only when due (see the class doc)."""
+        if self.commands_due(n_events):
+            self.commands = [c for c in store_commands.list_commands(db, run_id, timeout=TIMEOUT)
+                             if c.kind == "ramp"]
+            self.commands_dirty = False
+            self._since_commands = 0
+        else:
+            self._since_commands += 1
+        return list(self.commands)
+
+    def refresh(self, reader: Reader, run_id: str) -> Snapshot:
+        with reader.session():
+            run = reader.get_run(run_id)
+            evs = [event_dict(e) for e in reader.events(run_id)]
+            epoch = sum(1 for e in evs if e["kind"] == M.EVENT_RESUME)
+            out = {}
+            for name, cache in self.caches.items():
+                def fetch(since, width, name=name):
+                    self.fetches += 1
+                    return buckets_from(reader.series(run_id, name, width=width, since_step=since))
+                out[name] = cache.refresh(fetch, run.last_step, epoch)
+            gsteps, gvals, glower = self._gns_window(reader, run_id, run.last_step, epoch)
+            plan = [plan_dict(p) for p in reader.memory_plan(run_id)]
+        latest = {}
+        for name, b in out.items():
+            fin = np.flatnonzero(np.isfinite(b.last))
+            if fin.size:
+                latest[name] = float(b.last[fin[-1]])
+        return Snapshot(run, out, latest, gsteps, gvals, evs, plan, gns_lower=glower)
+
+    def _gns_window(self, reader, run_id, last_step, epoch):
+        """Raw (width 1) noise-scale points and lower bounds over the last `gns_window` steps,
+        fetched incrementally. Steps are those with a fresh estimate (each logs a lower bound);
+        runs written before bounds were logged have points only."""
+        if last_step is None:
+            return np.zeros(0, np.int64), np.zeros(0), None
+        lo = max(0, int(last_step) - self.gns_window + 1)
+        stale = self._gns_key is None or self._gns_key[1] != epoch or self._gns_key[0] > last_step
+        for name in (M.GNS, M.GNS_LOW):
+            old = None if stale else self._gns.get(name)
+            since = lo if old is None or not len(old) else max(lo, int(old.last_step[-1]))
+            self.fetches += 1
+            fresh = buckets_from(reader.series(run_id, name, width=1, since_step=since))
+            kept = Buckets(1) if old is None else old.take((old.last_step >= lo) & (old.last_step < since))
+            self._gns[name] = kept.concat(fresh)
+        self._gns_key = (int(last_step), epoch)
+        points, bounds = self._gns[M.GNS], self._gns[M.GNS_LOW]
+        if not len(bounds):
+            return points.last_step, points.last, None
+        by_step = dict(zip(points.last_step.tolist(), points.last.tolist()))
+        values = np.array([by_step.get(s, np.nan) for s in bounds.last_step.tolist()])
+        return bounds.last_step, values, bounds.last
+
+
+def live_snapshot(db: Path, run_id: str) -> Snapshot:
+    """Refresh the selected run: only new buckets are read; state lives in st.session_state."""
+    states = st.session_state.setdefault("_rw_live", {})
+    key = (str(db), run_id)
+    if key not in states:
+        states.clear()  # one run at a time: drop the previous run's buckets
+        states[key] = LiveState()
+    state: LiveState = states[key]
+    try:
+        snap = state.refresh(Reader(db, timeout=TIMEOUT), run_id)
+        snap.commands = state.update_commands(db, run_id, len(snap.events))
+    except StoreBusyError as e:  # keep showing what we have; the next tick retries
+        last = getattr(state, "last", None)
+        if last is None:
+            raise
+        last.busy = str(e)
+        return last
+    state.last = snap
+    return snap
+
+
+def mark_commands_dirty() -> None:
+    """This session wrote a command: read the table on the next refresh."""
+    for state in st.session_state.get("_rw_live", {}).values():
+        state.commands_dirty = True
+
+
+# ------------------------------------------------------------------------------------ writes
+
+
+def _writable(operator: str | None, token: str | None) -> str:
+    """The command log's actor for this write, or CommandError saying why it may not happen:
+    checked here, on the server, whatever the page rendered."""
+    if options().read_only or st.session_state.get("rw_read_only"):
+        raise CommandError("this dashboard is read-only: it writes nothing")
+    if agent_api_enabled():
+        raise CommandError(AGENT_API_REFUSAL)
+    reason = guard.refusal(token, operator, guard.server_token())
+    if reason is not None:
+        raise CommandError(reason)
+    return guard.actor(operator)
+
+
+def agent_api_enabled() -> bool:
+    """Streamlit's agent API is a second way to drive the page: no writes while it is on."""
+    try:
+        return bool(st.get_option("server.enableAgentApi"))
+    except Exception:  # noqa: BLE001 - a Streamlit without the option has no agent API
+        return False
+
+
+AGENT_API_REFUSAL = ("Streamlit's agent API is on (server.enableAgentApi), another way to drive "
+                     "this page: the dashboard writes nothing while it is. Turn it off, or serve "
+                     "with --read-only.")
+
+
+def submit_ramp(db: Path, run_id: str, payload: dict, *, operator: str | None,
+                token: str | None, key: str | None = None) -> int:
+    """Queue an approved ramp for `operator`, if the token is this server's (store validates
+    and refuses a second open one); the same key makes one command however often it is sent."""
+    actor = _writable(operator, token)
+    try:
+        return store_commands.submit(db, run_id, "ramp", payload, actor=actor, timeout=TIMEOUT,
+                                     key=key)
+    finally:
+        mark_commands_dirty()
+
+
+def cancel_command(db: Path, command_id: int, *, operator: str | None, token: str | None):
+    actor = _writable(operator, token)
+    try:
+        return store_commands.cancel(db, command_id, actor=actor, timeout=TIMEOUT)
+    finally:
+        mark_commands_dirty()
+
+
+__all__ = ["Options", "Problem", "parse_options", "options", "page_context", "options_problem", "db_problem", "list_runs",
+           "metric_names", "series", "run_summary", "events", "export_bytes", "Snapshot",
+           "LiveState", "live_snapshot", "submit_ramp", "cancel_command", "agent_api_enabled", "CommandError",
+           "RunNotFoundError", "StoreError"]

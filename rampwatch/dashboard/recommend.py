@@ -1,0 +1,283 @@
+"""The recommendation card's content: store rows in, the advisor's verdict out (no Streamlit).
+
+Owns: reading the run's current tier, sequence length, capacity and LR rule from its config and
+latest metrics; the memory model from memory_plan rows (measured peaks + the plan of the running
+variant, per-device batches that ran out of memory excluded); the ramp point
+(advisor.ramp.ramp_decision over the noise scale, hysteresis restarted at the last ramp event);
+the tiers (advisor.ramp.candidate_tiers) with their new base LR (RampPolicy.new_base_lr) and
+predicted effect (advisor.ramp.predicted_effect); and what the latest ramp command says.
+dashboard/card.py draws it; tests build it from seeded databases.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from rampwatch.advisor.lr import noise_scale_warning, rule_for
+from rampwatch.advisor.memory import MemoryModel, fit_memory_model, format_gb, usable_bytes
+from rampwatch.advisor.policy import RampPolicy
+from rampwatch.advisor.ramp import (
+    Effect,
+    Recommendation,
+    Tier,
+    accumulation_tiers,
+    candidate_tiers,
+    predicted_effect,
+)
+from rampwatch.store import names as M
+
+
+@dataclass(frozen=True)
+class Current:
+    per_device_batch: int
+    accum: int
+    world_size: int
+    seq_len: int | None
+    capacity_bytes: float | None
+
+    @property
+    def batch(self) -> int:
+        return self.per_device_batch * self.accum * self.world_size
+
+    def describe(self) -> str:
+        tok = f" = {self.batch * self.seq_len:,} tokens" if self.seq_len else ""
+        return (f"{self.per_device_batch} per device × {self.accum} accumulation × "
+                f"{self.world_size} device(s) = {self.batch} sequences{tok}")
+
+
+@dataclass(frozen=True)
+class TierView:
+    tier: Tier
+    label: str
+    new_base_lr: float | None
+    lr_warning: str | None
+    effect: Effect | None
+
+    @property
+    def fits(self) -> bool:
+        return self.tier.fits
+
+    @property
+    def predicted_bytes(self) -> float | None:
+        return self.tier.predicted_peak_bytes
+
+    def payload(self) -> dict:
+        """The ramp command's payload (store.commands.validate)."""
+        return {"per_device_batch": self.tier.per_device_batch, "accum": self.tier.accum,
+                "lr_multiplier": float(self.tier.lr_multiplier)}
+
+    def chart_line(self) -> dict:
+        return {"label": self.label, "predicted_bytes": self.predicted_bytes, "fits": self.fits}
+
+
+@dataclass(frozen=True)
+class CommandView:
+    command_id: int
+    status: str
+    text: str
+    payload: dict
+    applied_step: int | None = None
+    reason: str | None = None
+
+    @property
+    def open(self) -> bool:
+        return self.status in ("pending", "claimed")
+
+
+@dataclass(frozen=True)
+class Card:
+    run_id: str
+    current: Current | None
+    decision: Recommendation | None
+    tiers: list[TierView] = field(default_factory=list)
+    memory_model: MemoryModel | None = None
+    memory_note: str = ""
+    usable_bytes: float | None = None
+    last_ramp_step: int | None = None
+    command: CommandView | None = None
+    problems: list[str] = field(default_factory=list)  # why parts of the card are missing
+    notes: list[str] = field(default_factory=list)
+    policy: RampPolicy | None = None
+    latest_estimate_step: int | None = None  # the newest step with a noise-scale estimate
+    last_step: int | None = None  # the run's newest step
+
+    @property
+    def suggested(self) -> TierView | None:
+        """The ×2 tier (the advisor's next ramp point doubles the batch)."""
+        return next((t for t in self.tiers if t.tier.factor == 2), self.tiers[0] if self.tiers else None)
+
+    @property
+    def key(self) -> str:
+        """Identity of this recommendation: a ramp or a different suggested tier is a new one."""
+        s = self.suggested
+        tier = f"{s.tier.per_device_batch}x{s.tier.accum}" if s else "-"
+        return f"{self.run_id}:{self.last_ramp_step}:{tier}"
+
+
+def _get(mapping: Mapping | None, *path, default=None):
+    cur = mapping
+    for p in path:
+        if not isinstance(cur, Mapping) or p not in cur:
+            return default
+        cur = cur[p]
+    return cur
+
+
+def _pos_int(v) -> int | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    if not math.isfinite(f) or f <= 0 or f != int(f):
+        return None
+    return int(f)
+
+
+def current_tier(config: Mapping | None, latest: Mapping[str, float], world_size=None,
+                 capacity_bytes=None) -> Current | None:
+    """The running tier from the latest metrics, falling back on the run config."""
+    pdb = _pos_int(latest.get(M.PER_DEVICE_BATCH)) or _pos_int(_get(config, "per_device_batch"))
+    acc = _pos_int(latest.get(M.ACCUM)) or _pos_int(_get(config, "accum"))
+    world = _pos_int(world_size) or _pos_int(_get(config, "world_size")) or 1
+    if pdb is None or acc is None:
+        return None
+    seq = _pos_int(_get(config, "seq_len")) or _pos_int(_get(config, "model", "seq_len"))
+    if seq is None and latest.get(M.BATCH_TOKENS) and latest.get(M.BATCH_SEQS):
+        seq = _pos_int(latest[M.BATCH_TOKENS] / latest[M.BATCH_SEQS])
+    cap = capacity_bytes if capacity_bytes and capacity_bytes > 0 else latest.get(M.MEM_CAPACITY)
+    cap = float(cap) if cap is not None and math.isfinite(float(cap)) and cap > 0 else None
+    return Current(pdb, acc, world, seq, cap)
+
+
+def running_variant(config: Mapping | None) -> str:
+    return "chunked" if _get(config, "model", "chunked_ce") or _get(config, "chunked_ce") else "plain"
+
+
+def infeasible_batches(plan_rows: Sequence[Mapping], events: Sequence[Mapping] = ()) -> set[int]:
+    """Per-device batches that ran out of memory (plan rows marked infeasible, OOM events)."""
+    bad = {int(r["per_device_batch"]) for r in plan_rows
+           if r.get("feasible") is False and _pos_int(r.get("per_device_batch"))}
+    for e in events:
+        if e.get("kind") == M.EVENT_OOM:
+            b = _pos_int(_get(e.get("data"), "per_device_batch")) or \
+                _pos_int(_get(e.get("data"), "before", "per_device_batch"))
+            if b:
+                bad.add(b)
+    return bad
+
+
+def memory_points(plan_rows: Sequence[Mapping], variant: str, infeasible: set[int]
+                  ) -> tuple[dict[int, int], dict[int, int]]:
+    """(measured, planned) peaks by per-device batch: the largest measurement per batch, and the
+    latest plan's prediction of the running variant (a later plan replaces an earlier one)."""
+    measured: dict[int, int] = {}
+    planned: dict[int, tuple[int, int]] = {}
+    for r in plan_rows:
+        b = _pos_int(r.get("per_device_batch"))
+        if b is None or r.get("feasible") is False:
+            continue
+        if r.get("variant", variant) != variant:
+            continue
+        mb = r.get("measured_bytes")
+        if mb is not None and b not in infeasible and mb > 0:
+            measured[b] = max(measured.get(b, 0), int(mb))
+        pb = r.get("predicted_bytes")
+        if pb is not None and pb > 0:
+            step = r.get("step") if r.get("step") is not None else -1
+            if b not in planned or step >= planned[b][0]:
+                planned[b] = (step, int(pb))
+    return measured, {b: v for b, (_, v) in planned.items()}
+
+
+def command_view(cmd) -> CommandView:
+    """The card's line for a ramp command (store.commands.Command or a mapping)."""
+    get = cmd.get if isinstance(cmd, Mapping) else (lambda k, d=None: getattr(cmd, k, d))
+    cid, status, payload = int(get("command_id")), str(get("status")), dict(get("payload") or {})
+    what = f"{payload.get('per_device_batch')} per device × {payload.get('accum')} accumulation"
+    step, reason = get("applied_step"), get("reason")
+    text = {
+        "pending": f"Ramp #{cid} to {what} is pending: waiting for the trainer to pick it up.",
+        "claimed": f"Ramp #{cid} to {what} was claimed by the trainer: applying at the next step.",
+        "applied": f"Ramp #{cid} to {what} was applied at step {step}.",
+        "refused": f"Ramp #{cid} to {what} was refused: {reason}",
+        "cancelled": f"Ramp #{cid} to {what} was cancelled.",
+    }.get(status, f"Ramp #{cid}: {status}")
+    return CommandView(cid, status, text, payload, step, reason)
+
+
+def build_card(run: Mapping, latest: Mapping[str, float], gns_steps: Sequence[int],
+               gns_values: Sequence[float | None], events: Sequence[Mapping],
+               plan_rows: Sequence[Mapping], commands: Sequence = (),
+               gns_lower: Sequence[float | None] | None = None) -> Card:
+    """Everything the recommendation card shows, from one run's store rows.
+
+    run: mapping with run_id, config (dict), world_size, capacity_bytes; latest: the latest value
+    of each metric; gns_*: the noise scale's steps with a fresh estimate (recent window), its
+    point (None where the window's |G|² was not positive) and one-sided 95% lower bound; events,
+    plan_rows: the run's rows as mappings; commands: the run's ramp commands, oldest first. The
+    ramp policy, like the trainer's, comes from the run config (advisor.policy.RampPolicy).
+    """
+    run_id = str(run.get("run_id"))
+    config = run.get("config") or {}
+    problems: list[str] = []
+    notes: list[str] = []
+    ramp_steps = [int(e["step"]) for e in events if e.get("kind") == M.EVENT_RAMP and e.get("step") is not None]
+    last_ramp = max(ramp_steps) if ramp_steps else None
+    cmds = [c for c in commands if (c.get("kind") if isinstance(c, Mapping) else getattr(c, "kind", "ramp")) == "ramp"]
+    cmd = command_view(cmds[-1]) if cmds else None
+    cur = current_tier(config, latest, run.get("world_size"), run.get("capacity_bytes"))
+    if cur is None:
+        problems.append("the run has not logged per_device_batch and accum yet (and its config "
+                        "does not name them): no tier can be computed")
+        return Card(run_id, None, None, last_ramp_step=last_ramp, command=cmd, problems=problems)
+    knows_lr = True  # the config names the original batch and LR the new base LR scales from
+    try:
+        policy = RampPolicy.from_config(config)
+    except ValueError as e:  # a run of someone's own loop that recorded neither: its first tier
+        policy, knows_lr = RampPolicy(original_batch=cur.batch, original_lr=1.0), False
+        notes.append(f"{e}: the ramp policy's defaults apply and no new base LR can be given")
+    optimizer = _get(config, "optimizer")
+    if optimizer is not None:
+        try:
+            rule_for(optimizer)
+        except ValueError:
+            notes.append(f"no learning-rate rule known for optimizer {optimizer!r}: the "
+                         f"{policy.lr_rule} rule is assumed")
+    decision = policy.decide(gns_steps, gns_values, gns_lower, cur.batch, since_step=last_ramp)
+    b_noise = decision.evidence.noise_scale
+
+    bad = infeasible_batches(plan_rows, events)
+    measured, planned = memory_points(plan_rows, running_variant(config), bad)
+    model, memory_note = None, ""
+    try:
+        model = fit_memory_model(measured, planned or None)
+        memory_note = f"memory model: {model.source}"
+    except ValueError as e:
+        memory_note = f"no memory model yet: {e}"
+    usable = usable_bytes(cur.capacity_bytes, policy.margin) if cur.capacity_bytes else None
+    if cur.capacity_bytes is None:
+        problems.append("the run's device capacity is unknown (no capacity_bytes, no mem_capacity): "
+                        "only accumulation-only ramps can be judged")
+
+    seq = cur.seq_len or 1
+    if model is not None and cur.capacity_bytes:
+        tiers = candidate_tiers(cur.per_device_batch, cur.accum, cur.world_size, seq, model,
+                                cur.capacity_bytes, policy.margin, policy.offered_factors,
+                                infeasible=bad, rule=policy.lr_rule,
+                                keep_noise_scale=policy.keep_noise_scale)
+    else:
+        tiers = accumulation_tiers(cur.per_device_batch, cur.accum, cur.world_size, seq,
+                                   policy.offered_factors, bad, policy.lr_rule)
+    views = []
+    for t in tiers:
+        new_lr = policy.new_base_lr(t.effective_batch) if knows_lr else None
+        warning = noise_scale_warning(t.effective_batch, b_noise) if b_noise else None
+        effect = predicted_effect(cur.batch, t.effective_batch, b_noise) if b_noise and b_noise > 0 else None
+        label = (f"×{t.factor}: {t.per_device_batch} × {t.accum}"
+                 + (f" ({format_gb(t.predicted_peak_bytes)})" if t.predicted_peak_bytes else ""))
+        views.append(TierView(t, label, new_lr, warning, effect))
+    newest = int(gns_steps[-1]) if len(gns_steps) else None
+    last_step = _pos_int(run.get("last_step"))
+    return Card(run_id, cur, decision, views, model, memory_note, usable, last_ramp, cmd,
+                problems, notes, policy, newest, last_step)

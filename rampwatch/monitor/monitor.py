@@ -1,0 +1,249 @@
+"""The telemetry API any training loop calls: start a run, after each backward, at each step, finish.
+
+    mon = Monitor.start("runs.duckdb", name="my-run", config=vars(args), model=model,
+                        optimizer=opt, per_device_batch=16, accum=4, seq_len=1024)
+    for step in range(steps):
+        for x, y in micro_batches:
+            (model(x, y) / 4).backward()
+            mon.after_backward()          # noise-scale partial sums, stays on the device
+        mon.step(step, loss=loss_sum)     # before clipping: reads grad norm, memory, time
+        clip_grad_norm_(model.parameters(), 1.0); opt.step(); opt.zero_grad()
+    mon.finish()
+
+Device values are read once per optimizer step (one transfer of k norms), never per micro-step.
+Everything is written through store.RunWriter, whose log() only appends to a spool file.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from typing import Any, Mapping
+
+import psutil
+import torch
+
+from rampwatch.advisor import flops as flops_math
+from rampwatch.advisor.gns import line_estimates
+from rampwatch.advisor.gns_window import NoiseScaleWindow
+from rampwatch.monitor.gradstats import AccumulationStats, StepGradStats
+from rampwatch.store import RunWriter
+from rampwatch.store import names as M
+
+
+def device_capacity_bytes(device: torch.device) -> int:
+    """What one device can hold: CUDA total memory, or the machine's RAM on the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return psutil.virtual_memory().total
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return "cpu"
+
+
+class _CpuPeak:
+    """Peak resident memory between steps on Linux: VmHWM, reset through /proc/self/clear_refs."""
+
+    def __init__(self) -> None:
+        self.resettable = os.path.exists("/proc/self/clear_refs")
+        self.proc = psutil.Process()
+
+    def read_and_reset(self) -> tuple[int, int]:
+        rss = self.proc.memory_info().rss
+        peak = rss
+        if self.resettable:
+            with open("/proc/self/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        peak = int(line.split()[1]) * 1024
+                        break
+            with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as f:
+                f.write("5")  # resets VmHWM to the current RSS
+        return rss, peak
+
+
+class Monitor:
+    """Per-step telemetry for one run. Under torchrun every rank calls it (step() all-reduces a
+    few values); rank 0 has the writer, other ranks pass writer=None."""
+
+    def __init__(self, writer: RunWriter | None, *, model: torch.nn.Module, optimizer,
+                 per_device_batch: int, accum: int, seq_len: int, world_size: int = 1,
+                 device: torch.device | None = None, flops_per_token: float | None = None,
+                 gns_window_steps: int = 200, loss_divided_by_accum: bool = True,
+                 noise_window: NoiseScaleWindow | None = None):
+        self.writer = writer
+        self.optimizer = optimizer
+        self.seq_len = seq_len
+        self.world_size = world_size
+        self.device = device or next(model.parameters()).device
+        self.grads = AccumulationStats(model.parameters(), loss_divided_by_accum)
+        self.noise = noise_window or NoiseScaleWindow(max_steps=gns_window_steps)
+        self.flops_per_token = flops_per_token
+        self.peak_flops = flops_math.peak_flops(device_name(self.device))
+        self.capacity = device_capacity_bytes(self.device)
+        self._cpu_peak = None if self.device.type == "cuda" else _CpuPeak()
+        self.set_tier(per_device_batch, accum)
+        self.tokens_seen = 0
+        self.last_metrics: dict[str, float] = {}
+        self._nonfinite_steps = 0
+        self._excluded = 0.0
+
+    # -- construction -------------------------------------------------------------------------
+    @classmethod
+    def start(cls, db_path, *, name: str, config: Mapping[str, Any], model: torch.nn.Module,
+              optimizer, per_device_batch: int, accum: int, seq_len: int, world_size: int = 1,
+              capacity_bytes: int | None = None, run_id: str | None = None,
+              resume_step: int | None = None, **kwargs) -> "Monitor":
+        """Open (or resume) a run in the database at db_path and return its monitor."""
+        device = next(model.parameters()).device
+        capacity = capacity_bytes or device_capacity_bytes(device)
+        writer = RunWriter.start(db_path, name, config=dict(config),
+                                 device=device_name(device), capacity_bytes=capacity,
+                                 world_size=world_size, run_id=run_id, resume_step=resume_step)
+        mon = cls(writer, model=model, optimizer=optimizer, per_device_batch=per_device_batch,
+                  accum=accum, seq_len=seq_len, world_size=world_size, device=device, **kwargs)
+        mon.capacity = capacity
+        return mon
+
+    @property
+    def run_id(self) -> str | None:
+        return self.writer.run_id if self.writer else None
+
+    def set_tier(self, per_device_batch: int, accum: int) -> None:
+        """After a ramp or an OOM fallback: the next step uses this tier (restarts throughput)."""
+        self.per_device_batch = per_device_batch
+        self.accum = accum
+        self._last_step_t: float | None = None  # the first step of a tier may recompile
+        self._one_size_alerted = False  # accumulation 1 on one device: said once per tier
+
+    # -- per micro-batch ----------------------------------------------------------------------
+    def after_backward(self) -> None:
+        self.grads.after_backward()
+
+    @contextlib.contextmanager
+    def untimed(self):
+        """Time spent inside (validation, checkpoints) is left out of step time and tokens/s."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._excluded += time.perf_counter() - t0
+
+    # -- per optimizer step -------------------------------------------------------------------
+    def step(self, step: int, loss: float, *, grad_scale: float = 1.0,
+             extra: Mapping[str, float] | None = None) -> dict[str, float]:
+        """Record one optimizer step. Call after the last backward, before clipping."""
+        mem = None
+        if self.world_size > 1:  # every rank calls step(): one small all-reduce inside collect
+            stats, loss, mem = self._collect_ddp(loss, grad_scale)
+        else:
+            stats = self.grads.collect(self.per_device_batch, grad_scale)
+        now = time.perf_counter()
+        batch_seqs = self.per_device_batch * self.accum * self.world_size
+        batch_tokens = batch_seqs * self.seq_len
+        self.tokens_seen += batch_tokens
+        m: dict[str, float] = {
+            M.LOSS: float(loss),
+            M.GRAD_NORM: stats.grad_norm,
+            M.LR: float(self.optimizer.param_groups[0]["lr"]),
+            M.PER_DEVICE_BATCH: self.per_device_batch,
+            M.ACCUM: self.accum,
+            M.BATCH_SEQS: batch_seqs,
+            M.BATCH_TOKENS: batch_tokens,
+            M.TOKENS_SEEN: self.tokens_seen,
+        }
+        m.update(self._noise_metrics(step, stats, batch_seqs))
+        if self._last_step_t is not None:
+            dt = now - self._last_step_t - self._excluded
+            m[M.STEP_TIME] = dt
+            m[M.TOKENS_PER_S] = batch_tokens / dt
+            if self.flops_per_token and self.peak_flops:
+                m[M.MFU] = flops_math.mfu(m[M.TOKENS_PER_S], self.flops_per_token,
+                                          self.peak_flops, self.world_size)
+        self._last_step_t, self._excluded = now, 0.0
+        m.update(mem if mem is not None else self._memory_metrics())
+        if extra:
+            m.update({k: float(v) for k, v in extra.items()})
+        self.last_metrics = m
+        if self.writer:
+            self.writer.log(step, m)
+        return m
+
+    def _collect_ddp(self, loss, grad_scale: float):
+        """DDP: the loss averaged over ranks and the peak memory maxed over ranks ride on the
+        noise-scale statistics' all-reduce (other memory figures stay this rank's)."""
+        mem = self._memory_metrics()
+        stats = self.grads.collect(self.per_device_batch, grad_scale, self.world_size,
+                                   rank_mean=[loss], rank_max=[mem[M.MEM_PEAK]])
+        mem[M.MEM_PEAK] = stats.rank_maxes[0]
+        return stats, stats.rank_means[0], mem
+
+    def _noise_metrics(self, step: int, stats: StepGradStats, batch_seqs: int) -> dict[str, float]:
+        out: dict[str, float] = {}
+        if not stats.finite:
+            self._nonfinite_steps += 1
+            self.event(step, M.EVENT_ALERT, "non-finite gradient: step left out of the noise scale",
+                       {"nonfinite_steps": self._nonfinite_steps})
+        elif len(stats.sq_norms) >= 2:
+            # least squares of |S_j/j|^2 on 1/(batch behind it): intercept |G|^2, slope tr(Sigma)
+            g2, trace = line_estimates(stats.batch_sizes, stats.sq_norms)
+            out[M.GNS_G2], out[M.GNS_TRACE] = g2, trace
+            if g2 > 0:
+                out[M.GNS_RAW] = trace / g2
+            out.update(self._smoothed(self.noise.update(g2, trace)))
+        elif not self._one_size_alerted:  # one point per step: nothing to fit, say so once
+            self._one_size_alerted = True
+            self.event(step, M.EVENT_ALERT,
+                       "noise scale not measured: accumulation 1 on one device gives one batch "
+                       "size per step; use accumulation ≥ 2 (or --split-micro)",
+                       {"batch_sizes": stats.batch_sizes, "accum": self.accum,
+                        "world_size": self.world_size})
+        return out
+
+    def _smoothed(self, est) -> dict[str, float]:
+        """This step's windowed estimate; nothing at all on a step without a fresh one."""
+        if est is None:
+            return {}
+        out = {M.GNS_LOW: est.lower, M.GNS_WINDOW: est.steps}
+        if est.b_simple is not None:
+            out[M.GNS] = est.b_simple
+            out[M.GNS_TOKENS] = est.b_simple * self.seq_len
+        if est.upper is not None:
+            out[M.GNS_HIGH] = est.upper
+        return out
+
+    def _memory_metrics(self) -> dict[str, float]:
+        if self.device.type == "cuda":
+            out = {M.MEM_ALLOCATED: torch.cuda.memory_allocated(self.device),
+                   M.MEM_RESERVED: torch.cuda.memory_reserved(self.device),
+                   M.MEM_PEAK: torch.cuda.max_memory_reserved(self.device)}
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            rss, peak = self._cpu_peak.read_and_reset()
+            out = {M.MEM_RSS: rss, M.MEM_PEAK: peak}
+        out[M.MEM_CAPACITY] = self.capacity
+        return out
+
+    # -- other records ------------------------------------------------------------------------
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        """Any other per-step values (validation loss, your own metrics)."""
+        if self.writer:
+            self.writer.log(step, metrics)
+
+    def event(self, step: int, kind: str, message: str, data: Mapping | None = None) -> None:
+        if self.writer:
+            self.writer.event(kind, message, step=step, data=dict(data or {}))
+
+    @property
+    def noise_scale(self) -> float | None:
+        """The latest windowed B_simple in sequences, or None while there is none."""
+        est = self.noise.latest
+        return None if est is None else est.b_simple
+
+    def finish(self, status: str = "finished", message: str | None = None) -> None:
+        """Final status (finished, failed or killed) and a last flush into the database."""
+        if self.writer:
+            self.writer.close(status, message)

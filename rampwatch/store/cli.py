@@ -1,0 +1,140 @@
+"""`rampwatch info|recover|upgrade|export DB`: look at, repair, upgrade or export a database.
+
+Owns the command line: exit 0 on success, 1 when the database stays busy, 2 on anything else
+that stops it (usage, a missing, foreign, too-new, too-old-to-read or damaged file, a file that
+cannot be read), always with a one-line message naming the file and what to do, never a
+traceback. `info` only reads: it changes nothing in or beside the file, whatever its schema.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import duckdb
+import pyarrow as pa
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
+
+from rampwatch import store
+from rampwatch.store.errors import StoreBusyError, StoreError
+
+
+def _age(t: float | None) -> str:
+    return "-" if t is None else f"{time.time() - t:.0f}s ago"
+
+
+def _info(db: str) -> None:
+    version = store.schema_version(db, read_only=True)
+    runs = store.list_runs(db, read_only=True)
+    print(f"database {db}: Rampwatch schema version {version}, {len(runs)} run(s)")
+    if version < store.CURRENT_VERSION:
+        print(f"(read as it is; this Rampwatch writes version {store.CURRENT_VERSION} and "
+              f"upgrades the file when it next opens it for writing, or now with "
+              f"`rampwatch upgrade {db}`)")
+    if runs:
+        print(f"{'run_id':<28} {'status':<9} {'last_step':>10} {'heartbeat':>12}  name")
+        for r in runs:
+            last = "-" if r.last_step is None else str(r.last_step)
+            print(f"{r.run_id:<28} {r.status:<9} {last:>10} {_age(r.heartbeat):>12}  "
+                  f"{r.name or ''}")
+
+
+def _recover(db: str) -> None:
+    report = store.recover(db)
+    for s in report.spools:
+        state = f"set aside as corrupt: {s.corrupt}" if s.corrupt else "ingested and removed"
+        print(f"spool {s.spool} (run {s.run_id}): {s.records} metric records {state}")
+    for run_id in report.killed_runs:
+        print(f"run {run_id}: marked killed")
+    if report.refused_commands:
+        print(f"{report.refused_commands} open command(s) refused: run killed")
+    if not (report.spools or report.killed_runs):
+        print("nothing to recover")
+
+
+def _upgrade(db: str) -> None:
+    if not os.path.exists(db):  # write_connection would create a new database there
+        raise store.DatabaseMissingError(f"no Rampwatch database at {db}: the file does not "
+                                         "exist; check the path")
+    t0 = time.time()
+    with store.write_connection(db) as con:  # opening it for writing upgrades it
+        now = [v for (v,) in con.execute("SELECT version FROM rampwatch_schema "
+                                         "WHERE applied_at >= ? ORDER BY 1", [t0]).fetchall()]
+        [(version,)] = con.execute("SELECT max(version) FROM rampwatch_schema").fetchall()
+    print(f"database {db}: Rampwatch schema version {version}"
+          + (f" (applied now: {', '.join(map(str, now))})" if now else " (already current)"))
+
+
+def _export(db: str, run_id: str | None, fmt: str, out: str | None) -> None:
+    runs = store.list_runs(db, read_only=True)
+    if run_id is None:
+        if len(runs) != 1:
+            names = ", ".join(r.run_id for r in runs) or "none"
+            raise store.StoreError(f"{db} holds {len(runs)} runs ({names}): name the one to "
+                                   "export after the database")
+        run_id = runs[0].run_id
+    elif run_id not in {r.run_id for r in runs}:
+        raise store.RunNotFoundError(f"no run {run_id!r} in {db}; `rampwatch info {db}` lists "
+                                     "the runs")
+    table = store.export(db, run_id, read_only=True)
+    if out is None:
+        if fmt == "parquet" and sys.stdout.isatty():
+            raise store.StoreError("Parquet is binary: pass -o FILE (or redirect the output)")
+        sink = pa.BufferOutputStream()
+    else:
+        sink = out
+    if fmt == "parquet":
+        pq.write_table(table, sink)
+    else:
+        pa_csv.write_csv(table, sink)
+    if out is None:
+        sys.stdout.buffer.write(sink.getvalue().to_pybytes())
+        sys.stdout.flush()
+    else:
+        print(f"run {run_id}: {table.num_rows} metric rows written to {out}", file=sys.stderr)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+COMMANDS = {
+    "info": "schema version and runs (reads only, changes nothing)",
+    "recover": "ingest dead writers' spools; mark their runs killed",
+    "upgrade": "bring an older file to this Rampwatch's schema",
+    "export": "every raw metric row of a run as CSV (default) or Parquet (reads only)",
+}
+
+
+def add_commands(sub) -> None:
+    """info, recover, upgrade and export as subcommands of the `rampwatch` parser."""
+    for name, help_ in COMMANDS.items():
+        p = sub.add_parser(name, help=help_, description=help_)
+        p.add_argument("db", help="path of the Rampwatch DuckDB file")
+        if name == "export":
+            p.add_argument("run", nargs="?", help="run id (needed when the file holds several)")
+            p.add_argument("--format", choices=("csv", "parquet"), default="csv")
+            p.add_argument("-o", "--output", help="file to write (default: standard output)")
+
+
+def run(args) -> int:
+    """Exit 0 on success, 1 while the database stays busy, 2 on anything else, in one line."""
+    try:
+        if args.command == "export":
+            _export(args.db, args.run, args.format, args.output)
+        else:
+            {"info": _info, "recover": _recover, "upgrade": _upgrade}[args.command](args.db)
+    except StoreBusyError as e:
+        return _fail(args, e, 1)
+    except StoreError as e:
+        return _fail(args, e, 2)
+    except (duckdb.Error, OSError, pa.ArrowException) as e:  # not foreseen: still one line
+        return _fail(args, f"could not read {args.db}: {e}. If the file is damaged, restore it "
+                           "from a backup or start a new database at another path.", 2)
+    return 0
+
+
+def _fail(args, message, code: int) -> int:
+    print(f"rampwatch {args.command}: error: {_one_line(message)}", file=sys.stderr)
+    return code

@@ -1,0 +1,361 @@
+"""Reading for the dashboard: runs, downsampled series, latest values, events, plans, exports.
+
+Owns every read query. Each call opens a read-only connection under the shared lock and closes
+it (`Reader.session()` keeps one for a few calls in a row); nothing holds the file between
+calls, so the trainer's writer is never locked out for long.
+
+Charts are downsampled in SQL: min and max over finite values, last (the value at the largest
+step), count and count of non-finite values per bucket. Bucket widths are powers of two in
+steps and buckets are aligned to multiples of the width, so a live page keeps the buckets it
+has and refetches only from the last, partial one (`since_step=series.since`, then `merge`).
+
+Layout choice, measured: one 2,000-bucket query of one metric in a run of 1M steps x 20
+metrics (20M rows), including connect; DuckDB 2.0.1 on 2 cores shared with other work (load
+average 1-2 unless said), medians of 7. First a scratch comparison on one file, then
+bench/store_bench.py --layouts (the same data written through RunWriter):
+                                                        scratch   bench
+  raw tall table, metrics interleaved as logged          171 ms   326 ms
+  a copy sorted by (name, step) in 65,536-step chunks     48 ms    75 ms
+  rollup at 64-step buckets (the choice)                  26 ms    38 ms  (16-step: 41 ms)
+  connect + SELECT 1 + close alone                     14-17 ms    17 ms  (DuckDB's start-up)
+A sorted layout also needs compaction, which stalls the writer for seconds while it sorts a
+chunk; rollups are folded in incrementally on each ingest (store/rollup.py). With only the
+64-step rollup, widths under 64 read raw rows, and a run just under 64K steps (2,000 buckets
+of 32 steps over 1.28M interleaved rows) took 47 ms (load ~3; 42 ms vs 33 ms for the 1M chart
+in a same-process A/B). Hence a second, 8-step rollup: widths 8-32 read it, only widths 1-4
+(runs up to 8K steps, at most 160K rows) read raw rows. Same bench run as above: a 64K-step
+run 31 ms, an 8K-step run 28 ms. It costs ~20% more file and ~6 ms more per flusher visit.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pyarrow as pa
+
+from rampwatch.store import spool
+from rampwatch.store.db import DEFAULT_TIMEOUT, first, read_connection, spool_root
+from rampwatch.store.errors import RunNotFoundError
+from rampwatch.store.rollup import LEVELS, Level
+
+STALE_AFTER = 30.0  # seconds without a heartbeat before a running run shows as stale
+_NO_START = -(1 << 62)
+
+_BUCKETS_RAW = """
+    SELECT step >> $k AS b,
+           coalesce(min(value) FILTER (WHERE isfinite(value)), 'NaN'::DOUBLE) AS min,
+           coalesce(max(value) FILTER (WHERE isfinite(value)), 'NaN'::DOUBLE) AS max,
+           arg_max(value, step) AS last, max(step) AS last_step, count(*) AS count,
+           count(*) FILTER (WHERE NOT isfinite(value)) AS nonfinite
+    FROM metrics WHERE run_id = $run AND name = $name AND step >= $start
+    GROUP BY b ORDER BY b"""
+
+
+def _rolled(lv: Level) -> str:
+    """One metric's buckets at one rollup level, complete and open (table names: constants)."""
+    cols = "bucket, vmin, vmax, last_step, last_value, n, n_nonfinite"
+    where = "run_id = $run AND name = $name AND bucket >= $start"
+    return (f"SELECT {cols} FROM {lv.complete} WHERE {where} "
+            f"UNION ALL SELECT {cols} FROM {lv.partial} WHERE {where}")
+
+
+_BUCKETS_ROLLUP = {lv.shift: f"""
+    SELECT bucket >> $k AS b,
+           coalesce(min(vmin), 'NaN'::DOUBLE) AS min, coalesce(max(vmax), 'NaN'::DOUBLE) AS max,
+           arg_max(last_value, last_step) AS last, max(last_step) AS last_step,
+           sum(n)::BIGINT AS count, sum(n_nonfinite)::BIGINT AS nonfinite
+    FROM ({_rolled(lv)}) GROUP BY b ORDER BY b""" for lv in LEVELS}
+_COARSE = LEVELS[-1]  # the fewest rows: extents, names and latest values come from it
+_EXTENT = f"SELECT min(bucket), max(last_step) FROM ({_rolled(_COARSE)})"
+_RUN_COLUMNS = ("run_id, name, status, config, device, capacity_bytes, world_size, created_at, "
+                "ended_at, heartbeat, last_step")
+
+
+@dataclass(frozen=True)
+class Run:
+    run_id: str
+    name: str | None
+    status: str          # as shown: 'stale' replaces 'running' when its writer looks gone
+    stored_status: str   # as stored: running, finished, failed, killed
+    config: dict | None
+    device: str | None
+    capacity_bytes: int | None
+    world_size: int | None
+    created_at: float
+    ended_at: float | None
+    heartbeat: float | None
+    last_step: int | None
+
+
+@dataclass(frozen=True)
+class Series:
+    """One metric downsampled to buckets of `width` steps; bucket i covers step[i] .. +width-1."""
+    run_id: str
+    name: str
+    width: int
+    start: int | None      # first step this fetch covered (None: the whole history)
+    step: np.ndarray       # int64 bucket start
+    min: np.ndarray        # float64, over finite values; NaN if the bucket has none
+    max: np.ndarray
+    last: np.ndarray       # value at the bucket's largest step
+    last_step: np.ndarray  # int64
+    count: np.ndarray      # int64 values in the bucket
+    nonfinite: np.ndarray  # int64 NaN/±inf values in the bucket
+
+    @property
+    def since(self) -> int | None:
+        """since_step for the next live refresh: the start of the last (partial) bucket.
+
+        A refresh sees rows logged at steps from there on; a row logged out of order at an
+        earlier step shows up at the next full fetch.
+        """
+        return int(self.step[-1]) if len(self.step) else self.start
+
+    def merge(self, newer: "Series") -> "Series":
+        """This series updated with a refresh fetched from since_step=self.since."""
+        if newer.width != self.width:
+            raise ValueError(f"cannot merge series of width {newer.width} into width "
+                             f"{self.width}; refetch the whole history")
+        if newer.start is None:
+            return newer
+        keep = self.step < newer.start
+        cols = {f: np.concatenate([getattr(self, f)[keep], getattr(newer, f)])
+                for f in ("step", "min", "max", "last", "last_step", "count", "nonfinite")}
+        return replace(self, **cols)
+
+
+@dataclass(frozen=True)
+class Event:
+    run_id: str
+    step: int | None
+    t: float
+    kind: str
+    message: str | None
+    data: dict | None
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    run_id: str
+    step: int | None
+    t: float
+    per_device_batch: int
+    variant: str
+    predicted_bytes: int | None
+    measured_bytes: int | None
+    source: str
+    feasible: bool | None
+    breakdown: dict | None
+
+
+def _loads(text):
+    return None if text is None else json.loads(text)
+
+
+def _empty_series(run_id, name, width, start) -> Series:
+    i, f = np.zeros(0, np.int64), np.zeros(0, np.float64)
+    return Series(run_id, name, width, start, i, f, f, f, i, i, i)
+
+
+def width_for(lo: int, hi: int, buckets: int) -> int:
+    """log2 of the smallest power-of-two width giving at most `buckets` aligned buckets.
+
+    Total: returns for any integers. An empty range (hi < lo) needs width 1 (k = 0). Aligned
+    buckets that must hold both -1 and 0 can never be fewer than two, so the search stops at
+    the width where every step of the range falls in at most two buckets.
+    """
+    if isinstance(buckets, bool) or not isinstance(buckets, int) or buckets < 1:
+        raise ValueError(f"buckets must be an integer >= 1, got {buckets!r}")
+    lo, hi = int(lo), int(hi)
+    if hi <= lo:
+        return 0
+    # From the width that the span alone needs (one below, as alignment may add a bucket) up
+    # to the one beyond which shifting changes nothing: at most ~3 steps of the loop.
+    k = max(0, ((hi - lo) // buckets).bit_length() - 1)
+    top = max(lo.bit_length(), hi.bit_length())  # from there on every step >> k is 0 or -1
+    while k < top and (hi >> k) - (lo >> k) + 1 > buckets:
+        k += 1
+    return k
+
+
+class Reader:
+    """Read queries on one database; each call connects and closes unless inside session()."""
+
+    def __init__(self, db, timeout: float = DEFAULT_TIMEOUT, stale_after: float = STALE_AFTER,
+                 read_only: bool | None = None):
+        """read_only: write nothing, not even a schema upgrade or a lock file (None: the
+        process setting, store.set_read_only)."""
+        self.db, self.timeout, self.stale_after = db, timeout, stale_after
+        self.read_only = read_only
+        self._local = threading.local()  # a session belongs to the thread that opened it
+
+    @contextlib.contextmanager
+    def session(self):
+        """Share one read connection among several calls; keep the block short."""
+        with read_connection(self.db, self.timeout, read_only=self.read_only) as con:
+            self._local.con = con
+            try:
+                yield self
+            finally:
+                self._local.con = None
+
+    @contextlib.contextmanager
+    def _connection(self):
+        con = getattr(self._local, "con", None)
+        if con is not None:
+            yield con
+        else:
+            with read_connection(self.db, self.timeout, read_only=self.read_only) as con:
+                yield con
+
+    def _run(self, con, row, now: float) -> Run:
+        run_id, stored, heartbeat = row[0], row[2], row[9]
+        status = stored
+        if stored == "running":
+            quiet = heartbeat is None or now - heartbeat > self.stale_after
+            spools = con.execute("SELECT spool FROM spool_offsets WHERE run_id = ?",
+                                 [run_id]).fetchall()
+            root = spool_root(self.db)
+            if quiet or not any(spool.is_live(root / s) for (s,) in spools):
+                status = "stale"
+        return Run(run_id, row[1], status, stored, _loads(row[3]), *row[4:])
+
+    def list_runs(self) -> list[Run]:
+        """Every run, newest first."""
+        with self._connection() as con:
+            rows = con.execute(f"SELECT {_RUN_COLUMNS} FROM runs ORDER BY created_at DESC, "
+                               "run_id").fetchall()
+            now = time.time()
+            return [self._run(con, r, now) for r in rows]
+
+    def get_run(self, run_id: str) -> Run:
+        with self._connection() as con:
+            row = first(con.execute(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = ?",
+                                    [run_id]))
+            if row is None:
+                raise RunNotFoundError(f"no run {run_id!r} in {self.db}; `rampwatch info "
+                                       f"{self.db}` lists the runs")
+            return self._run(con, row, time.time())
+
+    def metric_names(self, run_id: str) -> list[str]:
+        with self._connection() as con:
+            rows = con.execute(
+                f"SELECT DISTINCT name FROM (SELECT name FROM {_COARSE.partial} WHERE run_id = $r "
+                f"UNION ALL SELECT name FROM {_COARSE.complete} WHERE run_id = $r) ORDER BY name",
+                {"r": run_id}).fetchall()
+        return [r[0] for r in rows]
+
+    def series(self, run_id: str, name: str, buckets: int = 2000, width: int | None = None,
+               since_step: int | None = None) -> Series:
+        """One metric in at most ~`buckets` buckets (or of the given power-of-two `width`).
+
+        since_step: fetch only buckets from the one holding since_step on (live refresh:
+        pass the previous result's `.since` and its `width`, then `.merge` the two).
+        """
+        if width is not None and (not isinstance(width, int) or width < 1
+                                  or width & (width - 1)):
+            raise ValueError(f"width must be a power of two >= 1, got {width!r}")
+        if isinstance(buckets, bool) or not isinstance(buckets, int) or buckets < 1:
+            raise ValueError(f"buckets must be an integer >= 1, got {buckets!r}")
+        with self._connection() as con:
+            if width is None:
+                [(lo, hi)] = con.execute(_EXTENT, {"run": run_id, "name": name,
+                                                   "start": _NO_START}).fetchall()
+                if lo is None:
+                    return _empty_series(run_id, name, 1, since_step)
+                k = width_for(lo << _COARSE.shift, hi, buckets)
+            else:
+                k = width.bit_length() - 1
+            start = None if since_step is None else (int(since_step) >> k) << k
+            lv = next((lv for lv in reversed(LEVELS) if lv.shift <= k), None)  # the coarsest
+            if lv is not None:
+                params = {"run": run_id, "name": name, "k": k - lv.shift,
+                          "start": _NO_START if start is None else start >> lv.shift}
+                cols = con.execute(_BUCKETS_ROLLUP[lv.shift], params).fetchnumpy()
+            else:
+                params = {"run": run_id, "name": name, "k": k,
+                          "start": _NO_START if start is None else start}
+                cols = con.execute(_BUCKETS_RAW, params).fetchnumpy()
+        return Series(run_id, name, 1 << k, start,
+                      np.asarray(cols["b"], np.int64) << k,
+                      *(np.asarray(cols[c], np.float64) for c in ("min", "max", "last")),
+                      *(np.asarray(cols[c], np.int64) for c in ("last_step", "count",
+                                                                "nonfinite")))
+
+    def latest(self, run_id: str, names: list[str] | None = None) -> dict[str, tuple[int, float]]:
+        """{name: (step, value)} at each metric's largest step (all metrics, or `names`)."""
+        with self._connection() as con:
+            rows = con.execute(
+                f"""SELECT name, max(last_step), arg_max(last_value, last_step) FROM (
+                       SELECT name, last_step, last_value FROM {_COARSE.partial}
+                       WHERE run_id = $r
+                       UNION ALL
+                       SELECT name, last_step, last_value FROM {_COARSE.complete}
+                       WHERE run_id = $r)
+                   WHERE $names::VARCHAR[] IS NULL OR list_contains($names::VARCHAR[], name)
+                   GROUP BY name""", {"r": run_id, "names": names}).fetchall()
+        return {n: (int(s), float(v)) for n, s, v in rows}
+
+    def events(self, run_id: str, since_step: int | None = None,
+               kinds: list[str] | None = None) -> list[Event]:
+        """Events in step order (those with step >= since_step; of the given kinds)."""
+        with self._connection() as con:
+            rows = con.execute(
+                """SELECT run_id, step, t, kind, message, data FROM events
+                   WHERE run_id = $r AND ($s::BIGINT IS NULL OR step >= $s)
+                     AND ($k::VARCHAR[] IS NULL OR list_contains($k::VARCHAR[], kind))
+                   ORDER BY step NULLS FIRST, t""",
+                {"r": run_id, "s": since_step, "k": kinds}).fetchall()
+        return [Event(*r[:5], _loads(r[5])) for r in rows]
+
+    def memory_plan(self, run_id: str) -> list[PlanRow]:
+        with self._connection() as con:
+            rows = con.execute(
+                """SELECT run_id, step, t, per_device_batch, variant, predicted_bytes,
+                          measured_bytes, source, feasible, breakdown
+                   FROM memory_plan WHERE run_id = ? ORDER BY t""", [run_id]).fetchall()
+        return [PlanRow(*r[:9], _loads(r[9])) for r in rows]
+
+    def export(self, run_id: str) -> pa.Table:
+        """Every raw metric row of a run (run_id, step, t, name, value), for CSV/Parquet."""
+        with self._connection() as con:
+            return con.sql("SELECT run_id, step, t, name, value FROM metrics WHERE run_id = ? "
+                           "ORDER BY step, name", params=[run_id]).to_arrow_table()
+
+
+def list_runs(db, **kw) -> list[Run]:
+    return Reader(db, **kw).list_runs()
+
+
+def get_run(db, run_id: str, **kw) -> Run:
+    return Reader(db, **kw).get_run(run_id)
+
+
+def metric_names(db, run_id: str, **kw) -> list[str]:
+    return Reader(db, **kw).metric_names(run_id)
+
+
+def series(db, run_id: str, name: str, buckets: int = 2000, width: int | None = None,
+           since_step: int | None = None, **kw) -> Series:
+    return Reader(db, **kw).series(run_id, name, buckets, width, since_step)
+
+
+def latest(db, run_id: str, names: list[str] | None = None, **kw) -> dict[str, tuple[int, float]]:
+    return Reader(db, **kw).latest(run_id, names)
+
+
+def events(db, run_id: str, since_step: int | None = None, kinds: list[str] | None = None,
+           **kw) -> list[Event]:
+    return Reader(db, **kw).events(run_id, since_step, kinds)
+
+
+def memory_plan(db, run_id: str, **kw) -> list[PlanRow]:
+    return Reader(db, **kw).memory_plan(run_id)
+
+
+def export(db, run_id: str, **kw) -> pa.Table:
+    return Reader(db, **kw).export(run_id)

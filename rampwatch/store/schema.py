@@ -1,0 +1,222 @@
+"""The Rampwatch schema: its tables, the migrations that build them, and the version check.
+
+Owns: the ordered MIGRATIONS list (each one runs in its own transaction and records its version
+in `rampwatch_schema`), reading a file's version, refusing foreign or newer files, and the
+rollup constant the metrics layout depends on.
+
+Version history (a file at any older version is upgraded in place when opened):
+  1  rampwatch_schema, runs (id, name, status, config, created/ended), metrics (tall).
+  2  runs gains device, capacity_bytes, world_size, heartbeat, last_step (backfilled);
+     events, memory_plan, commands + command_log, spool_offsets.
+  3  min/max/last rollups of metrics at the ROLLUP_LEVELS (see store/rollup.py), backfilled.
+  4  spool_offsets gets PRIMARY KEY (spool). Should a file hold several rows for one spool, the
+     one that reached furthest is kept (its rows were ingested; the others' offsets are stale).
+  5  commands gains idempotency_key: a second submit with the same key returns the first id.
+     (Written with spool format 2: checked records; store/spool_format.py.)
+Times are unix seconds (DOUBLE); JSON is stored as text. No other primary keys or unique
+indexes: uniqueness is enforced by code under the exclusive lock (an index would grow the
+metrics table several-fold and make a whole append fail on one duplicate). spool_offsets is the
+exception: one small row per writer session, and the one row exactly-once ingest hangs on, so a
+second row for a spool must fail its transaction rather than be read back by chance.
+"""
+from __future__ import annotations
+
+import time
+
+import duckdb
+
+from rampwatch.store.errors import NotRampwatchError, SchemaTooNewError
+
+CURRENT_VERSION = 5
+# Oldest version the readers' queries work on unchanged (read-only reading does not upgrade):
+# v3 added the rollups every chart reads; v4 and v5 changed nothing a reader selects.
+MIN_READABLE_VERSION = 3
+VERSION_TABLE = "rampwatch_schema"
+# (shift, complete-buckets table, open-buckets table): rollups at 2**shift steps per bucket,
+# finest first. Measured choice: store/reader.py.
+ROLLUP_LEVELS = ((3, "metrics_rollup_fine", "rollup_partial_fine"),
+                 (6, "metrics_rollup", "rollup_partial"))
+ROLLUP_SHIFT = ROLLUP_LEVELS[-1][0]  # the coarsest level: run extents, names, latest values
+
+_ROLLUP_COLUMNS = """(
+    run_id VARCHAR NOT NULL, name VARCHAR NOT NULL, bucket BIGINT NOT NULL,
+    vmin DOUBLE, vmax DOUBLE, last_step BIGINT NOT NULL, last_value DOUBLE NOT NULL,
+    n BIGINT NOT NULL, n_nonfinite BIGINT NOT NULL)"""
+
+# Aggregates of one bucket of raw rows; min/max skip NaN and ±inf (counted in n_nonfinite).
+RAW_AGGREGATES = """
+    min(value) FILTER (WHERE isfinite(value)) AS vmin,
+    max(value) FILTER (WHERE isfinite(value)) AS vmax,
+    max(step) AS last_step,
+    arg_max(value, step) AS last_value,
+    count(*) AS n,
+    count(*) FILTER (WHERE NOT isfinite(value)) AS n_nonfinite"""
+
+_V1 = [
+    f"""CREATE TABLE {VERSION_TABLE} (
+        version INTEGER NOT NULL, applied_at DOUBLE NOT NULL, note VARCHAR)""",
+    """CREATE TABLE runs (
+        run_id VARCHAR NOT NULL, name VARCHAR, status VARCHAR NOT NULL, config VARCHAR,
+        created_at DOUBLE NOT NULL, ended_at DOUBLE)""",
+    """CREATE TABLE metrics (
+        run_id VARCHAR NOT NULL, step BIGINT NOT NULL, t DOUBLE NOT NULL,
+        name VARCHAR NOT NULL, value DOUBLE NOT NULL)""",
+]
+
+_V2 = [
+    "ALTER TABLE runs ADD COLUMN device VARCHAR",
+    "ALTER TABLE runs ADD COLUMN capacity_bytes BIGINT",
+    "ALTER TABLE runs ADD COLUMN world_size INTEGER",
+    "ALTER TABLE runs ADD COLUMN heartbeat DOUBLE",
+    "ALTER TABLE runs ADD COLUMN last_step BIGINT",
+    """UPDATE runs SET last_step = (SELECT max(m.step) FROM metrics m WHERE m.run_id = runs.run_id),
+                      heartbeat = (SELECT max(m.t) FROM metrics m WHERE m.run_id = runs.run_id)""",
+    """CREATE TABLE events (
+        run_id VARCHAR NOT NULL, step BIGINT, t DOUBLE NOT NULL, kind VARCHAR NOT NULL,
+        message VARCHAR, data VARCHAR)""",
+    """CREATE TABLE memory_plan (
+        run_id VARCHAR NOT NULL, step BIGINT, t DOUBLE NOT NULL, per_device_batch INTEGER NOT NULL,
+        variant VARCHAR NOT NULL, predicted_bytes BIGINT, measured_bytes BIGINT,
+        source VARCHAR NOT NULL, feasible BOOLEAN, breakdown VARCHAR)""",
+    "CREATE SEQUENCE command_ids START 1",
+    """CREATE TABLE commands (
+        command_id BIGINT NOT NULL, run_id VARCHAR NOT NULL, kind VARCHAR NOT NULL,
+        payload VARCHAR NOT NULL, status VARCHAR NOT NULL, actor VARCHAR NOT NULL,
+        created_at DOUBLE NOT NULL, updated_at DOUBLE NOT NULL, applied_step BIGINT,
+        reason VARCHAR)""",
+    """CREATE TABLE command_log (
+        command_id BIGINT NOT NULL, t DOUBLE NOT NULL, from_status VARCHAR,
+        to_status VARCHAR NOT NULL, actor VARCHAR NOT NULL, detail VARCHAR)""",
+    # One row per writer session's spool: how far it has been ingested (exactly-once ingest).
+    """CREATE TABLE spool_offsets (
+        spool VARCHAR NOT NULL, run_id VARCHAR NOT NULL, bin_offset BIGINT NOT NULL,
+        jsonl_offset BIGINT NOT NULL, pid BIGINT, host VARCHAR, updated_at DOUBLE NOT NULL)""",
+]
+
+
+def _v3() -> list[str]:
+    stmts = ["CREATE TABLE rollup_state (run_id VARCHAR NOT NULL, shift INTEGER NOT NULL, "
+             "through BIGINT NOT NULL)"]
+    for shift, complete, partial in ROLLUP_LEVELS:  # identifiers: our constants, never input
+        stmts += [
+            f"CREATE TABLE {complete} {_ROLLUP_COLUMNS}",  # complete buckets, append-only
+            f"CREATE TABLE {partial} {_ROLLUP_COLUMNS}",   # each run's open buckets (small)
+            # Backfill: buckets below the one holding a run's last step are complete.
+            f"""INSERT INTO rollup_state
+                SELECT run_id, {shift}, max(step) >> {shift} FROM metrics GROUP BY run_id""",
+            f"""INSERT INTO {complete}
+                SELECT m.run_id, m.name, m.step >> {shift} AS bucket, {RAW_AGGREGATES}
+                FROM metrics m JOIN rollup_state s ON m.run_id = s.run_id AND s.shift = {shift}
+                WHERE (m.step >> {shift}) < s.through
+                GROUP BY m.run_id, m.name, bucket ORDER BY m.run_id, bucket, m.name""",
+            f"""INSERT INTO {partial}
+                SELECT m.run_id, m.name, m.step >> {shift} AS bucket, {RAW_AGGREGATES}
+                FROM metrics m JOIN rollup_state s ON m.run_id = s.run_id AND s.shift = {shift}
+                WHERE (m.step >> {shift}) >= s.through
+                GROUP BY m.run_id, m.name, bucket""",
+        ]
+    return stmts
+
+
+_V3 = _v3()
+
+# DuckDB builds the index of ALTER TABLE … ADD PRIMARY KEY over rows deleted in the same
+# transaction too, so the table is rebuilt instead: new table, the furthest row per spool, swap.
+_OFFSET_COLUMNS = "spool, run_id, bin_offset, jsonl_offset, pid, host, updated_at"
+_V4 = [
+    """CREATE TABLE spool_offsets_v4 (
+        spool VARCHAR NOT NULL PRIMARY KEY, run_id VARCHAR NOT NULL, bin_offset BIGINT NOT NULL,
+        jsonl_offset BIGINT NOT NULL, pid BIGINT, host VARCHAR, updated_at DOUBLE NOT NULL)""",
+    f"""INSERT INTO spool_offsets_v4 ({_OFFSET_COLUMNS})
+        SELECT {_OFFSET_COLUMNS} FROM spool_offsets
+        QUALIFY row_number() OVER (PARTITION BY spool ORDER BY bin_offset DESC,
+                                   jsonl_offset DESC, updated_at DESC) = 1""",
+    "DROP TABLE spool_offsets",
+    "ALTER TABLE spool_offsets_v4 RENAME TO spool_offsets",
+]
+
+_V5 = ["ALTER TABLE commands ADD COLUMN idempotency_key VARCHAR"]
+
+# Every table with a run_id column, children first (commands' log goes with its commands).
+RUN_TABLES = ("metrics", *(t for _, c, p in ROLLUP_LEVELS for t in (c, p)), "rollup_state",
+              "events", "memory_plan", "spool_offsets", "commands", "runs")
+
+MIGRATIONS: list[tuple[int, str, list[str]]] = [
+    (1, "runs and tall metrics", _V1),
+    (2, "run details, events, memory plan, commands, spool offsets", _V2),
+    (3, "min/max/last rollups of metrics", _V3),
+    (4, "primary key on spool_offsets (spool)", _V4),
+    (5, "idempotency keys of commands", _V5),
+]
+assert [v for v, _, _ in MIGRATIONS] == list(range(1, CURRENT_VERSION + 1))
+
+
+def _tables(con) -> list[str]:
+    rows = con.execute(
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main' "
+        "AND table_catalog = current_database() ORDER BY table_name").fetchall()
+    return [r[0] for r in rows]
+
+
+def read_version(con, db, allow_empty: bool = False) -> int:
+    """The file's schema version; 0 for an empty DuckDB file when allow_empty (a new database).
+
+    Raises NotRampwatchError for a DuckDB file that holds other tables (or, for reading, none).
+    """
+    try:  # the common case in one cheap query; the catalog listing only when it fails
+        [(version,)] = con.execute(f"SELECT max(version) FROM {VERSION_TABLE}").fetchall()
+        return int(version or 0)
+    except duckdb.CatalogException:
+        pass
+    tables = _tables(con)
+    if VERSION_TABLE not in tables:
+        if not tables and allow_empty:
+            return 0
+        what = ("it has no tables" if not tables else
+                "it has other tables (" + ", ".join(tables[:8]) +
+                (", …" if len(tables) > 8 else "") + ")")
+        raise NotRampwatchError(
+            f"{db} is a DuckDB database but not a Rampwatch one: {what} and no "
+            f"{VERSION_TABLE} table. Rampwatch will not write to it; use another path.")
+    [(version,)] = con.execute(f"SELECT max(version) FROM {VERSION_TABLE}").fetchall()
+    return int(version or 0)
+
+
+def check_not_newer(version: int, db) -> None:
+    if version > CURRENT_VERSION:
+        raise SchemaTooNewError(
+            f"{db} has Rampwatch schema version {version}, newer than this Rampwatch "
+            f"understands ({CURRENT_VERSION}); nothing was written. Upgrade Rampwatch to open it.")
+
+
+def upgrade(con, version: int, target: int = CURRENT_VERSION) -> list[int]:
+    """Apply every migration after `version` up to `target`, each in one transaction."""
+    applied = []
+    for v, note, statements in MIGRATIONS:
+        if version < v <= target:
+            con.execute("BEGIN TRANSACTION")
+            try:
+                for sql in statements:
+                    con.execute(sql)
+                con.execute(f"INSERT INTO {VERSION_TABLE} VALUES (?, ?, ?)", [v, time.time(), note])
+            except BaseException:
+                try:
+                    con.execute("ROLLBACK")
+                except duckdb.Error:
+                    pass
+                raise
+            con.execute("COMMIT")
+            applied.append(v)
+    return applied
+
+
+def create_at_version(path, target: int) -> None:
+    """Create a new database at an older schema version (for migration tests and tooling)."""
+    con = duckdb.connect(str(path), config={"autoinstall_known_extensions": False,
+                                            "autoload_known_extensions": False})
+    try:
+        if _tables(con):
+            raise ValueError(f"{path} already has tables; create_at_version wants a new file")
+        upgrade(con, 0, target)
+    finally:
+        con.close()

@@ -1,0 +1,346 @@
+"""The reference training loop: data by sample id, accumulation, schedule in tokens, telemetry,
+checkpoints, ramps at step boundaries and the out-of-memory guard.
+
+One optimizer step = `accum` micro-batches of `per_device_batch` sequences on each of
+`world_size` ranks, taken from the contiguous range of sample ids that starts at the run's data
+position, so a change of tier never skips or repeats a sample. Step numbers are 1-based: the
+first optimizer step is step 1, and a checkpoint at step S holds S completed steps.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+import uuid
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from rampwatch.advisor.lr import rule_for
+from rampwatch.advisor.policy import CONFIG_KEY as POLICY_KEY
+from rampwatch.advisor.policy import RampPolicy
+from rampwatch.monitor import Monitor
+from rampwatch.store import names as M
+from rampwatch.trainer import checkpoint as ckpt
+from rampwatch.trainer import dist
+from rampwatch.trainer.config import PRESETS, ModelConfig
+from rampwatch.trainer.data import TokenDataset, prepare, rank_slice
+from rampwatch.trainer.model import GPT, configure_optimizer
+from rampwatch.trainer.ramp import OomInjector, StopTraining, Tier, halve_tier
+
+
+def lr_schedule(tokens_seen: int, warmup_tokens: int, total_tokens: int,
+                min_ratio: float = 0.1) -> float:
+    """Multiplier of the base lr: linear warmup, then cosine decay to min_ratio, all in tokens
+    (so a batch ramp does not stretch or squeeze the schedule)."""
+    if tokens_seen < warmup_tokens:
+        return (tokens_seen + 1) / warmup_tokens
+    progress = min(1.0, (tokens_seen - warmup_tokens) / max(1, total_tokens - warmup_tokens))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+@dataclass
+class StepOutcome:
+    loss: float
+    tier: Tier
+
+
+# What a resumed run takes from its own checkpoint rather than from this launch's flags: the
+# model, the optimizer and the schedule it started with (the tier and data position come with
+# the checkpoint's state).
+RESUMED_FROM_CONFIG = ("preset", "model", "optimizer", "lr", "weight_decay", "betas",
+                       "grad_clip", "warmup_tokens", "total_tokens", "seed", "gns_window")
+
+
+def adopt_run_config(args, config: dict) -> None:
+    for key in RESUMED_FROM_CONFIG:
+        if key in config:
+            setattr(args, key, config[key])
+    args.chunked_ce = bool(config.get("model", {}).get("chunked_ce", args.chunked_ce))
+
+
+class Trainer:
+    def __init__(self, args):
+        self.args = args
+        self.ddp = dist.setup(args.device)
+        self.device = self.ddp.device
+        dist.auto_resume(args)  # a worker restarted by torchrun resumes --run-id
+        self.resume_blob = (ckpt.load(ckpt.checkpoint_path(args.checkpoint_dir, args.resume))
+                            if args.resume else None)
+        if self.resume_blob is not None:
+            adopt_run_config(args, self.resume_blob["config"])
+        torch.manual_seed(args.seed)
+        self.cfg: ModelConfig = (ModelConfig(**args.model) if getattr(args, "model", None)
+                                 else PRESETS[args.preset])
+        if args.chunked_ce:
+            self.cfg = ModelConfig(**{**self.cfg.to_dict(), "chunked_ce": True})
+        self.data: TokenDataset = prepare(self.cfg, seed=args.seed)
+        self.model = GPT(self.cfg).to(self.device)
+        self.optimizer = configure_optimizer(self.model, args.optimizer, args.lr,
+                                             args.weight_decay, tuple(args.betas))
+        self.state, resumed = self._initial_state()
+        self.train_model = dist.wrap(self.model, self.ddp)
+        if args.compile:
+            self.train_model = torch.compile(self.train_model)
+        self.amp = (torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda"
+                    else nullcontext())
+        self.run_config = self._run_config()
+        self.mon = self._start_monitor(resumed)
+        self.ramps = dist.ramp_controller(self, args.ramp)
+        self.oom = OomInjector.parse(args.inject_oom)
+        dist.after_setup(self)  # DDP: per-rank norm hook, resume notes; no-op for one process
+        self.val_x, self.val_y = (t.to(self.device) for t in self.data.val_batch(args.val_batch))
+        self.reached_target = False  # --target-val-loss met at the last validation
+
+    # -- set-up ---------------------------------------------------------------------------
+    def _initial_state(self) -> tuple[ckpt.TrainState, bool]:
+        args, blob = self.args, self.resume_blob
+        if blob is not None:
+            self.model.load_state_dict(blob["model"])
+            self.optimizer.load_state_dict(blob["optimizer"])
+            return dist.on_resume(self, blob, blob["state"]), True
+        run_id = dist.agree_run_id(args.run_id or uuid.uuid4().hex[:12], self.ddp)
+        return ckpt.TrainState(run_id=run_id, per_device_batch=args.per_device_batch,
+                               accum=args.accum, base_lr=args.lr), False
+
+    def _run_config(self) -> dict:
+        """What the store and checkpoints record. A resumed run keeps its original config (only
+        the world size is this launch's), so its LR rule still scales from its first batch."""
+        if self.resume_blob is not None:
+            return {**self.resume_blob["config"], "world_size": self.ddp.world_size}
+        a = self.args
+        return {"preset": a.preset, "model": self.cfg.to_dict(), "optimizer": a.optimizer,
+                "lr": a.lr, "weight_decay": a.weight_decay, "betas": list(a.betas),
+                "grad_clip": a.grad_clip, "warmup_tokens": a.warmup_tokens,
+                "total_tokens": a.total_tokens, "seed": a.seed, "ramp": a.ramp,
+                "per_device_batch": a.per_device_batch, "accum": a.accum,
+                "world_size": self.ddp.world_size, "seq_len": self.cfg.seq_len,
+                "params": self.model.num_params(), "compile": a.compile, "data": self.data.meta,
+                "gns_window": a.gns_window, POLICY_KEY: self._policy().to_config()}
+
+    def _policy(self) -> RampPolicy:
+        a = self.args
+        overrides = {k: v for k, v in (("hysteresis_steps", a.ramp_hysteresis),
+                                       ("min_estimates", a.ramp_min_samples),
+                                       ("ramp_at", getattr(a, "ramp_at", None))) if v is not None}
+        return RampPolicy(original_batch=a.per_device_batch * a.accum * self.ddp.world_size,
+                          original_lr=a.lr, lr_rule=rule_for(a.optimizer), **overrides)
+
+    def _start_monitor(self, resumed: bool) -> Monitor:
+        from rampwatch.advisor.flops import flops_per_token
+        fpt = flops_per_token(self.model.matmul_params(), self.cfg.n_layer, self.cfg.d_model,
+                              self.cfg.seq_len)
+        common = dict(model=self.model, optimizer=self.optimizer,
+                      per_device_batch=self.state.per_device_batch, accum=self.state.accum,
+                      seq_len=self.cfg.seq_len, world_size=self.ddp.world_size,
+                      flops_per_token=fpt, gns_window_steps=self.args.gns_window)
+        if not self.ddp.is_main:
+            mon = Monitor(None, device=self.device, **common)
+        else:
+            mon = Monitor.start(self.args.db, name=self.args.name or self.state.run_id,
+                                config=self.run_config, capacity_bytes=self.args.capacity_bytes,
+                                run_id=self.state.run_id,
+                                resume_step=self.state.step if resumed else None, **common)
+        mon.tokens_seen = self.state.tokens_seen
+        if self.state.noise_window:
+            mon.noise = type(mon.noise).from_dict(self.state.noise_window)
+        return mon
+
+    # -- one optimizer step -------------------------------------------------------------------
+    def _micro_batches(self, tier: Tier):
+        """This rank's micro-batches of the step that starts at the run's data position."""
+        global_n = tier.per_device_batch * tier.accum * self.ddp.world_size
+        first, _ = rank_slice(self.state.next_sample, global_n, self.ddp.rank, self.ddp.world_size)
+        for j in range(tier.accum):
+            x, y, _ids = self.data.batch(first + j * tier.per_device_batch, tier.per_device_batch)
+            yield j, x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+
+    def _forward_backward(self, tier: Tier) -> torch.Tensor:
+        loss_sum = torch.zeros((), device=self.device)
+        for j, x, y in self._micro_batches(tier):
+            last = j == tier.accum - 1
+            with dist.no_sync_unless(self.train_model, last):
+                self.oom.maybe_raise(self.state.step + 1, j, "forward")
+                with self.amp:
+                    loss = self.train_model(x, y)
+                self.oom.attach_backward(loss, self.state.step + 1, j)
+                (loss / tier.accum).backward()
+            self.mon.after_backward()
+            loss_sum += loss.detach()
+        return loss_sum / tier.accum
+
+    def train_step(self) -> StepOutcome:
+        """Forward/backward with the OOM guard, then clip and step. Returns the mean loss."""
+        tier = Tier(self.state.per_device_batch, self.state.accum)
+        while True:
+            try:
+                loss = self._forward_backward(tier)
+                break
+            except torch.OutOfMemoryError as exc:
+                message = str(exc).splitlines()[0] if str(exc) else "out of memory"
+            # outside the except block: the failed step's tensors are no longer referenced
+            tier = self._recover_from_oom(tier, message)
+        self._set_tier(tier)
+        step = self.state.step + 1
+        metrics = self.mon.step(step, loss, extra={M.FIRST_SAMPLE: self.state.next_sample})
+        if self.args.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.args.grad_clip)
+        try:
+            self.oom.maybe_raise(step, 0, "optimizer")
+            self.optimizer.step()
+        except torch.OutOfMemoryError:
+            self._stop_after_optimizer_oom(step)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.state.step = step
+        self.state.next_sample += tier.per_device_batch * tier.accum * self.ddp.world_size
+        self.state.tokens_seen = self.mon.tokens_seen
+        return StepOutcome(metrics[M.LOSS], tier)
+
+    def _tier(self) -> Tier:
+        return Tier(self.state.per_device_batch, self.state.accum)
+
+    def _set_tier(self, tier: Tier) -> None:
+        self.state.per_device_batch, self.state.accum = tier.per_device_batch, tier.accum
+
+    def _recover_from_oom(self, tier: Tier, message: str) -> Tier:
+        if self.ddp.enabled:  # peers may wait in this step's all-reduce: stop, restart smaller
+            dist.stop_after_oom(self, tier, message)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.mon.grads.reset()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        new, exact = halve_tier(tier)  # raises StopTraining below per-device batch 1
+        self.state.infeasible_batches = sorted({*self.state.infeasible_batches,
+                                                tier.per_device_batch})
+        self.ramps.mark_infeasible(tier.per_device_batch, self.state.step)
+        note = "" if exact else " (effective batch not kept exactly: odd per-device batch)"
+        self.mon.event(self.state.step + 1, M.EVENT_OOM,
+                       f"out of memory at per-device batch {tier.per_device_batch}: step redone "
+                       f"at {new.per_device_batch} x {new.accum}{note}",
+                       {"before": tier.as_dict(), "after": new.as_dict(), "exact": exact,
+                        "error": message})
+        self.mon.set_tier(new.per_device_batch, new.accum)
+        return new
+
+    def _stop_after_optimizer_oom(self, step: int) -> None:
+        tier = self._tier()
+        new, _ = halve_tier(tier)
+        path = ckpt.checkpoint_path(self.args.checkpoint_dir, self.state.run_id)
+        self.ramps.mark_infeasible(tier.per_device_batch, step)
+        where = "no checkpoint yet: start again"
+        if path.exists():
+            ckpt.retier(path, new.per_device_batch, new.accum, tier.per_device_batch)
+            where = f"resume with --resume {self.state.run_id}"
+        msg = (f"out of memory inside the optimizer step at step {step} (per-device batch "
+               f"{tier.per_device_batch}); the checkpoint now holds tier {new.per_device_batch} x "
+               f"{new.accum}: {where}")
+        self.mon.event(step, M.EVENT_OOM, msg, {"phase": "optimizer", "before": tier.as_dict(),
+                                                "after": new.as_dict()})
+        raise StopTraining(msg, status="failed")
+
+    # -- around the steps ---------------------------------------------------------------------
+    def set_lr(self) -> float:
+        mult = lr_schedule(self.state.tokens_seen, self.args.warmup_tokens, self.args.total_tokens)
+        lr = self.state.base_lr * mult
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        return lr
+
+    @torch.no_grad()
+    def validate(self) -> float:
+        self.model.eval()
+        with self.amp:
+            loss = self.model(self.val_x, self.val_y)
+        self.model.train()
+        return float(loss)
+
+    def save_checkpoint(self) -> None:
+        if not self.ddp.is_main:
+            return
+        self.state.noise_window = self.mon.noise.to_dict()
+        path = ckpt.checkpoint_path(self.args.checkpoint_dir, self.state.run_id)
+        ckpt.save(path, state=self.state, model=self.model, optimizer=self.optimizer,
+                  config=self.run_config)
+        self.mon.event(self.state.step, M.EVENT_CHECKPOINT, f"checkpoint at step {self.state.step}",
+                       {"path": str(path), "next_sample": self.state.next_sample})
+
+    def done(self) -> bool:
+        a = self.args
+        if self.reached_target:
+            return True
+        if a.steps is not None and self.state.step >= a.steps:
+            return True
+        return self.state.tokens_seen >= a.total_tokens
+
+    def run(self) -> int:
+        progress = Progress(self.args.progress, self)
+        status, code = "finished", 0
+        try:
+            if self.state.step == 0 and not self.args.resume:
+                self.mon.log(0, {M.VAL_LOSS: self.validate()})
+            self.ramps.start()
+            while not self.done():
+                self.ramps.at_boundary()
+                self.set_lr()
+                outcome = self.train_step()
+                progress.update(outcome)
+                dist.debug_step(self, outcome)
+                step = self.state.step
+                if self.args.val_every and step % self.args.val_every == 0 or self.done():
+                    with self.mon.untimed():
+                        val = self.validate()
+                        self.mon.log(step, {M.VAL_LOSS: val})
+                    target = getattr(self.args, "target_val_loss", None)
+                    self.reached_target = target is not None and val <= target
+                if self.args.checkpoint_every and step % self.args.checkpoint_every == 0:
+                    with self.mon.untimed():
+                        self.save_checkpoint()
+            self.save_checkpoint()
+        except StopTraining as stop:
+            print(f"\nrampwatch: {stop}", file=sys.stderr)
+            status, code = stop.status, 3
+        except KeyboardInterrupt:
+            status, code = "killed", 130
+        except Exception:  # e.g. under DDP a peer's exit breaks this rank's collective
+            status = "failed"
+            raise
+        finally:
+            progress.close()
+            self.ramps.close(status)
+            self.mon.finish(status)
+            dist.teardown(self.ddp)
+        return code
+
+
+class Progress:
+    """A one-line terminal progress bar: step, loss, tokens/s, ETA (tokens left / tokens/s)."""
+
+    def __init__(self, mode: str, trainer: Trainer):
+        self.on = mode == "on" or (mode == "auto" and sys.stderr.isatty())
+        self.on = self.on and trainer.ddp.is_main
+        self.trainer = trainer
+        self.t0 = time.perf_counter()
+        self.tokens0 = trainer.state.tokens_seen
+
+    def update(self, outcome: StepOutcome) -> None:
+        if not self.on:
+            return
+        st, a = self.trainer.state, self.trainer.args
+        rate = (st.tokens_seen - self.tokens0) / max(1e-9, time.perf_counter() - self.t0)
+        target = a.total_tokens if a.steps is None else None
+        eta = f" eta {(target - st.tokens_seen) / rate:6.0f}s" if target and rate > 0 else ""
+        sys.stderr.write(f"\rstep {st.step:6d} loss {outcome.loss:7.4f} "
+                         f"tier {outcome.tier.per_device_batch}x{outcome.tier.accum} "
+                         f"{rate:9.0f} tok/s{eta}   ")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.on:
+            sys.stderr.write("\n")
+
+
+def main(args) -> int:
+    Path(args.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+    return Trainer(args).run()
