@@ -16,10 +16,13 @@ rampwatch train --db "$DB" --preset cpu-tiny --name "demo-$(date +%H%M%S)" \
   --per-device-batch 4 --accum 2 --checkpoint-dir runs/checkpoints --progress on \
   > runs/demo-trainer.log 2>&1 &
 TRAINER=$!
+# Approve needs the operator token (rampwatch/dashboard/guard.py): one for this demo, shown below.
+export RAMPWATCH_TOKEN=${RAMPWATCH_TOKEN:-$("$PY" -c "import secrets; print(secrets.token_urlsafe(18))")}
 rampwatch dashboard --db "$DB" --port "$PORT" > runs/demo-dashboard.log 2>&1 &
 DASH=$!
 trap 'kill $TRAINER $DASH 2>/dev/null; wait' INT TERM EXIT
 echo "Rampwatch demo: dashboard at http://127.0.0.1:$PORT  (trainer log: runs/demo-trainer.log)"
+echo "To approve a ramp, type your name and this operator token beside Approve: $RAMPWATCH_TOKEN"
 echo "Ctrl-C stops the run and the dashboard."
 wait $TRAINER || true
 echo "training finished; the dashboard stays up until Ctrl-C"
