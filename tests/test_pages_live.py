@@ -224,3 +224,21 @@ def test_card_says_when_the_noise_scale_stopped_being_measured(db_path, monkeypa
         assert max(x for x, y in zip(points["x"], points["y"]) if y is not None) <= 300
     finally:
         run.close()
+
+
+def test_lost_records_are_a_visible_warning_on_live_and_runs(live, monkeypatch):
+    """Records that never reached the database (the writer's 'dropped' alerts, a damaged
+    spool's 'lost_metric_records') are said at the top of the live page and on the Runs page."""
+    live.writer.event(M.EVENT_ALERT, "36 records dropped by the writer: 36 × disk full",
+                      step=390, data={"dropped": 36, "reasons": {"disk full": 36}})
+    live.writer.event(M.EVENT_ALERT, "spool damaged", step=395,
+                      data={"lost_metric_records": 4})
+    live.writer.flush()
+    at = seed.app(monkeypatch, live.db)
+    warnings = [str(w.value) for w in at.warning]
+    assert any(w.startswith("40 records of this run never reached the database") for w in
+               warnings), warnings
+    at.switch_page("views/runs.py").run()
+    [table] = at.dataframe
+    assert list(table.value["lost records"]) == [40]
+    assert any("1 run(s) lost records" in str(w.value) for w in at.warning)

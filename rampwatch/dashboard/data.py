@@ -250,6 +250,20 @@ def events(db: Path, run_id: str) -> list[dict]:
     return _events(str(db), run_id, version_token(db))
 
 
+def lost_records(events: list[dict]) -> int:
+    """Records of a run that never reached the database, as its alert events count them: dropped
+    by the writer (bad values, a full disk) or lost to a damaged spool."""
+    total = 0
+    for e in events:
+        if e.get("kind") != M.EVENT_ALERT:
+            continue
+        d = e.get("data") or {}
+        for key in ("dropped", "lost_metric_records"):
+            if isinstance(d.get(key), (int, float)):
+                total += int(d[key])
+    return total
+
+
 def event_dict(e) -> dict:
     return {"step": e.step, "t": e.t, "kind": e.kind, "message": e.message, "data": e.data}
 
@@ -456,5 +470,5 @@ def cancel_command(db: Path, command_id: int, *, operator: str | None, token: st
 
 __all__ = ["Options", "Problem", "parse_options", "options", "page_context", "options_problem", "db_problem", "list_runs",
            "metric_names", "series", "run_summary", "events", "export_bytes", "Snapshot",
-           "LiveState", "live_snapshot", "submit_ramp", "cancel_command", "agent_api_enabled", "CommandError",
+           "LiveState", "live_snapshot", "submit_ramp", "cancel_command", "agent_api_enabled", "lost_records", "CommandError",
            "RunNotFoundError", "StoreError"]

@@ -44,10 +44,15 @@ def _header(snap: data.Snapshot) -> None:
     if tokens:
         bits.insert(2, f"tokens **{tokens:,.0f}**")
     st.markdown(" · ".join(bits))
-    stale = st.empty()
+    stale, lost = st.empty(), st.empty()
     if run.status == "stale":
         stale.warning("No heartbeat from this run's writer: it may have died. Its last data is "
                       "shown; the next writer to open the database marks it killed.")
+    n_lost = data.lost_records(snap.events)
+    if n_lost:
+        lost.warning(f"{n_lost:,} records of this run never reached the database (dropped by "
+                     "the writer or lost to a damaged spool): the charts have gaps there. The "
+                     "alert events below say which and why.", icon=":material/warning:")
 
 
 def _charts(snap: data.Snapshot, card: recommend.Card) -> None:

@@ -42,9 +42,15 @@ for r in runs:
         "duration": _duration(r), "steps": r.last_step, "tokens": s["tokens"],
         "best loss": None if s["best_loss"] is None else round(s["best_loss"], 4),
         "peak memory (GB)": None if s["peak_bytes"] is None else round(s["peak_bytes"] / 1e9, 2),
+        "lost records": data.lost_records(data.events(db, r.run_id)),
         "device": r.device, "run id": r.run_id})
 st.dataframe(rows, hide_index=True, key="runs_table")
 st.caption(STATUS_HELP)
+lossy = [row["name"] for row in rows if row["lost records"]]
+if lossy:
+    st.warning(f"{len(lossy)} run(s) lost records before they reached the database "
+               f"({', '.join(lossy[:5])}{' …' if len(lossy) > 5 else ''}): see the alert events "
+               "on their live page.", icon=":material/warning:")
 
 st.subheader("Export")
 by_id = {r.run_id: r for r in runs}
