@@ -370,3 +370,52 @@ def test_accumulation_2_or_split_micro_has_no_such_alert(tmp_path):
         assert M.GNS_G2 in m and M.GNS_TRACE in m
     mon.finish()
     assert _alerts(db, mon.run_id) == []
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_monitor_works_in_every_dtype(tmp_path, dtype):
+    """A float64 model used to crash the loop inside after_backward (foreach_norm refused to
+    narrow double); every dtype now gives the same |G|² as float64 (to its precision)."""
+    results = {}
+    for dt in (torch.float64, dtype):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(8, 4).to(dt)
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        mon = _started(tmp_path / f"{dt}.duckdb", model, opt, b=4, k=2)
+        g = torch.Generator().manual_seed(1)
+        for step in range(1, 4):
+            for _ in range(2):
+                x = torch.randn(4, 8, generator=g).to(dt)
+                (model(x).square().mean() / 2).backward()
+                mon.after_backward()
+            m = mon.step(step, loss=0.0)
+            opt.zero_grad(set_to_none=True)
+        mon.finish()
+        results[dt] = m
+    tol = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 3e-2}[dtype]
+    assert results[dtype][M.GRAD_NORM] == pytest.approx(results[torch.float64][M.GRAD_NORM],
+                                                        rel=tol)
+    assert results[dtype][M.GNS_G2] == pytest.approx(results[torch.float64][M.GNS_G2], rel=tol * 4)
+
+
+def test_monitor_with_float16_autocast_and_grad_scaler(tmp_path):
+    """float16 autocast with a GradScaler: pass the scale, get the unscaled norm."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    mon = _started(tmp_path / "fp16.duckdb", model, opt, b=4, k=2)
+    x = torch.randn(2, 4, 8)
+    for j in range(2):
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = model(x[j]).float().square().mean() / 2
+        scaler.scale(loss).backward()
+        mon.after_backward()
+    m = mon.step(1, loss=0.0, grad_scale=scaler.get_scale())
+    mon.finish()
+    plain = torch.nn.Linear(8, 4)
+    plain.load_state_dict(model.state_dict())
+    for j in range(2):
+        (plain(x[j]).square().mean() / 2).backward()
+    want = torch.sqrt(sum(p.grad.double().square().sum() for p in plain.parameters()))
+    assert m[M.GRAD_NORM] == pytest.approx(float(want), rel=2e-2)

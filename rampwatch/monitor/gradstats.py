@@ -71,6 +71,21 @@ def _rank_norm_allreduce_hook(state: RankNormHook, bucket):
     return default_hooks.allreduce_hook(state.process_group, bucket)
 
 
+def _squared_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """Σ|g|² over gradients of any floating dtype, on their device: half and single precision
+    accumulate in float32, double stays double (foreach_norm refuses to narrow it)."""
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for g in grads:
+        by_dtype.setdefault(g.dtype, []).append(g)
+    total = None
+    for dtype, group in by_dtype.items():
+        wide = torch.float64 if dtype == torch.float64 else torch.float32
+        part = torch.stack(torch._foreach_norm(group, 2, dtype=wide)).square().sum()
+        part = part.to(torch.float32) if len(by_dtype) > 1 else part
+        total = part if total is None else total + part
+    return total
+
+
 class AccumulationStats:
     """Records |.grad|^2 after each backward of an accumulation cycle.
 
@@ -92,10 +107,8 @@ class AccumulationStats:
 
     def after_backward(self) -> None:
         grads = [p.grad for p in self.params if p.grad is not None]
-        if not grads:
-            return
-        norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
-        self._sq_norms.append(torch.stack(norms).square().sum())
+        if grads:
+            self._sq_norms.append(_squared_norm(grads))
 
     def reset(self) -> None:
         """Forget the partial sums of an abandoned step (e.g. after an out-of-memory retry)."""
