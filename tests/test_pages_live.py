@@ -106,7 +106,24 @@ def test_card_command_states(db_path, monkeypatch, state, expected, kind):
                    for m in msgs), msgs
         keys = {b.key for b in at.button}
         assert ("cancel_command" in keys) == (state == "pending")
-        assert at.button(key="approve").disabled == (state in ("pending", "claimed"))
+        if state == "applied":  # at step 399, the run's last: nothing offered until step 400
+            assert "approve" not in keys
+            assert "from step 400; the card reads the run again" in seed.texts(at)
+        else:
+            assert at.button(key="approve").disabled == (state in ("pending", "claimed"))
+    finally:
+        run.close()
+
+
+def test_after_an_applied_ramp_the_card_offers_again_once_the_run_moved_on(db_path,
+                                                                         monkeypatch):
+    run = seed.with_command(db_path, "applied")
+    try:
+        run.writer.log(400, {M.PER_DEVICE_BATCH: 8, M.ACCUM: 4, M.BATCH_SEQS: 32})
+        run.writer.flush()
+        at = seed.app(monkeypatch, db_path)
+        assert "Now: 8 per device × 4 accumulation" in seed.texts(at)
+        assert "approve" in {b.key for b in at.button}
     finally:
         run.close()
 
@@ -242,3 +259,24 @@ def test_lost_records_are_a_visible_warning_on_live_and_runs(live, monkeypatch):
     [table] = at.dataframe
     assert list(table.value["lost records"]) == [40]
     assert any("1 run(s) lost records" in str(w.value) for w in at.warning)
+
+
+def test_approve_before_the_advisor_is_ready_is_a_marked_override(db_path, monkeypatch):
+    """'Not yet' never sits beside a primary Approve: the button is secondary, says "early",
+    and is off until the operator ticks the override that repeats the advisor's reason."""
+    run = seed.live_run(db_path, ramp_due=False)
+    try:
+        at = seed.sign_in(seed.app(monkeypatch, db_path))
+        at.run()
+        assert any("Not yet." in str(i.value) for i in at.info)
+        early = at.button(key="approve")
+        assert early.label.startswith("Approve early: ramp to") and early.disabled
+        assert early.proto.type == "secondary"
+        assert "Ramp before the advisor is ready (" in at.checkbox(key="override").label
+        at.checkbox(key="override").check().run()
+        assert not at.button(key="approve").disabled
+        at.button(key="approve").click().run()
+        [c] = commands.list_commands(db_path, run.run_id)
+        assert c.status == "pending" and c.actor == "alice (dashboard, token)"
+    finally:
+        run.close()

@@ -4,7 +4,8 @@ Owns the card's drawing and its controls (content comes from dashboard/recommend
 and its evidence, the tier table with the chosen tier's predicted peak against capacity, LR
 change and predicted effect, the latest ramp command's state (pending → applied at step N, or
 refused with the reason), and the buttons. Stable widget keys for tests and the browser test:
-"approve" (label starts with "Approve"), "reject", "cancel_command", "tier_choice", and the
+"approve" (label starts with "Approve"; primary only when the advisor says "Ramp now", else
+"Approve early" behind the "override" checkbox), "reject", "cancel_command", "tier_choice", and the
 operator's "rw_operator" (name) and "rw_token" (the operator token, dashboard/guard.py).
 Read-only mode and runs that are not running draw the same card with no buttons. A click is
 checked again on the server (data.py): the token, and that the button was not disabled.
@@ -185,9 +186,14 @@ def render(card: Card, *, db, run, read_only: bool) -> None:
         # refresh never shows the previous buttons beside the new ones while it runs
         flash, now, command = st.empty(), st.empty(), st.empty()
         _flash(flash)
+        _command_line(card, command)
+        if card.awaiting_reread:  # "Now" would be the old tier, and Approve a second ramp
+            now.caption(f"Now: the tier of ramp #{card.command.command_id}, from step "
+                        f"{card.command.applied_step + 1}; the card reads the run again at its "
+                        "next step.")
+            return
         if card.current is not None:
             now.caption("Now: " + card.current.describe())
-        _command_line(card, command)
         # one container per part whose element count varies, so the buttons below keep their
         # place in the element tree and a refresh never shows a stale copy beside the new ones
         with st.container():
@@ -250,8 +256,17 @@ def _controls(card: Card, v: TierView | None, db, run_id: str) -> None:
         label = f"{t.per_device_batch} × {t.accum}"
         blocked = (t.reason if not t.fits else
                    f"already waiting on ramp #{open_cmd.command_id}" if open_cmd else None)
+        ready = card.decision is not None and card.decision.ready
+        if not ready and blocked is None:  # an operator's override: it must look like one
+            early = card.decision.reason if card.decision else "no recommendation yet"
+            if not st.checkbox(f"Ramp before the advisor is ready ({early})", key="override",
+                               help="the advisor has not recommended this ramp yet; approving "
+                                    "it now is your call"):
+                blocked = "tick the override first: the advisor says not yet"
         cols[0].button(
-            f"Approve ramp to {label} (batch {t.effective_batch:,})", key="approve", type="primary",
+            f"Approve ramp to {label} (batch {t.effective_batch:,})" if ready else
+            f"Approve early: ramp to {label} (batch {t.effective_batch:,})",
+            key="approve", type="primary" if ready else "secondary",
             disabled=blocked is not None,
             help=blocked or "writes a ramp command; the trainer re-checks and applies it at a "
                             "step boundary",

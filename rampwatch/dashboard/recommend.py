@@ -103,6 +103,16 @@ class Card:
     last_step: int | None = None  # the run's newest step
 
     @property
+    def awaiting_reread(self) -> bool:
+        """A ramp was applied at step S but the run has not logged step S+1 (the first on the
+        new tier) yet: what the card knows of the current tier is the old one, so it must offer
+        nothing until the next refresh reads the run again."""
+        c = self.command
+        if c is None or c.status != "applied" or c.applied_step is None:
+            return False
+        return self.last_step is None or self.last_step <= c.applied_step
+
+    @property
     def suggested(self) -> TierView | None:
         """The ×2 tier (the advisor's next ramp point doubles the batch)."""
         return next((t for t in self.tiers if t.tier.factor == 2), self.tiers[0] if self.tiers else None)

@@ -102,7 +102,7 @@ def test_approve_ramp_in_browser(tmp_path, procs):
             intruder.close()
 
             _sign_in(page, "e2e-operator", TOKEN)
-            approve.click()
+            approve.dblclick()  # an impatient operator: still one command (asserted below)
             applied = page.get_by_text(re.compile(r"applied at step \d+"))
             expect(applied).to_be_visible(timeout=90_000)
             page.screenshot(path=str(ARTIFACTS / "e2e-approved.png"), full_page=True)
