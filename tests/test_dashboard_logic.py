@@ -210,3 +210,59 @@ def test_options_from_argv_then_env():
     assert o.db == Path("/y.duckdb") and o.read_only
     o = parse_options(["-q", "tests"], {})
     assert o.db is None and not o.read_only
+
+
+def test_noise_chart_breaks_at_a_stretch_without_estimates_and_labels_plainly():
+    steps = [*range(1, 51), *range(121, 151)]  # no estimate at steps 51-120
+    gns = Buckets.from_columns(1, bucket=steps, last_step=steps, lo=[0.002] * 80,
+                               hi=[30.0] * 80, last=[0.002] * 50 + [30.0] * 30, n=[1] * 80,
+                               nonfinite=[0] * 80)
+    fig = charts.noise_figure(gns, None, lower=gns)
+    for name in ("noise scale (B_simple)", "95% lower bound"):
+        [tr] = [t for t in fig.data if t.name == name]
+        x, y = np.asarray(tr.x, float), np.asarray(tr.y, float)
+        gap = np.flatnonzero(np.isnan(y))
+        assert gap.size == 1 and 50 < x[gap[0]] < 121 and not tr.connectgaps, name
+    labels = fig.layout.yaxis.ticktext
+    assert "0.002" in labels and "20" in labels and "50" in labels
+    assert not any(u in t for t in labels for u in ("m", "µ", "k"))
+
+
+def test_memory_chart_follows_the_run_when_capacity_is_far_above_it():
+    """A CPU run: capacity is the host's 25 GB, the run peaks near 1 GB; the axis shows the run
+    and the capacity is a note. On a GPU near capacity the capacity line stays on the axis."""
+    steps = list(range(1, 11))
+    peak = Buckets.from_columns(1, bucket=steps, last_step=steps, lo=[0.6e9] * 10,
+                                hi=[1.0e9] * 10, last=[1.0e9] * 10, n=[1] * 10,
+                                nonfinite=[0] * 10)
+    cap = Buckets.from_columns(1, bucket=steps, last_step=steps, lo=[25.3e9] * 10,
+                               hi=[25.3e9] * 10, last=[25.3e9] * 10, n=[1] * 10,
+                               nonfinite=[0] * 10)
+    tiers = [{"label": "x2", "predicted_bytes": 1.6e9, "fits": True}]
+    fig = charts.memory_figure(peak, cap, tiers, usable_bytes=24.0e9)
+    assert fig.layout.yaxis.range == (0, 1.25 * 1.6)
+    assert any("capacity 25.3 GB, usable 24.0 GB" in a.text for a in fig.layout.annotations)
+    gpu = charts.memory_figure(peak, Buckets.from_columns(
+        1, bucket=steps, last_step=steps, lo=[2e9] * 10, hi=[2e9] * 10, last=[2e9] * 10,
+        n=[1] * 10, nonfinite=[0] * 10), tiers)
+    assert gpu.layout.yaxis.range is None and not gpu.layout.annotations
+
+
+def test_throughput_has_a_smoothed_line_over_the_faint_raw_one():
+    steps = list(range(1, 101))
+    rng = np.random.default_rng(0)
+    raw = 3000 + 800 * rng.standard_normal(100)
+    tps = Buckets.from_columns(1, bucket=steps, last_step=steps, lo=raw, hi=raw, last=raw,
+                               n=[1] * 100, nonfinite=[0] * 100)
+    fig = charts.throughput_figure(tps, None)
+    by_name = {t.name: t for t in fig.data}
+    smooth = np.asarray(by_name["tokens/s (smoothed)"].y, float)
+    assert by_name["tokens/s"].opacity < 1
+    assert np.std(np.diff(smooth[20:])) < 0.3 * np.std(np.diff(raw[20:]))
+
+
+def test_signed_percent_keeps_small_effects_readable():
+    from rampwatch.dashboard.card import signed_percent
+
+    assert [signed_percent(x) for x in (-0.42, 0.16, -0.0031, 0.0, 0.0999)] == [
+        "-42%", "+16%", "-0.31%", "0%", "+10%"]

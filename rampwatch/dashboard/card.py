@@ -76,6 +76,15 @@ def _command_line(card: Card, slot) -> None:
         slot.caption(c.text)
 
 
+def signed_percent(x: float) -> str:
+    """+42%, -3.1%, +0.25%: two significant digits below 10%, never a bare "-0%"."""
+    if x == 0:
+        return "0%"
+    mag = abs(x) * 100
+    text = f"{mag:.0f}" if mag >= 10 else f"{mag:.2g}"
+    return ("+" if x > 0 else "-") + text + "%"
+
+
 def _verdict(card: Card) -> None:
     d = card.decision
     if d is None:
@@ -164,8 +173,9 @@ def _tier_detail(card: Card, v: TierView) -> None:
     lr_note = f"base LR → {v.new_base_lr:.3g}" if v.new_base_lr else "of the current LR"
     cols[2].metric("LR multiplier", f"×{t.lr_multiplier:.3f}", lr_note, delta_color="off", delta_arrow="off")
     if v.effect:
-        cols[3].metric("Steps to target", f"{-v.effect.step_savings:+.0%}",
-                       f"tokens {v.effect.example_cost:+.0%}", delta_color="off", delta_arrow="off")
+        cols[3].metric("Steps to target", signed_percent(-v.effect.step_savings),
+                       f"tokens {signed_percent(v.effect.example_cost)}", delta_color="off",
+                       delta_arrow="off")
     else:
         cols[3].metric("Steps to target", "—", "needs a noise-scale estimate", delta_color="off", delta_arrow="off")
     if t.predicted_peak_bytes and cap:

@@ -23,6 +23,7 @@ from rampwatch.dashboard.smoothing import debiased_ema
 
 GB = 1e9
 HEIGHT = 340
+THROUGHPUT_SMOOTHING = 0.9  # debiased EMA weight per step: step times are noisy on a CPU
 EVENT_COLORS = {"ramp": "#2ca02c", "oom": "#d62728", "refused": "#ff7f0e", "resume": "#9467bd",
                 "alert": "#e377c2", "checkpoint": "#b0b0b0"}
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
@@ -152,26 +153,52 @@ def grad_norm_figure(gn: Buckets | None, events: Sequence[Mapping] = ()) -> go.F
 def noise_figure(gns: Buckets | None, batch: Buckets | None, events: Sequence[Mapping] = (),
                  lower: Buckets | None = None) -> go.Figure:
     """Windowed noise scale B_simple and its one-sided 95% lower bound against the effective
-    batch, all in sequences. A stretch of steps without an estimate is still drawn as a straight
-    line: nothing is logged there, so no NaN row breaks it (to do: break on a jump in steps)."""
+    batch, all in sequences. A step logs an estimate only when it has a fresh one, so a stretch
+    without estimates is a jump in steps: the lines break there instead of joining across it."""
     if (gns is None or not len(gns)) and (batch is None or not len(batch)):
         return empty_figure("Noise scale vs batch", "no noise-scale estimate yet")
     fig = _base("Gradient noise scale vs batch", "sequences")
     if gns is not None and len(gns):
         for tr in series_traces(gns, "noise scale (B_simple)", PALETTE[2]):
-            tr.connectgaps = False
+            if not tr.name.endswith("non-finite"):
+                tr.connectgaps = False
+                tr.x, tr.y = break_gaps(tr.x, tr.y, _max_gap(gns))
             fig.add_trace(tr)
     if lower is not None and len(lower):
         bound = np.where(lower.last > 0, lower.last, np.nan)  # 0 = no lower bound: not drawn
-        fig.add_trace(go.Scatter(x=lower.steps, y=bound, mode="lines", connectgaps=False,
+        x, y = break_gaps(lower.steps, bound, _max_gap(lower))
+        fig.add_trace(go.Scatter(x=x, y=y, mode="lines", connectgaps=False,
                                  name="95% lower bound", line=dict(color=PALETTE[2], width=1,
                                                                    dash="dot")))
     if batch is not None and len(batch):
         for tr in series_traces(batch, "batch (sequences)", PALETTE[7], band=False, shape="hv"):
             fig.add_trace(tr)
-    fig.update_yaxes(type="log", tickvals=_ticks_125(gns, batch), tickformat="~s")
+    ticks = _ticks_125(gns, batch)
+    fig.update_yaxes(type="log", tickvals=ticks,
+                     ticktext=None if ticks is None else [plain_number(v) for v in ticks])
     add_events(fig, events)
     return fig
+
+
+def _max_gap(b: Buckets) -> int:
+    """Steps between neighbouring points beyond which the series had no estimate: a few
+    buckets' widths (a bucket holds `width` steps), and never less than 5 steps."""
+    return max(5, 3 * b.width)
+
+
+def break_gaps(x, y, max_gap: float) -> tuple[np.ndarray, np.ndarray]:
+    """x and y with a NaN point inserted wherever x jumps by more than max_gap, so a line
+    drawn with connectgaps=False stops there."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    cut = np.flatnonzero(np.diff(x) > max_gap) + 1
+    if not cut.size:
+        return x, y
+    return np.insert(x, cut, (x[cut - 1] + x[cut]) / 2), np.insert(y, cut, np.nan)
+
+
+def plain_number(v: float) -> str:
+    """A tick label a person reads: 0.0005, 0.5, 20, 5,000 (never 500µ or 5k)."""
+    return f"{v:,.0f}" if v >= 1 else f"{v:.10f}".rstrip("0")
 
 
 def _ticks_125(*series: Buckets | None) -> list[float] | None:
@@ -211,8 +238,31 @@ def memory_figure(peak: Buckets | None, capacity: Buckets | None, tiers: Sequenc
         fig.add_trace(go.Scatter(
             x=xs, y=[t["predicted_bytes"] / GB] * 2, mode="lines", name=str(t["label"]),
             line=dict(color="#2ca02c" if t.get("fits") else "#d62728", dash="dash", width=1.2)))
+    _scale_to_data(fig, peak, capacity, tiers, usable_bytes)
     add_events(fig, events)
     return fig
+
+
+CAPACITY_OFF_CHART = 4.0  # capacity this many times the data's top: the axis follows the data
+
+
+def _scale_to_data(fig: go.Figure, peak: Buckets | None, capacity: Buckets | None,
+                   tiers: Sequence[Mapping], usable_bytes: float | None) -> None:
+    """On a CPU the capacity is the host's RAM, far above the run: then the axis follows the
+    run's peak and the tiers, and the capacity is said in a note instead of a line up top."""
+    data = [float(np.nanmax(peak.hi)) if peak is not None and len(peak) and
+            np.isfinite(peak.hi).any() else 0.0]
+    data += [float(t["predicted_bytes"]) for t in tiers if t.get("predicted_bytes")]
+    cap = (float(np.nanmax(capacity.last)) if capacity is not None and len(capacity)
+           and np.isfinite(capacity.last).any() else None)
+    top = max(data)
+    if cap is None or top <= 0 or cap < CAPACITY_OFF_CHART * top:
+        return
+    fig.update_yaxes(range=[0, 1.25 * top / GB])
+    usable = f", usable {usable_bytes / GB:.1f} GB" if usable_bytes else ""
+    fig.add_annotation(text=f"capacity {cap / GB:.1f} GB{usable}: far above this run, off the "
+                            "chart", xref="paper", yref="paper", x=0.99, y=0.98,
+                       xanchor="right", showarrow=False, font=dict(size=11, color="#555555"))
 
 
 def throughput_figure(tps: Buckets | None, mfu: Buckets | None, events: Sequence[Mapping] = ()) -> go.Figure:
@@ -221,8 +271,11 @@ def throughput_figure(tps: Buckets | None, mfu: Buckets | None, events: Sequence
         return empty_figure("Throughput", "no throughput logged yet")
     fig = _base("Throughput", "tokens/s")
     if tps is not None and len(tps):
-        for tr in series_traces(tps, "tokens/s", PALETTE[5]):
+        for tr in series_traces(tps, "tokens/s", PALETTE[5], opacity=0.35, width=1.0):
             fig.add_trace(tr)
+        smooth = debiased_ema(tps.last, THROUGHPUT_SMOOTHING, counts=tps.n)
+        fig.add_trace(go.Scatter(x=tps.steps, y=smooth, mode="lines", name="tokens/s (smoothed)",
+                                 line=dict(color=PALETTE[5], width=2), connectgaps=True))
     if mfu is not None and len(mfu):
         for tr in series_traces(mfu, "MFU (%)", PALETTE[9], scale=100.0, band=False, yaxis="y2"):
             fig.add_trace(tr)
