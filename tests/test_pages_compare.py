@@ -65,7 +65,7 @@ def test_config_diff_flattens_nested(db_path, monkeypatch):
 def test_steps_to_target_and_critical_batch(four, monkeypatch):
     db, _ = four
     at = _compare(monkeypatch, db)
-    at.slider(key="target_smoothing").set_value(0.0).run()
+    at.slider(key="compare_smoothing").set_value(0.0).run()
     at.number_input(key="target_loss").set_value(seed.TARGET_LOSS).run()
     rows = _table(at, "target_table").set_index("run")
     for b in (16, 32, 64, 128):
@@ -98,7 +98,7 @@ def test_unreached_target_and_ramped_runs_are_named(db_path, monkeypatch):
         live.writer.log(400, {"batch_seqs": 32, "loss": 2.1})
         assert live.writer.flush()
         at = _compare(monkeypatch, db_path)
-        at.slider(key="target_smoothing").set_value(0.0).run()
+        at.slider(key="compare_smoothing").set_value(0.0).run()
         at.number_input(key="target_loss").set_value(2.3).run()
         rows = _table(at, "target_table").set_index("run")
         assert rows.loc["ramped", "batch (sequences)"] == "ramped 16→32"

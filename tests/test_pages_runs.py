@@ -58,11 +58,11 @@ def test_every_run_with_status_and_summary(many, monkeypatch):
     assert t.loc["done", "status"] == "finished"
     assert t.loc["crashed", "status"] == "stale"  # writer gone, nobody has recovered it yet
     assert t.loc["done", "steps"] == 599 and t.loc["done", "tokens"] == 600 * 32 * 128
-    assert t.loc["done", "best loss"] == pytest.approx(2.0 + 3.0 * 2.718281828 ** (-599 / (
+    assert t.loc["done", "best loss (raw)"] == pytest.approx(2.0 + 3.0 * 2.718281828 ** (-599 / (
         seed.S_MIN * (1 + seed.B_CRIT / 32) / 1.791759469)), abs=1e-3)
     assert t.loc["done", "peak memory (GB)"] == pytest.approx(18.0)
     assert t.loc["live", "peak memory (GB)"] == pytest.approx(25.6, abs=0.11)
-    assert t.loc["live", "best loss"] < 2.5  # NaN losses do not poison the best
+    assert t.loc["live", "best loss (raw)"] < 2.5  # NaN losses do not poison the best
     assert t.loc["live", "device"] == "NVIDIA H200"
     assert "stale: marked running but no heartbeat" in seed.texts(at)
 

@@ -58,7 +58,7 @@ def _pages() -> list:
 
 def main() -> None:
     """One run of the app: sidebar, database checks, then the page the URL names."""
-    st.set_page_config(page_title="Rampwatch", page_icon=":material/trending_up:", layout="wide")
+    st.set_page_config(page_title="Rampwatch", page_icon="📈", layout="wide")
     opts = data.options()
     st.session_state["rw_db"] = opts.db
     st.session_state["rw_read_only"] = opts.read_only

@@ -47,7 +47,9 @@ c1, c2, c3 = st.columns([2, 2, 2])
 metric = c1.selectbox("Metric", names, index=names.index(M.LOSS) if M.LOSS in names else 0,
                       key="compare_metric")
 axis = c2.radio("Against", ["step", "tokens", "time"], horizontal=True, key="compare_x")
-smoothing = c3.slider("Smoothing (EMA weight)", 0.0, 0.99, 0.0, 0.01, key="compare_smoothing")
+smoothing = c3.slider("Smoothing (EMA weight)", 0.0, 0.99, 0.9, 0.01, key="compare_smoothing",
+                      help="debiased EMA, as on the live page; 0 = raw. The same smoothing picks "
+                           "when each run reaches the target loss below.")
 
 curves, time_how = [], set()
 for rid in chosen:
@@ -87,8 +89,7 @@ st.subheader("Steps, tokens and time to a target loss")
 loss = {rid: data.series(db, rid, M.LOSS) for rid in chosen}
 aux = {rid: (data.series(db, rid, M.TOKENS_SEEN), data.series(db, rid, M.STEP_TIME),
              data.series(db, rid, M.BATCH_SEQS)) for rid in chosen}
-t_smooth = st.slider("Loss smoothing for the target (EMA weight)", 0.0, 0.99, 0.9, 0.01,
-                     key="target_smoothing")
+t_smooth = smoothing  # one smoothing for the curves and the target, said in the table
 probe = [comparison.to_target(labels[r], loss[r], -np.inf, t_smooth) for r in chosen]
 default_target = comparison.default_target([p.best for p in probe])
 if default_target is None:

@@ -40,7 +40,7 @@ for r in runs:
     rows.append({
         "name": r.name or r.run_id, "status": r.status, "started": _when(r.created_at),
         "duration": _duration(r), "steps": r.last_step, "tokens": s["tokens"],
-        "best loss": None if s["best_loss"] is None else round(s["best_loss"], 4),
+        "best loss (raw)": None if s["best_loss"] is None else round(s["best_loss"], 4),
         "peak memory (GB)": None if s["peak_bytes"] is None else round(s["peak_bytes"] / 1e9, 2),
         "lost records": data.lost_records(data.events(db, r.run_id)),
         "device": r.device, "run id": r.run_id})
