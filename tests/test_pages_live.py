@@ -280,3 +280,30 @@ def test_approve_before_the_advisor_is_ready_is_a_marked_override(db_path, monke
         assert c.status == "pending" and c.actor == "alice (dashboard, token)"
     finally:
         run.close()
+
+
+def test_alerts_that_hold_are_banners(db_path, monkeypatch):
+    """The seeded run's non-finite-gradient alert (step 150) is long past, so no banner; a
+    fresh one, an OOM recovery, and 'noise scale not measured' while no estimate is fresh are."""
+    run = seed.live_run(db_path, estimates_until=300)
+    try:
+        at = seed.app(monkeypatch, db_path)
+        texts = [str(w.value) for w in at.warning]
+        assert not any("non-finite gradient" in t for t in texts), texts
+        run.writer.event(M.EVENT_ALERT, "noise scale not measured: accumulation 1 on one device "
+                         "gives one batch size per step; use accumulation ≥ 2", step=1)
+        run.writer.event(M.EVENT_ALERT, "non-finite gradient: step left out of the noise scale",
+                         step=395)
+        run.writer.event(M.EVENT_OOM, "out of memory at per-device batch 8; redone at 4 x 4",
+                         step=396)
+        run.writer.flush()
+        at = seed.app(monkeypatch, db_path)
+        texts = [str(w.value) for w in at.warning]
+        assert any(t.startswith("**Alert at step 1:** noise scale not measured") for t in texts)
+        assert any(t.startswith("**Alert at step 395:** non-finite gradient") for t in texts)
+        assert any(t.startswith("**Out of memory at step 396:**") for t in texts)
+        at.switch_page("views/runs.py").run()
+        [table] = at.dataframe
+        assert list(table.value["alerts"]) == [3]  # the seeded one at 150 and the two above
+    finally:
+        run.close()

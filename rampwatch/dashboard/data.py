@@ -264,6 +264,37 @@ def lost_records(events: list[dict]) -> int:
     return total
 
 
+ALERT_HOLDS_STEPS = 200  # an alert is a banner until the run is this many steps past it
+MEASUREMENT_OFF = "noise scale not measured"
+
+
+def active_alerts(events: list[dict], last_step: int | None,
+                  newest_estimate_step: int | None) -> list[dict]:
+    """The alerts and OOM recoveries that still hold, newest of each sort, for banners: recent
+    ones (within ALERT_HOLDS_STEPS of the run's last step), and 'noise scale not measured' for
+    as long as no estimate is fresh. Lost records have their own banner (lost_records)."""
+    last = {}
+    for e in events:
+        if e.get("kind") not in (M.EVENT_ALERT, M.EVENT_OOM) or e.get("step") is None:
+            continue
+        d = e.get("data") or {}
+        if "dropped" in d or "lost_metric_records" in d:
+            continue
+        sort = e["kind"] + ":" + str(e.get("message") or "").split(":")[0]
+        if sort not in last or e["step"] >= last[sort]["step"]:
+            last[sort] = e
+    now = last_step if last_step is not None else 0
+    held = []
+    for e in last.values():
+        if str(e.get("message") or "").startswith(MEASUREMENT_OFF):
+            stale = newest_estimate_step is None or now - newest_estimate_step > 50
+            if stale:
+                held.append(e)
+        elif now - e["step"] <= ALERT_HOLDS_STEPS:
+            held.append(e)
+    return sorted(held, key=lambda e: -e["step"])
+
+
 def event_dict(e) -> dict:
     return {"step": e.step, "t": e.t, "kind": e.kind, "message": e.message, "data": e.data}
 
@@ -470,5 +501,5 @@ def cancel_command(db: Path, command_id: int, *, operator: str | None, token: st
 
 __all__ = ["Options", "Problem", "parse_options", "options", "page_context", "options_problem", "db_problem", "list_runs",
            "metric_names", "series", "run_summary", "events", "export_bytes", "Snapshot",
-           "LiveState", "live_snapshot", "submit_ramp", "cancel_command", "agent_api_enabled", "lost_records", "CommandError",
+           "LiveState", "live_snapshot", "submit_ramp", "cancel_command", "agent_api_enabled", "lost_records", "active_alerts", "CommandError",
            "RunNotFoundError", "StoreError"]

@@ -44,7 +44,7 @@ def _header(snap: data.Snapshot) -> None:
     if tokens:
         bits.insert(2, f"tokens **{tokens:,.0f}**")
     st.markdown(" · ".join(bits))
-    stale, lost = st.empty(), st.empty()
+    stale, lost, alerts = st.empty(), st.empty(), st.container()
     if run.status == "stale":
         stale.warning("No heartbeat from this run's writer: it may have died. Its last data is "
                       "shown; the next writer to open the database marks it killed.")
@@ -53,6 +53,12 @@ def _header(snap: data.Snapshot) -> None:
         lost.warning(f"{n_lost:,} records of this run never reached the database (dropped by "
                      "the writer or lost to a damaged spool): the charts have gaps there. The "
                      "alert events below say which and why.", icon=":material/warning:")
+    newest = int(snap.gns_steps[-1]) if len(snap.gns_steps) else None
+    with alerts:
+        for e in data.active_alerts(snap.events, run.last_step, newest)[:4]:
+            what = "Out of memory" if e["kind"] == M.EVENT_OOM else "Alert"
+            st.warning(f"**{what} at step {e['step']:,}:** {e['message']}",
+                       icon=":material/warning:")
 
 
 def _charts(snap: data.Snapshot, card: recommend.Card) -> None:

@@ -37,12 +37,14 @@ runs = data.list_runs(db)
 rows = []
 for r in runs:
     s = data.run_summary(db, r.run_id)
+    evs = data.events(db, r.run_id)
     rows.append({
         "name": r.name or r.run_id, "status": r.status, "started": _when(r.created_at),
         "duration": _duration(r), "steps": r.last_step, "tokens": s["tokens"],
         "best loss (raw)": None if s["best_loss"] is None else round(s["best_loss"], 4),
         "peak memory (GB)": None if s["peak_bytes"] is None else round(s["peak_bytes"] / 1e9, 2),
-        "lost records": data.lost_records(data.events(db, r.run_id)),
+        "alerts": sum(e["kind"] == "alert" for e in evs),
+        "lost records": data.lost_records(evs),
         "device": r.device, "run id": r.run_id})
 st.dataframe(rows, hide_index=True, key="runs_table")
 st.caption(STATUS_HELP)
