@@ -13,7 +13,7 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 # A small per-device batch makes the noise scale cross the batch within a few minutes, so the
 # dashboard has a ramp to recommend; approve it and watch the trainer apply it.
 rampwatch train --db "$DB" --preset cpu-tiny --name "demo-$(date +%H%M%S)" \
-  --per-device-batch 4 --accum 2 --checkpoint-dir runs/checkpoints --progress on \
+  --per-device-batch 4 --accum 2 --checkpoint-dir runs/checkpoints \
   > runs/demo-trainer.log 2>&1 &
 TRAINER=$!
 # Approve needs the operator token (rampwatch/dashboard/guard.py): one for this demo, shown below.

@@ -3,6 +3,8 @@ resumes as the same run without logging a step twice or skipping a sample, and t
 own-loop snippet works."""
 from __future__ import annotations
 
+import re
+
 import signal
 import subprocess
 
@@ -33,8 +35,11 @@ def assert_continuous_samples(db, run_id):
 def test_tiny_run_logs_every_metric_and_learns(tmp_path):
     db = tmp_path / "runs.duckdb"
     done = run_trainer(db, tmp_path / "ckpt", "--run-id", "tiny", "--steps", "50",
-                       "--val-every", "25", "--no-plan")
+                       "--val-every", "25", "--no-plan", "--progress", "auto")
     assert done.returncode == 0, done.stdout
+    # its log (not a terminal): a progress line every 50 steps and a line per event
+    assert re.search(r"^step +50 loss +\d+\.\d+ tier 8x2 +\d+ tok/s", done.stdout, re.M), done.stdout
+    assert "rampwatch: step 50: checkpoint: checkpoint at step 50" in done.stdout
     run = reader.get_run(db, "tiny")
     assert run.status == "finished" and run.last_step == 50
     assert run.config["preset"] == "test-tiny" and run.config["data"]["corpus"]["files"] > 100

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from typing import Any, Mapping
+from typing import Any, Mapping, TextIO
 
 import psutil
 import torch
@@ -73,8 +73,9 @@ class Monitor:
                  per_device_batch: int, accum: int, seq_len: int, world_size: int = 1,
                  device: torch.device | None = None, flops_per_token: float | None = None,
                  gns_window_steps: int = 200, loss_divided_by_accum: bool = True,
-                 noise_window: NoiseScaleWindow | None = None):
+                 noise_window: NoiseScaleWindow | None = None, echo: TextIO | None = None):
         self.writer = writer
+        self.echo = echo  # each event is also one line here (the trainer passes stderr)
         self.optimizer = optimizer
         self.seq_len = seq_len
         self.world_size = world_size
@@ -236,6 +237,8 @@ class Monitor:
     def event(self, step: int, kind: str, message: str, data: Mapping | None = None) -> None:
         if self.writer:
             self.writer.event(kind, message, step=step, data=dict(data or {}))
+            if self.echo is not None:
+                print(f"rampwatch: step {step}: {kind}: {message}", file=self.echo, flush=True)
 
     @property
     def noise_scale(self) -> float | None:

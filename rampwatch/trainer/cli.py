@@ -54,7 +54,8 @@ def add_arguments(t: argparse.ArgumentParser) -> None:
                            "policy's 2, i.e. keep the batch within [B_noise/2, B_noise])")
     ramp.add_argument("--no-plan", dest="plan", action="store_false",
                       help="skip the fake-tensor memory plan")
-    t.add_argument("--progress", default="auto", choices=("auto", "on", "off"))
+    t.add_argument("--progress", default="auto", choices=("auto", "on", "off"),
+                   help="auto: a bar on a terminal, else a line every 50 steps (log files)")
     t.add_argument("--inject-oom", metavar="STEP:MICRO:PHASE",
                    help="testing aid: raise out-of-memory once (phase forward|backward|optimizer)")
 

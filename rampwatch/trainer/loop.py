@@ -135,7 +135,8 @@ class Trainer:
         common = dict(model=self.model, optimizer=self.optimizer,
                       per_device_batch=self.state.per_device_batch, accum=self.state.accum,
                       seq_len=self.cfg.seq_len, world_size=self.ddp.world_size,
-                      flops_per_token=fpt, gns_window_steps=self.args.gns_window)
+                      flops_per_token=fpt, gns_window_steps=self.args.gns_window,
+                      echo=sys.stderr)
         if not self.ddp.is_main:
             mon = Monitor(None, device=self.device, **common)
         else:
@@ -315,29 +316,37 @@ class Trainer:
 
 
 class Progress:
-    """A one-line terminal progress bar: step, loss, tokens/s, ETA (tokens left / tokens/s)."""
+    """Step, loss, tier, tokens/s and ETA (tokens left / tokens/s) on stderr: a one-line bar on
+    a terminal ('on', or 'auto' on a tty), a plain line every LINE_EVERY steps into a log file
+    ('auto' elsewhere), nothing with 'off'. Events (ramps, refusals, checkpoints, OOMs, alerts)
+    are lines of their own, from the monitor."""
+
+    LINE_EVERY = 50
 
     def __init__(self, mode: str, trainer: Trainer):
-        self.on = mode == "on" or (mode == "auto" and sys.stderr.isatty())
-        self.on = self.on and trainer.ddp.is_main
+        main = trainer.ddp.is_main
+        self.bar = main and (mode == "on" or (mode == "auto" and sys.stderr.isatty()))
+        self.lines = main and mode == "auto" and not self.bar
         self.trainer = trainer
         self.t0 = time.perf_counter()
         self.tokens0 = trainer.state.tokens_seen
 
     def update(self, outcome: StepOutcome) -> None:
-        if not self.on:
+        st = self.trainer.state
+        if not (self.bar or self.lines and st.step % self.LINE_EVERY == 0):
             return
-        st, a = self.trainer.state, self.trainer.args
+        a = self.trainer.args
         rate = (st.tokens_seen - self.tokens0) / max(1e-9, time.perf_counter() - self.t0)
         target = a.total_tokens if a.steps is None else None
         eta = f" eta {(target - st.tokens_seen) / rate:6.0f}s" if target and rate > 0 else ""
-        sys.stderr.write(f"\rstep {st.step:6d} loss {outcome.loss:7.4f} "
-                         f"tier {outcome.tier.per_device_batch}x{outcome.tier.accum} "
-                         f"{rate:9.0f} tok/s{eta}   ")
+        text = (f"step {st.step:6d} loss {outcome.loss:7.4f} "
+                f"tier {outcome.tier.per_device_batch}x{outcome.tier.accum} "
+                f"{rate:9.0f} tok/s{eta}")
+        sys.stderr.write(f"\r{text}   " if self.bar else text + "\n")
         sys.stderr.flush()
 
     def close(self) -> None:
-        if self.on:
+        if self.bar:
             sys.stderr.write("\n")
 
 
