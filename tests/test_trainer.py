@@ -4,7 +4,6 @@ own-loop snippet works."""
 from __future__ import annotations
 
 import re
-
 import signal
 import subprocess
 
