@@ -228,7 +228,9 @@ def render(card: Card, *, db, run, read_only: bool) -> None:
             st.caption(card.memory_note)
             for n in card.notes:
                 st.caption(n)
-            st.dataframe(_tier_rows(card), hide_index=True, key="tier_table")
+            st.dataframe(_tier_rows(card), hide_index=True, key="tier_table", column_config={
+                "why": st.column_config.TextColumn(width="large"),
+                "tokens/step": st.column_config.NumberColumn(format="localized")})
         if read_only:
             return
         if run.stored_status != "running" or run.status != "running":

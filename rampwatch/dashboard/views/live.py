@@ -84,7 +84,8 @@ def _events_table(snap: data.Snapshot) -> None:
             st.caption("No events yet (ramps, OOM recoveries, checkpoints, alerts appear here).")
             return
         st.dataframe([{"step": e["step"], "kind": e["kind"], "message": e["message"]}
-                      for e in reversed(snap.events)], hide_index=True, key="events_table")
+                      for e in reversed(snap.events)], hide_index=True, key="events_table",
+                     column_config={"message": st.column_config.TextColumn(width="large")})
 
 
 _status = next((r.status for r in data.list_runs(db) if r.run_id == run_id), None)
