@@ -30,11 +30,11 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-APP = REPO / "rampwatch" / "dashboard" / "app.py"
-
 from rampwatch.store import Reader, RunWriter, commands
 from rampwatch.store import names as M
+
+REPO = Path(__file__).resolve().parent.parent
+APP = REPO / "rampwatch" / "dashboard" / "app.py"
 
 # Same list and numbers as dashboard/data.py (checked by tests/test_dashboard_bench.py).
 LIVE_METRICS = (M.LOSS, M.VAL_LOSS, M.GRAD_NORM, M.GNS, M.GNS_LOW, M.BATCH_SEQS, M.MEM_PEAK, M.MEM_CAPACITY,

@@ -25,9 +25,6 @@ import os
 import sys
 import threading
 import time
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parent.parent
 
 import torch
 

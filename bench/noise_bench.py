@@ -27,9 +27,6 @@ import platform
 import statistics
 import sys
 import time
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parent.parent
 
 import torch
 

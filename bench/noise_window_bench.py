@@ -24,8 +24,6 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-
 from rampwatch.advisor.gns_window import NoiseScaleWindow
 from rampwatch.store import names as M
 from rampwatch.store import reader

@@ -36,8 +36,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-
 from rampwatch.advisor.gns import fit_critical_batch
 from rampwatch.advisor.policy import RampPolicy
 from rampwatch.store import names as M

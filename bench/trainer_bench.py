@@ -21,8 +21,6 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-
 import torch
 
 from bench.memplan_bench import measure
