@@ -98,6 +98,17 @@ def series_traces(b: Buckets, label: str, color: str, *, scale: float = 1.0, opa
     return traces
 
 
+def add_raw_and_smoothed(fig: go.Figure, b: Buckets, raw: str, smoothed: str, color: str,
+                         weight: float) -> None:
+    """A noisy series as its faint raw traces under a debiased EMA line (each bucket decays the
+    average by the finite steps it holds)."""
+    for tr in series_traces(b, raw, color, opacity=0.35, width=1):
+        fig.add_trace(tr)
+    smooth = debiased_ema(b.last, weight, counts=np.maximum(b.n - b.nonfinite, 1))
+    fig.add_trace(go.Scatter(x=b.steps, y=smooth, mode="lines", name=smoothed,
+                             line=dict(color=color, width=2.2)))
+
+
 def add_events(fig: go.Figure, events: Sequence[Mapping]) -> int:
     """Vertical line per event (shape 'event:<kind>') and one hover trace 'events'; returns count."""
     pts = [e for e in events if e.get("step") is not None]
@@ -127,11 +138,7 @@ def loss_figure(loss: Buckets | None, val: Buckets | None, smoothing: float,
         return empty_figure("Loss", "no loss logged yet")
     fig = _base("Loss", "loss")
     if loss is not None and len(loss):
-        for tr in series_traces(loss, "loss (raw)", PALETTE[0], opacity=0.35, width=1):
-            fig.add_trace(tr)
-        smooth = debiased_ema(loss.last, smoothing, counts=np.maximum(loss.n - loss.nonfinite, 1))
-        fig.add_trace(go.Scatter(x=loss.steps, y=smooth, mode="lines", name="loss (smoothed)",
-                                 line=dict(color=PALETTE[0], width=2.2)))
+        add_raw_and_smoothed(fig, loss, "loss (raw)", "loss (smoothed)", PALETTE[0], smoothing)
     if val is not None and len(val):
         for tr in series_traces(val, "val_loss", PALETTE[1], band=False):
             tr.update(mode="lines+markers" if tr.name == "val_loss" else tr.mode)
@@ -271,11 +278,8 @@ def throughput_figure(tps: Buckets | None, mfu: Buckets | None, events: Sequence
         return empty_figure("Throughput", "no throughput logged yet")
     fig = _base("Throughput", "tokens/s")
     if tps is not None and len(tps):
-        for tr in series_traces(tps, "tokens/s", PALETTE[5], opacity=0.35, width=1.0):
-            fig.add_trace(tr)
-        smooth = debiased_ema(tps.last, THROUGHPUT_SMOOTHING, counts=tps.n)
-        fig.add_trace(go.Scatter(x=tps.steps, y=smooth, mode="lines", name="tokens/s (smoothed)",
-                                 line=dict(color=PALETTE[5], width=2), connectgaps=True))
+        add_raw_and_smoothed(fig, tps, "tokens/s", "tokens/s (smoothed)", PALETTE[5],
+                             THROUGHPUT_SMOOTHING)
     if mfu is not None and len(mfu):
         for tr in series_traces(mfu, "MFU (%)", PALETTE[9], scale=100.0, band=False, yaxis="y2"):
             fig.add_trace(tr)
