@@ -3,7 +3,6 @@ disabled button's click refused, no writes with Streamlit's agent API on, and `r
 dashboard` refusing to serve writes off loopback without a token (real processes)."""
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -14,7 +13,7 @@ import pytest
 from rampwatch.dashboard import guard
 from rampwatch.store import commands
 from tests import seed
-from tests.procs import child_env, kill_group
+from tests.procs import child_env, free_port, kill_group
 
 
 @pytest.fixture
@@ -102,12 +101,6 @@ def test_agent_api_on_means_no_writes(live, monkeypatch, agent_api_on):
                          token=seed.TOKEN)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _dashboard(*args: str, env=None, timeout: float = 30) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "rampwatch", "dashboard", *args],
                           env=env or child_env(), capture_output=True, text=True,
@@ -134,7 +127,7 @@ def test_loopback_prints_a_fresh_token_and_off_loopback_takes_yours(db_path, tmp
         env = child_env()
         env.pop(guard.TOKEN_ENV, None)
         proc = subprocess.Popen([sys.executable, "-m", "rampwatch", "dashboard", "--db",
-                                 str(db_path), "--port", str(_free_port()), *args], env=env,
+                                 str(db_path), "--port", str(free_port()), *args], env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True)
         try:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from rampwatch import store
-from tests.procs import REPO, kill_group
+from tests.procs import REPO, free_port, kill_group
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -42,15 +41,9 @@ def _clean_env() -> dict:
     return env
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _serves(venv: Path, db: Path, cwd: Path) -> None:
     """`rampwatch dashboard` starts and its health endpoint answers; then it is stopped."""
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([venv / "bin" / "rampwatch", "dashboard", "--db", db, "--port",
                              str(port)], cwd=cwd, env=_clean_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)

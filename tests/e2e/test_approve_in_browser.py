@@ -16,7 +16,7 @@ import pytest
 
 from rampwatch.store import commands, reader
 from rampwatch.store import names as M
-from tests.procs import REPO, child_env
+from tests.procs import REPO, child_env, free_port
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = REPO / "artifacts"
@@ -25,12 +25,6 @@ LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 TOKEN = "e2e-operator-token"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_http(port: int, timeout: float) -> None:
@@ -86,7 +80,7 @@ def test_approve_ramp_in_browser(tmp_path, procs):
                            "--val-every", "0", "--ramp-hysteresis", "10",
                            "--ramp-min-samples", "20",
                            "--progress", "off"])
-    port = _free_port()
+    port = free_port()
     app = procs.spawn(["-m", "rampwatch", "dashboard", "--db", str(db), "--port", str(port)],
                       env=child_env(RAMPWATCH_TOKEN=TOKEN))
     _wait_http(port, 60)
@@ -145,7 +139,7 @@ def test_checkout_deep_link_runs_the_whole_app(tmp_path, procs):
 
     db = tmp_path / "runs.duckdb"
     seed.finished_run(db, 16, name="deep-link-run")
-    port = _free_port()
+    port = free_port()
     procs.spawn(["-m", "streamlit", "run", "app.py", "--server.port", str(port),
                  "--server.address", "127.0.0.1", "--server.headless", "true",
                  "--browser.gatherUsageStats", "false", "--", "--db", str(db)])
