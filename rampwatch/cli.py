@@ -59,28 +59,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _dashboard(args: argparse.Namespace, streamlit_flags: list[str]) -> int:
+    refuse = args.command_parser.error  # one line, exit 2
     if importlib.util.find_spec("streamlit") is None:
-        print("rampwatch dashboard: error: Streamlit is not installed here; install the "
-              "dashboard with `pip install 'rampwatch[dashboard]'`", file=sys.stderr)
-        return 2
+        refuse("Streamlit is not installed here; install the dashboard with "
+               "`pip install 'rampwatch[dashboard]'`")
     if not args.read_only and _agent_api_requested(streamlit_flags):
-        print("rampwatch dashboard: error: Streamlit's agent API is another way to drive the "
-              "page: Rampwatch does not serve Approve with it; drop it or add --read-only",
-              file=sys.stderr)
-        return 2
+        refuse("Streamlit's agent API is another way to drive the page: Rampwatch does not "
+               "serve Approve with it; drop it or add --read-only")
     if not 0 < args.port < 65536:
-        print(f"rampwatch dashboard: error: --port must be 1-65535, got {args.port}",
-              file=sys.stderr)
-        return 2
+        refuse(f"--port must be 1-65535, got {args.port}")
     env = dict(os.environ)
     env.pop(guard.TOKEN_ENV, None)
     if not args.read_only:
         try:
-            token = _operator_token(args)
+            env[guard.TOKEN_ENV] = _operator_token(args)
         except ValueError as e:
-            print(f"rampwatch dashboard: error: {e}", file=sys.stderr)
-            return 2
-        env[guard.TOKEN_ENV] = token
+            refuse(str(e))
     app_args = (["--db", str(Path(args.db).expanduser().absolute())] if args.db else []) + (
         ["--read-only"] if args.read_only else [])
     hosts = []  # Host names a browser may use: a DNS-rebinding page's name is refused

@@ -250,15 +250,19 @@ def events(db: Path, run_id: str) -> list[dict]:
     return _events(str(db), run_id, version_token(db))
 
 
+# what an alert's data counts when records never reached the database: dropped by the writer
+# (bad values, a full disk; store/outbox.py) or lost to a damaged spool (store/ingest.py)
+LOSS_COUNTS = ("dropped", "lost_metric_records")
+
+
 def lost_records(events: list[dict]) -> int:
-    """Records of a run that never reached the database, as its alert events count them: dropped
-    by the writer (bad values, a full disk) or lost to a damaged spool."""
+    """Records of a run that never reached the database, as its alert events count them."""
     total = 0
     for e in events:
         if e.get("kind") != M.EVENT_ALERT:
             continue
         d = e.get("data") or {}
-        for key in ("dropped", "lost_metric_records"):
+        for key in LOSS_COUNTS:
             if isinstance(d.get(key), (int, float)):
                 total += int(d[key])
     return total
@@ -277,8 +281,7 @@ def active_alerts(events: list[dict], last_step: int | None,
     for e in events:
         if e.get("kind") not in (M.EVENT_ALERT, M.EVENT_OOM) or e.get("step") is None:
             continue
-        d = e.get("data") or {}
-        if "dropped" in d or "lost_metric_records" in d:
+        if any(key in (e.get("data") or {}) for key in LOSS_COUNTS):
             continue
         sort = e["kind"] + ":" + str(e.get("message") or "").split(":")[0]
         if sort not in last or e["step"] >= last[sort]["step"]:

@@ -31,7 +31,7 @@ def new_token() -> str:
 
 
 def is_loopback(host: str) -> bool:
-    if host in ("localhost",):
+    if host == "localhost":
         return True
     try:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
