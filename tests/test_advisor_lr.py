@@ -74,6 +74,8 @@ def test_ramp_lr_warns_beyond_noise_scale():
     assert change.rule == "sqrt" and change.warning is None
     assert change.base_lr == pytest.approx(3e-4 * math.sqrt(2))
     change = ramp_lr(3e-4, 256, 2048, optimizer="AdamW", b_noise=1000)
-    assert change.warning and "exceeds the gradient noise scale (1000 sequences)" in change.warning
+    assert change.warning and "exceeds the gradient noise scale (1,000 sequences)" in change.warning
+    # a small noise scale keeps its digits (it read "(0 sequences)" at 0.182)
+    assert "noise scale (0.182 sequences)" in noise_scale_warning(16, 0.182)
     assert noise_scale_warning(2048, None) is None
     assert noise_scale_warning(2048, float("nan")) is None

@@ -25,6 +25,8 @@ import math
 import re
 from dataclasses import dataclass
 
+from rampwatch.advisor.gns_window import significant
+
 __all__ = [
     "RULES",
     "OPTIMIZER_RULES",
@@ -121,8 +123,8 @@ def noise_scale_warning(new_batch: float, b_noise: float | None) -> str | None:
     if nb <= b_noise:
         return None
     return (
-        f"batch {nb:g} exceeds the gradient noise scale ({float(b_noise):.0f} sequences): past it a "
-        "doubling saves at most 25% of the steps for at least 50% more examples "
+        f"batch {nb:g} exceeds the gradient noise scale ({significant(float(b_noise))} sequences): "
+        "past it a doubling saves at most 25% of the steps for at least 50% more examples "
         "(McCandlish et al. 2018, §2.3), and the scaled learning rate may be too high; watch the loss"
     )
 

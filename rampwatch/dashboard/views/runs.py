@@ -46,7 +46,8 @@ for r in runs:
         "alerts": sum(e["kind"] == "alert" for e in evs),
         "lost records": data.lost_records(evs),
         "device": r.device, "run id": r.run_id})
-st.dataframe(rows, hide_index=True, key="runs_table")
+st.dataframe(rows, hide_index=True, key="runs_table", column_config={
+    "tokens": st.column_config.NumberColumn(format="localized")})
 st.caption(STATUS_HELP)
 lossy = [row["name"] for row in rows if row["lost records"]]
 if lossy:
