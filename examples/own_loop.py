@@ -1,7 +1,8 @@
 """Rampwatch in your own training loop: the README's snippet, runnable (tests/test_install.py runs it
-from a wheel installed into a fresh environment; tests/test_trainer.py checks the README matches).
+from a wheel installed into a fresh environment; tests/test_trainer.py checks the README matches
+and approves a ramp into it from another process).
 
-    python examples/own_loop.py runs.duckdb
+    python examples/own_loop.py runs.duckdb [auto]
 """
 import sys
 
@@ -9,20 +10,24 @@ import torch
 
 from rampwatch import Monitor
 
+torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
 opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-batch, accum, steps = 16, 4, 30
-data = torch.randn(batch * accum * steps, 32)
-target = data.sum(dim=1, keepdim=True)
+sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10))
+batch, accum, steps = 16, 4, 60
+data = torch.randn(batch * accum * steps * 8, 32)
+target = data.sum(dim=1, keepdim=True) + 0.5 * torch.randn(len(data), 1)
+pos = 0  # the next sample: a ramp changes how many a step takes, never which
 
-# --- the integration: five calls ---------------------------------------------------------
+# --- the integration ----------------------------------------------------------------------
 mon = Monitor.start(sys.argv[1], name="own-loop", config={"lr": 1e-2}, model=model,
-                    optimizer=opt, per_device_batch=batch, accum=accum, seq_len=1)
+                    optimizer=opt, per_device_batch=batch, accum=accum, seq_len=1,
+                    ramp=sys.argv[2] if len(sys.argv) > 2 else "manual")
 for step in range(1, steps + 1):
     total = torch.zeros(())
-    for j in range(accum):
-        i = ((step - 1) * accum + j) * batch
-        loss = torch.nn.functional.mse_loss(model(data[i:i + batch]), target[i:i + batch])
+    for _ in range(accum):
+        x, y, pos = data[pos:pos + batch], target[pos:pos + batch], pos + batch
+        loss = torch.nn.functional.mse_loss(model(x), y)
         (loss / accum).backward()
         mon.after_backward()                  # noise-scale partial sums, no device sync
         total += loss.detach() / accum        # stays on the device
@@ -30,4 +35,9 @@ for step in range(1, steps + 1):
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
     opt.zero_grad(set_to_none=True)
+    sched.step()
+    if (ramp := mon.ramp_due()) is not None:  # approved on the dashboard (or ramp="auto")
+        batch, accum = ramp.per_device_batch, ramp.accum
+        ramp.scale_lr(opt, sched)             # the LR rule, on the scheduler's base LRs too
+        mon.ramp_applied(ramp)                # the card: "applied at step N"
 mon.finish()

@@ -17,6 +17,12 @@ ranks, e.g. the loss and the peak memory) and fits the line through
 (j*b, |S_j/j|^2) for j <= k (rank averages) and (k*b*W, |global|^2). Averaging the local points
 keeps their expectation |G|^2 + tr(Sigma)/(j*b), cuts their variance, and gives every rank the
 same estimate (so a checkpoint written by any rank holds rank 0's noise-scale EMA).
+
+Micro-batches weighted other than 1/k (Hugging Face's num_items_in_batch divides each summed
+token loss by the step's token count) pass their weight to after_backward; the points are then
+token-weighted means over the tokens behind them (single process; under DDP the weights are
+ignored). Sharded gradients (FSDP's flat or DTensor parameters, ZeRO's missing .grad) set
+`sharded`: their local norm is not the gradient's, so nothing is measured.
 """
 from __future__ import annotations
 
@@ -71,6 +77,18 @@ def _rank_norm_allreduce_hook(state: RankNormHook, bucket):
     return default_hooks.allreduce_hook(state.process_group, bucket)
 
 
+def _is_sharded_tensor(t: torch.Tensor) -> bool:
+    # FSDP2 and tensor parallelism: DTensor gradients hold this rank's shard only
+    return type(t).__name__ == "DTensor"
+
+
+def _sharded(params) -> bool:
+    """No .grad after a backward (ZeRO-2/3 keep gradients in their own partitioned buffers) or
+    FSDP1's flat parameters: the norm of .grad would not be the gradient's norm."""
+    return any(type(p).__name__ == "FlatParameter" or getattr(p, "ds_id", None) is not None
+               for p in params) or all(p.grad is None for p in params)
+
+
 def _squared_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     """Σ|g|² over gradients of any floating dtype, on their device: half and single precision
     accumulate in float32, double stays double (foreach_norm refuses to narrow it)."""
@@ -97,6 +115,8 @@ class AccumulationStats:
         self.params = [p for p in params if p.requires_grad]
         self.loss_divided_by_accum = loss_divided_by_accum
         self._sq_norms: list[torch.Tensor] = []
+        self._weights: list[float | None] = []  # per backward: what its mean loss was scaled by
+        self.sharded = False  # set when .grad is sharded (FSDP, ZeRO): no norm is taken
         self.rank_hook: RankNormHook | None = None  # set by attach_ddp (world size > 1)
 
     def attach_ddp(self, ddp_model, process_group=None) -> None:
@@ -105,16 +125,31 @@ class AccumulationStats:
         self.rank_hook = RankNormHook(process_group)
         self.rank_hook.register(ddp_model)
 
-    def after_backward(self) -> None:
+    def after_backward(self, weight: float | None = None) -> None:
+        """weight: the factor this micro-batch's mean loss was multiplied by before backward,
+        when it is not 1/k (e.g. n_tokens_j / n_tokens_step, Hugging Face's num_items_in_batch).
+        """
         grads = [p.grad for p in self.params if p.grad is not None]
-        if grads:
-            self._sq_norms.append(_squared_norm(grads))
+        if not grads or self.sharded:
+            self.sharded = self.sharded or _sharded(self.params)
+            return
+        if any(_is_sharded_tensor(g) for g in grads[:1]):
+            self.sharded = True
+            return
+        self._sq_norms.append(_squared_norm(grads))
+        self._weights.append(weight)
 
     def reset(self) -> None:
         """Forget the partial sums of an abandoned step (e.g. after an out-of-memory retry)."""
         self._sq_norms.clear()
+        self._weights.clear()
         if self.rank_hook is not None:
             self.rank_hook.take()
+
+    def _step_weights(self, k: int) -> list[float]:
+        if all(w is not None for w in self._weights):
+            return [float(w) for w in self._weights]
+        return [1.0 / k if self.loss_divided_by_accum else 1.0] * k
 
     @property
     def count(self) -> int:
@@ -135,15 +170,19 @@ class AccumulationStats:
         if world_size > 1:
             return self._collect_ddp(micro_batch, grad_scale, world_size, rank_mean, rank_max)
         raw = torch.stack(self._sq_norms).double().cpu().tolist()
+        weights = self._step_weights(len(raw))
         self._sq_norms.clear()
-        k = len(raw)
+        self._weights.clear()
         inv_scale2 = 1.0 / (grad_scale * grad_scale)
         sq_norms, sizes = [], []
-        for j, value in enumerate(raw, start=1):
-            # .grad = S_j/k (loss divided by k) or S_j (not divided); we want |S_j/j|^2
-            factor = (k / j) ** 2 if self.loss_divided_by_accum else 1.0 / (j * j)
-            sq_norms.append(value * factor * inv_scale2)
-            sizes.append(j * micro_batch)
+        total, mean_w = 0.0, sum(weights) / len(weights)
+        for value, w in zip(raw, weights):
+            # .grad after backward j = Σ_{i<=j} w_i·g_i (g_i: micro-batch i's mean gradient), so
+            # .grad / W_j is the mean gradient over the W_j / w̄ micro-batches behind it: with
+            # w = 1/k that is S_j/j over j·b sequences; with token weights, a token-weighted mean
+            total += w
+            sq_norms.append(value / (total * total) * inv_scale2)
+            sizes.append(micro_batch * total / mean_w)
         # the norm the clipper sees: .grad itself, loss scale undone
         return StepGradStats(grad_norm=math.sqrt(raw[-1] * inv_scale2),
                              batch_sizes=sizes, sq_norms=sq_norms)
@@ -170,6 +209,7 @@ class AccumulationStats:
         # the last backward's .grad is already the global mean: same on every rank
         host = torch.cat([vec, self._sq_norms[-1].to(f64).reshape(1)]).cpu().tolist()
         self._sq_norms.clear()
+        self._weights.clear()  # weighted micro-batches: single process only (the module's doc)
         inv_scale2 = 1.0 / (grad_scale * grad_scale)
         n_mean = len(means)
         sq_norms, sizes = [], []

@@ -1,17 +1,23 @@
-"""The telemetry API any training loop calls: start a run, after each backward, at each step, finish.
+"""The telemetry API any training loop calls: start a run, after each backward, at each step,
+at each step boundary (the ramp protocol), finish.
 
     mon = Monitor.start("runs.duckdb", name="my-run", config=vars(args), model=model,
                         optimizer=opt, per_device_batch=16, accum=4, seq_len=1024)
-    for step in range(steps):
+    for step in range(1, steps + 1):
         for x, y in micro_batches:
             (model(x, y) / 4).backward()
             mon.after_backward()          # noise-scale partial sums, stays on the device
         mon.step(step, loss=loss_sum)     # before clipping: reads grad norm, memory, time
         clip_grad_norm_(model.parameters(), 1.0); opt.step(); opt.zero_grad()
+        if ramp := mon.ramp_due():        # an approved (or auto) ramp, checked: monitor/ramp.py
+            ...                           # new per-device batch / accumulation, ramp.scale_lr()
+            mon.ramp_applied(ramp)
     mon.finish()
 
 Device values are read once per optimizer step (one transfer of k norms), never per micro-step.
-Everything is written through store.RunWriter, whose log() only appends to a spool file.
+Everything is written through store.RunWriter, whose log() only appends to a spool file. The
+monitor never raises into the loop: an error inside it becomes one `alert` event and the
+telemetry it could not take is left out.
 """
 from __future__ import annotations
 
@@ -23,10 +29,16 @@ from typing import Any, Mapping, TextIO
 import psutil
 import torch
 
+import torch.distributed as torch_dist
+
 from rampwatch.advisor import flops as flops_math
 from rampwatch.advisor.gns import line_estimates
 from rampwatch.advisor.gns_window import NoiseScaleWindow
+from rampwatch.advisor.lr import rule_for
+from rampwatch.advisor.policy import CONFIG_KEY as POLICY_KEY
+from rampwatch.advisor.policy import RampPolicy
 from rampwatch.monitor.gradstats import AccumulationStats, StepGradStats
+from rampwatch.monitor.ramp import Ramp, RampChannel, RampProtocol
 from rampwatch.store import RunWriter
 from rampwatch.store import names as M
 
@@ -65,22 +77,56 @@ class _CpuPeak:
         return rss, peak
 
 
+def _distributed() -> tuple[int, int]:
+    """(rank, world size) of an initialized torch.distributed job, else (0, 1)."""
+    if torch_dist.is_available() and torch_dist.is_initialized():
+        return torch_dist.get_rank(), torch_dist.get_world_size()
+    return 0, 1
+
+
+def _base_lr(optimizer) -> float:
+    group = optimizer.param_groups[0]
+    return float(group.get("initial_lr", group["lr"]))  # a scheduler's base, before warmup
+
+
+def default_policy(optimizer, batch: int, lr_rule: str | None = None) -> RampPolicy:
+    """The ramp policy of a loop that names none: ramps scale from this batch and the
+    optimizer's LR by the optimizer's rule (advisor/lr.py)."""
+    try:
+        rule = rule_for(type(optimizer).__name__, lr_rule)
+    except ValueError as e:
+        raise ValueError(f"{e}. Name the rule a ramp moves the LR by: Monitor.start(..., "
+                         "lr_rule='sqrt' (Adam-type), 'linear' (SGD) or 'none')") from None
+    lr = _base_lr(optimizer)
+    # an LR of 0 (frozen weights, a schedule that owns the LR) has no scale: ramps then move a
+    # unit LR, so their multipliers are still the rule's
+    return RampPolicy(original_batch=batch, original_lr=lr if lr > 0 else 1.0, lr_rule=rule)
+
+
 class Monitor:
-    """Per-step telemetry for one run. Under torchrun every rank calls it (step() all-reduces a
-    few values); rank 0 has the writer, other ranks pass writer=None."""
+    """Per-step telemetry and the ramp protocol for one run. Under torch.distributed every rank
+    calls it (step() all-reduces a few values, ramp_due() hears rank 0's decision); rank 0 has
+    the writer, other ranks have writer=None."""
 
     def __init__(self, writer: RunWriter | None, *, model: torch.nn.Module, optimizer,
-                 per_device_batch: int, accum: int, seq_len: int, world_size: int = 1,
+                 per_device_batch: int, accum: int, seq_len: int, world_size: int | None = None,
                  device: torch.device | None = None, flops_per_token: float | None = None,
                  gns_window_steps: int = 200, loss_divided_by_accum: bool = True,
-                 noise_window: NoiseScaleWindow | None = None, echo: TextIO | None = None):
+                 noise_window: NoiseScaleWindow | None = None, echo: TextIO | None = None,
+                 ramp: str = "manual", policy: RampPolicy | None = None,
+                 lr_rule: str | None = None, base_lr: float | None = None,
+                 control_group=None):
         self.writer = writer
         self.echo = echo  # each event is also one line here (the trainer passes stderr)
         self.optimizer = optimizer
         self.seq_len = seq_len
-        self.world_size = world_size
-        self.device = device or next(model.parameters()).device
-        self.grads = AccumulationStats(model.parameters(), loss_divided_by_accum)
+        self.world_size = world_size or _distributed()[1]
+        module = getattr(model, "module", model)  # DistributedDataParallel's wrapped model
+        self.device = device or next(module.parameters()).device
+        self.grads = AccumulationStats(module.parameters(), loss_divided_by_accum)
+        if type(model).__name__ == "DistributedDataParallel" and self.world_size > 1:
+            self.grads.attach_ddp(model)
+        self.grads.sharded = _sharded_model(model)
         self.noise = noise_window or NoiseScaleWindow(max_steps=gns_window_steps)
         self.flops_per_token = flops_per_token
         self.peak_flops = flops_math.peak_flops(device_name(self.device))
@@ -88,24 +134,51 @@ class Monitor:
         self._cpu_peak = None if self.device.type == "cuda" else _CpuPeak()
         self.set_tier(per_device_batch, accum)
         self.tokens_seen = 0
+        self.last_step = 0
         self.last_metrics: dict[str, float] = {}
         self._nonfinite_steps = 0
         self._excluded = 0.0
+        self._alerted: set[str] = set()  # alerts said once per run
+        policy = policy or default_policy(optimizer, per_device_batch * accum * self.world_size,
+                                          lr_rule)
+        channel = RampChannel(control_group) if self.world_size > 1 else None
+        self.ramps = RampProtocol(self, policy, mode=ramp, base_lr=base_lr or _base_lr(optimizer),
+                                  channel=channel)
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
     def start(cls, db_path, *, name: str, config: Mapping[str, Any], model: torch.nn.Module,
-              optimizer, per_device_batch: int, accum: int, seq_len: int, world_size: int = 1,
-              capacity_bytes: int | None = None, run_id: str | None = None,
-              resume_step: int | None = None, **kwargs) -> "Monitor":
-        """Open (or resume) a run in the database at db_path and return its monitor."""
-        device = next(model.parameters()).device
+              optimizer, per_device_batch: int, accum: int, seq_len: int,
+              world_size: int | None = None, capacity_bytes: int | None = None,
+              run_id: str | None = None, resume_step: int | None = None,
+              ramp: str = "manual", lr_rule: str | None = None, **kwargs) -> "Monitor":
+        """Open (or resume) a run in the database at db_path and return its monitor.
+
+        Under torch.distributed every rank calls it; only rank 0 opens the database. The run
+        config records the ramp policy (from `config`'s own, else this batch, the optimizer's
+        LR and its rule), the tier and `ramp`, so the dashboard's card judges as the loop does.
+        """
+        rank, world = _distributed()
+        world = world_size or world
+        module = getattr(model, "module", model)
+        device = next(module.parameters()).device
         capacity = capacity_bytes or device_capacity_bytes(device)
-        writer = RunWriter.start(db_path, name, config=dict(config),
-                                 device=device_name(device), capacity_bytes=capacity,
-                                 world_size=world_size, run_id=run_id, resume_step=resume_step)
+        policy = kwargs.pop("policy", None)
+        if policy is None and POLICY_KEY in config:
+            policy = RampPolicy.from_config(config)
+        policy = policy or default_policy(optimizer, per_device_batch * accum * world, lr_rule)
+        writer = None
+        if rank == 0:
+            recorded = {"per_device_batch": per_device_batch, "accum": accum,
+                        "world_size": world, "seq_len": seq_len, "ramp": ramp,
+                        "optimizer": type(optimizer).__name__, "lr": policy.original_lr,
+                        **dict(config), POLICY_KEY: policy.to_config()}
+            writer = RunWriter.start(db_path, name, config=recorded, device=device_name(device),
+                                     capacity_bytes=capacity, world_size=world, run_id=run_id,
+                                     resume_step=resume_step)
         mon = cls(writer, model=model, optimizer=optimizer, per_device_batch=per_device_batch,
-                  accum=accum, seq_len=seq_len, world_size=world_size, device=device, **kwargs)
+                  accum=accum, seq_len=seq_len, world_size=world, device=device, ramp=ramp,
+                  policy=policy, **kwargs)
         mon.capacity = capacity
         return mon
 
@@ -121,8 +194,13 @@ class Monitor:
         self._one_size_alerted = False  # accumulation 1 on one device: said once per tier
 
     # -- per micro-batch ----------------------------------------------------------------------
-    def after_backward(self) -> None:
-        self.grads.after_backward()
+    def after_backward(self, weight: float | None = None) -> None:
+        """After each micro-batch's backward. weight: what this micro-batch's mean loss was
+        multiplied by when that is not 1/accum (e.g. its share of the step's tokens)."""
+        try:
+            self.grads.after_backward(weight)
+        except Exception as e:  # never into the loop
+            self._internal_error("after_backward", e)
 
     @contextlib.contextmanager
     def untimed(self):
@@ -136,7 +214,28 @@ class Monitor:
     # -- per optimizer step -------------------------------------------------------------------
     def step(self, step: int, loss: float, *, grad_scale: float = 1.0,
              extra: Mapping[str, float] | None = None) -> dict[str, float]:
-        """Record one optimizer step. Call after the last backward, before clipping."""
+        """Record one optimizer step. Call after the last backward, before clipping. Returns
+        what was logged ({} when the monitor itself failed: said once as an alert)."""
+        try:
+            return self._step(step, loss, grad_scale, extra)
+        except Exception as e:  # never into the loop
+            self.grads.reset()
+            self._internal_error("step", e, step)
+            return {}
+
+    def _internal_error(self, where: str, error: Exception, step: int | None = None) -> None:
+        if where in self._alerted:
+            return
+        self._alerted.add(where)
+        self.event(self.last_step if step is None else step, M.EVENT_ALERT,
+                   f"rampwatch could not take this step's telemetry in {where}: "
+                   f"{type(error).__name__}: {error}; training goes on without it",
+                   {"where": where, "error": repr(error)})
+
+    def _step(self, step: int, loss, grad_scale: float, extra) -> dict[str, float]:
+        self.last_step = step
+        if self.grads.sharded:
+            return self._sharded_step(step, loss, extra)
         mem = None
         if self.world_size > 1:  # every rank calls step(): one small all-reduce inside collect
             stats, loss, mem = self._collect_ddp(loss, grad_scale)
@@ -171,7 +270,59 @@ class Monitor:
         self.last_metrics = m
         if self.writer:
             self.writer.log(step, m)
+        self.ramps.observe(step, m)
         return m
+
+    def _sharded_step(self, step: int, loss, extra) -> dict[str, float]:
+        """FSDP / ZeRO: loss, tier, memory and throughput; no norm of a shard passed off as the
+        gradient's."""
+        if "sharded" not in self._alerted:
+            self._alerted.add("sharded")
+            self.event(step, M.EVENT_ALERT, "noise scale not measured: sharded gradients (FSDP "
+                       "or ZeRO keep a shard of .grad per rank, or none)", {"sharded": True})
+        self.grads.reset()
+        batch_seqs = self.per_device_batch * self.accum * self.world_size
+        self.tokens_seen += batch_seqs * self.seq_len
+        m = {M.LOSS: float(loss), M.LR: float(self.optimizer.param_groups[0]["lr"]),
+             M.PER_DEVICE_BATCH: self.per_device_batch, M.ACCUM: self.accum,
+             M.BATCH_SEQS: batch_seqs, M.BATCH_TOKENS: batch_seqs * self.seq_len,
+             M.TOKENS_SEEN: self.tokens_seen, **self._memory_metrics(),
+             **{k: float(v) for k, v in (extra or {}).items()}}
+        self.last_metrics = m
+        if self.writer:
+            self.writer.log(step, m)
+        self.ramps.observe(step, m)
+        return m
+
+    # -- at each step boundary: the ramp protocol (monitor/ramp.py) ---------------------------
+    def ramp_due(self, step: int | None = None) -> Ramp | None:
+        """At a step boundary (after the optimizer step of `step`, default the last one logged):
+        the ramp to apply now, already checked against memory and the policy, or None. Under
+        torch.distributed every rank calls it and gets the same answer at the same boundary."""
+        return self.ramps.due(self.last_step if step is None else step)
+
+    def ramp_applied(self, ramp: Ramp) -> None:
+        """The loop now runs ramp.per_device_batch × ramp.accum (and has moved its LR): the
+        monitor takes the tier, records the ramp event and the command's 'applied at step N'."""
+        self.ramps.applied(ramp)
+
+    def ramp_refused(self, ramp: Ramp, reason: str) -> None:
+        """The loop could not apply it: the card shows 'refused: reason'."""
+        self.ramps.refused(ramp, reason)
+
+    def report_oom(self, per_device_batch: int, step: int | None = None,
+                   message: str = "out of memory") -> None:
+        """The loop ran out of memory at this per-device batch: no tier uses it again."""
+        step = self.last_step if step is None else step
+        self.ramps.mark_infeasible(per_device_batch, step)
+        self.event(step, M.EVENT_OOM, f"out of memory at per-device batch {per_device_batch}: "
+                   f"{message}", {"per_device_batch": int(per_device_batch), "error": message})
+        self.grads.reset()
+
+    def add_memory_plan(self, rows, source: str = "plan") -> None:
+        """Rows of a memory plan (monitor/memplan.py) or a probe: the card and the checks use
+        them (a plan's prediction until two per-device batches are measured)."""
+        self.ramps.write_plan_rows(list(rows), source, self.last_step)
 
     def _collect_ddp(self, loss, grad_scale: float):
         """DDP: the loss averaged over ranks and the peak memory maxed over ranks ride on the
@@ -247,6 +398,15 @@ class Monitor:
         return None if est is None else est.b_simple
 
     def finish(self, status: str = "finished", message: str | None = None) -> None:
-        """Final status (finished, failed or killed) and a last flush into the database."""
+        """Final status (finished, failed or killed) and a last flush into the database; a ramp
+        decided but not yet applied is refused."""
+        self.ramps.close(status)
         if self.writer:
             self.writer.close(status, message)
+
+
+def _sharded_model(model: torch.nn.Module) -> bool:
+    """FSDP (1: the wrapper class; 2: fully_shard's FSDP<Module> classes) or DeepSpeed."""
+    names = {type(m).__name__ for m in (model, getattr(model, "module", model))}
+    return any(n == "FullyShardedDataParallel" or n.startswith("FSDP")
+               or n == "DeepSpeedEngine" for n in names)

@@ -5,17 +5,15 @@ resuming with another world size.
 Outside torchrun (no WORLD_SIZE in the environment) everything here is a no-op for one process,
 so a single-process run behaves exactly as without this module.
 
-    torchrun --nproc_per_node=N [--max-restarts R] -m trainer train --run-id ID ...
+    torchrun --nproc_per_node=N [--max-restarts R] -m rampwatch train --run-id ID ...
 
 - Process groups: gloo on the CPU, NCCL on CUDA, plus a small gloo side group for control.
 - Only rank 0 writes to the store and saves checkpoints (DDP keeps every rank's weights equal).
   Per step, one small all-reduce (gradstats) carries the noise-scale points, the loss (averaged)
   and the peak memory (max over ranks); throughput and MFU count all ranks.
-- Tier changes (approved ramp commands, --ramp auto): rank 0 reads the commands, decides and
-  refuses alone, and at step boundary S posts "switch to tier T at step S+2" as a non-blocking
-  broadcast on the side group. Every rank posts that broadcast at every boundary and waits for
-  it one boundary later, when rank 0 sent it long ago (it has since been through a gradient
-  all-reduce), so control never adds a per-step wait. All ranks switch between steps S+1, S+2.
+- Tier changes (approved ramp commands, --ramp auto) are the monitor's ramp protocol
+  (monitor/ramp.py RampChannel) on this module's side group: rank 0 decides at boundary S, every
+  rank applies at boundary S+1, with no per-step wait.
 - Out of memory on any rank: the step cannot be redone in place (peers may already wait in its
   all-reduce), so that rank saves a checkpoint at the last completed step with the halved tier
   and exits non-zero. Its peers then fail in their next collective (gloo: connection closed) or
@@ -35,7 +33,6 @@ and step (tier, first sample id).
 """
 from __future__ import annotations
 
-import math
 import os
 import sys
 from contextlib import nullcontext
@@ -49,7 +46,7 @@ from torch.distributed.constants import default_pg_timeout
 from rampwatch.store import names as M
 from rampwatch.trainer import checkpoint as ckpt
 from rampwatch.trainer.data import rank_slice
-from rampwatch.trainer.ramp import RampController, StopTraining, Tier, halve_tier
+from rampwatch.trainer.ramp import StopTraining, Tier, halve_tier
 
 
 @dataclass
@@ -210,10 +207,6 @@ def _limit_injection(oom, info: DistInfo) -> None:
         oom.step = None
 
 
-def ramp_controller(t, mode: str) -> RampController:
-    return DistRampController(t, mode) if t.ddp.enabled else RampController(t, mode=mode)
-
-
 # -- out of memory under DDP ------------------------------------------------------------------
 def stop_after_oom(t, tier: Tier, message: str) -> None:
     """This rank ran out of memory in forward/backward: checkpoint the last completed step with
@@ -244,81 +237,6 @@ def stop_after_oom(t, tier: Tier, message: str) -> None:
     # other rank through the note that the resumed rank 0 records.
     t.mon.event(st.step, M.EVENT_OOM, msg, data)
     raise StopTraining(msg, status="failed")
-
-
-# -- tier changes: rank 0 decides, every rank applies at the same step -------------------------
-class DistRampController(RampController):
-    """RampController under DDP. Rank 0 reads commands, checks, refuses and decides (the base
-    class, whose `take` is replaced by an announcement); the side-group broadcast posted at every
-    boundary and waited at the next one tells every rank when to apply."""
-
-    FIELDS = 5  # flag, first step on the new tier, per-device batch, accum, lr multiplier
-
-    def __init__(self, trainer, mode: str = "manual"):
-        super().__init__(trainer, mode)
-        self._inflight = None  # (work, buffer, what rank 0 announced in it)
-        self._proposal = None  # rank 0: (tier, source, lr_multiplier, command_id)
-
-    def take(self, tier: Tier, source: str, lr_multiplier: float | None = None,
-             command_id: int | None = None) -> None:
-        self._proposal = (tier, source, lr_multiplier, command_id)
-
-    def _auto(self) -> None:
-        if self._proposal is None:  # one change at a time: a command this boundary goes first
-            super()._auto()
-
-    def at_boundary(self) -> None:
-        self._receive_and_apply()
-        super().at_boundary()
-        self._post()
-
-    def _post(self) -> None:
-        buf = torch.zeros(self.FIELDS, dtype=torch.float64)
-        sent = None
-        if self.t.ddp.is_main and self._proposal is not None:
-            tier, _source, mult, _cid = sent = self._proposal
-            self._proposal = None
-            buf.copy_(torch.tensor([1.0, self.t.state.step + 2, tier.per_device_batch,
-                                    tier.accum, math.nan if mult is None else float(mult)],
-                                   dtype=torch.float64))
-        work = torch_dist.broadcast(buf, src=0, group=self.t.ddp.side_group, async_op=True)
-        self._inflight = (work, buf, sent)
-
-    def _receive(self):
-        if self._inflight is None:
-            return None
-        work, buf, sent = self._inflight
-        self._inflight = None
-        work.wait()
-        flag, first_step, b, a, mult = buf.tolist()
-        if not flag:
-            return None
-        return int(first_step), Tier(int(b), int(a)), (None if math.isnan(mult) else mult), sent
-
-    def _receive_and_apply(self) -> None:
-        got = self._receive()
-        if got is None:
-            return
-        first_step, tier, mult, sent = got
-        # by construction this boundary is the one before first_step on every rank
-        assert self.t.state.step == first_step - 1, (self.t.state.step, first_step)
-        source = sent[1] if sent else "announced by rank 0"
-        self.apply(tier, source=f"{source}; all ranks from step {first_step}", lr_multiplier=mult)
-        if sent and sent[3] is not None:
-            self.t.mon.writer.command_applied(sent[3], self.t.state.step)
-
-    def close(self, status: str) -> None:
-        got = None
-        if status == "finished":  # peers are at the same boundary: the last broadcast completes
-            got = self._receive()
-        unapplied = [p for p in (self._proposal, self._inflight and self._inflight[2],
-                                 got and got[3]) if p]
-        writer = self.t.mon.writer
-        for _tier, _source, _mult, command_id in unapplied:
-            if writer is not None and command_id is not None:
-                writer.command_refused(command_id, f"the run stopped ({status}) before the tier "
-                                                   "change could take effect on every rank")
-        super().close(status)
 
 
 def debug_step(t, outcome) -> None:

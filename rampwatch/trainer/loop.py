@@ -28,7 +28,7 @@ from rampwatch.trainer import dist
 from rampwatch.trainer.config import PRESETS, ModelConfig
 from rampwatch.trainer.data import TokenDataset, prepare, rank_slice
 from rampwatch.trainer.model import GPT, configure_optimizer
-from rampwatch.trainer.ramp import OomInjector, StopTraining, Tier, halve_tier
+from rampwatch.trainer.ramp import OomInjector, RampController, StopTraining, Tier, halve_tier
 
 
 def lr_schedule(tokens_seen: int, warmup_tokens: int, total_tokens: int,
@@ -88,7 +88,7 @@ class Trainer:
                     else nullcontext())
         self.run_config = self._run_config()
         self.mon = self._start_monitor(resumed)
-        self.ramps = dist.ramp_controller(self, args.ramp)
+        self.ramps = RampController(self)
         self.oom = OomInjector.parse(args.inject_oom)
         dist.after_setup(self)  # DDP: per-rank norm hook, resume notes; no-op for one process
         self.val_x, self.val_y = (t.to(self.device) for t in self.data.val_batch(args.val_batch))
@@ -136,7 +136,9 @@ class Trainer:
                       per_device_batch=self.state.per_device_batch, accum=self.state.accum,
                       seq_len=self.cfg.seq_len, world_size=self.ddp.world_size,
                       flops_per_token=fpt, gns_window_steps=self.args.gns_window,
-                      echo=sys.stderr)
+                      echo=sys.stderr, ramp=self.args.ramp,
+                      policy=RampPolicy.from_config(self.run_config),
+                      base_lr=self.state.base_lr, control_group=self.ddp.side_group)
         if not self.ddp.is_main:
             mon = Monitor(None, device=self.device, **common)
         else:

@@ -1,28 +1,17 @@
-"""Batch ramps inside the trainer: approved commands → checked → applied at a step boundary, the
-`--ramp auto` policy, the memory plan the checks rest on, and the out-of-memory fallback.
-
-A ramp command is re-checked here even though the dashboard only offers tiers that fit: the
-memory picture may have changed (an OOM, a new measurement) since the operator clicked.
-Every command ends exactly once: applied at step N, or refused with a reason.
+"""Batch ramps inside the reference trainer: a client of the monitor's ramp protocol
+(monitor/ramp.py: claim, check, auto, refuse), plus what only this trainer does — the GPT's memory
+plan in a child process, a checkpoint before each switch, the schedule's base LR in TrainState,
+and the out-of-memory fallback (halve the per-device batch, keep the effective batch).
 """
 from __future__ import annotations
 
-import math
 import sys
 from dataclasses import asdict, dataclass
 
 import torch
 
-from rampwatch.advisor.memory import fit_memory_model, format_gb, usable_bytes
-from rampwatch.advisor.policy import RampPolicy
-from rampwatch.advisor.ramp import accumulation_tiers, candidate_tiers
-from rampwatch.store import CommandError
-from rampwatch.store import names as M
-from rampwatch.store.commands import Command
-from rampwatch.store.commands import validate as validate_command
+from rampwatch.monitor.ramp import Ramp
 from rampwatch.trainer import memplan
-
-HISTORY = 2000  # noise-scale points kept for the auto policy (covers its window and min samples)
 
 
 class StopTraining(Exception):
@@ -94,35 +83,22 @@ class OomInjector:
             loss.register_hook(boom)
 
 
-@dataclass
-class Check:
-    tier: Tier | None
-    reason: str
-
-
 class RampController:
-    """Owned by the Trainer; called at every optimizer-step boundary."""
+    """Owned by the Trainer; called at every optimizer-step boundary (every rank under DDP:
+    the monitor's protocol makes the decision rank 0's and the boundary the same everywhere)."""
 
-    def __init__(self, trainer, mode: str = "manual"):
-        if mode not in ("manual", "auto", "off"):
-            raise ValueError(f"--ramp {mode!r}: one of manual, auto, off")
+    def __init__(self, trainer):
         self.t = trainer
-        self.mode = mode
-        # the run config's policy (a resumed run's own): ramps scale from its first LR and batch
-        self.policy = RampPolicy.from_config(trainer.run_config)
-        self.plan_rows: list[dict] = []
-        self.measured: dict[int, int] = {}
+        self.protocol = trainer.mon.ramps
+        self.protocol.variant = "chunked" if trainer.cfg.chunked_ce else "plain"
+        self.protocol.infeasible = set(trainer.state.infeasible_batches)
+        self.protocol.last_ramp_step = trainer.state.step
         self._plan = None
-        self._handled: set[int] = set()
-        self._gns_steps: list[int] = []  # steps with a fresh noise-scale estimate
-        self._gns_values: list[float | None] = []
-        self._gns_lower: list[float] = []
-        self._last_ramp_step = trainer.state.step
 
-    # -- memory plan ----------------------------------------------------------------------
+    # -- memory plan (the GPT's, in a child process) ------------------------------------------
     def start(self) -> None:
         self._start_plan()
-        if self.mode == "auto" and not self.t.args.plan and self.t.ddp.is_main:
+        if self.protocol.mode == "auto" and not self.t.args.plan and self.t.ddp.is_main:
             self._say("--ramp auto without a memory plan (--no-plan): ramps by accumulation "
                       f"only, per-device batch stays {self.t.state.per_device_batch}")
 
@@ -140,182 +116,35 @@ class RampController:
                                         self.t.device.type,
                                         amp="bf16" if self.t.device.type == "cuda" else None,
                                         accum_steps=self.t.state.accum)
+        self.protocol.plan_pending = True
 
     def _poll_plan(self) -> None:
         if self._plan is None or not self._plan.done():
             return
         rows = self._plan.result() or []
         self._plan = None
-        good = [r for r in rows if r.get("error") is None]
-        if good:
-            self.plan_rows = good
-        self._write_plan_rows(rows, source="plan")
-
-    def _write_plan_rows(self, rows: list[dict], source: str) -> None:
-        writer = self.t.mon.writer
-        if writer is None:
-            return
-        for r in rows:
-            writer.memory_plan(
-                r["per_device_batch"], variant=r.get("variant", "plain"),
-                predicted_bytes=r.get("predicted_bytes"), measured_bytes=r.get("measured_bytes"),
-                source=source, feasible=r.get("feasible"), step=self.t.state.step,
-                breakdown=r.get("breakdown") or ({"error": r["error"]} if r.get("error") else None))
-
-    def _record_measurement(self) -> None:
-        peak = self.t.mon.last_metrics.get(M.MEM_PEAK)
-        if peak is None or not math.isfinite(peak):
-            return
-        b = self.t.state.per_device_batch
-        if peak > self.measured.get(b, 0) * 1.01:  # new information only
-            self.measured[b] = int(peak)
-            self._write_plan_rows([{"per_device_batch": b, "measured_bytes": int(peak),
-                                    "variant": "chunked" if self.t.cfg.chunked_ce else "plain"}],
-                                  source="measured")
-
-    def memory_model(self):
-        variant = "chunked" if self.t.cfg.chunked_ce else "plain"
-        planned = memplan.plan_points(self.plan_rows, variant)
-        measured = {b: v for b, v in self.measured.items()
-                    if b not in self.t.state.infeasible_batches}
-        if not planned and len(measured) < 2:
-            return None
-        return fit_memory_model(measured, planned or None)
+        self.protocol.write_plan_rows(rows, "plan", self.t.state.step)
 
     def mark_infeasible(self, per_device_batch: int, step: int) -> None:
-        self._write_plan_rows([{"per_device_batch": per_device_batch, "feasible": False,
-                                "variant": "chunked" if self.t.cfg.chunked_ce else "plain"}],
-                              source="oom")
+        self.protocol.mark_infeasible(per_device_batch, step)
+        self.t.state.infeasible_batches = sorted(self.protocol.infeasible)
 
     # -- each step boundary -------------------------------------------------------------------
     def at_boundary(self) -> None:
-        if self.t.state.step > 0:
-            self._record_measurement()
-            last = self.t.mon.last_metrics
-            if M.GNS_LOW in last:  # a fresh estimate this step (a point, a bound or both)
-                self._gns_steps.append(self.t.state.step)
-                self._gns_values.append(last.get(M.GNS))
-                self._gns_lower.append(last[M.GNS_LOW])
-            if len(self._gns_steps) > HISTORY:  # ramp_decision's cost grows with the history
-                del self._gns_steps[:-HISTORY], self._gns_values[:-HISTORY]
-                del self._gns_lower[:-HISTORY]
         self._poll_plan()
-        if self.mode == "off" or self.t.mon.writer is None:
-            return
-        # the writer's flusher claims approved commands in the background: nothing here waits
-        # on the database, however long another process holds it
-        for cmd in self.t.mon.writer.take_claimed_commands():
-            if cmd.command_id not in self._handled:
-                self._handled.add(cmd.command_id)
-                self._handle_command(cmd)
-        if self.mode == "auto":
-            self._auto()
+        ramp = self.t.mon.ramp_due(self.t.state.step)
+        if ramp is not None:
+            self.apply(ramp)
 
-    def _handle_command(self, cmd: Command) -> None:
-        writer = self.t.mon.writer
-        if cmd.kind != "ramp":
-            writer.command_refused(cmd.command_id, f"the trainer does not know command kind "
-                                                   f"{cmd.kind!r}")
-            return
-        payload = cmd.payload or {}
-        check = self.check(payload)
-        if check.tier is None:
-            writer.command_refused(cmd.command_id, check.reason)
-            self.t.mon.event(self.t.state.step, M.EVENT_REFUSED,
-                             f"ramp command {cmd.command_id} refused: {check.reason}",
-                             {"command_id": cmd.command_id, "payload": payload})
-            return
-        self.take(check.tier, f"command {cmd.command_id}", payload.get("lr_multiplier"),
-                  cmd.command_id)
-
-    def take(self, tier: Tier, source: str, lr_multiplier: float | None = None,
-             command_id: int | None = None) -> None:
-        """Act on a decision that passed check(): apply it now. (Under DDP, dist's subclass
-        announces it to every rank instead, and every rank applies it after the next step.)"""
-        self.apply(tier, source=source, lr_multiplier=lr_multiplier)
-        if command_id is not None:
-            self.t.mon.writer.command_applied(command_id, self.t.state.step)
-
-    def check(self, payload: dict) -> Check:
-        """Would this tier run here, now? (None, reason) when not."""
-        try:  # the store's own payload rules: the trainer does not trust what it was sent
-            payload = validate_command("ramp", payload)
-        except CommandError as e:
-            return Check(None, str(e))
-        b, a = payload["per_device_batch"], payload["accum"]
-        current = Tier(self.t.state.per_device_batch, self.t.state.accum)
-        if (b, a) == (current.per_device_batch, current.accum):
-            return Check(None, f"the run already uses {b} x {a}")
-        if b in self.t.state.infeasible_batches:
-            return Check(None, f"per-device batch {b} ran out of memory earlier in this run")
-        if b > current.per_device_batch and b not in self.measured:
-            model = self.memory_model()
-            if model is None:
-                return Check(None, f"per-device batch {b} is larger than any measured and the "
-                                   "memory plan is not ready yet; try again in a few steps")
-            capacity, margin = self.t.mon.capacity, self.policy.margin
-            need, usable = model.predict(b), usable_bytes(capacity, margin)
-            if need > usable:
-                return Check(None, f"per-device batch {b} needs about {format_gb(need)} > "
-                                   f"{format_gb(usable)} usable ({format_gb(capacity)} capacity, "
-                                   f"{margin:.0%} margin)")
-        return Check(Tier(b, a), "fits")
-
-    def apply(self, tier: Tier, source: str, lr_multiplier: float | None = None) -> None:
+    def apply(self, ramp: Ramp) -> None:
         """Checkpoint, switch tier, move the schedule's base LR, re-plan, record the event."""
         t = self.t
         t.save_checkpoint()
-        before = Tier(t.state.per_device_batch, t.state.accum)
-        world = t.ddp.world_size
-        old_batch = before.per_device_batch * before.accum * world
-        new_batch = tier.per_device_batch * tier.accum * world
-        old_lr = t.state.base_lr
-        by_rule = self.policy.new_base_lr(new_batch)
-        if lr_multiplier is None or math.isclose(old_lr * lr_multiplier, by_rule, rel_tol=1e-9):
-            t.state.base_lr = by_rule  # from the original base: a ramp and its reverse restore it
-        else:
-            t.state.base_lr = old_lr * lr_multiplier
-        t.state.per_device_batch, t.state.accum = tier.per_device_batch, tier.accum
-        t.mon.set_tier(tier.per_device_batch, tier.accum)
-        self._last_ramp_step = t.state.step
-        seq = t.cfg.seq_len
-        t.mon.event(t.state.step, M.EVENT_RAMP,
-                    f"ramp ({source}): {before.per_device_batch} x {before.accum} -> "
-                    f"{tier.per_device_batch} x {tier.accum} per device; batch {old_batch} -> "
-                    f"{new_batch} sequences; base lr {old_lr:.3g} -> {t.state.base_lr:.3g}",
-                    {"source": source, "before": {**before.as_dict(), "batch": old_batch,
-                                                  "tokens": old_batch * seq, "base_lr": old_lr},
-                     "after": {**tier.as_dict(), "batch": new_batch, "tokens": new_batch * seq,
-                               "base_lr": t.state.base_lr}, "rule": self.policy.lr_rule})
-        if tier.per_device_batch != before.per_device_batch:
+        t.state.base_lr = ramp.base_lr  # the schedule (set_lr) shapes it from the next step
+        t.state.per_device_batch, t.state.accum = ramp.per_device_batch, ramp.accum
+        t.mon.ramp_applied(ramp)
+        if ramp.per_device_batch != ramp.before[0]:
             self._start_plan()
-
-    def _auto(self) -> None:
-        t, policy = self.t, self.policy
-        st = t.state
-        rec = policy.decide(self._gns_steps, self._gns_values, self._gns_lower,
-                            st.per_device_batch * st.accum * t.ddp.world_size,
-                            since_step=self._last_ramp_step)
-        if not rec.ready:
-            return
-        model = self.memory_model()
-        if model is None and t.args.plan:
-            return  # the plan is still running: judge the per-device batch when it is in
-        if model is None:
-            tiers = accumulation_tiers(st.per_device_batch, st.accum, t.ddp.world_size,
-                                       t.cfg.seq_len, (policy.factor,), st.infeasible_batches,
-                                       policy.lr_rule)
-        else:
-            tiers = candidate_tiers(st.per_device_batch, st.accum, t.ddp.world_size,
-                                    t.cfg.seq_len, model, t.mon.capacity, policy.margin,
-                                    factors=(policy.factor,), infeasible=st.infeasible_batches,
-                                    rule=policy.lr_rule, keep_noise_scale=policy.keep_noise_scale)
-        tier = next((x for x in tiers if x.fits), None)
-        if tier is None:
-            return
-        check = self.check({"per_device_batch": tier.per_device_batch, "accum": tier.accum})
-        if check.tier is not None:
-            self.take(check.tier, f"auto: {rec.reason}")
 
     def close(self, status: str) -> None:
         if self._plan is not None:

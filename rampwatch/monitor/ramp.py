@@ -1,0 +1,389 @@
+"""The ramp protocol: at a step boundary any loop asks its monitor whether a ramp is due, applies
+it, and says so — the one implementation of claim / check / apply / refuse / auto.
+
+    ramp = mon.ramp_due()                    # None, or a Ramp already checked against memory
+    if ramp is not None:                     # and the policy; the new tier runs from ramp.step + 1
+        batch, accum = ramp.per_device_batch, ramp.accum   # your loader, your accumulation
+        ramp.scale_lr(optimizer, scheduler)  # the LR rule, on the scheduler's base LRs too
+        mon.ramp_applied(ramp)               # or mon.ramp_refused(ramp, "why not")
+
+Owns: `Ramp` (the value a loop acts on), `scale_lr` (an LR move that survives any scheduler),
+`RampProtocol` (the monitor's part: commands the writer's flusher claimed, the memory check, the
+`ramp="auto"` policy, the measured memory plan) and `RampChannel` (under torch.distributed rank 0
+decides and every rank learns the same ramp at the same boundary).
+
+Why the checks live here and not in the dashboard: the memory picture may have changed (an OOM,
+a new measurement) since the operator clicked, so a command is checked again at the boundary.
+Every command ends exactly once: applied at step N, or refused with a reason.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as torch_dist
+
+from rampwatch.advisor.memory import fit_memory_model, format_gb, usable_bytes
+from rampwatch.advisor.policy import RampPolicy
+from rampwatch.advisor.ramp import accumulation_tiers, candidate_tiers
+from rampwatch.store import CommandError
+from rampwatch.store import names as M
+from rampwatch.store.commands import validate as validate_command
+
+MODES = ("manual", "auto", "off")
+HISTORY = 2000  # noise-scale points kept for the auto policy (covers its window and min samples)
+# scheduler and param-group keys that hold a learning rate (torch.optim.lr_scheduler's own)
+_GROUP_LR_KEYS = ("lr", "initial_lr", "max_lr", "min_lr")
+_SCHEDULER_LR_ATTRS = ("base_lrs", "max_lrs", "min_lrs")
+
+
+@dataclass(frozen=True)
+class Ramp:
+    """A ramp due at the boundary after `step`: the loop runs per_device_batch × accum from
+    step + 1 and moves its LR by lr_multiplier (base_lr is the new base the policy's rule gives)."""
+
+    per_device_batch: int
+    accum: int
+    lr_multiplier: float
+    base_lr: float
+    step: int
+    source: str  # "command 7" or "auto: <the policy's reason>"
+    command_id: int | None = None
+    before: tuple[int, int] = (1, 1)  # (per_device_batch, accum) it replaces
+
+    def scale_lr(self, optimizer, scheduler=None) -> None:
+        scale_lr(optimizer, self.lr_multiplier, scheduler)
+
+
+def scale_lr(optimizer, multiplier: float, scheduler=None) -> None:
+    """Multiply every LR the optimizer and its scheduler keep by `multiplier`.
+
+    A scheduler rewrites group["lr"] every step from its base LRs (LambdaLR, the Hugging Face
+    warmup schedules, CosineAnnealingLR's closed form) or from the group's own keys (OneCycleLR's
+    max_lr / initial_lr / min_lr), so scaling only the current LR is undone at the next step.
+    Chained and sequential schedulers are scaled through their children."""
+    if not (math.isfinite(multiplier) and multiplier > 0):
+        raise ValueError(f"LR multiplier must be a positive number, got {multiplier!r}")
+    for group in optimizer.param_groups:
+        for key in _GROUP_LR_KEYS:
+            if isinstance(group.get(key), (int, float)):
+                group[key] = group[key] * multiplier
+    seen: set[int] = set()
+    todo = [scheduler] if scheduler is not None else []
+    while todo:
+        s = todo.pop()
+        if id(s) in seen:
+            continue
+        seen.add(id(s))
+        for attr in _SCHEDULER_LR_ATTRS:
+            values = getattr(s, attr, None)
+            if isinstance(values, (list, tuple)):
+                setattr(s, attr, type(values)(v * multiplier for v in values))
+        if isinstance(getattr(s, "_last_lr", None), list):
+            s._last_lr = [v * multiplier for v in s._last_lr]
+        todo.extend(getattr(s, "_schedulers", None) or ())
+
+
+@dataclass
+class _Proposal:
+    per_device_batch: int
+    accum: int
+    base_lr: float
+    source: str
+    command_id: int | None
+
+
+class RampChannel:
+    """torch.distributed: rank 0's decision reaches every rank at the same boundary.
+
+    At each boundary every rank waits for the broadcast posted one boundary earlier (rank 0 sent
+    it a whole step, and a gradient all-reduce, before anyone waits: no per-step stall), then
+    posts the next one, non-blocking, on a gloo group (CPU tensors, never behind NCCL work).
+    So a decision at boundary S is applied by every rank at boundary S + 1."""
+
+    FIELDS = 6  # flag, per-device batch, accum, base LR, command id (-1: none), source code
+
+    def __init__(self, group=None):
+        self.group = group if group is not None else torch_dist.new_group(backend="gloo")
+        self.rank = torch_dist.get_rank()
+        self._inflight = None  # (work, buffer, the proposal rank 0 sent in it)
+
+    @property
+    def sending(self) -> bool:
+        """Rank 0 has a proposal in flight (it reaches every rank at the next boundary)."""
+        return self._inflight is not None and self._inflight[2] is not None
+
+    def exchange(self, proposal: _Proposal | None) -> tuple[_Proposal | None, _Proposal | None]:
+        """(the proposal every rank applies now, or None; the one sent with it on rank 0)."""
+        received = self._receive()
+        buf = torch.zeros(self.FIELDS, dtype=torch.float64)
+        if self.rank == 0 and proposal is not None:
+            buf.copy_(torch.tensor([1.0, proposal.per_device_batch, proposal.accum,
+                                    proposal.base_lr, proposal.command_id or -1,
+                                    proposal.source.startswith("auto")], dtype=torch.float64))
+        work = torch_dist.broadcast(buf, src=0, group=self.group, async_op=True)
+        self._inflight = (work, buf, proposal if self.rank == 0 else None)
+        return received
+
+    def _receive(self) -> tuple[_Proposal | None, _Proposal | None]:
+        if self._inflight is None:
+            return None, None
+        work, buf, sent = self._inflight
+        self._inflight = None
+        work.wait()
+        flag, b, a, lr, cid, auto = buf.tolist()
+        if not flag:
+            return None, None
+        source = sent.source if sent else ("auto (rank 0)" if auto else "rank 0")
+        got = _Proposal(int(b), int(a), lr, source, int(cid) if cid >= 0 else None)
+        return got, sent
+
+    def drain(self, wait: bool) -> _Proposal | None:
+        """At the end: rank 0's proposal still in flight (waited for only when every rank is at
+        the same boundary, i.e. the run finished)."""
+        if self._inflight is None:
+            return None
+        sent = self._inflight[2]
+        if wait:
+            self._receive()
+        self._inflight = None
+        return sent
+
+
+@dataclass
+class RampProtocol:
+    """The monitor's ramp state. `Monitor` owns one; loops use it through Monitor.ramp_due,
+    ramp_applied, ramp_refused and report_oom."""
+
+    mon: object  # the Monitor (writer, tier, capacity, event, last_metrics)
+    policy: RampPolicy
+    mode: str = "manual"
+    base_lr: float = 0.0  # the schedule's base LR now (the policy's rule moves it)
+    variant: str = "plain"  # which memory-plan rows describe this run (the trainer: chunked CE)
+    channel: RampChannel | None = None
+    infeasible: set[int] = field(default_factory=set)
+    measured: dict[int, int] = field(default_factory=dict)
+    plan_rows: list[dict] = field(default_factory=list)
+    plan_pending: bool = False  # a plan is on its way: auto waits for it before a larger batch
+    last_ramp_step: int = 0
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"ramp={self.mode!r}: one of {', '.join(MODES)}")
+        self.base_lr = self.base_lr or self.policy.original_lr
+        self._gns_steps: list[int] = []  # steps with a fresh noise-scale estimate
+        self._gns_values: list[float | None] = []
+        self._gns_lower: list[float] = []
+        self._handled: set[int] = set()
+        self._in_flight: set[int] = set()  # commands decided, not yet reported applied/refused
+
+    # -- fed by Monitor.step ------------------------------------------------------------------
+    def observe(self, step: int, metrics: dict) -> None:
+        if M.GNS_LOW in metrics:  # a fresh estimate this step (a point, a bound or both)
+            self._gns_steps.append(step)
+            self._gns_values.append(metrics.get(M.GNS))
+            self._gns_lower.append(metrics[M.GNS_LOW])
+            if len(self._gns_steps) > HISTORY:  # ramp_decision's cost grows with the history
+                del self._gns_steps[:-HISTORY], self._gns_values[:-HISTORY]
+                del self._gns_lower[:-HISTORY]
+        peak = metrics.get(M.MEM_PEAK)
+        b = self.mon.per_device_batch
+        if peak is None or not math.isfinite(peak) or b in self.infeasible:
+            return
+        if peak > self.measured.get(b, 0) * 1.01:  # new information only
+            self.measured[b] = int(peak)
+            self.write_plan_rows([{"per_device_batch": b, "measured_bytes": int(peak)}],
+                                 "measured", step)
+
+    def write_plan_rows(self, rows, source: str, step: int | None = None) -> None:
+        if source == "plan":
+            good = [r for r in rows if r.get("error") is None]
+            if good:
+                self.plan_rows = good
+            self.plan_pending = False
+        writer = self.mon.writer
+        if writer is None:
+            return
+        for r in rows:
+            writer.memory_plan(
+                r["per_device_batch"], variant=r.get("variant", self.variant),
+                predicted_bytes=r.get("predicted_bytes"), measured_bytes=r.get("measured_bytes"),
+                source=source, feasible=r.get("feasible"), step=step,
+                breakdown=r.get("breakdown") or ({"error": r["error"]} if r.get("error") else None))
+
+    def mark_infeasible(self, per_device_batch: int, step: int) -> None:
+        self.infeasible.add(int(per_device_batch))
+        self.write_plan_rows([{"per_device_batch": per_device_batch, "feasible": False}], "oom",
+                             step)
+
+    def memory_model(self):
+        planned = {int(r["per_device_batch"]): int(r["predicted_bytes"]) for r in self.plan_rows
+                   if r.get("variant", self.variant) == self.variant
+                   and r.get("predicted_bytes") is not None}
+        measured = {b: v for b, v in self.measured.items() if b not in self.infeasible}
+        if not planned and len(measured) < 2:
+            return None
+        return fit_memory_model(measured, planned or None)
+
+    # -- at a step boundary -------------------------------------------------------------------
+    def due(self, step: int) -> Ramp | None:
+        proposal = None
+        if self.mon.writer is not None and self.mode != "off":
+            proposal = self._decide(step)
+        sent = proposal
+        if self.channel is not None:  # every rank: what rank 0 decided one boundary earlier
+            proposal, sent = self.channel.exchange(proposal)
+        if proposal is None:
+            return None
+        cur_b, cur_a = self.mon.per_device_batch, self.mon.accum
+        return Ramp(proposal.per_device_batch, proposal.accum,
+                    lr_multiplier=proposal.base_lr / self.base_lr, base_lr=proposal.base_lr,
+                    step=step, source=(sent or proposal).source,
+                    command_id=(sent or proposal).command_id, before=(cur_b, cur_a))
+
+    def _decide(self, step: int) -> _Proposal | None:
+        if self.channel is not None and self.channel.sending:
+            return None  # one change at a time: the last one reaches every rank first
+        writer = self.mon.writer
+        # the writer's flusher claims approved commands in the background: nothing here waits
+        # on the database, however long another process holds it
+        chosen = None
+        for cmd in writer.take_claimed_commands():
+            if cmd.command_id in self._handled:
+                continue
+            self._handled.add(cmd.command_id)
+            if chosen is not None:
+                self._refuse(cmd.command_id, step, "another ramp was applied at this boundary",
+                             cmd.payload)
+                continue
+            chosen = self._command(cmd, step)
+        if chosen is None and self.mode == "auto":
+            chosen = self._auto(step)
+        if chosen is not None and chosen.command_id is not None:
+            self._in_flight.add(chosen.command_id)
+        return chosen
+
+    def _command(self, cmd, step: int) -> _Proposal | None:
+        if cmd.kind != "ramp":
+            self.mon.writer.command_refused(cmd.command_id, f"the loop does not know command "
+                                                            f"kind {cmd.kind!r}")
+            return None
+        payload = cmd.payload or {}
+        reason = self.check(payload)
+        if reason is not None:
+            self._refuse(cmd.command_id, step, reason, payload)
+            return None
+        b, a = payload["per_device_batch"], payload["accum"]
+        by_rule = self.policy.new_base_lr(b * a * self.mon.world_size)
+        mult = payload.get("lr_multiplier")
+        # the operator's multiplier wins only where it disagrees with the rule; otherwise the
+        # rule's value from the original LR, so a ramp and its reverse restore it bit for bit
+        base = by_rule if mult is None or math.isclose(self.base_lr * mult, by_rule,
+                                                       rel_tol=1e-9) else self.base_lr * mult
+        return _Proposal(b, a, base, f"command {cmd.command_id}", cmd.command_id)
+
+    def check(self, payload: dict) -> str | None:
+        """Why this tier cannot run here, now; None when it can."""
+        try:  # the store's own payload rules: the loop does not trust what it was sent
+            payload = validate_command("ramp", payload)
+        except CommandError as e:
+            return str(e)
+        b, a = payload["per_device_batch"], payload["accum"]
+        cur = self.mon.per_device_batch
+        if (b, a) == (cur, self.mon.accum):
+            return f"the run already uses {b} x {a}"
+        if b in self.infeasible:
+            return f"per-device batch {b} ran out of memory earlier in this run"
+        if b > cur and b not in self.measured:
+            model = self.memory_model()
+            if model is None:
+                return (f"per-device batch {b} is larger than any measured and no memory plan "
+                        "is in yet; try again in a few steps")
+            capacity, margin = self.mon.capacity, self.policy.margin
+            need, usable = model.predict(b), usable_bytes(capacity, margin)
+            if need > usable:
+                return (f"per-device batch {b} needs about {format_gb(need)} > "
+                        f"{format_gb(usable)} usable ({format_gb(capacity)} capacity, "
+                        f"{margin:.0%} margin)")
+        return None
+
+    def _auto(self, step: int) -> _Proposal | None:
+        mon, policy = self.mon, self.policy
+        world, seq = mon.world_size, mon.seq_len
+        rec = policy.decide(self._gns_steps, self._gns_values, self._gns_lower,
+                            mon.per_device_batch * mon.accum * world,
+                            since_step=self.last_ramp_step)
+        if not rec.ready:
+            return None
+        model = self.memory_model()
+        if model is None and self.plan_pending:
+            return None  # the plan is still running: judge the per-device batch when it is in
+        if model is None:
+            tiers = accumulation_tiers(mon.per_device_batch, mon.accum, world, seq,
+                                       (policy.factor,), self.infeasible, policy.lr_rule)
+        else:
+            tiers = candidate_tiers(mon.per_device_batch, mon.accum, world, seq, model,
+                                    mon.capacity, policy.margin, factors=(policy.factor,),
+                                    infeasible=self.infeasible, rule=policy.lr_rule,
+                                    keep_noise_scale=policy.keep_noise_scale)
+        tier = next((x for x in tiers if x.fits), None)
+        if tier is None:
+            return None
+        payload = {"per_device_batch": tier.per_device_batch, "accum": tier.accum}
+        if self.check(payload) is not None:
+            return None
+        new_batch = tier.per_device_batch * tier.accum * world
+        return _Proposal(tier.per_device_batch, tier.accum, policy.new_base_lr(new_batch),
+                         f"auto: {rec.reason}", None)
+
+    # -- the loop's answer --------------------------------------------------------------------
+    def applied(self, ramp: Ramp) -> None:
+        mon = self.mon
+        world, seq = mon.world_size, mon.seq_len
+        (b0, a0), old_lr = ramp.before, self.base_lr
+        old_batch, new_batch = b0 * a0 * world, ramp.per_device_batch * ramp.accum * world
+        self.base_lr = ramp.base_lr
+        mon.set_tier(ramp.per_device_batch, ramp.accum)
+        self.last_ramp_step = ramp.step
+        mon.event(ramp.step, M.EVENT_RAMP,
+                  f"ramp ({ramp.source}): {b0} x {a0} -> {ramp.per_device_batch} x {ramp.accum} "
+                  f"per device; batch {old_batch} -> {new_batch} sequences; base lr "
+                  f"{old_lr:.3g} -> {ramp.base_lr:.3g}",
+                  {"source": ramp.source,
+                   "before": {"per_device_batch": b0, "accum": a0, "batch": old_batch,
+                              "tokens": old_batch * seq, "base_lr": old_lr},
+                   "after": {"per_device_batch": ramp.per_device_batch, "accum": ramp.accum,
+                             "batch": new_batch, "tokens": new_batch * seq,
+                             "base_lr": ramp.base_lr},
+                   "rule": self.policy.lr_rule})
+        if ramp.command_id is not None and mon.writer is not None:
+            self._in_flight.discard(ramp.command_id)
+            mon.writer.command_applied(ramp.command_id, ramp.step)
+
+    def refused(self, ramp: Ramp, reason: str) -> None:
+        self.last_ramp_step = ramp.step  # an auto ramp the loop refused waits a whole streak
+        payload = {"per_device_batch": ramp.per_device_batch, "accum": ramp.accum}
+        if ramp.command_id is not None:
+            self._refuse(ramp.command_id, ramp.step, reason, payload)
+        else:
+            self.mon.event(ramp.step, M.EVENT_REFUSED, f"ramp ({ramp.source}) refused: {reason}",
+                           {"payload": payload})
+
+    def _refuse(self, command_id: int, step: int, reason: str, payload) -> None:
+        self._in_flight.discard(command_id)
+        if self.mon.writer is not None:
+            self.mon.writer.command_refused(command_id, reason)
+        self.mon.event(step, M.EVENT_REFUSED, f"ramp command {command_id} refused: {reason}",
+                       {"command_id": command_id, "payload": dict(payload or {})})
+
+    def close(self, status: str) -> None:
+        """A command decided but never reported is refused, never left claimed."""
+        if self.channel is not None:
+            self.channel.drain(wait=status == "finished")
+        writer = self.mon.writer
+        for command_id in sorted(self._in_flight):
+            if writer is not None:
+                writer.command_refused(command_id, f"the run stopped ({status}) before the "
+                                                   "tier change took effect")
+        self._in_flight.clear()

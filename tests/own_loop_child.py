@@ -1,0 +1,116 @@
+"""A user's own training loop, as examples/own_loop.py writes it, with knobs for the tests: run
+in a child process against a real database (tests/test_own_loop_ramps.py).
+
+    python -m tests.own_loop_child DB OUT.pt [--ramp manual|auto|off] [--steps N]
+        [--batch B --accum A] [--wait-ramp-at S]   block at boundary S until a ramp arrives
+        [--switch-at S:B:A]                         switch by hand at boundary S (no monitor)
+        [--oom-at B]                                a per-device batch >= B "runs out of memory"
+        [--policy JSON] [--capacity-bytes N] [--step-sleep SECONDS]
+
+OUT.pt gets the final parameters and the step each ramp was applied at.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+
+import torch
+
+from rampwatch import Monitor
+from rampwatch.advisor.lr import scaled_base_lr
+from rampwatch.advisor.policy import RampPolicy
+from rampwatch.monitor.ramp import scale_lr
+
+WIDTH = 256  # wide enough that a per-device batch's activations show in the measured peak
+
+
+def build(seed: int = 0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(32, WIDTH), torch.nn.ReLU(),
+                                torch.nn.Linear(WIDTH, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10))
+    return model, opt, sched
+
+
+def data(n: int):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(n, 32, generator=g)
+    return x, x.sum(dim=1, keepdim=True) + 0.5 * torch.randn(n, 1, generator=g)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("db")
+    p.add_argument("out")
+    p.add_argument("--ramp", default="manual")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--accum", type=int, default=2)
+    p.add_argument("--wait-ramp-at", type=int)
+    p.add_argument("--switch-at", action="append", default=[])
+    p.add_argument("--oom-at", type=int)
+    p.add_argument("--policy", default="{}")
+    p.add_argument("--capacity-bytes", type=int)
+    p.add_argument("--step-sleep", type=float, default=0.0)
+    a = p.parse_args(argv)
+
+    model, opt, sched = build()
+    x_all, y_all = data(a.batch * a.accum * a.steps * 16)
+    batch, accum, pos = a.batch, a.accum, 0
+    policy = RampPolicy(original_batch=batch * accum, original_lr=1e-2, lr_rule="sqrt",
+                        **json.loads(a.policy))
+    mon = Monitor.start(a.db, name="own-loop-child", config={"lr": 1e-2}, model=model,
+                        optimizer=opt, per_device_batch=batch, accum=accum, seq_len=1,
+                        ramp=a.ramp, policy=policy, capacity_bytes=a.capacity_bytes)
+    switches = {int(s): (int(b), int(c)) for s, b, c in (v.split(":") for v in a.switch_at)}
+    applied: list[int] = []
+    print(f"run {mon.run_id}", flush=True)
+    for step in range(1, a.steps + 1):
+        if a.oom_at and batch >= a.oom_at:  # what a loop does when its forward runs out
+            mon.report_oom(batch, step - 1, "simulated out of memory")
+            batch, accum = batch // 2, accum * 2
+            mon.set_tier(batch, accum)
+        total = torch.zeros(())
+        for _ in range(accum):
+            x, y, pos = x_all[pos:pos + batch], y_all[pos:pos + batch], pos + batch
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            (loss / accum).backward()
+            mon.after_backward()
+            total += loss.detach() / accum
+        mon.step(step, loss=total)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sched.step()
+        time.sleep(a.step_sleep)
+        if step in switches:  # by hand, the LR by the same rule
+            new_batch, new_accum = switches[step]
+            scale_lr(opt, scaled_base_lr(1.0, batch * accum, new_batch * new_accum, "sqrt"),
+                     sched)
+            batch, accum = new_batch, new_accum
+            mon.set_tier(batch, accum)
+            applied.append(step)
+        ramp = mon.ramp_due()
+        deadline = time.monotonic() + 120
+        while ramp is None and step == a.wait_ramp_at and time.monotonic() < deadline:
+            time.sleep(0.1)
+            ramp = mon.ramp_due()
+        if ramp is not None:
+            batch, accum = ramp.per_device_batch, ramp.accum
+            ramp.scale_lr(opt, sched)
+            mon.ramp_applied(ramp)
+            applied.append(step)
+            print(f"ramp applied at step {step}: {batch} x {accum}", flush=True)
+    mon.finish()
+    torch.save({"params": [t.detach() for t in model.parameters()], "applied": applied,
+                "lr": opt.param_groups[0]["lr"], "finite": all(
+                    math.isfinite(float(t.sum())) for t in model.parameters())}, a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
