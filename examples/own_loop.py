@@ -1,6 +1,6 @@
 """Rampwatch in your own training loop: the README's snippet, runnable (tests/test_install.py runs it
-from a wheel installed into a fresh environment; tests/test_trainer.py checks the README matches
-and approves a ramp into it from another process).
+from a wheel installed into a fresh environment; tests/test_trainer.py checks the README matches;
+tests/test_own_loop_ramps.py approves ramps into the same loop from another process).
 
     python examples/own_loop.py runs.duckdb [auto]
 """
