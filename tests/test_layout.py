@@ -7,7 +7,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "rampwatch"
-SUBPACKAGES = ("store", "advisor", "monitor", "trainer", "dashboard")
+SUBPACKAGES = ("store", "advisor", "monitor", "trainer", "dashboard", "integrations")
 
 # owner -> subpackages of rampwatch it may import
 ALLOWED = {
@@ -15,6 +15,7 @@ ALLOWED = {
     "advisor": set(),
     "monitor": {"store", "advisor"},
     "trainer": {"store", "advisor", "monitor"},
+    "integrations": {"store", "advisor", "monitor"},
     "dashboard": {"store", "advisor"},
     "rampwatch": {"monitor", "store", "advisor", "trainer", "dashboard"},  # cli: guard.py only
     "bench": {"store", "advisor", "monitor", "trainer"},
@@ -24,6 +25,7 @@ FORBIDDEN_THIRD_PARTY = {
     "store": {"torch", "streamlit", "plotly", "pandas"},
     "advisor": {"torch", "streamlit", "plotly", "duckdb", "pandas", "pyarrow"},
     "dashboard": {"torch"},
+    "integrations": {"streamlit", "plotly"},
     "rampwatch": {"torch", "streamlit", "plotly"},  # a viewer's install has neither torch
 }
 FRONT_DOOR = [REPO / "app.py", *sorted((REPO / "pages").glob("*.py")),
