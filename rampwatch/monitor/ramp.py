@@ -230,7 +230,10 @@ class RampProtocol:
     def due(self, step: int) -> Ramp | None:
         proposal = None
         if self.mon.writer is not None and self.mode != "off":
-            proposal = self._decide(step)
+            try:  # never into the loop, and never past the exchange every rank waits in
+                proposal = self._decide(step)
+            except Exception as e:
+                self.mon._internal_error("ramp_due", e, step)
         sent = proposal
         if self.channel is not None:  # every rank: what rank 0 decided one boundary earlier
             proposal, sent = self.channel.exchange(proposal)
