@@ -55,7 +55,8 @@ def _config(pdb: int, accum: int, **extra) -> dict:
 
 def live_run(db, steps: int = 400, name: str = "live-run", nonfinite_steps=(150, 151, 320),
              ramp_due: bool = True, oom_at_running: bool = False,
-             capacity: int = CAPACITY, estimates_until: int | None = None) -> Seeded:
+             capacity: int = CAPACITY, estimates_until: int | None = None,
+             **config) -> Seeded:
     """A running run (its writer stays open): pdb 8 × accum 2 = 16 sequences.
 
     The windowed noise scale (with 95% bounds at 0.6× and 1.6×) grows from 4 to ~80 sequences,
@@ -67,7 +68,7 @@ def live_run(db, steps: int = 400, name: str = "live-run", nonfinite_steps=(150,
     with a small `capacity` no tier can fit then.
     """
     pdb, accum = 8, 2
-    w = RunWriter.start(db, name=name, config=_config(pdb, accum), device="NVIDIA H200",
+    w = RunWriter.start(db, name=name, config=_config(pdb, accum, **config), device="NVIDIA H200",
                         capacity_bytes=capacity, world_size=1, handle_sigterm=False,
                         flush_interval=3600.0)
     rng = np.random.default_rng(0)

@@ -307,3 +307,21 @@ def test_alerts_that_hold_are_banners(db_path, monkeypatch):
         assert list(table.value["alerts"]) == [3]  # the seeded one at 150 and the two above
     finally:
         run.close()
+
+
+def test_a_run_that_takes_no_ramps_says_so_and_offers_no_approve(db_path, monkeypatch):
+    """A loop that cannot change its batch mid-run (ramp='off'): the card says to ramp by hand,
+    draws no Approve, and the store refuses a command sent around the page."""
+    run = seed.live_run(db_path, ramp="off", ramp_note="this trainer fixes its batch at start")
+    try:
+        at = seed.app(monkeypatch, db_path)
+        assert not at.exception
+        text = seed.texts(at)
+        assert ("This run takes no ramps from the dashboard: this trainer fixes its batch at "
+                "start; change its batch by hand.") in text
+        assert not [b for b in at.button if b.key == "approve"]
+        with pytest.raises(commands.CommandError, match="takes no ramps from the dashboard"):
+            commands.submit(db_path, run.run_id, "ramp", {"per_device_batch": 8, "accum": 4},
+                            actor="test")
+    finally:
+        run.close()

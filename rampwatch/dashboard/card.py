@@ -236,6 +236,10 @@ def render(card: Card, *, db, run, read_only: bool) -> None:
         if run.stored_status != "running" or run.status != "running":
             st.caption(f"The run is {run.status}: ramp commands go only to running runs.")
             return
+        refusal = data.ramp_refusal(run.config)
+        if refusal:
+            st.info(f"This run {refusal}.", icon=":material/pan_tool:")
+            return
         _controls(card, v, db, run.run_id)
 
 

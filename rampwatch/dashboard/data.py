@@ -469,6 +469,9 @@ def _writable(operator: str | None, token: str | None) -> str:
     return guard.actor(operator)
 
 
+ramp_refusal = store_commands.ramp_refusal  # a run whose loop takes no ramps: say why
+
+
 def agent_api_enabled() -> bool:
     """Streamlit's agent API is a second way to drive the page: no writes while it is on."""
     try:

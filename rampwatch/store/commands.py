@@ -241,6 +241,16 @@ def _tiers(con, run_id: str, config, world_size) -> tuple[int | None, int | None
     return start, current, ws
 
 
+def ramp_refusal(config) -> str | None:
+    """Why a run takes no ramp commands, from its config (the loop's monitor started with
+    ramp='off', e.g. a framework that cannot change its batch mid-run), or None."""
+    if not isinstance(config, dict) or config.get("ramp") != "off":
+        return None
+    why = config.get("ramp_note")
+    return ("takes no ramps from the dashboard" + (f": {why}" if why else
+            " (its loop started the monitor with ramp='off')") + "; change its batch by hand")
+
+
 def _check_tier(con, run_id: str, payload: dict, config, world_size) -> None:
     start, current, ws = _tiers(con, run_id, config, world_size)
     b, a = payload["per_device_batch"], payload["accum"]
@@ -297,7 +307,11 @@ def submit(db, run_id: str, kind: str, payload, actor: str,
                     raise CommandError(
                         f"run {run_id!r} already has ramp command #{open_[0]} {open_[1]}; cancel "
                         "it or wait until it is applied or refused before submitting another")
-                _check_tier(con, run_id, payload, _json_or_none(row[1]), row[2])
+                config = _json_or_none(row[1])
+                refusal = ramp_refusal(config)
+                if refusal:
+                    raise CommandError(f"run {run_id!r} {refusal}")
+                _check_tier(con, run_id, payload, config, row[2])
             [(cid,)] = con.execute("SELECT nextval('command_ids')").fetchall()
             now = time.time()
             con.execute("INSERT INTO commands (command_id, run_id, kind, payload, status, actor, "
