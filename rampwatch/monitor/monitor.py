@@ -301,6 +301,16 @@ class Monitor:
         torch.distributed every rank calls it and gets the same answer at the same boundary."""
         return self.ramps.due(self.last_step if step is None else step)
 
+    def request_stop(self) -> None:
+        """Ask the run to stop at a step boundary (e.g. from a SIGTERM handler: it only sets a
+        flag). After the next ramp_due(), `stopping` is true on every rank at the same boundary
+        (under torch.distributed, rank 0's request counts, one boundary later)."""
+        self.ramps.stop_requested = True
+
+    @property
+    def stopping(self) -> bool:
+        return self.ramps.stopping
+
     def ramp_applied(self, ramp: Ramp) -> None:
         """The loop now runs ramp.per_device_batch × ramp.accum (and has moved its LR): the
         monitor takes the tier, records the ramp event and the command's 'applied at step N'."""
@@ -318,6 +328,35 @@ class Monitor:
         self.event(step, M.EVENT_OOM, f"out of memory at per-device batch {per_device_batch}: "
                    f"{message}", {"per_device_batch": int(per_device_batch), "error": message})
         self.grads.reset()
+
+    def plan_memory(self, setup, per_device_batches=None, *, amp: str | None = None) -> None:
+        """Predict the peak at several per-device batches (default ½, 1, 2, 4, 8 × the running
+        one) on fake tensors, in a child process (monitor/memplan.py; `setup` is a module-level
+        function or "module:function"); the rows reach the card and the ramp checks at a later
+        ramp_due(). A model fake tensors cannot run gets an alert naming probe_memory()."""
+        from rampwatch.monitor import memplan  # torch.distributed._tools: only when planning
+        if self.writer is None:
+            return
+        b = self.per_device_batch
+        batches = per_device_batches or sorted({max(1, b // 2), b, 2 * b, 4 * b, 8 * b})
+        self.ramps.start_plan(memplan.start_plan(setup, batches, device_type=self.device.type,
+                                                 amp=amp, accum_steps=self.accum))
+
+    def probe_memory(self, setup, per_device_batches) -> list[dict]:
+        """Measure the peak of real training steps at these per-device batches, in a child
+        process on this device, up to the first out-of-memory (monitor/memprobe.py; blocks).
+        For models the fake-tensor plan cannot run: what Lightning's BatchSizeFinder does."""
+        from rampwatch.monitor.memprobe import probe
+        rows = probe(setup, per_device_batches, device=self.device.type)
+        self.add_memory_plan(rows, "probe")
+        for r in rows:
+            if r.get("feasible") is False:
+                self.ramps.infeasible.add(int(r["per_device_batch"]))
+            elif r.get("measured_bytes"):
+                b = int(r["per_device_batch"])
+                self.ramps.measured[b] = max(self.ramps.measured.get(b, 0),
+                                             int(r["measured_bytes"]))
+        return rows
 
     def add_memory_plan(self, rows, source: str = "plan") -> None:
         """Rows of a memory plan (monitor/memplan.py) or a probe: the card and the checks use

@@ -102,26 +102,31 @@ class RampChannel:
     posts the next one, non-blocking, on a gloo group (CPU tensors, never behind NCCL work).
     So a decision at boundary S is applied by every rank at boundary S + 1."""
 
-    FIELDS = 6  # flag, per-device batch, accum, base LR, command id (-1: none), source code
+    FIELDS = 7  # flag, per-device batch, accum, base LR, command id (-1: none), auto, stop
 
     def __init__(self, group=None):
         self.group = group if group is not None else torch_dist.new_group(backend="gloo")
         self.rank = torch_dist.get_rank()
         self._inflight = None  # (work, buffer, the proposal rank 0 sent in it)
+        self.stopping = False  # rank 0 asked every rank to stop at this boundary
 
     @property
     def sending(self) -> bool:
         """Rank 0 has a proposal in flight (it reaches every rank at the next boundary)."""
         return self._inflight is not None and self._inflight[2] is not None
 
-    def exchange(self, proposal: _Proposal | None) -> tuple[_Proposal | None, _Proposal | None]:
-        """(the proposal every rank applies now, or None; the one sent with it on rank 0)."""
+    def exchange(self, proposal: _Proposal | None, stop: bool = False
+                 ) -> tuple[_Proposal | None, _Proposal | None]:
+        """(the proposal every rank applies now, or None; the one sent with it on rank 0).
+        stop: rank 0 asks every rank to stop; `stopping` says so one boundary later."""
         received = self._receive()
         buf = torch.zeros(self.FIELDS, dtype=torch.float64)
+        if self.rank == 0:
+            buf[6] = float(stop)
         if self.rank == 0 and proposal is not None:
-            buf.copy_(torch.tensor([1.0, proposal.per_device_batch, proposal.accum,
+            buf[:6] = torch.tensor([1.0, proposal.per_device_batch, proposal.accum,
                                     proposal.base_lr, proposal.command_id or -1,
-                                    proposal.source.startswith("auto")], dtype=torch.float64))
+                                    proposal.source.startswith("auto")], dtype=torch.float64)
         work = torch_dist.broadcast(buf, src=0, group=self.group, async_op=True)
         self._inflight = (work, buf, proposal if self.rank == 0 else None)
         return received
@@ -132,7 +137,8 @@ class RampChannel:
         work, buf, sent = self._inflight
         self._inflight = None
         work.wait()
-        flag, b, a, lr, cid, auto = buf.tolist()
+        flag, b, a, lr, cid, auto, stop = buf.tolist()
+        self.stopping = self.stopping or bool(stop)
         if not flag:
             return None, None
         source = sent.source if sent else ("auto (rank 0)" if auto else "rank 0")
@@ -167,6 +173,7 @@ class RampProtocol:
     plan_rows: list[dict] = field(default_factory=list)
     plan_pending: bool = False  # a plan is on its way: auto waits for it before a larger batch
     last_ramp_step: int = 0
+    stop_requested: bool = False  # this process was asked to stop (e.g. SIGTERM)
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -177,6 +184,13 @@ class RampProtocol:
         self._gns_lower: list[float] = []
         self._handled: set[int] = set()
         self._in_flight: set[int] = set()  # commands decided, not yet reported applied/refused
+        self._plan = None  # a memory plan running in a child process (monitor/memplan.py)
+
+    @property
+    def stopping(self) -> bool:
+        """Stop at this boundary: asked here (one process), or rank 0 was asked one boundary
+        earlier (torch.distributed: every rank stops at the same boundary)."""
+        return self.channel.stopping if self.channel is not None else self.stop_requested
 
     # -- fed by Monitor.step ------------------------------------------------------------------
     def observe(self, step: int, metrics: dict) -> None:
@@ -201,7 +215,6 @@ class RampProtocol:
             good = [r for r in rows if r.get("error") is None]
             if good:
                 self.plan_rows = good
-            self.plan_pending = False
         writer = self.mon.writer
         if writer is None:
             return
@@ -211,6 +224,27 @@ class RampProtocol:
                 predicted_bytes=r.get("predicted_bytes"), measured_bytes=r.get("measured_bytes"),
                 source=source, feasible=r.get("feasible"), step=step,
                 breakdown=r.get("breakdown") or ({"error": r["error"]} if r.get("error") else None))
+
+    def start_plan(self, handle) -> None:
+        """A plan running in a child process (memplan.PlanHandle): polled at each boundary, its
+        rows written when in; a plan still running is replaced."""
+        if self._plan is not None:
+            self._plan.cancel()
+        self._plan, self.plan_pending = handle, True
+
+    def _poll_plan(self, step: int) -> None:
+        if self._plan is None or not self._plan.done():
+            return
+        rows, self._plan = self._plan.result() or [], None
+        self.write_plan_rows(rows, "plan", step)
+        self.plan_pending = False
+        failed = [r for r in rows if r.get("error")]
+        if failed:  # said, never guessed: the card keeps to what was measured
+            self.mon.event(step, M.EVENT_ALERT,
+                           f"memory plan failed at per-device batch "
+                           f"{', '.join(str(r['per_device_batch']) for r in failed)}: "
+                           f"{failed[0]['error']}",
+                           {"errors": {str(r["per_device_batch"]): r["error"] for r in failed}})
 
     def mark_infeasible(self, per_device_batch: int, step: int) -> None:
         self.infeasible.add(int(per_device_batch))
@@ -228,6 +262,7 @@ class RampProtocol:
 
     # -- at a step boundary -------------------------------------------------------------------
     def due(self, step: int) -> Ramp | None:
+        self._poll_plan(step)
         proposal = None
         if self.mon.writer is not None and self.mode != "off":
             try:  # never into the loop, and never past the exchange every rank waits in
@@ -236,7 +271,7 @@ class RampProtocol:
                 self.mon._internal_error("ramp_due", e, step)
         sent = proposal
         if self.channel is not None:  # every rank: what rank 0 decided one boundary earlier
-            proposal, sent = self.channel.exchange(proposal)
+            proposal, sent = self.channel.exchange(proposal, stop=self.stop_requested)
         if proposal is None:
             return None
         cur_b, cur_a = self.mon.per_device_batch, self.mon.accum
@@ -382,6 +417,8 @@ class RampProtocol:
 
     def close(self, status: str) -> None:
         """A command decided but never reported is refused, never left claimed."""
+        if self._plan is not None:
+            self._plan.cancel()
         if self.channel is not None:
             self.channel.drain(wait=status == "finished")
         writer = self.mon.writer

@@ -15,7 +15,7 @@ import time
 from rampwatch.store import commands
 from rampwatch.store.steps import as_step
 
-PLAN_SOURCES = ("plan", "measured", "oom")
+PLAN_SOURCES = ("plan", "measured", "oom", "probe")
 _now = time.time
 
 

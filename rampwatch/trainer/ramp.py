@@ -17,9 +17,10 @@ from rampwatch.trainer import memplan
 class StopTraining(Exception):
     """The run cannot go on (e.g. out of memory at per-device batch 1); status for the store."""
 
-    def __init__(self, message: str, status: str = "failed"):
+    def __init__(self, message: str, status: str = "failed", code: int = 3):
         super().__init__(message)
         self.status = status
+        self.code = code  # the process's exit status
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,6 @@ class RampController:
         self.protocol.variant = "chunked" if trainer.cfg.chunked_ce else "plain"
         self.protocol.infeasible = set(trainer.state.infeasible_batches)
         self.protocol.last_ramp_step = trainer.state.step
-        self._plan = None
 
     # -- memory plan (the GPT's, in a child process) ------------------------------------------
     def start(self) -> None:
@@ -110,20 +110,9 @@ class RampController:
             return
         b = self.t.state.per_device_batch
         ladder = sorted({max(1, b // 2), b, 2 * b, 4 * b, 8 * b})
-        if self._plan is not None:
-            self._plan.cancel()
-        self._plan = memplan.start_plan(self.t.cfg.to_dict(), ladder, self.t.args.optimizer,
-                                        self.t.device.type,
-                                        amp="bf16" if self.t.device.type == "cuda" else None,
-                                        accum_steps=self.t.state.accum)
-        self.protocol.plan_pending = True
-
-    def _poll_plan(self) -> None:
-        if self._plan is None or not self._plan.done():
-            return
-        rows = self._plan.result() or []
-        self._plan = None
-        self.protocol.write_plan_rows(rows, "plan", self.t.state.step)
+        self.protocol.start_plan(memplan.start_plan(
+            self.t.cfg.to_dict(), ladder, self.t.args.optimizer, self.t.device.type,
+            amp="bf16" if self.t.device.type == "cuda" else None, accum_steps=self.t.state.accum))
 
     def mark_infeasible(self, per_device_batch: int, step: int) -> None:
         self.protocol.mark_infeasible(per_device_batch, step)
@@ -131,7 +120,6 @@ class RampController:
 
     # -- each step boundary -------------------------------------------------------------------
     def at_boundary(self) -> None:
-        self._poll_plan()
         ramp = self.t.mon.ramp_due(self.t.state.step)
         if ramp is not None:
             self.apply(ramp)
@@ -145,7 +133,3 @@ class RampController:
         t.mon.ramp_applied(ramp)
         if ramp.per_device_batch != ramp.before[0]:
             self._start_plan()
-
-    def close(self, status: str) -> None:
-        if self._plan is not None:
-            self._plan.cancel()
