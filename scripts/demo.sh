@@ -20,10 +20,28 @@ TRAINER=$!
 export RAMPWATCH_TOKEN=${RAMPWATCH_TOKEN:-$("$PY" -c "import secrets; print(secrets.token_urlsafe(18))")}
 rampwatch dashboard --db "$DB" --port "$PORT" > runs/demo-dashboard.log 2>&1 &
 DASH=$!
-trap 'kill $TRAINER $DASH 2>/dev/null; wait' INT TERM EXIT
+stop() {  # Ctrl-C: the trainer checkpoints at its next step boundary (SIGTERM), then both end
+  trap - INT TERM
+  echo; echo "stopping: the trainer saves a checkpoint at its next step, then exits"
+  kill -TERM "$TRAINER" "$DASH" 2>/dev/null || true
+  wait "$TRAINER" 2>/dev/null || true
+  wait "$DASH" 2>/dev/null || true
+  echo "stopped; the last lines of runs/demo-trainer.log say how to resume the run"
+  exit 0
+}
+trap stop INT TERM
 echo "Rampwatch demo: dashboard at http://127.0.0.1:$PORT  (trainer log: runs/demo-trainer.log)"
 echo "To approve a ramp, type your name and this operator token beside Approve: $RAMPWATCH_TOKEN"
 echo "Ctrl-C stops the run and the dashboard."
-wait $TRAINER || true
-echo "training finished; the dashboard stays up until Ctrl-C"
-wait $DASH
+# A Ctrl-C in the terminal reaches every process: the trainer checkpoints and stops (its last
+# log lines say how to resume), the dashboard stops, and so does this script.
+if wait "$TRAINER"; then
+  echo "training finished"
+else
+  echo "the trainer stopped (exit $?): the end of runs/demo-trainer.log says why"
+fi
+sleep 1
+if kill -0 "$DASH" 2>/dev/null; then
+  echo "the dashboard stays up until Ctrl-C"
+  wait "$DASH" || true
+fi

@@ -11,6 +11,7 @@ import pytest
 
 from rampwatch.store import names as M
 from rampwatch.store import reader
+from rampwatch.trainer import checkpoint as ckpt
 from tests.procs import REPO, kill_group, spawn
 from tests.trainer_runs import metric, run_trainer, trainer_args, wait_for_step
 
@@ -98,3 +99,25 @@ def test_own_loop_snippet_from_readme(tmp_path):
     body = [line for line in snippet.splitlines()[1:] if line.strip()]
     assert all(line in readme for line in body), "README's snippet differs from examples/own_loop.py"
     assert len(body) <= 17 + 10  # the loop itself, five calls that log and five that ramp
+
+
+def test_sigterm_saves_a_final_checkpoint_at_the_next_step_boundary(tmp_path):
+    """SIGTERM only sets a flag; the loop checkpoints at its next step boundary and stops as
+    killed (exit 143), so a resume loses no completed step."""
+    db, ckpt_dir = tmp_path / "runs.duckdb", tmp_path / "ckpt"
+    proc = spawn(trainer_args(db, ckpt_dir, "--run-id", "t", "--no-plan", "--steps", "100000",
+                              "--total-tokens", "10000000000", "--checkpoint-every", "0"),
+                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        wait_for_step(db, "t", 8, proc)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        kill_group(proc)
+    assert proc.returncode == 143, out.decode()
+    run = reader.get_run(db, "t")
+    saved = ckpt.load(ckpt.checkpoint_path(ckpt_dir, "t"))["state"]
+    assert run.status == "killed" and saved.step == run.last_step >= 8
+    assert f"stopped by SIGTERM after step {saved.step}: checkpoint saved" in out.decode()
+    checkpoints = [e.step for e in reader.events(db, "t") if e.kind == M.EVENT_CHECKPOINT]
+    assert checkpoints == [saved.step]

@@ -9,7 +9,9 @@ first optimizer step is step 1, and a checkpoint at step S holds S completed ste
 from __future__ import annotations
 
 import math
+import signal
 import sys
+import threading
 import time
 import uuid
 from contextlib import nullcontext
@@ -87,6 +89,11 @@ class Trainer:
         self.amp = (torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda"
                     else nullcontext())
         self.run_config = self._run_config()
+        # before the store's writer starts: its SIGTERM hook then flushes and chains to ours
+        self.terminated = False
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_stop_signal)
+            signal.signal(signal.SIGINT, self._on_stop_signal)
         self.mon = self._start_monitor(resumed)
         self.ramps = RampController(self)
         self.oom = OomInjector.parse(args.inject_oom)
@@ -269,6 +276,26 @@ class Trainer:
         self.mon.event(self.state.step, M.EVENT_CHECKPOINT, f"checkpoint at step {self.state.step}",
                        {"path": str(path), "next_sample": self.state.next_sample})
 
+    def _on_stop_signal(self, signum, frame) -> None:
+        """SIGTERM or a first Ctrl-C: only a flag, the loop checkpoints at its next step
+        boundary. A second Ctrl-C interrupts at once."""
+        if signum == signal.SIGINT and self.terminated:
+            raise KeyboardInterrupt
+        self.terminated, self._stop_code = signal.Signals(signum).name, 128 + signum
+        if signum == signal.SIGINT and self.ddp.is_main:
+            print("\nrampwatch: stopping after this step with a checkpoint (Ctrl-C again to "
+                  "stop at once, without one)", file=sys.stderr, flush=True)
+
+    def _stop_on_sigterm(self) -> None:
+        """SIGTERM or Ctrl-C (on rank 0 under torchrun): a final checkpoint at this boundary,
+        the same on every rank, then stop as killed."""
+        with self.mon.untimed():
+            self.save_checkpoint()
+        why = self.terminated or "rank 0's stop"
+        raise StopTraining(f"stopped by {why} after step {self.state.step}: checkpoint saved; "
+                           f"continue with --resume {self.state.run_id}", status="killed",
+                           code=getattr(self, "_stop_code", 128 + signal.SIGTERM))
+
     def done(self) -> bool:
         a = self.args
         if self.reached_target:
@@ -285,7 +312,11 @@ class Trainer:
                 self.mon.log(0, {M.VAL_LOSS: self.validate()})
             self.ramps.start()
             while not self.done():
+                if self.terminated:
+                    self.mon.request_stop()
                 self.ramps.at_boundary()
+                if self.mon.stopping:
+                    self._stop_on_sigterm()
                 self.set_lr()
                 outcome = self.train_step()
                 progress.update(outcome)
@@ -303,7 +334,7 @@ class Trainer:
             self.save_checkpoint()
         except StopTraining as stop:
             print(f"\nrampwatch: {stop}", file=sys.stderr)
-            status, code = stop.status, 3
+            status, code = stop.status, stop.code
         except KeyboardInterrupt:
             status, code = "killed", 130
         except Exception:  # e.g. under DDP a peer's exit breaks this rank's collective
@@ -311,7 +342,6 @@ class Trainer:
             raise
         finally:
             progress.close()
-            self.ramps.close(status)
             self.mon.finish(status)
             dist.teardown(self.ddp)
         return code
