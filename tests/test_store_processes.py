@@ -47,7 +47,10 @@ def test_live_writer_and_polling_reader(procs, db_path):
     assert stats["errors"] == 0 and stats["last_error"] is None, stats
     assert any(x.startswith("CLOSED True errors=0") for x in wout), wout[-5:]
     polls = [json.loads(x) for x in rout if x.startswith("{")]
-    assert len(polls) >= 50, f"reader polled only {len(polls)} times"  # ~20 s at 5 Hz
+    # ~100 polls at 5 Hz over the writer's 20 s on an idle machine; what matters is that reads
+    # went on while the writer wrote (the run seen growing), not the rate a loaded box allows
+    growing = {p["rows"] for p in polls if p["rows"] and p["rows"] < steps * n_metrics}
+    assert len(growing) >= 5, f"the reader saw only {sorted(growing)} rows while the run ran"
     assert not any("Traceback" in x or "Error" in x for x in rout), rout
     assert {p["status"] for p in polls[:-1]} == {"running"}, "a live run looked stale"
     for key in ("rows", "series_count", "last_step"):
