@@ -111,6 +111,16 @@ def test_installed_viewer_then_monitor(wheel, tmp_path):
     info = _run([rw, "info", "runs.duckdb"], cwd=elsewhere, env=env)
     assert "own-loop" in info.stdout and "finished" in info.stdout, info.stdout
     _serves(venv, elsewhere / "runs.duckdb", elsewhere)
+    # the framework integrations are extras: without them everything else imports, and theirs
+    # say what to install
+    frameworks = ("lightning", "pytorch_lightning", "transformers")
+    _run([py, "-c", "import sys, rampwatch.monitor, rampwatch.integrations, rampwatch.trainer; "
+                    f"assert not set({frameworks!r}) & set(sys.modules), sys.modules.keys()"],
+         cwd=elsewhere, env=env)
+    for extra in ("lightning", "transformers"):
+        missing = _run([py, "-c", f"import rampwatch.integrations.{extra}"], cwd=elsewhere,
+                       env=env, check=False)
+        assert missing.returncode == 1 and f"pip install 'rampwatch[{extra}]'" in missing.stderr
 
     # Stage 3: a DuckDB older than the file's writer, as in a stale dashboard environment.
     _run([py, "-m", "pip", "install", "-q", "--no-deps", "duckdb==1.5.6"], cwd=elsewhere, env=env)

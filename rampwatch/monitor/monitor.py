@@ -21,8 +21,11 @@ telemetry it could not take is left out.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
+import math
 import os
+import statistics
 import time
 from typing import Any, Mapping, TextIO
 
@@ -41,6 +44,11 @@ from rampwatch.monitor.gradstats import AccumulationStats, StepGradStats
 from rampwatch.monitor.ramp import Ramp, RampChannel, RampProtocol
 from rampwatch.store import RunWriter
 from rampwatch.store import names as M
+
+
+# a gradient-norm spike: above SPIKE_FACTOR × the median of the last SPIKE_WINDOW finite norms,
+# once at least SPIKE_MIN_STEPS are known (early training's norms move too fast to judge)
+SPIKE_FACTOR, SPIKE_WINDOW, SPIKE_MIN_STEPS = 10.0, 100, 20
 
 
 def device_capacity_bytes(device: torch.device) -> int:
@@ -139,6 +147,7 @@ class Monitor:
         self._nonfinite_steps = 0
         self._excluded = 0.0
         self._alerted: set[str] = set()  # alerts said once per run
+        self._norms: collections.deque[float] = collections.deque(maxlen=SPIKE_WINDOW)
         policy = policy or default_policy(optimizer, per_device_batch * accum * self.world_size,
                                           lr_rule)
         channel = RampChannel(control_group) if self.world_size > 1 else None
@@ -256,6 +265,7 @@ class Monitor:
             M.TOKENS_SEEN: self.tokens_seen,
         }
         m.update(self._noise_metrics(step, stats, batch_seqs))
+        self._check_spike(step, stats.grad_norm)
         if self._last_step_t is not None:
             dt = now - self._last_step_t - self._excluded
             m[M.STEP_TIME] = dt
@@ -272,6 +282,21 @@ class Monitor:
             self.writer.log(step, m)
         self.ramps.observe(step, m)
         return m
+
+    def _check_spike(self, step: int, grad_norm: float) -> None:
+        """An alert when the gradient norm jumps past SPIKE_FACTOR × its median over the last
+        SPIKE_WINDOW steps: the usual first sign of a bad batch or too high an LR."""
+        history = self._norms
+        if (math.isfinite(grad_norm) and len(history) >= SPIKE_MIN_STEPS
+                and grad_norm > SPIKE_FACTOR * statistics.median(history)):
+            median = statistics.median(history)
+            self.event(step, M.EVENT_ALERT,
+                       f"gradient-norm spike: {grad_norm:.3g} is {grad_norm / median:.0f}× the "
+                       f"median of the last {len(history)} steps ({median:.3g}); check this "
+                       "step's data and the LR (clipping bounds the update, not the cause)",
+                       {"grad_norm": grad_norm, "median": median})
+        if math.isfinite(grad_norm):
+            history.append(grad_norm)
 
     def _sharded_step(self, step: int, loss, extra) -> dict[str, float]:
         """FSDP / ZeRO: loss, tier, memory and throughput; no norm of a shard passed off as the

@@ -55,7 +55,8 @@ class Outbox:
             return None
         count, total = sum(new.values()), sum(drops.values())
         why = "; ".join(f"{n} × {r}" for r, n in sorted(new.items(), key=lambda x: -x[1]))
-        message = (f"{count} records dropped by the writer since the last report ({total} in "
+        message = (f"{count} record{'s' if count != 1 else ''} dropped by the writer since the "
+                   f"last report ({total} in "
                    f"this session): {why}. They are not in the database.")
         if detail:
             message += f" Last: {detail}"
