@@ -1,0 +1,443 @@
+"""Rampwatch in the Hugging Face Trainer: `RampwatchTrainer` (telemetry and the noise scale with
+the micro-batches' real weights; ramps by save-and-restart), `resume_args` (the arguments that
+continue a run at its new tier) and `RampRestart` (exit status EXIT_RAMP = 75).
+
+    args = TrainingArguments(**resume_args("out", per_device_train_batch_size=8,
+                                           gradient_accumulation_steps=4), max_steps=2000)
+    trainer = RampwatchTrainer(model=model, args=args, train_dataset=ds, db="runs.duckdb")
+    trainer.train()   # an applied ramp saves checkpoint-N and exits 75: run the same command again
+
+Source read: transformers 5.24.0 trainer.py (numbers: its lines), loss/loss_utils.py and
+accelerate 1.15.0 data_loader.py.
+- A Trainer subclass, not a callback: `_run_epoch` (1897-1969) runs the last micro-batch's
+  backward, then `_clip_grad_norm`, `on_pre_optimizer_step`, `optimizer.step()`, `on_step_end`,
+  so a callback never sees that backward's unclipped .grad, nor `inputs` / `num_items_in_batch`
+  (the weights). `training_step`, the documented override point, sees all three; `_run_epoch`
+  sets `accelerator.sync_gradients` on the step's last micro-batch (1897-1899) before it, so
+  `Monitor.step` runs there, before clipping, and the user's max_grad_norm stays as it is.
+- Weights: N = `num_items_in_batch` (2343: labels != -100 over the step's micro-batches) goes to
+  the model (2170), whose loss (loss_utils.py:41-47) is Σ CE / N; `training_step` then does not
+  divide by k (2115-2119) and `compute_loss` multiplies by num_processes (2215; 1 here). So
+  micro-batch j's mean loss is scaled by m_j / N, m_j the label positions its loss sums: counted
+  as the loss counts (shifted for ForCausalLMLoss), since N is counted unshifted when
+  model.loss_type is None (543; GPT2LMHeadModel), where Σ m_j / N < 1. Without N: 1 /
+  current_gradient_accumulation_steps (1885, 2119; an epoch's last step may be short).
+- Ramps: the Trainer fixes its dataloader and accumulation per train(). At the boundary after
+  step s where a ramp is due, `on_step_end` moves the LR (`Ramp.scale_lr`: optimizer and
+  scheduler, so `_save_checkpoint` writes the new base LRs) and sets should_save and
+  should_training_stop; `on_save` adds rampwatch.json to checkpoint-s, the ramp is recorded
+  applied at step s, and train() raises RampRestart. Data: a resume skips (s % U)·k' batches of
+  the NEW loader (1709, 1852; U its steps per epoch, 2523), s·b'·k' samples where s·b·k were
+  used. So the resumed run reads its own loader: the same seeded order (SeedableRandomSampler,
+  data_loader.py:73-107, or a SequentialSampler: independent of the batch) from the first unused
+  sample, in batches of b', behind exactly the batches that skip drops (SkipBatchSampler,
+  data_loader.py:1332-1352). From a ramp on the epochs are one stream (a batch may span an
+  epoch's end); no sample is skipped or repeated.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+try:
+    from transformers import Trainer, TrainerCallback, TrainerState
+    from transformers.loss.loss_utils import ForCausalLMLoss
+    from transformers.trainer import TRAINER_STATE_NAME
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint, has_length
+except ImportError as e:
+    raise ImportError("rampwatch.integrations.transformers needs transformers and accelerate: "
+                      "pip install 'rampwatch[transformers]'") from e
+
+from rampwatch.advisor.gns_window import NoiseScaleWindow
+from rampwatch.advisor.policy import CONFIG_KEY, RampPolicy
+from rampwatch.monitor import Monitor
+
+__all__ = ["EXIT_RAMP", "STATE_FILE", "RampRestart", "RampwatchTrainer", "resume_args"]
+
+EXIT_RAMP = 75  # EX_TEMPFAIL: not an error; run the same command again to continue
+STATE_FILE = "rampwatch.json"  # beside the Trainer's files in every checkpoint it saves
+_ORDERED_SAMPLERS = ("SeedableRandomSampler", "SequentialSampler")  # order independent of b
+
+
+class RampRestart(SystemExit):
+    """Raised by train() after a ramp's checkpoint is saved: the process exits with EXIT_RAMP."""
+
+    def __init__(self, message: str, checkpoint: str, per_device_batch: int, accum: int):
+        super().__init__(EXIT_RAMP)
+        self.message, self.checkpoint, self.tier = message, checkpoint, (per_device_batch, accum)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def read_state(checkpoint: str | None) -> dict | None:
+    """The rampwatch.json of a checkpoint folder, or None (none there, or not ours)."""
+    path = os.path.join(checkpoint or "", STATE_FILE)
+    return json.loads(Path(path).read_text()) if checkpoint and os.path.isfile(path) else None
+
+
+def resume_args(output_dir: str, *, per_device_train_batch_size: int,
+                gradient_accumulation_steps: int) -> dict:
+    """TrainingArguments keywords that start a run, or continue it from the newest checkpoint in
+    output_dir at the tier that checkpoint names (the new one after a ramp). RampwatchTrainer.train
+    resumes from `resume_from_checkpoint` and continues the same run id in the database."""
+    out = {"output_dir": output_dir, "per_device_train_batch_size": per_device_train_batch_size,
+           "gradient_accumulation_steps": gradient_accumulation_steps,
+           "resume_from_checkpoint": None}
+    last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+    if last is not None:
+        out["resume_from_checkpoint"] = last
+        state = read_state(last)
+        if state is not None:
+            out["per_device_train_batch_size"] = state["per_device_batch"]
+            out["gradient_accumulation_steps"] = state["accum"]
+    return out
+
+
+class RampwatchTrainer(Trainer):
+    """A Trainer that logs every optimizer step into a Rampwatch database and applies approved
+    (or ramp="auto") ramps by save-and-restart. Extra keywords: db (the DuckDB file), name (the
+    run's name), ramp ("manual", "auto", "off"), policy (RampPolicy), seq_len (default: the
+    first sample's input_ids length), run_config (more JSON values for the run's config) and
+    monitor_kwargs (to Monitor.start, e.g. flops_per_token). One process only."""
+
+    def __init__(self, *args, db, name: str | None = None, ramp: str = "manual",
+                 policy: RampPolicy | None = None, seq_len: int | None = None,
+                 run_config: dict | None = None, monitor_kwargs: dict | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        if ramp not in ("manual", "auto", "off"):
+            raise ValueError(f"ramp={ramp!r}: one of manual, auto, off")
+        self._db, self._name, self._ramp_mode, self._policy = db, name, ramp, policy
+        self._seq_len, self._run_config = seq_len, dict(run_config or {})
+        self._monitor_kwargs = dict(monitor_kwargs or {})
+        self._mon: Monitor | None = None
+        self._shifts: bool | None = None  # does the model's loss shift its labels
+        self.add_callback(_Hooks(self))
+
+    @property
+    def monitor(self) -> Monitor | None:
+        """The run's Monitor while train() runs (e.g. monitor.add_memory_plan(rows))."""
+        return self._mon
+
+    # -- train(): resume checks, the monitor's status, the restart ------------------------------
+    def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None):
+        ckpt = resume_from_checkpoint or self.args.resume_from_checkpoint  # resume_args's
+        if ckpt is True:
+            ckpt = get_last_checkpoint(self.args.output_dir) or True  # True: HF says none
+        if self.args.world_size > 1 or self.args.n_gpu > 1:  # per-rank weights: not handled
+            raise ValueError("RampwatchTrainer supports one process on one device, not "
+                             f"world size {self.args.world_size} / {self.args.n_gpu} GPUs")
+        self._resume = read_state(ckpt) if isinstance(ckpt, str) else None
+        self._ckpt_step = (TrainerState.load_from_json(os.path.join(ckpt, TRAINER_STATE_NAME))
+                           .global_step if isinstance(ckpt, str) else None)
+        st, b, a = self._resume, self._train_batch_size, self.args.gradient_accumulation_steps
+        if st is not None and (st["per_device_batch"], st["accum"]) != (b, a):
+            raise ValueError(
+                f"{ckpt} continues at per-device batch {st['per_device_batch']} x accumulation "
+                f"{st['accum']}, not {b} x {a}: build the TrainingArguments with "
+                "rampwatch.integrations.transformers.resume_args(output_dir, ...)")
+        self._pending = self._restart = self._untimed = None
+        self._samples_seen, self._step_loss, self._stream = 0, None, bool(st and st["stream"])
+        self._order_name = None
+        try:
+            out = super().train(resume_from_checkpoint=ckpt, trial=trial,
+                                ignore_keys_for_eval=ignore_keys_for_eval)
+        except KeyboardInterrupt:
+            self._close("killed", "interrupted")
+            raise
+        except BaseException as e:
+            self._close("failed", f"{type(e).__name__}: {e}")
+            raise
+        if self._restart is not None:
+            ramp, path = self._restart
+            msg = (f"rampwatch: stopped after step {ramp.step} to ramp to per-device batch "
+                   f"{ramp.per_device_batch} x accumulation {ramp.accum} (base LR "
+                   f"{ramp.base_lr:.4g}); saved {path}. Run the same command again: "
+                   "resume_args() continues this run at the new tier")
+            self._close("finished", msg)
+            print(msg, file=sys.stderr, flush=True)
+            raise RampRestart(msg, path, ramp.per_device_batch, ramp.accum)
+        self._close("finished")
+        return out
+
+    def _timed(self) -> None:
+        if self._untimed is not None:  # from on_step_end (saving, evaluating, logging)
+            self._untimed.__exit__(None, None, None)
+            self._untimed = None
+
+    def _close(self, status: str, message: str | None = None) -> None:
+        self._timed()
+        mon, self._mon = self._mon, None
+        if mon is None:
+            return
+        if self._pending is not None:  # decided, never saved: the card must not wait on it
+            mon.ramp_refused(self._pending, f"the run stopped ({status}) before the checkpoint "
+                                            "for the new tier was saved")
+        mon.finish(status, message)
+
+    # -- the data: a resumed ramp continues the sample stream exactly ---------------------------
+    def get_train_dataloader(self):
+        loader = super().get_train_dataloader()
+        st, step = self._resume, self._ckpt_step
+        if st is not None and st["stream"]:
+            return self._stream_loader(loader, st)
+        if step and has_length(loader):  # HF's own resume, exact at the same tier: where it is
+            steps, skipped = self._skip(loader, step)
+            self._samples_seen = (step // steps * len(loader.dataset)
+                                  + skipped * self._train_batch_size)
+        return loader
+
+    def _skip(self, loader, step: int) -> tuple[int, int]:
+        """(steps per epoch, batches the resume skips): set_initial_training_values and
+        _init_training_state."""
+        a = self.args.gradient_accumulation_steps
+        steps = max(len(loader) // a + int(len(loader) % a > 0), 1)
+        return steps, 0 if self.args.ignore_data_skip else (step % steps) * a
+
+    def _stream_loader(self, loader, st: dict):
+        order = _index_sampler(loader)
+        self._order_name = type(order).__name__
+        if self._order_name not in _ORDERED_SAMPLERS:
+            raise ValueError(f"cannot continue {STATE_FILE}'s sample stream with a "
+                             f"{self._order_name}: its order is not the run's")
+        self._samples_seen = st["samples_seen"]
+        sampler = _StreamBatchSampler(order, len(loader.dataset), self._train_batch_size,
+                                      st["samples_seen"], len(loader),
+                                      self._skip(loader, st["step"])[1])
+        workers = loader.num_workers
+        stream = torch.utils.data.DataLoader(
+            loader.dataset, batch_sampler=sampler, collate_fn=loader.collate_fn,
+            num_workers=workers, pin_memory=loader.pin_memory,
+            worker_init_fn=loader.worker_init_fn,
+            persistent_workers=loader.persistent_workers if workers else False,
+            prefetch_factor=loader.prefetch_factor if workers else None)
+        return self.accelerator.prepare(stream)
+
+    # -- each micro-batch ---------------------------------------------------------------------
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        mon = self._mon
+        if mon is None:
+            return super().training_step(model, inputs, num_items_in_batch)
+        weight = self._weight(inputs, num_items_in_batch)  # before super() moves the inputs
+        self._samples_seen += _batch_len(inputs)
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        mon.after_backward(weight)  # a device tensor: read with the step's norms, no sync here
+        self._step_loss = loss if self._step_loss is None else self._step_loss + loss
+        if self.accelerator.sync_gradients:  # the step's last backward; clipping comes next
+            scaler = self.accelerator.scaler  # fp16: .grad holds the loss scale until the step
+            mon.step(self.state.global_step + 1, loss=self._step_loss,
+                     grad_scale=scaler.get_scale() if scaler is not None else 1.0)
+            self._step_loss = None
+        return loss
+
+    def _weight(self, inputs, num_items_in_batch):
+        """What this micro-batch's mean loss is multiplied by (see the module docstring)."""
+        scaled = getattr(self, "loss_is_scaled_for_ga", None)  # training_step's own rule
+        if scaled is None:
+            scaled = ((self.model_accepts_loss_kwargs and num_items_in_batch is not None)
+                      or self.compute_loss_func is not None)
+        if not scaled:
+            return 1.0 / getattr(self, "current_gradient_accumulation_steps",
+                                 self.args.gradient_accumulation_steps)
+        if num_items_in_batch is None:
+            return 1.0  # a loss already scaled, with no count: each micro-batch's as it is
+        count = self._counted(inputs)
+        return None if count is None else count / num_items_in_batch
+
+    def _counted(self, inputs):
+        """Label positions this micro-batch's loss sums over, on their device."""
+        if self.compute_loss_func is not None or self.label_smoother is not None:
+            # their normalization is theirs: Trainer's own count, the rule N is made by (both
+            # divided by the same tp·cp·sp size, which cancels in the ratio)
+            return self._get_num_items_in_batch([inputs], self.args.device)
+        labels = inputs.get("shift_labels")
+        if labels is None:
+            labels = inputs.get("labels")
+            if labels is None:
+                return None
+            if self._loss_shifts():
+                labels = labels[..., 1:]
+        return labels.ne(-100).sum()
+
+    def _loss_shifts(self) -> bool:
+        if self._shifts is None:
+            model = self.accelerator.unwrap_model(self.model)
+            config = getattr(model, "config", None)
+            loss = getattr(model, "loss_function", None) if hasattr(model, "loss_type") else None
+            self._shifts = (loss is ForCausalLMLoss if loss is not None
+                            else bool(getattr(self, "_loss_shifts_labels", False))) and not \
+                getattr(config, "is_encoder_decoder", False)
+        return self._shifts
+
+    # -- the monitor and the step boundary (called by _Hooks) ---------------------------------
+    def _start_monitor(self, loader) -> None:
+        st = self._resume or {}
+        blocker = self._ramp_blocker(loader)
+        mode = "off" if blocker else self._ramp_mode
+        optimizer = getattr(self.optimizer, "optimizer", self.optimizer)  # AcceleratedOptimizer
+        a = self.args
+        config = {"framework": f"transformers {sys.modules['transformers'].__version__}",
+                  "lr": a.learning_rate, "max_steps": a.max_steps, "seed": a.seed,
+                  "lr_scheduler_type": _plain(a.lr_scheduler_type), "optim": _plain(a.optim),
+                  "max_grad_norm": a.max_grad_norm, "output_dir": a.output_dir,
+                  **({"ramp_note": blocker} if blocker else {}), **self._run_config}
+        policy = RampPolicy.from_config({CONFIG_KEY: st["policy"]}) if st else self._policy
+        kw = {"echo": sys.stderr, **self._monitor_kwargs}  # events as lines on stderr
+        if st:
+            kw.update(base_lr=st["base_lr"], noise_window=NoiseScaleWindow.from_dict(
+                st["noise_window"]))
+        self._mon = mon = Monitor.start(
+            self._db, name=self._name or a.run_name or "hf-trainer", config=config,
+            model=self.model, optimizer=optimizer, per_device_batch=self._train_batch_size,
+            accum=a.gradient_accumulation_steps, seq_len=self._seq_len or _seq_len(self),
+            run_id=st.get("run_id"), resume_step=st.get("step"), ramp=mode, policy=policy, **kw)
+        if st:
+            mon.tokens_seen, mon.last_step = st["tokens_seen"], st["step"]
+            mon.ramps.infeasible = set(st["infeasible"])
+            mon.ramps.measured = {int(b): v for b, v in st["measured"].items()}
+
+    def _ramp_blocker(self, loader) -> str | None:
+        """Why this run cannot be ramped by save-and-restart (the card says it), or None."""
+        a = self.args
+        if a.max_steps is None or a.max_steps <= 0:
+            return ("its length is set in epochs, and the LR schedule's length in steps would "
+                    "change with the batch; set max_steps to let Rampwatch ramp it")
+        if a.save_only_model:
+            return "save_only_model=True: checkpoints lack the optimizer and scheduler"
+        if a.auto_find_batch_size or a.dataloader_drop_last:
+            return "auto_find_batch_size / dataloader_drop_last change the batches on resume"
+        if self.is_deepspeed_enabled or self.is_fsdp_enabled:
+            return "DeepSpeed and FSDP checkpoints are not handled by this integration"
+        if isinstance(self.train_dataset, torch.utils.data.IterableDataset) or not has_length(
+                self.train_dataset):
+            return "an iterable dataset's position cannot be carried to another batch size"
+        name = self._order_name or type(_index_sampler(loader)).__name__
+        if name not in _ORDERED_SAMPLERS:
+            return (f"its {name} orders samples by the batch (or the global RNG), so the "
+                    "position cannot be carried to another batch size")
+        return None
+
+    def _boundary(self, state, control) -> None:
+        ramp = self._mon.ramp_due(state.global_step)
+        if ramp is None:
+            return
+        if state.global_step >= state.max_steps or control.should_training_stop:
+            self._mon.ramp_refused(ramp, f"the run ends at step {state.global_step} "
+                                         "(max_steps or a callback): no step is left for the new "
+                                         "tier")
+            return
+        ramp.scale_lr(self.optimizer, self.lr_scheduler)  # saved with them, on the new base
+        self._pending = ramp
+        control.should_save = True
+        control.should_training_stop = True
+
+    def _saved(self, state) -> None:
+        """on_save: checkpoint-N is complete; add our state (and, for a ramp, say applied)."""
+        path = os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+        ramp, mon = self._pending, self._mon
+        if not os.path.isdir(path):
+            return  # a hyperparameter-search trial's folder: not ours to continue
+        self._stream = self._stream or ramp is not None
+        b, a = ((ramp.per_device_batch, ramp.accum) if ramp else
+                (self._train_batch_size, self.args.gradient_accumulation_steps))
+        state_doc = {
+            "version": 1, "run_id": mon.run_id, "step": state.global_step,
+            "per_device_batch": b, "accum": a, "samples_seen": self._samples_seen,
+            "stream": self._stream, "tokens_seen": mon.tokens_seen,
+            "base_lr": ramp.base_lr if ramp else mon.ramps.base_lr,
+            "policy": mon.ramps.policy.to_config(), "noise_window": mon.noise.to_dict(),
+            "infeasible": sorted(mon.ramps.infeasible),
+            "measured": {str(k): v for k, v in mon.ramps.measured.items()},
+            "ramp": None if ramp is None else {"before": list(ramp.before), "source": ramp.source,
+                                              "command_id": ramp.command_id}}
+        tmp = os.path.join(path, STATE_FILE + ".tmp")
+        with open(tmp, "w") as f:
+            json.dump(state_doc, f)
+        os.replace(tmp, os.path.join(path, STATE_FILE))
+        if ramp is not None:
+            self._pending, self._restart = None, (ramp, path)
+            mon.ramp_applied(ramp)  # the card: "applied at step N"; N + 1 runs the new tier
+
+
+class _Hooks(TrainerCallback):
+    """The Trainer's events RampwatchTrainer needs (_inner_training_loop and _run_epoch)."""
+
+    def __init__(self, trainer: RampwatchTrainer):
+        self.trainer = trainer
+
+    def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
+        self.trainer._start_monitor(train_dataloader)  # optimizer, scheduler, resume: all in
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.trainer._timed()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        t = self.trainer
+        if t._mon is None:
+            return
+        t._boundary(state, control)
+        if control.should_save or control.should_evaluate or control.should_log:
+            t._untimed = t._mon.untimed()  # saving, evaluating, logging: not step time
+            t._untimed.__enter__()
+
+    def on_save(self, args, state, control, **kwargs):
+        if self.trainer._mon is not None:
+            self.trainer._saved(state)
+
+
+class _StreamBatchSampler:
+    """Batches of `batch` sample indices read on from sample `start` of the stream of epochs
+    (epoch e's order: `order` after set_epoch(e)); `batches` per iteration, the first iteration
+    beginning with `skipped` empty batches, which accelerate's SkipBatchSampler drops unread (an
+    empty batch that reached the collator would fail loudly instead of training on wrong data)."""
+
+    def __init__(self, order, n: int, batch: int, start: int, batches: int, skipped: int):
+        self.order, self.n, self.batch = order, n, batch
+        self.batches, self.skipped = batches, skipped
+        self._pos, self._epoch, self._perm = start, -1, []
+
+    def __len__(self) -> int:
+        return self.batches
+
+    def __iter__(self):
+        skipped, self.skipped = self.skipped, 0
+        for _ in range(skipped):
+            yield []
+        for _ in range(self.batches - skipped):
+            yield [self._take() for _ in range(self.batch)]
+
+    def _take(self) -> int:
+        epoch, i = divmod(self._pos, self.n)
+        if epoch != self._epoch:
+            if hasattr(self.order, "set_epoch"):
+                self.order.set_epoch(epoch)  # SeedableRandomSampler: seeded with seed + epoch
+            self._perm, self._epoch = list(iter(self.order)), epoch
+        self._pos += 1
+        return self._perm[i]
+
+
+def _index_sampler(loader):
+    """The sample-index sampler under a (prepared) dataloader's batch samplers, or None."""
+    bs = getattr(loader, "batch_sampler", None)
+    while hasattr(bs, "batch_sampler"):  # accelerate's BatchSamplerShard / SkipBatchSampler
+        bs = bs.batch_sampler
+    return getattr(bs, "sampler", None)
+
+
+def _seq_len(trainer) -> int:
+    try:
+        return max(1, len(trainer.train_dataset[0]["input_ids"]))
+    except Exception:  # no such key, not indexable: tokens are then counted per sequence
+        return 1
+
+
+def _plain(value):
+    return getattr(value, "value", value)  # TrainingArguments' enums, as JSON strings
+
+
+def _batch_len(inputs) -> int:
+    return next((int(v.shape[0]) for v in inputs.values()
+                 if isinstance(v, torch.Tensor) and v.dim() > 0), 0)

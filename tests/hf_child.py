@@ -1,0 +1,238 @@
+"""A tiny GPT-2 trained by the Hugging Face Trainer with rampwatch.integrations.transformers, and
+the same training as a plain loop switched by hand: child processes of
+tests/test_integration_transformers.py, against a real database, on the CPU, nothing downloaded.
+
+    python -m tests.hf_child hf DB OUT_DIR [--ramp manual|auto|off] [--steps N] [--batch B]
+        [--accum A] [--n SAMPLES] [--epochs E] [--wait-ramp-at S ...] [--plan] [--policy JSON]
+    python -m tests.hf_child reference DB OUT.pt [--switch-at S:B:A] [--steps N] ...
+
+hf: starts, or continues through resume_args(OUT_DIR); exits 75 (EXIT_RAMP) at an applied ramp;
+at the end OUT_DIR/final.pt gets the parameters and LR. --wait-ramp-at S blocks the boundary
+after step S (printing "waiting at S") until a ramp is due or OUT_DIR/release-S exists. --plan
+gives the monitor a memory plan (a larger per-device batch then passes the check).
+reference: Trainer's arithmetic by hand (transformers 5.24.0 trainer.py: get_batch_samples'
+num_items_in_batch, compute_loss, clip, AdamW fused, linear warmup) and an own-loop Monitor fed
+the weights m_j / N; the data are the SeedableRandomSampler's epochs read as one stream (equal to
+the Trainer's as long as no epoch ends before the switch). OUT.pt also gets step 1's |G|² and
+tr(Σ) computed directly from each micro-batch's own gradient, token-weighted and unweighted.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+SEQ, VOCAB, SEED, LR, WARMUP = 16, 64, 42, 3e-3, 2
+
+
+def build_model():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=VOCAB, n_positions=32,
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
+                        eos_token_id=0)
+    return GPT2LMHeadModel(config)
+
+
+class Samples(torch.utils.data.Dataset):
+    """n sequences of 3..16 real tokens, right-padded: token counts differ per micro-batch."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict:
+        g = torch.Generator().manual_seed(1000 + i)
+        length = 3 + (i * 7) % 14
+        ids = torch.zeros(SEQ, dtype=torch.long)
+        ids[:length] = torch.randint(1, VOCAB, (length,), generator=g)
+        mask = (torch.arange(SEQ) < length).long()
+        labels = ids.masked_fill(mask == 0, -100)
+        return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def _args(argv):
+    p = argparse.ArgumentParser()
+    p.add_argument("mode", choices=["hf", "reference"])
+    p.add_argument("db")
+    p.add_argument("out")
+    p.add_argument("--ramp", default="manual")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--epochs", type=int, default=0)
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--accum", type=int, default=2)
+    p.add_argument("--n", type=int, default=24)
+    p.add_argument("--wait-ramp-at", type=int, action="append", default=[])
+    p.add_argument("--switch-at", action="append", default=[])
+    p.add_argument("--plan", action="store_true")
+    p.add_argument("--policy", default="{}")
+    return p.parse_args(argv)
+
+
+def run_hf(a) -> int:
+    from transformers import TrainerCallback, TrainingArguments
+
+    from rampwatch.advisor.policy import RampPolicy
+    from rampwatch.integrations.transformers import RampwatchTrainer, resume_args
+    from rampwatch.monitor import Monitor
+
+    _wait_at_boundaries(Monitor, set(a.wait_ramp_at), a.out)
+    kw = resume_args(a.out, per_device_train_batch_size=a.batch,
+                     gradient_accumulation_steps=a.accum)
+    args = TrainingArguments(
+        **kw, use_cpu=True, report_to=[], logging_strategy="no", save_strategy="no",
+        disable_tqdm=True, max_steps=-1 if a.epochs else a.steps, num_train_epochs=a.epochs or 1,
+        learning_rate=LR, warmup_steps=WARMUP, seed=SEED, dataloader_num_workers=0)
+
+    class Plan(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            mon = trainer.monitor
+            if a.plan and mon is not None and not mon.ramps.plan_rows:
+                mon.add_memory_plan([{"per_device_batch": b, "predicted_bytes": (64 + 8 * b) << 20}
+                                     for b in (1, 2, 4, 8, 16)])
+
+    policy = RampPolicy(original_batch=a.batch * a.accum, original_lr=LR, lr_rule="sqrt",
+                        **json.loads(a.policy))
+    trainer = RampwatchTrainer(model=build_model(), args=args, train_dataset=Samples(a.n),
+                               db=a.db, name="hf-child", ramp=a.ramp, policy=policy,
+                               callbacks=[Plan()])
+    trainer.train()  # RampRestart (SystemExit 75) at an applied ramp
+    torch.save({"params": [t.detach().clone() for t in trainer.model.parameters()],
+                "lr": trainer.optimizer.param_groups[0]["lr"]},
+               os.path.join(a.out, "final.pt"))
+    return 0
+
+
+def _wait_at_boundaries(monitor_cls, steps: set[int], out: str) -> None:
+    """Monitor.ramp_due, in this process only, waits at the chosen boundaries for a ramp (as
+    tests/own_loop_child.py's loop does) and prints the run id at the first boundary."""
+    due = monitor_cls.ramp_due
+    said = []
+
+    def ramp_due(self, step=None):
+        if not said:
+            said.append(print(f"run {self.run_id}", flush=True))
+        ramp = due(self, step)
+        if ramp is None and step in steps:
+            print(f"waiting at {step}", flush=True)
+        deadline = time.monotonic() + 120
+        while (ramp is None and step in steps and time.monotonic() < deadline
+               and not os.path.exists(os.path.join(out, f"release-{step}"))):
+            time.sleep(0.1)
+            ramp = due(self, step)
+        return ramp
+
+    monitor_cls.ramp_due = ramp_due
+
+
+def hf_count(model, labels) -> torch.Tensor:
+    """num_items_in_batch's count as Trainer._get_num_items_in_batch makes it (its
+    _loss_shifts_labels rule, trainer.py __init__): GPT2LMHeadModel's loss_type is None, so 5.24
+    counts unshifted labels while its loss sums the shifted ones."""
+    from transformers.loss.loss_utils import LOSS_MAPPING, ForCausalLMLoss
+
+    shifts = LOSS_MAPPING.get(getattr(model, "loss_type", None)) is ForCausalLMLoss
+    return (labels[..., 1:] if shifts else labels).ne(-100).sum()
+
+
+def loss_tokens(labels) -> torch.Tensor:
+    return labels[..., 1:].ne(-100).sum()  # what ForCausalLMLoss sums over
+
+
+def run_reference(a) -> int:
+    from transformers.optimization import get_linear_schedule_with_warmup
+
+    from rampwatch.advisor.lr import scaled_base_lr
+    from rampwatch.advisor.policy import RampPolicy
+    from rampwatch.monitor import Monitor
+    from rampwatch.monitor.ramp import scale_lr
+
+    model, data = build_model(), Samples(a.n)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8,
+                            weight_decay=0.0, fused=True)
+    sched = get_linear_schedule_with_warmup(opt, WARMUP, a.steps)
+    b, k = a.batch, a.accum
+    mon = Monitor.start(a.db, name="hf-reference", config={}, model=model, optimizer=opt,
+                        per_device_batch=b, accum=k, seq_len=SEQ, ramp="off",
+                        policy=RampPolicy(original_batch=b * k, original_lr=LR))
+    switches = {int(s): (int(x), int(y)) for s, x, y in (v.split(":") for v in a.switch_at)}
+    stream, out = _stream(a.n), {}
+    for step in range(1, a.steps + 1):
+        mbs = [_collate([data[next(stream)] for _ in range(b)]) for _ in range(k)]
+        n_items = sum(hf_count(model, mb["labels"]) for mb in mbs) / 1  # /1: tp·cp·sp
+        if step == 1:
+            out["direct"] = _direct(model, mbs, b)
+        total = torch.zeros(())
+        for mb in mbs:
+            loss = model(**mb, num_items_in_batch=n_items).loss
+            loss.backward()
+            mon.after_backward(loss_tokens(mb["labels"]) / n_items)
+            total += loss.detach()
+        mon.step(step, loss=total)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        model.zero_grad()
+        if step in switches:
+            nb, nk = switches[step]
+            scale_lr(opt, scaled_base_lr(1.0, b * k, nb * nk, "sqrt"), sched)
+            b, k = nb, nk
+            mon.set_tier(b, k)
+    mon.finish()
+    out.update(params=[t.detach().clone() for t in model.parameters()], run_id=mon.run_id,
+               lr=opt.param_groups[0]["lr"])
+    torch.save(out, a.out)
+    return 0
+
+
+def _stream(n: int):
+    epoch = 0
+    while True:  # accelerate's SeedableRandomSampler: randperm seeded with seed + epoch
+        yield from torch.randperm(n, generator=torch.Generator().manual_seed(SEED + epoch)).tolist()
+        epoch += 1
+
+
+def _collate(items: list[dict]) -> dict:
+    return {k: torch.stack([it[k] for it in items]) for k in items[0]}
+
+
+def _direct(model, mbs, b: int) -> dict:
+    """Step 1's (|G|², tr(Σ)) from each micro-batch's own mean-token gradient g_i: the points
+    |Σ_{i<=j} m_i g_i / Σ_{i<=j} m_i|² at B_j = b·T_j/(T_k/k) sequences (weighted), and |mean
+    of g_i|² at j·b (unweighted), each fitted as y = |G|² + tr(Σ)/B by least squares."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads, tokens = [], []
+    for mb in mbs:
+        g = torch.autograd.grad(model(**mb).loss, params)
+        grads.append(torch.cat([x.reshape(-1) for x in g]).double())
+        tokens.append(float(loss_tokens(mb["labels"])))
+    k, fits = len(mbs), {}
+    for kind in ("weighted", "unweighted"):
+        w = tokens if kind == "weighted" else [1.0] * k
+        xs, ys = [], []
+        for j in range(1, k + 1):
+            mean = sum(wi * gi for wi, gi in zip(w[:j], grads[:j])) / sum(w[:j])
+            ys.append(float(mean.square().sum()))
+            xs.append(1.0 / (b * sum(w[:j]) / (sum(w) / k)))
+        slope, intercept = np.polyfit(xs, ys, 1)
+        fits[kind] = {"g2": float(intercept), "trace": float(slope)}
+    fits["tokens"] = tokens
+    return fits
+
+
+def main(argv=None) -> int:
+    a = _args(argv)
+    return run_hf(a) if a.mode == "hf" else run_reference(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

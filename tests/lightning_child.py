@@ -1,0 +1,165 @@
+"""A Lightning 2.x fit with RampwatchCallback, with knobs for the tests: run in a child process
+against a real database (tests/test_integration_lightning.py). Model, optimizer, LR schedule and
+data are tests/own_loop_child.py's, in the same order, so the two loops compare step for step.
+
+    python -m tests.lightning_child DB OUT.pt [--ramp manual|auto|off] [--steps N]
+        [--batch B --accum A] [--wait-ramp-at S ...]   block at boundary S until a ramp is due
+        [--epoch-samples N] [--reload]     each epoch a fresh slice of N samples (the own loop's
+                                           next ones); rebuild the loader every epoch
+        [--unsafe-switch-at S:A]           no callback: accumulate_grad_batches = A right after
+                                           step S, wherever Lightning's counters are
+        [--policy JSON] [--stop-after S]   stop after step S (the data still sized by --steps)
+        [--scaler SCALE]                   16-mixed with a GradScaler starting at SCALE
+
+OUT.pt gets the final parameters, the steps ramps were applied at, the LR, the optimizer steps
+and how many of them ran with no zero_grad since the step before (gradients applied twice).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.plugins import MixedPrecision
+from torch.utils.data import DataLoader, TensorDataset
+
+from rampwatch.advisor.lr import scaled_base_lr
+from rampwatch.advisor.policy import RampPolicy
+from rampwatch.integrations.lightning import RampwatchCallback
+from rampwatch.monitor.ramp import scale_lr
+from tests.own_loop_child import build, data
+
+
+class Module(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net, self.opt, self.sched = build()  # the own loop's seed, init, AdamW and warmup
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x), y)
+
+    def configure_optimizers(self):
+        return {"optimizer": self.opt, "lr_scheduler": {"scheduler": self.sched,
+                                                        "interval": "step"}}
+
+
+class Slices(pl.LightningDataModule):
+    """Epoch e reads samples [e·N, (e+1)·N) in order, so the loop sees the own loop's sequence."""
+
+    def __init__(self, x, y, batch_size: int, epoch_samples: int):
+        super().__init__()
+        self.x, self.y, self.batch_size, self.n, self.offset = x, y, batch_size, epoch_samples, 0
+
+    def train_dataloader(self):
+        lo, self.offset = self.offset, self.offset + self.n
+        return DataLoader(TensorDataset(self.x[lo:lo + self.n], self.y[lo:lo + self.n]),
+                          batch_size=self.batch_size)
+
+
+class StaleSteps(pl.Callback):
+    """Counts optimizer steps with no zero_grad since the previous step."""
+
+    def __init__(self):
+        self.zeroed, self.steps, self.stale = False, 0, 0
+
+    def on_before_zero_grad(self, trainer, pl_module, optimizer):
+        self.zeroed = True
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        self.steps += 1
+        self.stale += not self.zeroed
+        self.zeroed = False
+
+
+class UnsafeSwitch(pl.Callback):
+    """What the callback avoids: a new accumulation right after step S, mid-way through
+    Lightning's counters (the LR by the same rule as the own loop's switch by hand)."""
+
+    def __init__(self, step: int, accum: int, batch: int):
+        self.step, self.accum, self.batch, self.done = step, accum, batch, False
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step and not self.done:
+            self.done = True
+            old = trainer.accumulate_grad_batches
+            scale_lr(pl_module.opt, scaled_base_lr(1.0, self.batch * old,
+                                                   self.batch * self.accum, "sqrt"),
+                     pl_module.sched)
+            trainer.accumulate_grad_batches = self.accum
+
+
+class Waiting(RampwatchCallback):
+    """Blocks at the boundaries named until the monitor has a ramp due (the test approves it)."""
+
+    def __init__(self, *args, wait_at=(), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.wait_at = set(wait_at)
+
+    def on_train_start(self, trainer, pl_module):
+        super().on_train_start(trainer, pl_module)
+        print(f"run {self.monitor.run_id}", flush=True)
+
+    def ramp_due(self, step):
+        ramp = super().ramp_due(step)
+        deadline = time.monotonic() + 120
+        while ramp is None and step in self.wait_at and time.monotonic() < deadline:
+            time.sleep(0.1)
+            ramp = super().ramp_due(step)
+        return ramp
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("db")
+    p.add_argument("out")
+    p.add_argument("--ramp", default="manual")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--accum", type=int, default=2)
+    p.add_argument("--wait-ramp-at", type=int, action="append", default=[])
+    p.add_argument("--epoch-samples", type=int)
+    p.add_argument("--reload", action="store_true")
+    p.add_argument("--unsafe-switch-at")
+    p.add_argument("--policy", default="{}")
+    p.add_argument("--stop-after", type=int)
+    p.add_argument("--scaler", type=float)
+    a = p.parse_args(argv)
+
+    x, y = data(a.batch * a.accum * a.steps * 16)  # the own loop's n: same samples, same order
+    module = Module()
+    stale = StaleSteps()
+    callbacks: list[pl.Callback] = [stale]
+    cb = None
+    if a.unsafe_switch_at:
+        s, k = (int(v) for v in a.unsafe_switch_at.split(":"))
+        callbacks.append(UnsafeSwitch(s, k, a.batch))
+    else:
+        policy = RampPolicy(original_batch=a.batch * a.accum, original_lr=1e-2, lr_rule="sqrt",
+                            **json.loads(a.policy))
+        cb = Waiting(a.db, name="lightning-child", seq_len=1, ramp=a.ramp, policy=policy,
+                     config={"lr": 1e-2}, wait_at=a.wait_ramp_at)
+        callbacks.append(cb)
+    # fp16 autocast on the CPU with a real loss scale (Lightning's "16-mixed" has none on the CPU)
+    amp = [MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu", init_scale=a.scaler))]
+    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         plugins=amp if a.scaler else None,
+                         max_steps=a.stop_after or a.steps, accumulate_grad_batches=a.accum,
+                         gradient_clip_val=1.0, num_sanity_val_steps=0, callbacks=callbacks,
+                         reload_dataloaders_every_n_epochs=1 if a.reload else 0)
+    trainer.fit(module, datamodule=Slices(x, y, a.batch, a.epoch_samples or len(x)))
+    applied = [r.step for r in cb.history] if cb else []
+    for r in cb.history if cb else ():
+        print(f"ramp applied at step {r.step}: {r.per_device_batch} x {r.accum}", flush=True)
+    torch.save({"params": [t.detach() for t in module.net.parameters()], "applied": applied,
+                "lr": module.opt.param_groups[0]["lr"], "steps": stale.steps,
+                "stale": stale.stale}, a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
