@@ -20,8 +20,8 @@ same estimate (so a checkpoint written by any rank holds rank 0's noise-scale EM
 
 Micro-batches weighted other than 1/k (Hugging Face's num_items_in_batch divides each summed
 token loss by the step's token count) pass their weight to after_backward; the points are then
-token-weighted means over the tokens behind them (single process; under DDP the weights are
-ignored). Sharded gradients (FSDP's flat or DTensor parameters, ZeRO's missing .grad) set
+token-weighted means over the tokens behind them (under DDP, each rank's weights of its own
+micro-batches). Sharded gradients (FSDP's flat or DTensor parameters, ZeRO's missing .grad) set
 `sharded`: their local norm is not the gradient's, so nothing is measured.
 """
 from __future__ import annotations
@@ -125,7 +125,7 @@ class AccumulationStats:
         self.rank_hook = RankNormHook(process_group)
         self.rank_hook.register(ddp_model)
 
-    def after_backward(self, weight: float | None = None) -> None:
+    def after_backward(self, weight: float | torch.Tensor | None = None) -> None:
         """weight: the factor this micro-batch's mean loss was multiplied by before backward,
         when it is not 1/k (e.g. n_tokens_j / n_tokens_step, Hugging Face's num_items_in_batch).
         """
@@ -147,8 +147,11 @@ class AccumulationStats:
             self.rank_hook.take()
 
     def _step_weights(self, k: int) -> list[float]:
-        if all(w is not None for w in self._weights):
-            return [float(w) for w in self._weights]
+        if self._weights and all(w is not None for w in self._weights):
+            # device tensors (token counts the loop never synced) arrive in one transfer
+            dev = next((w.device for w in self._weights if isinstance(w, torch.Tensor)), "cpu")
+            return torch.stack([torch.as_tensor(w, dtype=torch.float64, device=dev).reshape(())
+                                for w in self._weights]).cpu().tolist()
         return [1.0 / k if self.loss_divided_by_accum else 1.0] * k
 
     @property
@@ -170,22 +173,33 @@ class AccumulationStats:
         if world_size > 1:
             return self._collect_ddp(micro_batch, grad_scale, world_size, rank_mean, rank_max)
         raw = torch.stack(self._sq_norms).double().cpu().tolist()
-        weights = self._step_weights(len(raw))
+        sq_norms, sizes = self._points(raw, self._take_weights(), micro_batch, grad_scale)
+        # the norm the clipper sees: .grad itself, loss scale undone
+        return StepGradStats(grad_norm=math.sqrt(raw[-1]) / grad_scale, batch_sizes=sizes,
+                             sq_norms=sq_norms)
+
+    def _take_weights(self) -> list[float]:
+        weights = self._step_weights(len(self._sq_norms))
         self._sq_norms.clear()
         self._weights.clear()
+        return weights
+
+    @staticmethod
+    def _points(raw: list[float], weights: list[float], micro_batch: int, grad_scale: float
+                ) -> tuple[list[float], list[float]]:
+        """(|mean gradient|², sequences behind it) after each backward of the step.
+
+        .grad after backward j = Σ_{i<=j} w_i·g_i (g_i: micro-batch i's mean gradient), so
+        .grad / W_j is the mean gradient over the W_j / w̄ micro-batches behind it: with w = 1/k
+        that is S_j/j over j·b sequences; with token weights, a token-weighted mean."""
         inv_scale2 = 1.0 / (grad_scale * grad_scale)
-        sq_norms, sizes = [], []
-        total, mean_w = 0.0, sum(weights) / len(weights)
+        sq_norms, sizes, total, mean_w = [], [], 0.0, sum(weights) / len(weights)
         for value, w in zip(raw, weights):
-            # .grad after backward j = Σ_{i<=j} w_i·g_i (g_i: micro-batch i's mean gradient), so
-            # .grad / W_j is the mean gradient over the W_j / w̄ micro-batches behind it: with
-            # w = 1/k that is S_j/j over j·b sequences; with token weights, a token-weighted mean
             total += w
-            sq_norms.append(value / (total * total) * inv_scale2)
-            sizes.append(micro_batch * total / mean_w)
-        # the norm the clipper sees: .grad itself, loss scale undone
-        return StepGradStats(grad_norm=math.sqrt(raw[-1] * inv_scale2),
-                             batch_sizes=sizes, sq_norms=sq_norms)
+            if total > 0:  # micro-batches of weight 0 so far (every label masked): no point yet
+                sq_norms.append(value / (total * total) * inv_scale2)
+                sizes.append(micro_batch * total / mean_w)
+        return sq_norms, sizes
 
     def _collect_ddp(self, micro_batch: int, grad_scale: float, world: int, rank_mean,
                      rank_max) -> StepGradStats:
@@ -208,19 +222,15 @@ class AccumulationStats:
         torch_dist.all_reduce(vec, group=self.rank_hook.process_group)
         # the last backward's .grad is already the global mean: same on every rank
         host = torch.cat([vec, self._sq_norms[-1].to(f64).reshape(1)]).cpu().tolist()
-        self._sq_norms.clear()
-        self._weights.clear()  # weighted micro-batches: single process only (the module's doc)
-        inv_scale2 = 1.0 / (grad_scale * grad_scale)
         n_mean = len(means)
-        sq_norms, sizes = [], []
-        for j, value in enumerate(host[:k], start=1):  # rank averages of |S_j/j|^2, j*b seqs
-            factor = (k / j) ** 2 if self.loss_divided_by_accum else 1.0 / (j * j)
-            sq_norms.append(value / world * factor * inv_scale2)
-            sizes.append(j * micro_batch)
-        global_sq = host[-1]
-        factor = 1.0 if self.loss_divided_by_accum else 1.0 / (k * k)
-        sq_norms.append(global_sq * factor * inv_scale2)
-        sizes.append(k * micro_batch * world)
+        weights = self._take_weights()
+        # rank averages of the local points; the all-reduced .grad adds the point at k·b·W: the
+        # ranks' mean of their local full gradients, weighted as the last local point
+        sq_norms, sizes = self._points([v / world for v in host[:k]], weights, micro_batch,
+                                       grad_scale)
+        global_sq, inv_scale2 = host[-1], 1.0 / (grad_scale * grad_scale)
+        sq_norms.append(global_sq / sum(weights) ** 2 * inv_scale2)
+        sizes.append(sizes[-1] * world)
         slot_values = host[k + n_mean:k + n_mean + world * n_max]
         return StepGradStats(
             grad_norm=math.sqrt(global_sq * inv_scale2), batch_sizes=sizes, sq_norms=sq_norms,

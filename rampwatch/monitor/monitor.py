@@ -185,9 +185,14 @@ class Monitor:
             writer = RunWriter.start(db_path, name, config=recorded, device=device_name(device),
                                      capacity_bytes=capacity, world_size=world, run_id=run_id,
                                      resume_step=resume_step)
-        mon = cls(writer, model=model, optimizer=optimizer, per_device_batch=per_device_batch,
-                  accum=accum, seq_len=seq_len, world_size=world, device=device, ramp=ramp,
-                  policy=policy, **kwargs)
+        try:
+            mon = cls(writer, model=model, optimizer=optimizer,
+                      per_device_batch=per_device_batch, accum=accum, seq_len=seq_len,
+                      world_size=world, device=device, ramp=ramp, policy=policy, **kwargs)
+        except BaseException as e:  # e.g. a second DDP comm hook: the run must not stay running
+            if writer is not None:
+                writer.close("failed", f"the monitor could not start: {type(e).__name__}: {e}")
+            raise
         mon.capacity = capacity
         return mon
 
@@ -210,6 +215,11 @@ class Monitor:
             self.grads.after_backward(weight)
         except Exception as e:  # never into the loop
             self._internal_error("after_backward", e)
+
+    def discard_step(self) -> None:
+        """Forget this step's partial sums: its backwards never reached an optimizer step (a
+        skipped batch, an out-of-memory retry)."""
+        self.grads.reset()
 
     @contextlib.contextmanager
     def untimed(self):
