@@ -16,10 +16,8 @@ and how many of them ran with no zero_grad since the step before (gradients appl
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
-import time
 
 import lightning.pytorch as pl
 import torch
@@ -31,6 +29,7 @@ from rampwatch.advisor.policy import RampPolicy
 from rampwatch.integrations.lightning import RampwatchCallback
 from rampwatch.monitor.ramp import scale_lr
 from tests.own_loop_child import build, data
+from tests.procs import loop_parser, wait_for_ramp
 
 
 class Module(pl.LightningModule):
@@ -104,27 +103,14 @@ class Waiting(RampwatchCallback):
         print(f"run {self.monitor.run_id}", flush=True)
 
     def ramp_due(self, step):
-        ramp = super().ramp_due(step)
-        deadline = time.monotonic() + 120
-        while ramp is None and step in self.wait_at and time.monotonic() < deadline:
-            time.sleep(0.1)
-            ramp = super().ramp_due(step)
-        return ramp
+        return wait_for_ramp(lambda: super(Waiting, self).ramp_due(step), step in self.wait_at)
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser()
-    p.add_argument("db")
-    p.add_argument("out")
-    p.add_argument("--ramp", default="manual")
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--accum", type=int, default=2)
-    p.add_argument("--wait-ramp-at", type=int, action="append", default=[])
+    p = loop_parser()
     p.add_argument("--epoch-samples", type=int)
     p.add_argument("--reload", action="store_true")
     p.add_argument("--unsafe-switch-at")
-    p.add_argument("--policy", default="{}")
     p.add_argument("--stop-after", type=int)
     p.add_argument("--scaler", type=float)
     a = p.parse_args(argv)

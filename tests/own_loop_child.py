@@ -11,7 +11,6 @@ OUT.pt gets the final parameters and the step each ramp was applied at.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -23,6 +22,7 @@ from rampwatch import Monitor
 from rampwatch.advisor.lr import scaled_base_lr
 from rampwatch.advisor.policy import RampPolicy
 from rampwatch.monitor.ramp import scale_lr
+from tests.procs import loop_parser, wait_for_ramp
 
 WIDTH = 256  # wide enough that a per-device batch's activations show in the measured peak
 
@@ -43,17 +43,9 @@ def data(n: int):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser()
-    p.add_argument("db")
-    p.add_argument("out")
-    p.add_argument("--ramp", default="manual")
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--accum", type=int, default=2)
-    p.add_argument("--wait-ramp-at", type=int)
+    p = loop_parser()
     p.add_argument("--switch-at", action="append", default=[])
     p.add_argument("--oom-at", type=int)
-    p.add_argument("--policy", default="{}")
     p.add_argument("--capacity-bytes", type=int)
     p.add_argument("--step-sleep", type=float, default=0.0)
     a = p.parse_args(argv)
@@ -94,11 +86,7 @@ def main(argv=None) -> int:
             batch, accum = new_batch, new_accum
             mon.set_tier(batch, accum)
             applied.append(step)
-        ramp = mon.ramp_due()
-        deadline = time.monotonic() + 120
-        while ramp is None and step == a.wait_ramp_at and time.monotonic() < deadline:
-            time.sleep(0.1)
-            ramp = mon.ramp_due()
+        ramp = wait_for_ramp(mon.ramp_due, step in a.wait_ramp_at)
         if ramp is not None:
             batch, accum = ramp.per_device_batch, ramp.accum
             ramp.scale_lr(opt, sched)

@@ -49,11 +49,14 @@ class Gated(torch.nn.Module):
         return self.b(h)
 
 
-def setup_gated(per_device_batch: int):
-    model = Gated()
+def _setup(model: torch.nn.Module, per_device_batch: int):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     batch = (torch.randn(per_device_batch, IN), torch.randint(0, CLASSES, (per_device_batch,)))
     return model, opt, batch, train_step
+
+
+def setup_gated(per_device_batch: int):
+    return _setup(Gated(), per_device_batch)
 
 
 class Routed(torch.nn.Module):
@@ -70,10 +73,7 @@ class Routed(torch.nn.Module):
 
 
 def setup_routed(per_device_batch: int):
-    model = Routed()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    batch = (torch.randn(per_device_batch, IN), torch.randint(0, CLASSES, (per_device_batch,)))
-    return model, opt, batch, train_step
+    return _setup(Routed(), per_device_batch)
 
 
 class Blowup(torch.nn.Module):
@@ -91,7 +91,4 @@ class Blowup(torch.nn.Module):
 
 
 def setup_blowup(per_device_batch: int):
-    model = Blowup()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    batch = (torch.randn(per_device_batch, IN), torch.randint(0, CLASSES, (per_device_batch,)))
-    return model, opt, batch, train_step
+    return _setup(Blowup(), per_device_batch)

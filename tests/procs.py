@@ -1,6 +1,7 @@
 """Child processes for tests: each in its own process group, killed as a group, torch single-threaded."""
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import socket
@@ -55,3 +56,29 @@ def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL, wait: float = 
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=wait)
+
+
+def loop_parser(steps: int = 20, batch: int = 4, accum: int = 2) -> argparse.ArgumentParser:
+    """The arguments every test training loop takes (tests/own_loop_child.py, lightning_child.py):
+    DB OUT [--ramp MODE] [--steps N] [--batch B] [--accum A] [--wait-ramp-at S ...] [--policy
+    JSON]."""
+    p = argparse.ArgumentParser()
+    p.add_argument("db")
+    p.add_argument("out")
+    p.add_argument("--ramp", default="manual")
+    p.add_argument("--steps", type=int, default=steps)
+    p.add_argument("--batch", type=int, default=batch)
+    p.add_argument("--accum", type=int, default=accum)
+    p.add_argument("--wait-ramp-at", type=int, action="append", default=[],
+                   help="block at this step boundary until a ramp arrives (the test sends one)")
+    p.add_argument("--policy", default="{}", help="RampPolicy fields as JSON")
+    return p
+
+
+def wait_for_ramp(ask, wait: bool, timeout: float = 120.0):
+    """ask() once, or, when wait, until it returns a ramp (or timeout seconds pass)."""
+    ramp, deadline = ask(), time.monotonic() + timeout
+    while ramp is None and wait and time.monotonic() < deadline:
+        time.sleep(0.1)
+        ramp = ask()
+    return ramp
