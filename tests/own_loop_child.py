@@ -6,13 +6,16 @@ in a child process against a real database (tests/test_own_loop_ramps.py).
         [--switch-at S:B:A]                         switch by hand at boundary S (no monitor)
         [--oom-at B]                                a per-device batch >= B "runs out of memory"
         [--policy JSON] [--capacity-bytes N] [--step-sleep SECONDS]
+    torchrun --nproc_per_node=2 -m tests.own_loop_child …   data parallel (gloo): OUT.rank{r}
 
 OUT.pt gets the final parameters and the step each ramp was applied at.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import sys
 import time
 
@@ -51,26 +54,35 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
 
     model, opt, sched = build()
-    x_all, y_all = data(a.batch * a.accum * a.steps * 16)
+    rank, world, train = 0, 1, model
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # under torchrun: data parallel, gloo
+        torch.distributed.init_process_group("gloo")
+        rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        train = torch.nn.parallel.DistributedDataParallel(model)
+    x_all, y_all = data(a.batch * a.accum * a.steps * 16 * world)
     batch, accum, pos = a.batch, a.accum, 0
-    policy = RampPolicy(original_batch=batch * accum, original_lr=1e-2, lr_rule="sqrt",
+    policy = RampPolicy(original_batch=batch * accum * world, original_lr=1e-2, lr_rule="sqrt",
                         **json.loads(a.policy))
-    mon = Monitor.start(a.db, name="own-loop-child", config={"lr": 1e-2}, model=model,
+    mon = Monitor.start(a.db, name="own-loop-child", config={"lr": 1e-2}, model=train,
                         optimizer=opt, per_device_batch=batch, accum=accum, seq_len=1,
                         ramp=a.ramp, policy=policy, capacity_bytes=a.capacity_bytes)
     switches = {int(s): (int(b), int(c)) for s, b, c in (v.split(":") for v in a.switch_at)}
     applied: list[int] = []
-    print(f"run {mon.run_id}", flush=True)
+    if rank == 0:
+        print(f"run {mon.run_id}", flush=True)
     for step in range(1, a.steps + 1):
         if a.oom_at and batch >= a.oom_at:  # what a loop does when its forward runs out
             mon.report_oom(batch, step - 1, "simulated out of memory")
             batch, accum = batch // 2, accum * 2
             mon.set_tier(batch, accum)
         total = torch.zeros(())
-        for _ in range(accum):
-            x, y, pos = x_all[pos:pos + batch], y_all[pos:pos + batch], pos + batch
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            (loss / accum).backward()
+        for j in range(accum):
+            i = pos + rank * batch  # this rank's share of the micro-step's world × batch
+            x, y, pos = x_all[i:i + batch], y_all[i:i + batch], pos + batch * world
+            # DDP: the all-reduce only on the last micro-batch (the monitor's local points)
+            with train.no_sync() if world > 1 and j < accum - 1 else contextlib.nullcontext():
+                loss = torch.nn.functional.mse_loss(train(x), y)
+                (loss / accum).backward()
             mon.after_backward()
             total += loss.detach() / accum
         mon.step(step, loss=total)
@@ -96,7 +108,10 @@ def main(argv=None) -> int:
     mon.finish()
     torch.save({"params": [t.detach() for t in model.parameters()], "applied": applied,
                 "lr": opt.param_groups[0]["lr"], "finite": all(
-                    math.isfinite(float(t.sum())) for t in model.parameters())}, a.out)
+                    math.isfinite(float(t.detach().sum())) for t in model.parameters())},
+               a.out if world == 1 else f"{a.out}.rank{rank}")
+    if world > 1:
+        torch.distributed.destroy_process_group()
     return 0
 
 

@@ -92,3 +92,26 @@ def test_measured_memory_line_and_a_reported_oom_reach_the_card(tmp_path, procs,
     assert {4, 8} <= measured and 16 not in measured
     assert "memory model: measured line (2 points)" in text
     assert "was refused: per-device batch 16 ran out of memory earlier in this run" in text
+
+
+def test_under_torchrun_every_rank_applies_rank_0s_ramp_at_the_same_step(tmp_path):
+    """The monitor's ramp channel in a user's own DDP loop (two gloo ranks): rank 0's auto
+    decision reaches both ranks at one boundary; the weights stay equal; one ramp event."""
+    db = tmp_path / "runs.duckdb"
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc_per_node=2", "-m", "tests.own_loop_child", str(db),
+                           str(tmp_path / "ddp.pt"), "--ramp", "auto", "--steps", "80",
+                           "--batch", "2", "--policy", '{"min_estimates": 3, '
+                           '"hysteresis_steps": 2, "bound_at": 0}'], cwd=REPO, env=child_env(),
+                          capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ranks = [torch.load(tmp_path / f"ddp.pt.rank{r}") for r in (0, 1)]
+    assert ranks[0]["applied"] and ranks[0]["applied"] == ranks[1]["applied"]
+    for a, b in zip(ranks[0]["params"], ranks[1]["params"]):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    [run] = store.list_runs(db)
+    assert run.world_size == 2
+    ramps = store.events(db, run.run_id, kinds=[M.EVENT_RAMP])
+    assert [e.step for e in ramps] == ranks[0]["applied"]
+    assert ramps[0].data["before"]["batch"] == 2 * 2 * 2  # per device × accum × world
+    assert ramps[0].data["after"]["batch"] == 16
