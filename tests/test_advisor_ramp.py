@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rampwatch.advisor.memory import GB, MemoryModel, fit_memory_model, usable_bytes
+from rampwatch.advisor.forecast import FORECAST_CALIBRATION, calibrated_forecast
 from rampwatch.advisor.ramp import Tier, candidate_tiers, predicted_effect, ramp_decision
 
 # The design example: per-device 16 measured at 70 GB, 32 at 130 GB -> 10 GB + 3.75 GB/sequence.
@@ -204,14 +205,46 @@ def test_the_lower_bound_gates_the_ramp_and_stands_in_for_a_missing_point():
     assert "noise scale > 300 (95%)" in rec.reason
 
 
-def test_log_linear_forecast_hand_computed():
+def test_log_linear_trend_hand_computed_and_its_old_delta_range():
     steps = list(range(200))
     values = [100.0 * math.exp(0.01 * s) for s in steps]  # crosses 1000 at ln(10)/0.01 = 230.26
-    rec = ramp_decision(steps, values, current_batch=1000, min_samples=100)
+    rec = ramp_decision(steps, values, current_batch=1000, min_samples=100, calibration=None)
     assert not rec.ready and rec.forecast_step == 231
     assert rec.forecast_range == (230, 231)  # noiseless: the range just brackets 230.26
     assert rec.evidence.trend_per_step == pytest.approx(0.01 * values[-1], rel=1e-9)
-    assert "crosses at step ~231" in rec.reason
+    assert "crossing expected between steps 230 and 231 (±1.96 SE, uncalibrated)" in rec.reason
+
+
+def test_calibrated_range_by_hand():
+    # t = 199, the trend's crossing 231: x = log(32/199); the range is
+    # t + t·exp(intercept + slope·x + [low, high]), its point at the residual's median
+    steps = list(range(200))
+    values = [100.0 * math.exp(0.01 * s) for s in steps]
+    rec = ramp_decision(steps, values, current_batch=1000, min_samples=100)
+    c = FORECAST_CALIBRATION
+    centre = c.intercept + c.slope * math.log(32 / 199)
+    lo, hi = rec.forecast_range
+    assert lo == math.floor(199 + 199 * math.exp(centre + c.low))
+    assert hi == math.ceil(199 + 199 * math.exp(centre + c.high))
+    assert rec.forecast_step == round(199 + 199 * math.exp(centre + c.mid))
+    assert f"crossing expected between steps {lo:,} and {hi:,} ({c.note()})" in rec.reason
+    assert rec.forecast_note == c.note() and f"of {c.runs} recorded runs' queries" in c.note()
+    assert calibrated_forecast(199, 230.26, 200) == (rec.forecast_step, rec.forecast_range)
+
+
+def test_no_forecast_where_the_calibration_was_not_measured():
+    c = FORECAST_CALIBRATION
+    point, why = calibrated_forecast(100, 100 + 100 * math.exp(c.x_max + 0.5), 200)
+    assert point is None and "too flat" in why
+    point, why = calibrated_forecast(10_000, 10_001, 200)  # x = log(1e-4): closer than measured
+    assert point is None and "closer than" in why
+    point, why = calibrated_forecast(100, 150, c.min_estimates - 1)
+    assert point is None and f"from {c.min_estimates} estimates on" in why
+    # a flat trend far below the target: the card says so instead of a range
+    steps = list(range(100, 300))
+    rec = ramp_decision(steps, [100.0 * math.exp(1e-4 * s) for s in steps], current_batch=1000)
+    assert rec.forecast_step is None and rec.forecast_range is None
+    assert "no reliable forecast yet (the trend is too flat" in rec.reason
 
 
 def test_linear_forecast_hand_computed():
@@ -219,17 +252,65 @@ def test_linear_forecast_hand_computed():
     rec = ramp_decision(steps, [100.0 + 2 * s for s in steps], current_batch=1000, trend="linear")
     assert rec.forecast_step == 450  # 100 + 2·450 = 1000
     assert rec.evidence.trend_per_step == pytest.approx(2.0)
+    assert rec.forecast_note == "±1.96 SE, uncalibrated"  # the calibration is the log trend's
 
 
-def test_noisy_forecast_range_covers_the_true_crossing():
+def test_delta_range_covers_the_trend_crossing_when_the_points_are_independent():
     rng = np.random.default_rng(7)
-    steps = np.arange(0, 2000, 10)  # logged every 10 steps
+    steps = np.arange(0, 2000, 10)  # logged every 10 steps, independent noise
     values = 100.0 * np.exp(0.001 * steps) * np.exp(rng.normal(0, 0.05, len(steps)))
-    rec = ramp_decision(steps.tolist(), values.tolist(), current_batch=1000)
+    rec = ramp_decision(steps.tolist(), values.tolist(), current_batch=1000, calibration=None)
     lo, hi = rec.forecast_range
     true_cross = math.log(10) / 0.001  # 2302.6
     assert lo <= true_cross <= hi and lo < hi
     assert lo <= rec.forecast_step <= hi
+
+
+def _smoothed_path(rng, growth: str, n: int = 1500, start: int = 48, phi: float = 0.95,
+                   sd: float = 0.3) -> tuple[np.ndarray, np.ndarray]:
+    """A noise-scale path like the windowed estimate: a rising level times AR(1) log noise
+    (stationary sd `sd`, lag-1 correlation `phi`: neighbouring windows share most steps)."""
+    steps = np.arange(start, start + n)
+    noise = np.empty(n)
+    noise[0] = rng.normal(0, sd)
+    shocks = rng.normal(0, sd * math.sqrt(1 - phi**2), n)
+    for i in range(1, n):
+        noise[i] = phi * noise[i - 1] + shocks[i]
+    level = (2.0 * np.exp(0.008 * (steps - start)) if growth == "geometric"
+             else 2.0 * steps / start)  # power law: the growth slows as training goes on
+    return steps, level * np.exp(noise)
+
+
+@pytest.mark.parametrize("growth", ["geometric", "power"])
+def test_calibrated_range_covers_simulated_crossings_and_the_old_range_did_not(growth):
+    """Known answer: the first step a simulated path is above the batch (16). One query per path,
+    at a random step before it, so the outcomes are independent: the calibrated range must hold
+    at its stated 9 in 10 within binomial error (3 SE); the old ±1.96 SE delta range, which
+    takes the correlated points for independent ones, held in well under half."""
+    rng = np.random.default_rng(11 if growth == "geometric" else 12)
+    new, old, withheld = [], [], 0
+    while len(old) < 300:
+        steps, values = _smoothed_path(rng, growth)
+        above = np.flatnonzero(values > 16)
+        if not above.size or above[0] < 40:
+            continue
+        truth, i = int(steps[above[0]]), int(rng.integers(30, above[0]))
+        args = (steps[: i + 1].tolist(), values[: i + 1].tolist(), 16)
+        was = ramp_decision(*args, hysteresis_steps=20, min_samples=30, calibration=None)
+        if was.forecast_range is None:
+            continue  # the trend is not rising: neither states a range
+        lo, hi = was.forecast_range
+        old.append(lo <= truth and (hi is None or truth <= hi))
+        now = ramp_decision(*args, hysteresis_steps=20, min_samples=30)
+        if now.forecast_range is None:
+            withheld += 1
+            continue
+        lo, hi = now.forecast_range
+        new.append(lo <= truth <= hi)
+    se = math.sqrt(0.9 * 0.1 / len(new))
+    assert np.mean(new) >= 0.9 - 3 * se, (np.mean(new), len(new))
+    assert withheld <= 0.1 * len(old)
+    assert np.mean(old) < 0.5, np.mean(old)
 
 
 def test_flat_or_falling_noise_scale_gives_no_forecast():

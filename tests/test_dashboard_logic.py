@@ -84,7 +84,14 @@ def test_card_not_ready_forecasts_and_measured_peaks_win():
                     "measured_bytes": 30 * GB, "source": "measured", "feasible": None}]
     card = recommend.build_card(RUN, LATEST, *_gns(False), [], plan)
     assert not card.decision.ready
-    assert card.decision.forecast_step is not None and "crosses at step" in card.decision.reason
+    # a trend this flat crosses further ahead than the forecast was calibrated for: no range
+    assert card.decision.forecast_range is None and card.decision.forecast_step is None
+    assert "no reliable forecast yet (the trend is too flat" in card.decision.reason
+    steps = list(range(300))
+    rising = recommend.build_card(RUN, LATEST, steps, [5.0 * math.exp(0.003 * s) for s in steps], [], plan)
+    lo, hi = rising.decision.forecast_range
+    assert 300 <= lo < 388 < hi  # the trend crosses 16 at ln(3.2)/0.003 = 388
+    assert f"crossing expected between steps {lo:,} and {hi:,} (covers 9 in 10 of " in rising.decision.reason
     assert card.memory_note == "memory model: measured peak + plan slope"
     # measured 30 GB at 8 + 2 GB/seq: 16 -> 46, 32 -> 78 > 76 usable, so x2 runs 16 x 2
     assert (card.suggested.tier.per_device_batch, card.suggested.tier.accum) == (16, 2)

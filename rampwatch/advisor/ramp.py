@@ -20,6 +20,12 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from rampwatch.advisor.forecast import (
+    FORECAST_CALIBRATION,
+    ForecastCalibration,
+    calibrated_forecast,
+    fit_trend,
+)
 from rampwatch.advisor.gns import examples_ratio, steps_ratio
 from rampwatch.advisor.gns_window import significant
 from rampwatch.advisor.lr import lr_multiplier, rule_for
@@ -243,10 +249,11 @@ class Evidence:
 class Recommendation:
     ready: bool
     reason: str
-    forecast_step: int | None  # step at which the noise scale is forecast to cross the threshold
-    forecast_range: tuple[int, int | None] | None  # ±z standard errors; None upper = unbounded
+    forecast_step: int | None  # when not ready: the likeliest crossing step (or "ready at" step)
+    forecast_range: tuple[int, int | None] | None  # (first, last) step of the stated range
     evidence: Evidence
     suggested_batch: int | None  # 2 × current batch when ready
+    forecast_note: str = ""  # what the range rests on, or why no forecast is given
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -267,19 +274,6 @@ def _clean(steps: Sequence[int], values: Sequence[float | None]) -> list[tuple[i
     return out
 
 
-def _trend(xs: np.ndarray, ys: np.ndarray):
-    """OLS y = c + s·x; returns (c, s, cov 2×2) or None when it cannot be fitted."""
-    n = len(xs)
-    if n < 3 or np.ptp(xs) == 0:
-        return None
-    X = np.stack([np.ones_like(xs), xs], axis=1)
-    coef, *_ = np.linalg.lstsq(X, ys, rcond=None)
-    resid = ys - X @ coef
-    s2 = float(resid @ resid) / (n - 2)
-    cov = s2 * np.linalg.inv(X.T @ X)
-    return float(coef[0]), float(coef[1]), cov
-
-
 def ramp_decision(
     steps: Sequence[int],
     b_noise: Sequence[float | None],
@@ -293,6 +287,7 @@ def ramp_decision(
     z: float = 1.96,
     lower: Sequence[float | None] | None = None,
     lower_threshold: float = 0.0,
+    calibration: ForecastCalibration | None = FORECAST_CALIBRATION,
 ) -> Recommendation:
     """Should the batch be doubled now, and if not, when will it be time?
 
@@ -302,8 +297,11 @@ def ramp_decision(
     steps (counted only after `since_step`, the last ramp: a ramp restarts the hysteresis but keeps
     the noise-scale history). Otherwise the crossing is forecast from an OLS trend over the last
     `window` estimates, log-linear (trend='log', the noise scale grows roughly geometrically as
-    the loss falls) or linear; the range is ±z standard errors by the delta method. The series is
-    smoothed, so its points are correlated and the range is a guide, not a confidence interval.
+    the loss falls) or linear. With trend='log' the stated range is the calibration's
+    (`calibrated_forecast`: where the crossing came on recorded runs, given the trend's), and no
+    forecast is given outside what it was measured on. With calibration=None or a linear trend
+    the range is ±z standard errors by the delta method, which takes the smoothed, correlated
+    points for independent ones: on recorded runs it held far less often than it claims (README).
 
     lower: the noise scale's one-sided lower bound at each step (advisor.gns_window), or None.
     With it, a step counts as above when its point is above the target and its bound is at least
@@ -360,11 +358,10 @@ def ramp_decision(
     if recent:
         xs = np.array([s - recent[-1][0] for s, _ in recent], dtype=np.float64)
         ys = np.array([v for _, v in recent], dtype=np.float64)
-        fit = _trend(xs, np.log(ys) if trend == "log" else ys)
+        fit = fit_trend(xs, np.log(ys) if trend == "log" else ys)
     trend_desc = f"{'log-linear' if trend == 'log' else 'linear'} over {len(recent)} estimates"
-    slope_per_step = None
-    forecast = None
-    frange = None
+    slope_per_step = forecast = frange = None
+    calibrated, note = trend == "log" and calibration is not None, ""
     if fit is not None:
         c, s, cov = fit
         level = math.exp(c) if trend == "log" else c
@@ -374,13 +371,18 @@ def ramp_decision(
             delta = (goal - c) / s
             if delta < 1e15:
                 crossing = recent[-1][0] + delta  # continuous step of the crossing
-                forecast = max(last_step + 1, math.ceil(crossing))
-                grad = np.array([-1.0 / s, -delta / s])  # ∂delta/∂(c, s), delta method
-                sd = math.sqrt(max(0.0, float(grad @ cov @ grad)))
-                lo = max(last_step + 1, math.floor(crossing - z * sd))
-                s_se = math.sqrt(max(0.0, float(cov[1, 1])))
-                hi = None if s - z * s_se <= 0 else max(forecast, math.ceil(crossing + z * sd))
-                frange = (lo, hi)
+                if calibrated:  # (point, range), or (None, why not)
+                    forecast, frange = calibrated_forecast(last_step, crossing, n, calibration)
+                    note, frange = ((calibration.note(), frange) if forecast is not None
+                                    else (frange, None))
+                else:
+                    forecast = max(last_step + 1, math.ceil(crossing))
+                    grad = np.array([-1.0 / s, -delta / s])  # ∂delta/∂(c, s), delta method
+                    sd = math.sqrt(max(0.0, float(grad @ cov @ grad)))
+                    lo = max(last_step + 1, math.floor(crossing - z * sd))
+                    s_se = math.sqrt(max(0.0, float(cov[1, 1])))
+                    hi = None if s - z * s_se <= 0 else max(forecast, math.ceil(crossing + z * sd))
+                    frange, note = (lo, hi), f"±{z:g} SE, uncalibrated"
 
     evidence = Evidence(
         n_samples=n,
@@ -412,7 +414,7 @@ def ramp_decision(
             f"noise scale {ns} above {significant(target)}{bound_note} for {steps_above} of {hyst} "
             f"estimates: ready at step ~{ready_at} if it stays above"
         )
-        forecast, frange = ready_at, None
+        forecast, frange, note = ready_at, None, ""
     elif latest is not None and latest > target:
         reason = (
             f"noise scale {ns} is above {significant(target)}, but "
@@ -422,19 +424,19 @@ def ramp_decision(
     elif latest is None:
         reason = (f"noise scale {ns}: not above {significant(target)} with 95% confidence yet"
                   if latest_bound else "the windowed |G|² is not positive and no bound is known yet")
-    elif forecast is not None:
-        hi = "unbounded" if frange[1] is None else f"{frange[1]:,}"
-        reason = (
-            f"noise scale {ns} below {significant(target)}; trend {slope_per_step:+.3g}/step "
-            f"({trend_desc}) crosses at step ~{forecast:,} (range {frange[0]:,}–{hi})"
-        )
+    elif forecast is not None or note:
+        said = "no reliable forecast yet" if frange is None else (
+            f"crossing expected between steps {frange[0]:,} and "
+            + ("unbounded" if frange[1] is None else f"{frange[1]:,}"))
+        reason = (f"noise scale {ns} below {significant(target)}; trend {slope_per_step:+.3g}/step "
+                  f"({trend_desc}): {said} ({note})")
     elif fit is None:
         reason = f"noise scale {ns} below {significant(target)}; too few estimates ({len(recent)}) for a trend"
     else:
         reason = f"noise scale {ns} below {significant(target)} and not rising ({trend_desc}): no crossing forecast"
     if n < min_samples:
         reason = f"not enough evidence ({n} noise-scale estimates, need {min_samples}); " + reason
-    return Recommendation(False, reason, forecast, frange, evidence, None)
+    return Recommendation(False, reason, forecast, frange, evidence, None, note)
 
 
 def _thr(threshold: float) -> str:

@@ -108,13 +108,14 @@ def _evidence(card: Card) -> None:
     elif ev.lower_bound:
         ns = f"> {significant(ev.lower_bound)} (95%; the windowed |G|² is not positive)"
     trend = "n/a" if ev.trend_per_step is None else f"{ev.trend_per_step:+.3g}/step ({ev.trend})"
-    if d.forecast_step is None:
-        fc = "none"
+    if d.forecast_range:  # a range, not a point: README "Forecast coverage" says why
+        lo, hi = d.forecast_range
+        fc = f"between steps {lo:,} and {hi:,}" if hi is not None else f"after step {lo:,}"
+        fc += f" ({d.forecast_note})" if d.forecast_note else ""
+    elif d.forecast_step is not None:  # above the ramp point: the hysteresis runs out then
+        fc = f"ready at step ~{d.forecast_step:,} if the noise scale stays above the ramp point"
     else:
-        fc = f"step ~{d.forecast_step:,}"
-        if d.forecast_range:
-            lo, hi = d.forecast_range
-            fc += f" (range {lo:,}–{'unbounded' if hi is None else f'{hi:,}'})"
+        fc = f"none ({d.forecast_note})" if d.forecast_note else "none"
     since = "" if card.last_ramp_step is None else f" since the ramp at step {card.last_ramp_step:,}"
     fresh = ""
     if card.latest_estimate_step is not None:

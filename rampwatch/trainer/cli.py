@@ -51,7 +51,7 @@ def add_arguments(t: argparse.ArgumentParser) -> None:
                       help="noise-scale estimates before any ramp (default: the policy's)")
     ramp.add_argument("--ramp-at", type=float,
                       help="ramp once the noise scale is >= this × the batch (default: the "
-                           "policy's 2, i.e. keep the batch within [B_noise/2, B_noise])")
+                           "policy's 1, i.e. keep the batch within [B_noise, 2·B_noise])")
     ramp.add_argument("--no-plan", dest="plan", action="store_false",
                       help="skip the fake-tensor memory plan")
     t.add_argument("--progress", default="auto", choices=("auto", "on", "off"),
