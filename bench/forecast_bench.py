@@ -40,12 +40,12 @@ from pathlib import Path
 
 import numpy as np
 
-from rampwatch.advisor.policy import RampPolicy
 from rampwatch.advisor.forecast import (
     FORECAST_CALIBRATION,
     ForecastCalibration,
     calibrated_forecast,
 )
+from rampwatch.advisor.policy import RampPolicy
 from rampwatch.advisor.ramp import ramp_decision
 from rampwatch.store import names as M
 from rampwatch.store import reader

@@ -6,4 +6,6 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . scripts/env.sh
 export OMP_NUM_THREADS=1
+# the linter first (pyproject.toml [tool.ruff.lint]): a second, then the suite
+"$PY" -m ruff check rampwatch tests bench examples app.py pages trainer
 exec "$PY" -m pytest -q "$@"

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rampwatch.advisor.memory import GB, MemoryModel, fit_memory_model, usable_bytes
 from rampwatch.advisor.forecast import FORECAST_CALIBRATION, calibrated_forecast
+from rampwatch.advisor.memory import GB, MemoryModel, fit_memory_model, usable_bytes
 from rampwatch.advisor.ramp import Tier, candidate_tiers, predicted_effect, ramp_decision
 
 # The design example: per-device 16 measured at 70 GB, 32 at 130 GB -> 10 GB + 3.75 GB/sequence.

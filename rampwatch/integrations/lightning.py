@@ -63,14 +63,20 @@ import torch
 try:
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import GradientAccumulationScheduler
-    from lightning.pytorch.utilities.parsing import (lightning_getattr, lightning_hasattr,
-                                                     lightning_setattr)
+    from lightning.pytorch.utilities.parsing import (
+        lightning_getattr,
+        lightning_hasattr,
+        lightning_setattr,
+    )
 except ImportError:  # the standalone package of the same 2.x API
     try:
         import pytorch_lightning as pl
         from pytorch_lightning.callbacks import GradientAccumulationScheduler
-        from pytorch_lightning.utilities.parsing import (lightning_getattr, lightning_hasattr,
-                                                         lightning_setattr)
+        from pytorch_lightning.utilities.parsing import (
+            lightning_getattr,
+            lightning_hasattr,
+            lightning_setattr,
+        )
     except ImportError as e:
         raise ImportError("rampwatch.integrations.lightning needs Lightning 2.x: "
                           "pip install 'rampwatch[lightning]'") from e

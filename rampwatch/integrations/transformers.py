@@ -42,6 +42,7 @@ import sys
 from pathlib import Path
 
 import torch
+
 try:
     from transformers import Trainer, TrainerCallback, TrainerState
     from transformers.loss.loss_utils import ForCausalLMLoss

@@ -31,7 +31,6 @@ from typing import Any, Mapping, TextIO
 
 import psutil
 import torch
-
 import torch.distributed as torch_dist
 
 from rampwatch.advisor import flops as flops_math
@@ -44,7 +43,6 @@ from rampwatch.monitor.gradstats import AccumulationStats, StepGradStats
 from rampwatch.monitor.ramp import Ramp, RampChannel, RampProtocol
 from rampwatch.store import RunWriter
 from rampwatch.store import names as M
-
 
 # a gradient-norm spike: above SPIKE_FACTOR × the median of the last SPIKE_WINDOW finite norms,
 # once at least SPIKE_MIN_STEPS are known (early training's norms move too fast to judge)
