@@ -19,6 +19,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from rampwatch.advisor.checks import ols_line, positive_number
+
 __all__ = [
     "two_batch_estimates",
     "line_estimates",
@@ -30,11 +32,7 @@ __all__ = [
 ]
 
 
-def _positive(name: str, value: float) -> float:
-    v = float(value)
-    if not math.isfinite(v) or v <= 0:
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
-    return v
+_positive = positive_number
 
 
 def _sq_norm(name: str, value: float) -> float:
@@ -99,11 +97,7 @@ def line_estimates(batch_sizes: Sequence[float], sq_norms: Sequence[float]) -> t
         if b0 < b1:
             return two_batch_estimates(b0, y0, b1, y1)
         return two_batch_estimates(b1, y1, b0, y0)
-    xm, ym = xs.mean(), ys.mean()
-    dx = xs - xm
-    slope = float(np.dot(dx, ys - ym) / np.dot(dx, dx))
-    intercept = float(ym - slope * xm)
-    return intercept, slope
+    return ols_line(xs, ys)
 
 
 def accumulation_estimates(running_sq_norms: Sequence[float], micro_batch: int) -> tuple[float, float]:
@@ -181,8 +175,7 @@ def fit_critical_batch(batches: Sequence[float], steps: Sequence[float]) -> tupl
             f"{distinct} distinct ({sorted(set(float(b) for b in batches))}): train to the same target "
             "loss at more batch sizes"
         )
-    A = np.stack([np.ones_like(xs), xs], axis=1)
-    (s_min, slope), *_ = np.linalg.lstsq(A, ys, rcond=None)
+    s_min, slope = ols_line(xs, ys)
     if not s_min > 0 or slope < 0:
         raise ValueError(
             f"the runs do not follow S = S_min(1 + B_crit/B) (fit gives S_min={s_min:.4g}, "

@@ -25,6 +25,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from rampwatch.advisor.checks import positive_number
 from rampwatch.advisor.gns_window import significant
 
 __all__ = [
@@ -86,10 +87,7 @@ def rule_for(optimizer: str | None = None, rule: str | None = None) -> str:
 
 
 def _batch(name: str, value) -> float:
-    v = float(value)
-    if not math.isfinite(v) or v <= 0:
-        raise ValueError(f"{name} must be a positive batch size, got {value!r}")
-    return v
+    return positive_number(name, value, "positive batch size")
 
 
 def lr_multiplier(old_batch: float, new_batch: float, rule: str) -> float:

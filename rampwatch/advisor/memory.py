@@ -16,11 +16,10 @@ Bytes everywhere; "GB" in messages means 10^9 bytes. On CUDA, measure peak *rese
 from __future__ import annotations
 
 import math
-import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import numpy as np
+from rampwatch.advisor.checks import ols_line, positive_int
 
 __all__ = ["MemoryModel", "fit_memory_model", "usable_bytes", "format_gb", "GB"]
 
@@ -64,13 +63,7 @@ class MemoryModel:
 
 
 def _batch(batch) -> int:
-    try:
-        b = operator.index(batch)
-    except TypeError:
-        raise ValueError(f"a per-device batch must be an integer number of sequences, got {batch!r}") from None
-    if isinstance(batch, bool) or b <= 0:
-        raise ValueError(f"a per-device batch must be a positive integer, got {batch!r}")
-    return b
+    return positive_int("a per-device batch (an integer number of sequences)", batch)
 
 
 def _points(name: str, data: Mapping | None) -> dict[int, float]:
@@ -88,12 +81,7 @@ def _points(name: str, data: Mapping | None) -> dict[int, float]:
 
 def _line(points: dict[int, float]) -> tuple[float, float]:
     """Least-squares (intercept, slope) of peak on batch."""
-    xs = np.array(list(points), dtype=np.float64)
-    ys = np.array(list(points.values()), dtype=np.float64)
-    xm, ym = xs.mean(), ys.mean()
-    dx = xs - xm
-    slope = float(np.dot(dx, ys - ym) / np.dot(dx, dx))
-    return float(ym - slope * xm), slope
+    return ols_line(list(points), list(points.values()))
 
 
 def _anchor(points: dict[int, float], slope: float) -> float:

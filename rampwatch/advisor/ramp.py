@@ -14,12 +14,12 @@ B = B_noise a doubling saves 25% of the steps and costs 50% more examples; past 
 from __future__ import annotations
 
 import math
-import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from rampwatch.advisor.checks import positive_int as _pos_int
 from rampwatch.advisor.forecast import (
     FORECAST_CALIBRATION,
     ForecastCalibration,
@@ -41,16 +41,6 @@ __all__ = [
     "Effect",
     "predicted_effect",
 ]
-
-
-def _pos_int(name: str, value) -> int:
-    try:
-        v = operator.index(value)
-    except TypeError:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}") from None
-    if isinstance(value, bool) or v <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return v
 
 
 # --------------------------------------------------------------------------------------- tiers
