@@ -30,30 +30,19 @@ from pathlib import Path
 
 import numpy as np
 
+from rampwatch.dashboard.buckets import width_for
+from rampwatch.dashboard.data import COMMANDS_EVERY, GNS_WINDOW, LIVE_METRICS, TARGET_BUCKETS
 from rampwatch.store import Reader, RunWriter, commands
 from rampwatch.store import names as M
 
 REPO = Path(__file__).resolve().parent.parent
 APP = REPO / "rampwatch" / "dashboard" / "app.py"
 
-# Same list and numbers as dashboard/data.py (checked by tests/test_dashboard_bench.py).
-LIVE_METRICS = (M.LOSS, M.VAL_LOSS, M.GRAD_NORM, M.GNS, M.GNS_LOW, M.BATCH_SEQS, M.MEM_PEAK, M.MEM_CAPACITY,
-                M.TOKENS_PER_S, M.MFU, M.PER_DEVICE_BATCH, M.ACCUM, M.TOKENS_SEEN)
-TARGET_BUCKETS = 1000
-GNS_WINDOW = 2048
-COMMANDS_EVERY = 6
 METRICS_20 = (M.LOSS, M.GRAD_NORM, M.LR, M.PER_DEVICE_BATCH, M.ACCUM, M.BATCH_SEQS,
               M.BATCH_TOKENS, M.TOKENS_SEEN, M.STEP_TIME, M.TOKENS_PER_S, M.MFU, M.MEM_ALLOCATED,
               M.MEM_RESERVED, M.MEM_PEAK, M.MEM_CAPACITY, M.GNS_G2, M.GNS_TRACE, M.GNS_RAW, M.GNS,
               M.GNS_TOKENS)
 assert len(METRICS_20) == 20
-
-
-def width_for(last_step: int | None, target: int = TARGET_BUCKETS) -> int:
-    if last_step is None or last_step < 0:
-        return 1
-    need = -(-(int(last_step) + 1) // target)
-    return 1 << max(0, (need - 1).bit_length())
 
 
 def _values(steps: np.ndarray) -> dict[str, np.ndarray]:
@@ -126,7 +115,7 @@ class LiveMirror:
         with r.session():
             run = r.get_run(run_id)
             r.events(run_id)
-            width = width_for(run.last_step)
+            width = width_for(run.last_step, TARGET_BUCKETS)
             for name in LIVE_METRICS:
                 w0, since = self.kept.get(name, (width, 0))
                 if w0 != width:  # coarsened locally in dashboard/buckets.py
@@ -187,7 +176,7 @@ def bench_queries(db: Path, run_id: str, w: RunWriter, steps: int, reps: int, ap
     open_, rows_open, last = _ticks(m, w, db, run_id, last, reps, append)
     commands.cancel(db, cid, actor="bench")
     print(f"\n### Live page refresh queries, {steps:,} steps x 20 metrics "
-          f"({len(LIVE_METRICS)} series at width {width_for(last)} + noise-scale window)\n")
+          f"({len(LIVE_METRICS)} series at width {width_for(last, TARGET_BUCKETS)} + noise-scale window)\n")
     print("| what | median ms | p90 ms | min ms | n | buckets read |")
     print("|---|---|---|---|---|---|")
     print(f"| first load (with commands) | {_stats(first)} | {rows_first:,} |")

@@ -18,7 +18,7 @@ ALLOWED = {
     "integrations": {"store", "advisor", "monitor"},
     "dashboard": {"store", "advisor"},
     "rampwatch": {"monitor", "store", "advisor", "trainer", "dashboard"},  # cli: guard.py only
-    "bench": {"store", "advisor", "monitor", "trainer"},
+    "bench": {"store", "advisor", "monitor", "trainer", "dashboard"},
 }
 # third-party modules a package must not touch
 FORBIDDEN_THIRD_PARTY = {

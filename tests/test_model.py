@@ -145,10 +145,10 @@ def test_optimizer_groups():
     assert ids(groups["no_decay"]["params"]) == {id(model.wte.weight), id(model.wpe.weight)}
     assert id(model.loss_head.lm_head.weight) in ids(groups["decay"]["params"])
     assert groups["decay"]["weight_decay"] == 0.1 and groups["no_decay"]["weight_decay"] == 0.0
-    assert all(g["base_lr"] == g["lr"] == 1e-3 for g in opt.param_groups)
+    assert all(g["lr"] == 1e-3 for g in opt.param_groups)
     sgd = configure_optimizer(model, "sgd", lr=0.5, betas=(0.8, 0.95))
     assert isinstance(sgd, torch.optim.SGD)
-    assert all(g["momentum"] == 0.8 and g["base_lr"] == 0.5 for g in sgd.param_groups)
+    assert all(g["momentum"] == 0.8 and g["lr"] == 0.5 for g in sgd.param_groups)
     with pytest.raises(ValueError):
         configure_optimizer(model, "lion")
 

@@ -18,10 +18,10 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import plotly.graph_objects as go
 
+from rampwatch.advisor.memory import GB
 from rampwatch.dashboard.buckets import Buckets
 from rampwatch.dashboard.smoothing import debiased_ema
 
-GB = 1e9
 HEIGHT = 340
 THROUGHPUT_SMOOTHING = 0.9  # debiased EMA weight per step: step times are noisy on a CPU
 EVENT_COLORS = {"ramp": "#2ca02c", "oom": "#d62728", "refused": "#ff7f0e", "resume": "#9467bd",
@@ -303,7 +303,3 @@ def overlay_figure(curves: Sequence[Mapping], metric: str, x_title: str) -> go.F
                                      name=f"{c['name']} non-finite", showlegend=False,
                                      marker=dict(symbol="x", size=9, color=color)))
     return fig
-
-
-def figure_trace_names(fig: go.Figure) -> list[str]:
-    return [t.name for t in fig.data]

@@ -38,9 +38,6 @@ GNS_LOW = "gns_b_simple_low"  # one-sided 95% lower bound (Fieller); 0 = no lowe
 GNS_HIGH = "gns_b_simple_high"  # one-sided 95% upper bound; absent = unbounded
 GNS_WINDOW = "gns_window_steps"  # steps behind the smoothed value
 
-LIVE_CHART_METRICS = (LOSS, VAL_LOSS, GRAD_NORM, GNS, BATCH_SEQS, MEM_PEAK, MEM_CAPACITY,
-                      TOKENS_PER_S, MFU, LR)
-
 # events.kind
 EVENT_RAMP = "ramp"
 EVENT_OOM = "oom"

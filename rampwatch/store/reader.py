@@ -9,22 +9,10 @@ step), count and count of non-finite values per bucket. Bucket widths are powers
 steps and buckets are aligned to multiples of the width, so a live page keeps the buckets it
 has and refetches only from the last, partial one (`since_step=series.since`, then `merge`).
 
-Layout choice, measured: one 2,000-bucket query of one metric in a run of 1M steps x 20
-metrics (20M rows), including connect; DuckDB 2.0.1 on 2 cores shared with other work (load
-average 1-2 unless said), medians of 7. First a scratch comparison on one file, then
-bench/store_bench.py --layouts (the same data written through RunWriter):
-                                                        scratch   bench
-  raw tall table, metrics interleaved as logged          171 ms   326 ms
-  a copy sorted by (name, step) in 65,536-step chunks     48 ms    75 ms
-  rollup at 64-step buckets (the choice)                  26 ms    38 ms  (16-step: 41 ms)
-  connect + SELECT 1 + close alone                     14-17 ms    17 ms  (DuckDB's start-up)
-A sorted layout also needs compaction, which stalls the writer for seconds while it sorts a
-chunk; rollups are folded in incrementally on each ingest (store/rollup.py). With only the
-64-step rollup, widths under 64 read raw rows, and a run just under 64K steps (2,000 buckets
-of 32 steps over 1.28M interleaved rows) took 47 ms (load ~3; 42 ms vs 33 ms for the 1M chart
-in a same-process A/B). Hence a second, 8-step rollup: widths 8-32 read it, only widths 1-4
-(runs up to 8K steps, at most 160K rows) read raw rows. Same bench run as above: a 64K-step
-run 31 ms, an 8K-step run 28 ms. It costs ~20% more file and ~6 ms more per flusher visit.
+Why rollups and not a sorted copy of the raw rows: a sorted layout needs compaction, which stalls
+the writer for seconds while it sorts a chunk, while rollups fold in on each ingest
+(store/rollup.py); the 8-step level keeps raw reads to runs of at most 8K steps. The README's
+"Store layout" has the measurements behind the choice.
 """
 from __future__ import annotations
 

@@ -273,8 +273,3 @@ def read_json_records(path: Path, offset: int, max_bytes: int = 16 << 20, final:
     legacy = is_legacy(path)
     data = _read_from(path / (LEGACY_FILES[2] if legacy else RECORDS), offset, max_bytes)
     return fmt.decode_lines(data, offset, final and len(data) < max_bytes, legacy)
-
-
-def first_json_record(path: Path) -> dict | None:
-    recs, _, _ = read_json_records(path, 0, 1 << 20)
-    return recs[0] if recs else None

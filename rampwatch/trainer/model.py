@@ -222,7 +222,7 @@ def configure_optimizer(model: nn.Module, name: str = "adamw", lr: float = 1e-3,
               {"params": no_decay, "weight_decay": 0.0, "name": "no_decay"}]
     groups = [g for g in groups if g["params"]]
     for g in groups:
-        g["lr"] = g["base_lr"] = lr
+        g["lr"] = lr
     if name == "adamw":
         fused = all(p.is_cuda for g in groups for p in g["params"])  # one kernel per step on GPU
         return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused or None)
