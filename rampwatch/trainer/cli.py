@@ -1,4 +1,5 @@
-"""`rampwatch train …`: the reference trainer's command line (run config as argparse)."""
+"""`rampwatch train …`: the reference trainer's command line (run config as argparse), and
+`rampwatch train --make-shards OUT --data TEXT…` (text → token shards, trainer/shards.py)."""
 from __future__ import annotations
 
 import argparse
@@ -58,6 +59,40 @@ def add_arguments(t: argparse.ArgumentParser) -> None:
                    help="auto: a bar on a terminal, else a line every 50 steps (log files)")
     t.add_argument("--inject-oom", metavar="STEP:MICRO:PHASE",
                    help="testing aid: raise out-of-memory once (phase forward|backward|optimizer)")
+    _add_data_arguments(t)
+
+
+def _add_data_arguments(t: argparse.ArgumentParser) -> None:
+    d = t.add_argument_group(
+        "data (default: the Python standard library's sources)",
+        "Token files: llm.c/modded-nanogpt shards (256 x int32 header), raw uint16/uint32 arrays "
+        "(nanoGPT's train.bin; dtype from --data-dtype or FILE.json / meta.json beside them: "
+        '{"dtype": "uint16", "vocab_size": 50257}), .npy. Text: .txt/.md (a file is a document), '
+        ".jsonl, .parquet (--text-column), tokenized with the preset's tokenizer and cached. "
+        "Files are read in the order given as one stream; windows span file boundaries.")
+    d.add_argument("--data", action="append", metavar="PATH",
+                   help="a file, a directory (its token files, else its text files) or a glob; "
+                        "repeatable")
+    d.add_argument("--val-data", action="append", metavar="PATH",
+                   help="validation files (repeatable). Default: files named like val.bin or "
+                        "*_val_*.bin among --data, else the last --val-fraction of the tokens")
+    d.add_argument("--val-fraction", type=float, metavar="F",
+                   help="hold out the last F of the --data tokens for validation (default 0.05 "
+                        "when no file is named as validation)")
+    d.add_argument("--data-dtype", choices=("uint16", "uint32"),
+                   help="token dtype of raw token files without a sidecar")
+    d.add_argument("--data-vocab", type=int, metavar="N",
+                   help="vocabulary the token files were made with (for --vocab-from-data; "
+                        "default: the sidecar's vocab_size, else the largest id + 1)")
+    d.add_argument("--vocab-from-data", action="store_true",
+                   help="the model's vocab_size follows the data instead of the preset")
+    d.add_argument("--text-column", default="text", metavar="NAME",
+                   help="the JSONL field / Parquet column that holds the text (default: text)")
+    d.add_argument("--make-shards", metavar="OUT_DIR",
+                   help="do not train: tokenize the --data text with the preset's tokenizer into "
+                        "llm.c-layout shards (and meta.json) in OUT_DIR")
+    d.add_argument("--shard-tokens", type=int, default=100_000_000, metavar="N",
+                   help="tokens per shard for --make-shards (default 100M, as llm.c's)")
 
 
 def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
@@ -73,10 +108,45 @@ def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
     for key in ("per_device_batch", "accum", "warmup_tokens", "total_tokens"):
         if getattr(args, key) <= 0:
             raise ValueError(f"--{key.replace('_', '-')} must be positive, got {getattr(args, key)}")
+    _check_data_arguments(args)
     return args
 
 
+def _check_data_arguments(args: argparse.Namespace) -> None:
+    """What can be said before torch is imported: flags that need --data, and paths that name
+    nothing. The files' contents are checked by data_files.prepare_files (still exit 2)."""
+    needs_data = [flag for flag, on in (
+        ("--val-data", args.val_data), ("--val-fraction", args.val_fraction is not None),
+        ("--data-dtype", args.data_dtype), ("--data-vocab", args.data_vocab),
+        ("--vocab-from-data", args.vocab_from_data), ("--make-shards", args.make_shards)) if on]
+    if needs_data and not args.data and not args.resume:
+        raise ValueError(f"{needs_data[0]} needs --data")
+    if args.val_data and args.val_fraction is not None:
+        raise ValueError("--val-data and --val-fraction: pick one")
+    if args.val_fraction is not None and not 0 < args.val_fraction < 1:
+        raise ValueError(f"--val-fraction must be between 0 and 1, got {args.val_fraction}")
+    if args.data_vocab is not None and args.data_vocab <= 0:
+        raise ValueError(f"--data-vocab must be positive, got {args.data_vocab}")
+    if args.shard_tokens < 1 or args.shard_tokens >= 2**31:
+        raise ValueError(f"--shard-tokens must be 1 to 2^31-1 (llm.c's header), got "
+                         f"{args.shard_tokens}")
+    if args.data:
+        from rampwatch.trainer.data_formats import expand  # numpy only: no torch yet
+        expand(args.data + (args.val_data or []))  # DataError (a ValueError) names the path
+
+
 def run(args: argparse.Namespace) -> int:
-    """Train; arguments are already checked (resolve_defaults)."""
-    from rampwatch.trainer.loop import main as train_main  # torch only once arguments are good
-    return train_main(args)
+    """Train (or make shards); arguments are already checked (resolve_defaults). Bad data is one
+    line naming the file and exit 2, like any other mistake on the command line."""
+    from rampwatch.trainer.data_formats import DataError
+    try:
+        if args.make_shards:
+            from rampwatch.trainer.shards import main as shards_main
+            return shards_main(args)
+        from rampwatch.trainer.loop import main as train_main  # torch only once arguments are good
+        return train_main(args)
+    except DataError as e:
+        parser = getattr(args, "command_parser", None)
+        if parser is not None:
+            parser.error(str(e))
+        raise SystemExit(f"rampwatch train: error: {e}") from None

@@ -9,6 +9,9 @@ repeats a sample, resuming needs nothing but that integer, and under data parall
 takes the r-th contiguous slice of the global range (rank_slice). Windows: epoch e = i // K of
 K windows starts the windows at a seeded offset in [0, seq_len) and visits them in a seeded
 permutation, so epochs see different token boundaries and orders.
+
+Your own files (`--data`: token shards, text) are data_files.py's (formats: data_formats.py);
+they end in a TokenDataset here too, so sampling by id is the same for both.
 """
 from __future__ import annotations
 
@@ -166,9 +169,11 @@ def tokenize(corpus: Corpus, tokenizer, cache: Path | None = None) -> tuple[np.n
 # ---------------------------------------------------------------- sampling by id
 
 class TokenDataset:
-    """Sample id → window of seq_len + 1 train tokens; batches are contiguous ranges of ids."""
+    """Sample id → window of seq_len + 1 train tokens; batches are contiguous ranges of ids.
+    train and val are arrays, or TokenStreams of files (data_files.py): the same ids, the same
+    windows either way."""
 
-    def __init__(self, train: np.ndarray, val: np.ndarray, seq_len: int, seed: int = 0,
+    def __init__(self, train, val, seq_len: int, seed: int = 0,
                  meta: dict | None = None, tokenizer=None):
         T = seq_len
         self.train, self.val, self.seq_len, self.seed = train, val, T, seed
@@ -198,8 +203,11 @@ class TokenDataset:
             out[sel] = self._starts_of_epoch(int(e))[k[sel]]
         return out
 
-    def _windows(self, tokens: np.ndarray, starts: np.ndarray):
-        w = torch.from_numpy(tokens[starts[:, None] + self._window].astype(np.int64))
+    def _windows(self, tokens, starts: np.ndarray):
+        if isinstance(tokens, np.ndarray):
+            w = torch.from_numpy(tokens[starts[:, None] + self._window].astype(np.int64))
+        else:  # data_files.TokenStream: memory-mapped files, windows across their boundaries
+            w = torch.from_numpy(tokens.windows(starts, self.seq_len + 1))
         return w[:, :-1].contiguous(), w[:, 1:].contiguous()
 
     def batch(self, first_id: int, n: int):

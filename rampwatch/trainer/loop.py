@@ -28,7 +28,9 @@ from rampwatch.store import names as M
 from rampwatch.trainer import checkpoint as ckpt
 from rampwatch.trainer import dist
 from rampwatch.trainer.config import PRESETS, ModelConfig
-from rampwatch.trainer.data import TokenDataset, prepare, rank_slice
+from rampwatch.trainer.data import TokenDataset, rank_slice
+from rampwatch.trainer.data_files import prepare_for_run
+from rampwatch.trainer.data_loader import Prefetcher
 from rampwatch.trainer.model import GPT, configure_optimizer
 from rampwatch.trainer.ramp import OomInjector, RampController, StopTraining, Tier, halve_tier
 
@@ -78,7 +80,12 @@ class Trainer:
                                  else PRESETS[args.preset])
         if args.chunked_ce:
             self.cfg = ModelConfig(**{**self.cfg.to_dict(), "chunked_ce": True})
-        self.data: TokenDataset = prepare(self.cfg, seed=args.seed)
+        # --data files (or, resumed, the ones the run recorded) else the stdlib corpus; the
+        # vocabulary is checked against the data here, before a model exists
+        recorded = self.resume_blob["config"].get("data") if self.resume_blob else None
+        self.data: TokenDataset
+        self.data, self.cfg = prepare_for_run(self.cfg, args, recorded)
+        self.loader = Prefetcher(self.data, self.device)
         self.model = GPT(self.cfg).to(self.device)
         self.optimizer = configure_optimizer(self.model, args.optimizer, args.lr,
                                              args.weight_decay, tuple(args.betas))
@@ -160,12 +167,17 @@ class Trainer:
 
     # -- one optimizer step -------------------------------------------------------------------
     def _micro_batches(self, tier: Tier):
-        """This rank's micro-batches of the step that starts at the run's data position."""
-        global_n = tier.per_device_batch * tier.accum * self.ddp.world_size
-        first, _ = rank_slice(self.state.next_sample, global_n, self.ddp.rank, self.ddp.world_size)
-        for j in range(tier.accum):
-            x, y, _ids = self.data.batch(first + j * tier.per_device_batch, tier.per_device_batch)
-            yield j, x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        """This rank's micro-batches of the step that starts at the run's data position; the
+        loader makes the next step's in the background meanwhile (assuming the tier holds)."""
+        b, world, rank = tier.per_device_batch, self.ddp.world_size, self.ddp.rank
+        global_n = b * tier.accum * world
+        first, _ = rank_slice(self.state.next_sample, global_n, rank, world)
+        after, _ = rank_slice(self.state.next_sample + global_n, global_n, rank, world)
+        keys = [(start + j * b, b) for start in (first, after) for j in range(tier.accum)]
+        self.loader.want(keys)
+        for j, key in enumerate(keys[:tier.accum]):
+            x, y = self.loader.get(*key)
+            yield j, x, y
 
     def _forward_backward(self, tier: Tier) -> torch.Tensor:
         loss_sum = torch.zeros((), device=self.device)
@@ -341,6 +353,7 @@ class Trainer:
             status = "failed"
             raise
         finally:
+            self.loader.close()
             progress.close()
             self.mon.finish(status)
             dist.teardown(self.ddp)

@@ -1,0 +1,368 @@
+"""Your own data for the reference trainer (`--data`): the data spec a run records, the cheap
+fingerprint, the one-time scan of token ids (cached), text → tokens (cached by content hash),
+TokenStream (the files end to end, memory-mapped), the validation split, the vocabulary check
+against the model, and prepare_for_run, which the Trainer calls for either corpus.
+
+Windows span file boundaries. The train files are one stream in the order given (a directory or
+a glob sorted), as the standard-library corpus concatenates its files and nanoGPT's train.bin its
+documents; TokenDataset's sample ids then work unchanged (sample i is one fixed window of
+seq_len + 1 tokens of that stream, epochs start at a seeded offset and visit the windows in a
+seeded order) and no token at a shard's end is lost. Validation: the --val-data files; else the
+files named as validation (val.bin, *_val_*.bin); else, or with --val-fraction F, the last F of
+the tokens (default 5%), cut at a token (the one document across the cut is in both splits).
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from rampwatch.trainer.config import ModelConfig
+from rampwatch.trainer.data import (
+    ByteTokenizer,
+    TokenDataset,
+    _atomic_write,
+    cache_dir,
+    get_tokenizer,
+    load_corpus,
+    prepare,
+)
+from rampwatch.trainer.data_formats import (
+    DataError,
+    TokenFile,
+    expand,
+    is_val_name,
+    iter_docs,
+    open_token_file,
+)
+
+DEFAULT_VAL_FRACTION = 0.05
+SAMPLE_BYTES = 4096     # per probe of the fingerprint: 5 probes, ≤ 20 KiB read per file
+SCAN_CHUNK = 1 << 24    # tokens per step of the one-time max-id scan (bounded memory)
+DOC_BATCH_BYTES = 8 << 20  # text handed to the tokenizer at a time
+
+
+@dataclass
+class DataSpec:
+    """What --data and its flags said; recorded in the run config, so a resume needs no flags."""
+    data: list[str]
+    val_data: list[str] = field(default_factory=list)
+    val_fraction: float | None = None
+    dtype: str | None = None
+    vocab: int | None = None
+    text_column: str = "text"
+    vocab_from_data: bool = False
+    # the preset's [kind, vocab] at the first start: text is tokenized the same way on a resume
+    text_tokenizer: list = field(default_factory=lambda: ["bytes", 256])
+
+    @classmethod
+    def from_args(cls, args, cfg: ModelConfig, recorded: dict | None = None) -> DataSpec:
+        absolute = [os.path.abspath(os.path.expanduser(p)) for p in args.data]
+        tok = (recorded or {}).get("text_tokenizer") or [cfg.tokenizer, cfg.vocab_size]
+        return cls(absolute, [os.path.abspath(os.path.expanduser(p)) for p in args.val_data or []],
+                   args.val_fraction, args.data_dtype, args.data_vocab, args.text_column,
+                   bool(args.vocab_from_data), list(tok))
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# ---------------------------------------------------------------- fingerprint and caches
+
+def sampled_hash(path: Path, size: int) -> str:
+    """sha256 of 4 KiB at the start, the end and three points between: cheap at every start for
+    files of any size, and it sees a different, truncated or rewritten file."""
+    h = hashlib.sha256(size.to_bytes(8, "little"))
+    with open(path, "rb") as f:
+        for at in sorted({0, *(size * k // 4 for k in (1, 2, 3)), max(0, size - SAMPLE_BYTES)}):
+            f.seek(at)
+            h.update(f.read(SAMPLE_BYTES))
+    return h.hexdigest()
+
+
+def _cached_json(kind: str, key: str) -> dict | None:
+    path = cache_dir() / "data" / f"{kind}-{key}.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _store_json(kind: str, key: str, value: dict) -> None:
+    _atomic_write(cache_dir() / "data" / f"{kind}-{key}.json",
+                  lambda p: p.write_text(json.dumps(value)))
+
+
+def _key(*parts) -> str:
+    return hashlib.sha256(json.dumps([str(p) for p in parts]).encode()).hexdigest()[:32]
+
+
+def token_max(tf: TokenFile, tokens: np.ndarray, stat_key: str) -> int:
+    """The largest token id in a file: one pass over it at its first use (chunked, a few GB/s),
+    then cached by path, size, mtime and sampled hash, so a later start reads nothing."""
+    hit = _cached_json("max", stat_key)
+    if hit is not None:
+        return int(hit["max_id"])
+    top = 0
+    for i in range(0, len(tokens), SCAN_CHUNK):
+        top = max(top, int(tokens[i:i + SCAN_CHUNK].max()))
+    _store_json("max", stat_key, {"max_id": top, "path": str(tf.path)})
+    return top
+
+
+def text_tokens(path: Path, kind: str, column: str, tok) -> np.ndarray:
+    """The file's documents tokenized end to end (no separator token: as the stdlib corpus),
+    cached as .npy by the file's content sha256 and the tokenizer, and memory-mapped. The
+    content hash is remembered per path, size and mtime, so an unchanged file is read once."""
+    st = path.stat()
+    col = column if kind in ("jsonl", "parquet") else ""
+    memo = _key(path.absolute(), st.st_size, st.st_mtime_ns)
+    content = (_cached_json("sha", memo) or {}).get("sha256")
+    if content is None:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        content = h.hexdigest()
+        _store_json("sha", memo, {"sha256": content, "path": str(path)})
+    out = cache_dir() / "data" / f"text-{content[:24]}-{kind}-{_key(col)[:8]}-{tok.name}.npy"
+    if not out.exists():
+        parts, batch, size = [], [], 0
+        for doc in iter_docs(path, kind, column):
+            batch.append(doc)
+            size += len(doc)
+            if size >= DOC_BATCH_BYTES:
+                parts.append(tok.encode_docs(batch))
+                batch, size = [], 0
+        if batch:
+            parts.append(tok.encode_docs(batch))
+        ids = np.concatenate(parts) if parts else np.zeros(0, np.uint16)
+        if len(ids) == 0:
+            raise DataError(f"{path}: no text in it (0 tokens)")
+        def write(p):
+            with open(p, "wb") as f:
+                np.save(f, ids)
+        _atomic_write(out, write)
+    return np.load(out, mmap_mode="r")
+
+
+def text_tokenizer(kind: str, vocab: int):
+    """The run's tokenizer for text files: raw bytes, or the preset's BPE (trained once on the
+    standard-library corpus and cached, exactly as for the built-in corpus)."""
+    if kind == "bytes":
+        return ByteTokenizer()
+    return get_tokenizer(kind, vocab, load_corpus())
+
+
+# ---------------------------------------------------------------- the stream
+
+class TokenStream:
+    """Files end to end as one token sequence, without copying them: `pieces` are 1-D arrays
+    (memory-mapped), and a window is gathered across a boundary when it crosses one."""
+
+    def __init__(self, pieces: list[np.ndarray], names: list[str]):
+        self.pieces, self.names = pieces, names
+        self.bounds = np.concatenate([[0], np.cumsum([len(p) for p in pieces])]).astype(np.int64)
+        self._bounds = self.bounds.tolist()
+
+    def __len__(self) -> int:
+        return self._bounds[-1]
+
+    def view(self, start: int, stop: int) -> TokenStream:
+        """Tokens [start, stop) as a stream of their own (slices of the same memory maps)."""
+        pieces, names = [], []
+        for p, name, lo in zip(self.pieces, self.names, self._bounds):
+            a, b = max(start - lo, 0), min(stop - lo, len(p))
+            if a < b:
+                pieces.append(p[a:b])
+                names.append(name)
+        return TokenStream(pieces, names)
+
+    def windows(self, starts: np.ndarray, length: int) -> np.ndarray:
+        """int64 (len(starts), length): row r is tokens [starts[r], starts[r] + length)."""
+        starts = np.asarray(starts, dtype=np.int64)
+        if len(starts) and (starts.min() < 0 or starts.max() + length > len(self)):
+            raise IndexError(f"window outside the stream of {len(self)} tokens")
+        out = np.empty((len(starts), length), dtype=np.int64)
+        piece = (np.searchsorted(self.bounds, starts, side="right") - 1).tolist()
+        for r, (g, i) in enumerate(zip(starts.tolist(), piece)):
+            pos, off = 0, g - self._bounds[i]
+            while pos < length:  # more than one turn only for a window across a boundary
+                p = self.pieces[i]
+                take = min(length - pos, len(p) - off)
+                out[r, pos:pos + take] = p[off:off + take]
+                pos, off, i = pos + take, 0, i + 1
+        return out
+
+    def __getitem__(self, s: slice) -> np.ndarray:
+        start, stop, step = s.indices(len(self))
+        assert step == 1, "contiguous slices only"
+        return self.windows(np.array([start]), max(0, stop - start))[0]
+
+    def piece_at(self, pos: int) -> int:
+        return int(np.searchsorted(self.bounds, pos, side="right") - 1)
+
+
+# ---------------------------------------------------------------- preparing a run's data
+
+@dataclass
+class _Source:
+    path: Path
+    kind: str
+    tokens: np.ndarray
+    max_id: int                  # largest id it holds (text: the tokenizer's vocab - 1)
+    declared: int | None         # the vocabulary a token file declares
+    tokenizer: str | None
+    size: int
+    mtime_ns: int
+    sample: str
+
+
+def split_files(spec: DataSpec) -> tuple[list, list, str]:
+    """(train [(path, kind)], val [(path, kind)], how the split was made)."""
+    files = expand(spec.data)
+    if spec.val_data:
+        val = expand(spec.val_data)
+        held = {p for p, _ in val}
+        return [f for f in files if f[0] not in held], val, "the --val-data files"
+    if spec.val_fraction is None and any(is_val_name(p) for p, _ in files):
+        val = [f for f in files if is_val_name(f[0])]
+        return [f for f in files if not is_val_name(f[0])], val, "the files named as validation"
+    frac = DEFAULT_VAL_FRACTION if spec.val_fraction is None else spec.val_fraction
+    return files, [], f"the last {frac:g} of the tokens"
+
+
+def _open_source(path: Path, kind: str, spec: DataSpec, seq_len: int, get_tok) -> _Source:
+    st = path.stat()
+    sample = sampled_hash(path, st.st_size) if st.st_size else ""
+    if kind == "tokens":
+        tf = open_token_file(path, spec.dtype, spec.vocab)
+        if tf.count < seq_len + 1:
+            raise DataError(f"{path}: {tf.count} tokens, shorter than one sequence "
+                            f"(seq_len {seq_len} + 1)")
+        tokens = tf.open()
+        top = token_max(tf, tokens, _key(path.absolute(), st.st_size, st.st_mtime_ns, sample,
+                                         tf.layout, tf.dtype.str, tf.offset))
+        return _Source(path, tf.layout, tokens, top, tf.vocab, tf.tokenizer, st.st_size,
+                       st.st_mtime_ns, sample)
+    tok = get_tok()
+    tokens = text_tokens(path, kind, spec.text_column, tok)
+    return _Source(path, kind, tokens, tok.vocab_size - 1, None, tok.name, st.st_size,
+                   st.st_mtime_ns, sample)
+
+
+def _model_vocab(cfg: ModelConfig, spec: DataSpec, sources: list[_Source]) -> ModelConfig:
+    """The model's config with the vocabulary checked against the data, or (--vocab-from-data)
+    following it: a declared vocab_size, else the largest id + 1."""
+    for s in sources:
+        if s.declared is not None and s.max_id >= s.declared:
+            raise DataError(f"{s.path}: holds token id {s.max_id}, but its declared vocabulary "
+                            f"(sidecar or --data-vocab) is {s.declared}")
+    worst = max(sources, key=lambda s: s.max_id)
+    if spec.vocab_from_data:
+        vocab = max(max(s.max_id + 1, s.declared or 0) for s in sources)
+        kind = "bytes" if vocab == 256 and cfg.tokenizer == "bytes" else "bpe"  # bpe = not bytes
+        return dataclasses.replace(cfg, vocab_size=vocab, tokenizer=kind)
+    if worst.max_id >= cfg.vocab_size:
+        more = sum(s.max_id >= cfg.vocab_size for s in sources) - 1
+        raise DataError(f"{worst.path}: token id {worst.max_id} >= the model's vocabulary "
+                        f"{cfg.vocab_size}{f' (and {more} more files)' if more else ''}: pass "
+                        f"--vocab-from-data, or a preset whose vocab_size covers the data")
+    return cfg
+
+
+def _tokens_check(what: str, stream: TokenStream, need: int, seq_len: int, files: list) -> None:
+    if len(stream) < need:
+        names = ", ".join(str(p) for p, _ in files[:3]) + (" …" if len(files) > 3 else "")
+        raise DataError(f"{names}: the {what} split holds {len(stream)} tokens, fewer than "
+                        f"{need} (seq_len {seq_len})")
+
+
+def prepare_files(cfg: ModelConfig, spec: DataSpec, seed: int = 0
+                  ) -> tuple[TokenDataset, ModelConfig]:
+    """--data files → (TokenDataset, the model config with its vocabulary settled). Every check
+    happens here, before a model exists; each problem is a DataError naming the file."""
+    T = cfg.seq_len
+    train_files, val_files, how = split_files(spec)
+    if not train_files:
+        raise DataError(f"{spec.data[0]}: no training files (all of them are validation data)")
+    tok_cache: list = []
+
+    def get_tok():
+        if not tok_cache:
+            tok_cache.append(text_tokenizer(*spec.text_tokenizer))
+        return tok_cache[0]
+
+    train = [_open_source(p, k, spec, T, get_tok) for p, k in train_files]
+    val = [_open_source(p, k, spec, T, get_tok) for p, k in val_files]
+    cfg = _model_vocab(cfg, spec, train + val)
+    names = [str(s.path) for s in train]
+    stream = TokenStream([s.tokens for s in train], names)
+    if val:
+        train_stream, val_stream = stream, TokenStream([s.tokens for s in val],
+                                                       [str(s.path) for s in val])
+    else:
+        frac = DEFAULT_VAL_FRACTION if spec.val_fraction is None else spec.val_fraction
+        cut = len(stream) - int(round(frac * len(stream)))
+        train_stream, val_stream = stream.view(0, cut), stream.view(cut, len(stream))
+    _tokens_check("training", train_stream, 2 * T + 2, T, train_files)
+    _tokens_check("validation", val_stream, T + 1, T, val_files or train_files)
+    meta = _meta(spec, train, val, how, cfg, train_stream, val_stream, seed,
+                 tok_cache[0] if tok_cache else None)
+    return TokenDataset(train_stream, val_stream, T, seed, meta,
+                        tok_cache[0] if tok_cache else None), cfg
+
+
+def _meta(spec, train, val, how, cfg, train_stream, val_stream, seed, tok) -> dict:
+    """What the run config records under `data` (and Compare's config diff shows)."""
+    every = train + val
+    root = os.path.commonpath([str(s.path.parent) for s in every])
+    h = hashlib.sha256()
+    for role, group in (("train", train), ("val", val)):
+        for s in group:
+            h.update(json.dumps([role, os.path.relpath(s.path, root), s.size, s.sample]).encode())
+    kinds: dict[str, int] = {}
+    for s in every:
+        kinds[s.kind] = kinds.get(s.kind, 0) + 1
+    newest = max(s.mtime_ns for s in every) / 1e9
+    tokenizers = sorted({s.tokenizer for s in every if s.tokenizer})
+    return {"source": "files", "spec": spec.to_dict(), "root": root,
+            "files": {"train": len(train), "val": len(val)}, "formats": kinds,
+            "bytes": sum(s.size for s in every), "fingerprint": h.hexdigest()[:32],
+            "newest_mtime": datetime.datetime.fromtimestamp(newest, datetime.timezone.utc)
+            .isoformat(timespec="seconds"),
+            "tokenizer": "+".join(tokenizers) or "unknown (token files)",
+            "tokenizer_vocab": tok.vocab_size if tok else None,
+            "max_token_id": max(s.max_id for s in every), "vocab_size": cfg.vocab_size,
+            "train_tokens": len(train_stream), "val_tokens": len(val_stream), "val_split": how,
+            "windows": "span file boundaries", "data_seed": seed}
+
+
+def prepare_for_run(cfg: ModelConfig, args, recorded: dict | None = None
+                    ) -> tuple[TokenDataset, ModelConfig]:
+    """The Trainer's data: --data files, or on a resume without --data the files the run
+    recorded, else the standard-library corpus. A resumed run's data must be the data it
+    started with (same fingerprint and token counts), or its sample ids would name other
+    windows: that is a DataError."""
+    spec = None
+    if getattr(args, "data", None):
+        spec = DataSpec.from_args(args, cfg, (recorded or {}).get("spec"))
+    elif recorded and recorded.get("spec"):
+        spec = DataSpec(**recorded["spec"])
+    if spec is None:
+        return prepare(cfg, seed=args.seed), cfg
+    ds, cfg = prepare_files(cfg, spec, args.seed)
+    if recorded is not None:
+        keys = ("fingerprint", "train_tokens", "val_tokens")
+        then, now = [recorded.get(k) for k in keys], [ds.meta[k] for k in keys]
+        if then != now:
+            raise DataError(f"{spec.data[0]}: not the data this run started with (fingerprint, "
+                            f"train, val tokens {then} then, {now} now): its sample ids would "
+                            f"name other windows; resume with the original files")
+    return ds, cfg
