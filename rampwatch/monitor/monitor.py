@@ -251,10 +251,11 @@ class Monitor:
 
     def _step(self, step: int, loss, grad_scale: float, extra) -> dict[str, float]:
         self.last_step = step
-        if self.grads.sharded:
-            return self._sharded_step(step, loss, extra)
-        mem = None
-        if self.world_size > 1:  # every rank calls step(): one small all-reduce inside collect
+        stats, mem = None, None
+        if self.grads.sharded:  # FSDP / ZeRO: no norm of a shard passed off as the gradient's
+            self._say_sharded(step)
+            self.grads.reset()
+        elif self.world_size > 1:  # every rank calls step(): one small all-reduce in collect
             stats, loss, mem = self._collect_ddp(loss, grad_scale)
         else:
             stats = self.grads.collect(self.per_device_batch, grad_scale)
@@ -264,7 +265,6 @@ class Monitor:
         self.tokens_seen += batch_tokens
         m: dict[str, float] = {
             M.LOSS: float(loss),
-            M.GRAD_NORM: stats.grad_norm,
             M.LR: float(self.optimizer.param_groups[0]["lr"]),
             M.PER_DEVICE_BATCH: self.per_device_batch,
             M.ACCUM: self.accum,
@@ -272,8 +272,10 @@ class Monitor:
             M.BATCH_TOKENS: batch_tokens,
             M.TOKENS_SEEN: self.tokens_seen,
         }
-        m.update(self._noise_metrics(step, stats, batch_seqs))
-        self._check_spike(step, stats.grad_norm)
+        if stats is not None:
+            m[M.GRAD_NORM] = stats.grad_norm
+            m.update(self._noise_metrics(step, stats, batch_seqs))
+            self._check_spike(step, stats.grad_norm)
         if self._last_step_t is not None:
             dt = now - self._last_step_t - self._excluded
             m[M.STEP_TIME] = dt
@@ -295,37 +297,22 @@ class Monitor:
         """An alert when the gradient norm jumps past SPIKE_FACTOR × its median over the last
         SPIKE_WINDOW steps: the usual first sign of a bad batch or too high an LR."""
         history = self._norms
-        if (math.isfinite(grad_norm) and len(history) >= SPIKE_MIN_STEPS
-                and grad_norm > SPIKE_FACTOR * statistics.median(history)):
-            median = statistics.median(history)
+        if not math.isfinite(grad_norm):
+            return
+        median = statistics.median(history) if len(history) >= SPIKE_MIN_STEPS else math.inf
+        if grad_norm > SPIKE_FACTOR * median:
             self.event(step, M.EVENT_ALERT,
                        f"gradient-norm spike: {grad_norm:.3g} is {grad_norm / median:.0f}× the "
                        f"median of the last {len(history)} steps ({median:.3g}); check this "
                        "step's data and the LR (clipping bounds the update, not the cause)",
                        {"grad_norm": grad_norm, "median": median})
-        if math.isfinite(grad_norm):
-            history.append(grad_norm)
+        history.append(grad_norm)
 
-    def _sharded_step(self, step: int, loss, extra) -> dict[str, float]:
-        """FSDP / ZeRO: loss, tier, memory and throughput; no norm of a shard passed off as the
-        gradient's."""
+    def _say_sharded(self, step: int) -> None:
         if "sharded" not in self._alerted:
             self._alerted.add("sharded")
             self.event(step, M.EVENT_ALERT, "noise scale not measured: sharded gradients (FSDP "
                        "or ZeRO keep a shard of .grad per rank, or none)", {"sharded": True})
-        self.grads.reset()
-        batch_seqs = self.per_device_batch * self.accum * self.world_size
-        self.tokens_seen += batch_seqs * self.seq_len
-        m = {M.LOSS: float(loss), M.LR: float(self.optimizer.param_groups[0]["lr"]),
-             M.PER_DEVICE_BATCH: self.per_device_batch, M.ACCUM: self.accum,
-             M.BATCH_SEQS: batch_seqs, M.BATCH_TOKENS: batch_seqs * self.seq_len,
-             M.TOKENS_SEEN: self.tokens_seen, **self._memory_metrics(),
-             **{k: float(v) for k, v in (extra or {}).items()}}
-        self.last_metrics = m
-        if self.writer:
-            self.writer.log(step, m)
-        self.ramps.observe(step, m)
-        return m
 
     # -- at each step boundary: the ramp protocol (monitor/ramp.py) ---------------------------
     def ramp_due(self, step: int | None = None) -> Ramp | None:
@@ -382,13 +369,6 @@ class Monitor:
         from rampwatch.monitor.memprobe import probe
         rows = probe(setup, per_device_batches, device=self.device.type)
         self.add_memory_plan(rows, "probe")
-        for r in rows:
-            if r.get("feasible") is False:
-                self.ramps.infeasible.add(int(r["per_device_batch"]))
-            elif r.get("measured_bytes"):
-                b = int(r["per_device_batch"])
-                self.ramps.measured[b] = max(self.ramps.measured.get(b, 0),
-                                             int(r["measured_bytes"]))
         return rows
 
     def add_memory_plan(self, rows, source: str = "plan") -> None:

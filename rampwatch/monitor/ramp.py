@@ -206,11 +206,18 @@ class RampProtocol:
         if peak is None or not math.isfinite(peak) or b in self.infeasible:
             return
         if peak > self.measured.get(b, 0) * 1.01:  # new information only
-            self.measured[b] = int(peak)
             self.write_plan_rows([{"per_device_batch": b, "measured_bytes": int(peak)}],
                                  "measured", step)
 
     def write_plan_rows(self, rows, source: str, step: int | None = None) -> None:
+        """Memory rows of any source: what they say is what the checks know (a measured peak,
+        a per-device batch that ran out of memory, a plan), and the store gets them for the card."""
+        for r in rows:
+            b = int(r["per_device_batch"])
+            if r.get("feasible") is False:
+                self.infeasible.add(b)
+            elif r.get("measured_bytes"):
+                self.measured[b] = max(self.measured.get(b, 0), int(r["measured_bytes"]))
         if source == "plan":
             good = [r for r in rows if r.get("error") is None]
             if good:
@@ -247,7 +254,6 @@ class RampProtocol:
                            {"errors": {str(r["per_device_batch"]): r["error"] for r in failed}})
 
     def mark_infeasible(self, per_device_batch: int, step: int) -> None:
-        self.infeasible.add(int(per_device_batch))
         self.write_plan_rows([{"per_device_batch": per_device_batch, "feasible": False}], "oom",
                              step)
 
