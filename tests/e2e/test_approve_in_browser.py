@@ -105,8 +105,11 @@ def test_approve_ramp_in_browser(tmp_path, procs):
             intruder.goto(f"http://127.0.0.1:{port}/", wait_until="domcontentloaded")
             _sign_in(intruder, "mallory", "not-the-token")
             _press_approve(intruder, "click")
+            # the refusal arrives with the rerun that the click starts: under a loaded machine
+            # (two test workers beside a trainer) that rerun can take longer than Playwright's 5 s
             expect(intruder.get_by_text(re.compile("Not submitted: the operator token is "
-                                                   "missing or wrong"))).to_be_visible()
+                                                   "missing or wrong"))).to_be_visible(
+                timeout=30_000)
             assert commands.list_commands(db, run_id) == []
             intruder.close()
 
