@@ -18,6 +18,7 @@ dashboard/ (tests/test_layout.py), so tests/test_dashboard_bench.py checks the t
 `page` renders the live page with AppTest (the real app.py and pages, figures serialized), first
 run and reruns (a rerun is one refresh of an open session).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,10 +39,28 @@ from rampwatch.store import names as M
 REPO = Path(__file__).resolve().parent.parent
 APP = REPO / "rampwatch" / "dashboard" / "app.py"
 
-METRICS_20 = (M.LOSS, M.GRAD_NORM, M.LR, M.PER_DEVICE_BATCH, M.ACCUM, M.BATCH_SEQS,
-              M.BATCH_TOKENS, M.TOKENS_SEEN, M.STEP_TIME, M.TOKENS_PER_S, M.MFU, M.MEM_ALLOCATED,
-              M.MEM_RESERVED, M.MEM_PEAK, M.MEM_CAPACITY, M.GNS_G2, M.GNS_TRACE, M.GNS_RAW, M.GNS,
-              M.GNS_TOKENS)
+METRICS_20 = (
+    M.LOSS,
+    M.GRAD_NORM,
+    M.LR,
+    M.PER_DEVICE_BATCH,
+    M.ACCUM,
+    M.BATCH_SEQS,
+    M.BATCH_TOKENS,
+    M.TOKENS_SEEN,
+    M.STEP_TIME,
+    M.TOKENS_PER_S,
+    M.MFU,
+    M.MEM_ALLOCATED,
+    M.MEM_RESERVED,
+    M.MEM_PEAK,
+    M.MEM_CAPACITY,
+    M.GNS_G2,
+    M.GNS_TRACE,
+    M.GNS_RAW,
+    M.GNS,
+    M.GNS_TOKENS,
+)
 assert len(METRICS_20) == 20
 
 
@@ -50,15 +69,28 @@ def _values(steps: np.ndarray) -> dict[str, np.ndarray]:
     loss = 2.0 + 3.0 * np.exp(-s / 2e5) + 0.02 * np.sin(s)
     loss[steps % 99_991 == 5] = np.nan
     gns = 10 * np.exp(s / 3e5)
-    return {M.LOSS: loss, M.GRAD_NORM: 1 + 0.1 * np.cos(s), M.LR: np.full(len(s), 3e-4),
-            M.PER_DEVICE_BATCH: np.full(len(s), 16.0), M.ACCUM: np.full(len(s), 16.0),
-            M.BATCH_SEQS: np.full(len(s), 256.0), M.BATCH_TOKENS: np.full(len(s), 524288.0),
-            M.TOKENS_SEEN: (s + 1) * 524288, M.STEP_TIME: np.full(len(s), 1.2),
-            M.TOKENS_PER_S: 4.3e5 + s % 1000, M.MFU: np.full(len(s), 0.41),
-            M.MEM_ALLOCATED: np.full(len(s), 6e10), M.MEM_RESERVED: np.full(len(s), 9e10),
-            M.MEM_PEAK: 9.1e10 + s % 7, M.MEM_CAPACITY: np.full(len(s), 1.41e11),
-            M.GNS_G2: np.full(len(s), 1e-3), M.GNS_TRACE: gns * 1e-3, M.GNS_RAW: gns,
-            M.GNS: gns, M.GNS_TOKENS: gns * 2048}
+    return {
+        M.LOSS: loss,
+        M.GRAD_NORM: 1 + 0.1 * np.cos(s),
+        M.LR: np.full(len(s), 3e-4),
+        M.PER_DEVICE_BATCH: np.full(len(s), 16.0),
+        M.ACCUM: np.full(len(s), 16.0),
+        M.BATCH_SEQS: np.full(len(s), 256.0),
+        M.BATCH_TOKENS: np.full(len(s), 524288.0),
+        M.TOKENS_SEEN: (s + 1) * 524288,
+        M.STEP_TIME: np.full(len(s), 1.2),
+        M.TOKENS_PER_S: 4.3e5 + s % 1000,
+        M.MFU: np.full(len(s), 0.41),
+        M.MEM_ALLOCATED: np.full(len(s), 6e10),
+        M.MEM_RESERVED: np.full(len(s), 9e10),
+        M.MEM_PEAK: 9.1e10 + s % 7,
+        M.MEM_CAPACITY: np.full(len(s), 1.41e11),
+        M.GNS_G2: np.full(len(s), 1e-3),
+        M.GNS_TRACE: gns * 1e-3,
+        M.GNS_RAW: gns,
+        M.GNS: gns,
+        M.GNS_TOKENS: gns * 2048,
+    }
 
 
 def _log(w: RunWriter, first: int, last: int) -> None:
@@ -79,12 +111,25 @@ def build(db: Path, steps: int) -> tuple[RunWriter, str]:
     for suffix in ("", ".wal", ".lock"):
         Path(str(db) + suffix).unlink(missing_ok=True)
     import shutil
+
     shutil.rmtree(str(db) + ".spool", ignore_errors=True)
     t0 = time.perf_counter()
-    w = RunWriter.start(db, name=f"bench-{steps}", config={"per_device_batch": 16, "accum": 16,
-                        "world_size": 1, "seq_len": 2048, "optimizer": "adamw", "lr": 3e-4},
-                        device="NVIDIA H200", capacity_bytes=141_000_000_000, world_size=1,
-                        handle_sigterm=False)
+    w = RunWriter.start(
+        db,
+        name=f"bench-{steps}",
+        config={
+            "per_device_batch": 16,
+            "accum": 16,
+            "world_size": 1,
+            "seq_len": 2048,
+            "optimizer": "adamw",
+            "lr": 3e-4,
+        },
+        device="NVIDIA H200",
+        capacity_bytes=141_000_000_000,
+        world_size=1,
+        handle_sigterm=False,
+    )
     _log(w, 0, steps)
     for s in range(0, steps, 1000):
         w.log(s + 999, {M.VAL_LOSS: 2.0 + 3.0 * math.exp(-s / 2e5)})
@@ -95,8 +140,11 @@ def build(db: Path, steps: int) -> tuple[RunWriter, str]:
     t_log = time.perf_counter() - t0
     while not w.flush(timeout=60):
         pass
-    print(f"built {steps:,} steps x 20 metrics in {time.perf_counter() - t0:.0f} s "
-          f"(log() {t_log:.0f} s, {os.path.getsize(db) / 1e9:.2f} GB)", file=sys.stderr)
+    print(
+        f"built {steps:,} steps x 20 metrics in {time.perf_counter() - t0:.0f} s "
+        f"(log() {t_log:.0f} s, {os.path.getsize(db) / 1e9:.2f} GB)",
+        file=sys.stderr,
+    )
     return w, w.run_id
 
 
@@ -146,8 +194,9 @@ def _stats(xs: list[float]) -> str:
     return f"{statistics.median(xs) * 1e3:.1f} | {p90 * 1e3:.1f} | {xs[0] * 1e3:.1f} | {len(xs)}"
 
 
-def _ticks(m: LiveMirror, w: RunWriter, db: Path, run_id: str, last: int, reps: int,
-           append: int) -> tuple[list[float], int, int]:
+def _ticks(
+    m: LiveMirror, w: RunWriter, db: Path, run_id: str, last: int, reps: int, append: int
+) -> tuple[list[float], int, int]:
     times, rows = [], 0
     for _ in range(reps):
         _log(w, last, last + append)
@@ -170,22 +219,25 @@ def bench_queries(db: Path, run_id: str, w: RunWriter, steps: int, reps: int, ap
     m = LiveMirror()
     m.tick(db, run_id)
     refresh, rows_refresh, last = _ticks(m, w, db, run_id, steps, reps, append)
-    cid = commands.submit(db, run_id, "ramp", {"per_device_batch": 16, "accum": 32},
-                          actor="bench")
+    cid = commands.submit(db, run_id, "ramp", {"per_device_batch": 16, "accum": 32}, actor="bench")
     m.open_command = True
     open_, rows_open, last = _ticks(m, w, db, run_id, last, reps, append)
     commands.cancel(db, cid, actor="bench")
-    print(f"\n### Live page refresh queries, {steps:,} steps x 20 metrics "
-          f"({len(LIVE_METRICS)} series at width {width_for(last, TARGET_BUCKETS)} + noise-scale window)\n")
+    print(
+        f"\n### Live page refresh queries, {steps:,} steps x 20 metrics "
+        f"({len(LIVE_METRICS)} series at width {width_for(last, TARGET_BUCKETS)} + noise-scale window)\n"
+    )
     print("| what | median ms | p90 ms | min ms | n | buckets read |")
     print("|---|---|---|---|---|---|")
     print(f"| first load (with commands) | {_stats(first)} | {rows_first:,} |")
     print(f"| refresh after {append} new steps | {_stats(refresh)} | {rows_refresh:,} |")
     print(f"| refresh while a ramp command is open | {_stats(open_)} | {rows_open:,} |")
     med = statistics.median(refresh) * 1e3
-    print(f"\nrefresh median {med:.1f} ms: {'within' if med < 100 else 'OVER'} the 100 ms target"
-          f" (commands read every {COMMANDS_EVERY} ticks unless one is open: a connection of "
-          "their own)")
+    print(
+        f"\nrefresh median {med:.1f} ms: {'within' if med < 100 else 'OVER'} the 100 ms target"
+        f" (commands read every {COMMANDS_EVERY} ticks unless one is open: a connection of "
+        "their own)"
+    )
 
 
 def bench_page(db: Path, reps: int) -> None:
@@ -225,8 +277,14 @@ def main() -> None:
     found = None
     if db.exists():
         try:
-            found = next((r for r in Reader(db).list_runs() if r.name == f"bench-{steps}"
-                          and (r.last_step or 0) >= steps - 1), None)
+            found = next(
+                (
+                    r
+                    for r in Reader(db).list_runs()
+                    if r.name == f"bench-{steps}" and (r.last_step or 0) >= steps - 1
+                ),
+                None,
+            )
         except Exception as e:  # noqa: BLE001 - rebuild anything unreadable
             print(f"rebuilding {db}: {e}", file=sys.stderr)
     if found is None:

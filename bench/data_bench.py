@@ -6,6 +6,7 @@ run on the CPU. Prints a markdown table with the machine it ran on.
 
     OMP_NUM_THREADS=1 python -m bench.data_bench [--quick] [--dir DIR]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -104,12 +105,30 @@ def run_rate(shard_dir: Path, preset: str, steps: int, tmp: Path) -> dict:
     time the loop waited for data, copy included) against the step."""
     from rampwatch.trainer import cli as train_cli
     from rampwatch.trainer.loop import Trainer
+
     parser = argparse.ArgumentParser()
     train_cli.add_arguments(parser)
     args = parser.parse_args(
-        ["--preset", preset, "--db", str(tmp / f"{preset}.duckdb"), "--checkpoint-dir",
-         str(tmp / "ck"), "--data", str(shard_dir), "--steps", str(steps), "--no-plan",
-         "--progress", "off", "--val-every", "0", "--checkpoint-every", "0"])
+        [
+            "--preset",
+            preset,
+            "--db",
+            str(tmp / f"{preset}.duckdb"),
+            "--checkpoint-dir",
+            str(tmp / "ck"),
+            "--data",
+            str(shard_dir),
+            "--steps",
+            str(steps),
+            "--no-plan",
+            "--progress",
+            "off",
+            "--val-every",
+            "0",
+            "--checkpoint-every",
+            "0",
+        ]
+    )
     train_cli.resolve_defaults(args)
     t = Trainer(args)
     times = []
@@ -120,13 +139,19 @@ def run_rate(shard_dir: Path, preset: str, steps: int, tmp: Path) -> dict:
         out = step()
         times.append(time.perf_counter() - t0)
         return out
+
     t.train_step = timed
     t.run()
     per_step = float(np.median(times[1:]))  # the first step includes one-time work
     tokens = t.state.per_device_batch * t.state.accum * t.cfg.seq_len
-    return {"preset": preset, "step_s": per_step, "wait_s": t.loader.wait_s / len(times),
-            "misses": t.loader.misses, "tokens_per_s": tokens / per_step,
-            "tier": f"{t.state.per_device_batch}x{t.state.accum}"}
+    return {
+        "preset": preset,
+        "step_s": per_step,
+        "wait_s": t.loader.wait_s / len(times),
+        "misses": t.loader.misses,
+        "tokens_per_s": tokens / per_step,
+        "tier": f"{t.state.per_device_batch}x{t.state.accum}",
+    }
 
 
 def main(argv=None) -> int:
@@ -138,10 +163,12 @@ def main(argv=None) -> int:
     load = os.getloadavg()
     tmp = Path(a.dir or tempfile.mkdtemp(prefix="rampwatch-data-bench-"))
     os.environ["RAMPWATCH_CACHE"] = str(tmp / "cache")  # a fresh cache: first starts are first
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, load average "
-          f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the start; torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads; {datetime.date.today()}",
-          file=sys.stderr)
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, load average "
+        f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the start; torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads; {datetime.date.today()}",
+        file=sys.stderr,
+    )
     rows = []
     paths = write_shards(tmp / "shards", n_shards, shard_tokens, BIG.vocab_size)
     total = n_shards * shard_tokens
@@ -149,37 +176,70 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     ds, _ = prepare_files(BIG, spec)
     first = time.perf_counter() - t0
-    rows.append((f"first start on {n_shards} shards, {total / 1e6:.0f}M tokens (fingerprint + "
-                 f"one max-id scan, files in page cache)", total / first, f"{first:.2f} s"))
+    rows.append(
+        (
+            f"first start on {n_shards} shards, {total / 1e6:.0f}M tokens (fingerprint + "
+            f"one max-id scan, files in page cache)",
+            total / first,
+            f"{first:.2f} s",
+        )
+    )
     t0 = time.perf_counter()
     ds, _ = prepare_files(BIG, spec)
-    rows.append(("a later start (fingerprint only; the scan is cached)", None,
-                 f"{time.perf_counter() - t0:.3f} s"))
+    rows.append(
+        (
+            "a later start (fingerprint only; the scan is cached)",
+            None,
+            f"{time.perf_counter() - t0:.3f} s",
+        )
+    )
     batches = 64 if a.quick else 256
     read_rate(ds, batches)  # maps the pages: the timed pass below is the steady state
-    rows.append(("memory-mapped windows, 16 × 2048 (page cache warm)", read_rate(ds, batches),
-                 "ds.batch"))
+    rows.append(
+        ("memory-mapped windows, 16 × 2048 (page cache warm)", read_rate(ds, batches), "ds.batch")
+    )
     del ds
     gc.collect()  # unmap: mapped pages cannot be evicted
     drop_page_cache(paths)
     ds, _ = prepare_files(BIG, spec)
-    rows.append(("memory-mapped windows, 16 × 2048 (pages evicted first)",
-                 read_rate(ds, batches), "posix_fadvise DONTNEED; a VM's host may still cache"))
-    rows.append(("through the prefetching loader, 16 × 2048 × accum 16 (ceiling)",
-                 loader_rate(ds, 2 if a.quick else 8), "one worker thread, warm"))
+    rows.append(
+        (
+            "memory-mapped windows, 16 × 2048 (pages evicted first)",
+            read_rate(ds, batches),
+            "posix_fadvise DONTNEED; a VM's host may still cache",
+        )
+    )
+    rows.append(
+        (
+            "through the prefetching loader, 16 × 2048 × accum 16 (ceiling)",
+            loader_rate(ds, 2 if a.quick else 8),
+            "one worker thread, warm",
+        )
+    )
     mb = 2 if a.quick else 8
     for kind, vocab in (("bytes", 256), ("bpe", BIG.vocab_size)):
         rate, bps, n = text_rate(kind, vocab, mb, tmp / f"text-{kind}")
-        rows.append((f"text → tokens, {kind} {vocab} ({mb} MB of .py sources, {n / 1e6:.1f}M "
-                     f"tokens; once, then cached)", rate, f"{bps / 2**20:.1f} MB/s of text"))
+        rows.append(
+            (
+                f"text → tokens, {kind} {vocab} ({mb} MB of .py sources, {n / 1e6:.1f}M "
+                f"tokens; once, then cached)",
+                rate,
+                f"{bps / 2**20:.1f} MB/s of text",
+            )
+        )
     small = write_shards(tmp / "byte-shards", 4, 200_000, 256)
     assert small
     for preset in ("test-tiny",) if a.quick else ("test-tiny", "cpu-tiny"):
         r = run_rate(tmp / "byte-shards", preset, 8 if a.quick else 20, tmp)
-        rows.append((f"loader wait per step, `rampwatch train --preset {preset} --data` "
-                     f"({r['tier']}, CPU)", None,
-                     f"{r['wait_s'] * 1e3:.2f} ms of a {r['step_s'] * 1e3:.0f} ms step "
-                     f"({100 * r['wait_s'] / r['step_s']:.1f}%), {r['misses']} misses"))
+        rows.append(
+            (
+                f"loader wait per step, `rampwatch train --preset {preset} --data` "
+                f"({r['tier']}, CPU)",
+                None,
+                f"{r['wait_s'] * 1e3:.2f} ms of a {r['step_s'] * 1e3:.0f} ms step "
+                f"({100 * r['wait_s'] / r['step_s']:.1f}%), {r['misses']} misses",
+            )
+        )
     if not a.dir:
         shutil.rmtree(tmp, ignore_errors=True)
     print("| measurement | tokens/s | × gpu-0.7b's ~130k tokens/s | note |")

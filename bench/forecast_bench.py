@@ -25,6 +25,7 @@ Printed: before (the ±1.96 SE delta-method range, `ramp_decision(calibration=No
 absolute error of the point, and how often no forecast is given; then the calibration refitted
 on these runs, with its coverage leave-one-run-out, to paste into advisor/ramp.py.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -74,16 +75,49 @@ def record(out: Path, seed: int, batch: int, steps: int) -> tuple[Path, float]:
         for leftover in out.glob(f"{name}.duckdb*"):
             shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
     lr = BASE_LR * math.sqrt(batch / BASE_BATCH)
-    args = [sys.executable, "-m", "rampwatch", "train", "--preset", "bench-tiny", "--db", str(db),
-            "--run-id", name, "--seed", str(seed), "--per-device-batch", str(batch // 2),
-            "--accum", "2", "--lr", f"{lr:.6g}", "--steps", str(steps), "--val-every", "100",
-            "--val-batch", "64", "--checkpoint-dir", str(out / "ckpt"), "--checkpoint-every", "0",
-            "--progress", "off", "--no-plan", "--ramp", "off"]
+    args = [
+        sys.executable,
+        "-m",
+        "rampwatch",
+        "train",
+        "--preset",
+        "bench-tiny",
+        "--db",
+        str(db),
+        "--run-id",
+        name,
+        "--seed",
+        str(seed),
+        "--per-device-batch",
+        str(batch // 2),
+        "--accum",
+        "2",
+        "--lr",
+        f"{lr:.6g}",
+        "--steps",
+        str(steps),
+        "--val-every",
+        "100",
+        "--val-batch",
+        "64",
+        "--checkpoint-dir",
+        str(out / "ckpt"),
+        "--checkpoint-every",
+        "0",
+        "--progress",
+        "off",
+        "--no-plan",
+        "--ramp",
+        "off",
+    ]
     t0 = time.perf_counter()
-    done = subprocess.run(args, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
-                          text=True, cwd=out)
+    done = subprocess.run(
+        args, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, cwd=out
+    )
     if done.returncode != 0:
-        raise SystemExit(f"forecast_bench: run {name} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        raise SystemExit(
+            f"forecast_bench: run {name} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+        )
     return db, time.perf_counter() - t0
 
 
@@ -113,8 +147,17 @@ def constant_runs(db: Path) -> list[Run]:
         low = reader.series(db, r.run_id, M.GNS_LOW, width=1)
         by_step = dict(zip(pts.last_step.tolist(), pts.last.tolist()))
         steps = low.last_step.tolist()
-        out.append(Run(r.run_id, int(r.config.get("seed", -1)), int(batches.last[0]), steps,
-                       [by_step.get(s) for s in steps], low.last.tolist(), int(r.last_step)))
+        out.append(
+            Run(
+                r.run_id,
+                int(r.config.get("seed", -1)),
+                int(batches.last[0]),
+                steps,
+                [by_step.get(s) for s in steps],
+                low.last.tolist(),
+                int(r.last_step),
+            )
+        )
     return out
 
 
@@ -138,8 +181,14 @@ class Query:
 def replay(run: Run, k: int, every: int = QUERY_EVERY) -> list[Query]:
     policy = RampPolicy(original_batch=run.batch, original_lr=1.0, ramp_at=float(k))
     target = k * run.batch
-    truth = next((s for s, v, lo in zip(run.steps, run.points, run.lower)
-                  if (v > target if v is not None else lo > target)), None)
+    truth = next(
+        (
+            s
+            for s, v, lo in zip(run.steps, run.points, run.lower)
+            if (v > target if v is not None else lo > target)
+        ),
+        None,
+    )
     out = []
     first = 0
     for i in range(0, len(run.steps), every):
@@ -154,19 +203,38 @@ def replay(run: Run, k: int, every: int = QUERY_EVERY) -> list[Query]:
         if old.ready or old.forecast_range is None or old.evidence.steps_above:
             continue  # no trend forecast on the card at this step
         new = policy.decide(*args)
-        out.append(Query(run.name, k, t, old.evidence.n_samples, old.forecast_step,
-                         old.forecast_range, new.forecast_range, new.forecast_step, truth,
-                         run.last_step))
+        out.append(
+            Query(
+                run.name,
+                k,
+                t,
+                old.evidence.n_samples,
+                old.forecast_step,
+                old.forecast_range,
+                new.forecast_range,
+                new.forecast_step,
+                truth,
+                run.last_step,
+            )
+        )
     return out
 
 
 def decide_with(policy: RampPolicy, args, calibration):
     """RampPolicy.decide with another calibration (None: the old delta-method range)."""
     steps, values, lower, batch, since = args
-    return ramp_decision(steps, values, batch, threshold=policy.ramp_at,
-                         hysteresis_steps=policy.hysteresis_steps, min_samples=policy.min_estimates,
-                         since_step=since, lower=lower, lower_threshold=policy.bound_at,
-                         calibration=calibration)
+    return ramp_decision(
+        steps,
+        values,
+        batch,
+        threshold=policy.ramp_at,
+        hysteresis_steps=policy.hysteresis_steps,
+        min_samples=policy.min_estimates,
+        since_step=since,
+        lower=lower,
+        lower_threshold=policy.bound_at,
+        calibration=calibration,
+    )
 
 
 # ---------------------------------------------------------------------------------- figures
@@ -199,13 +267,20 @@ def summary(qs: list[Query], which: str) -> dict:
     point = np.array([q.trend if which == "old" else q.new_point for q in seen], float)
     truth = np.array([q.truth for q in seen], float)
     t = np.array([q.t for q in seen], float)
-    return {"queries": len(qs), "given": len(given), "known": len(known), "runs": len(by_run),
-            "coverage": float(hit.mean()) if len(hit) else None,
-            "censored_misses": sum(1 for q, o in known if q.truth is None),
-            "run_cov": sorted(float(np.mean(v)) for v in by_run.values()),
-            "mae": float(np.median(np.abs(point - truth))) if len(seen) else None,
-            "rel": float(np.median(np.abs(np.log((truth - t) / np.maximum(point - t, 1)))))
-            if len(seen) else None, "horizons": rows}
+    return {
+        "queries": len(qs),
+        "given": len(given),
+        "known": len(known),
+        "runs": len(by_run),
+        "coverage": float(hit.mean()) if len(hit) else None,
+        "censored_misses": sum(1 for q, o in known if q.truth is None),
+        "run_cov": sorted(float(np.mean(v)) for v in by_run.values()),
+        "mae": float(np.median(np.abs(point - truth))) if len(seen) else None,
+        "rel": float(np.median(np.abs(np.log((truth - t) / np.maximum(point - t, 1)))))
+        if len(seen)
+        else None,
+        "horizons": rows,
+    }
 
 
 def _num(v, fmt: str) -> str:
@@ -214,14 +289,16 @@ def _num(v, fmt: str) -> str:
 
 def print_summary(label: str, s: dict) -> None:
     rc = s["run_cov"]
-    print(f"\n**{label}**: coverage {_num(s['coverage'], '.1%')} of {s['known']:,} queries on "
-          f"{s['runs']} runs whose outcome is known ({s['censored_misses']:,} of them ranges that "
-          f"ended before a run that never crossed: certain misses); "
-          f"{s['given'] - s['known']:,} more ran past a run that never crossed (unknown); "
-          f"{s['queries'] - s['given']:,} of {s['queries']:,} queries withheld; per run "
-          f"{'—' if not rc else f'min {rc[0]:.0%}, median {rc[len(rc) // 2]:.0%}, max {rc[-1]:.0%}'}; "
-          f"median |error| of the point {_num(s['mae'], '.0f')} steps (median |log ratio| of "
-          f"horizons {_num(s['rel'], '.2f')})\n")
+    print(
+        f"\n**{label}**: coverage {_num(s['coverage'], '.1%')} of {s['known']:,} queries on "
+        f"{s['runs']} runs whose outcome is known ({s['censored_misses']:,} of them ranges that "
+        f"ended before a run that never crossed: certain misses); "
+        f"{s['given'] - s['known']:,} more ran past a run that never crossed (unknown); "
+        f"{s['queries'] - s['given']:,} of {s['queries']:,} queries withheld; per run "
+        f"{'—' if not rc else f'min {rc[0]:.0%}, median {rc[len(rc) // 2]:.0%}, max {rc[-1]:.0%}'}; "
+        f"median |error| of the point {_num(s['mae'], '.0f')} steps (median |log ratio| of "
+        f"horizons {_num(s['rel'], '.2f')})\n"
+    )
     print("| stated horizon (steps) | queries | coverage |\n|---|---|---|")
     for a, b, n, c in s["horizons"]:
         print(f"| {a}–{'' if b > 10**8 else b} | {n:,} | {_num(c, '.1%')} |")
@@ -233,6 +310,7 @@ def print_summary(label: str, s: dict) -> None:
 @dataclass
 class Table:
     """The queries as arrays: t, x = log(h_trend/t), the truth (nan: none), end, run, n."""
+
     t: np.ndarray
     x: np.ndarray
     truth: np.ndarray
@@ -243,10 +321,14 @@ class Table:
     @classmethod
     def of(cls, qs: list[Query]) -> Table:
         t = np.array([max(1, q.t) for q in qs], float)
-        return cls(t, np.log(np.maximum(np.array([q.trend for q in qs], float) - t, 1) / t),
-                   np.array([np.nan if q.truth is None else q.truth for q in qs], float),
-                   np.array([q.end for q in qs], float), np.array([q.run for q in qs]),
-                   np.array([q.n for q in qs]))
+        return cls(
+            t,
+            np.log(np.maximum(np.array([q.trend for q in qs], float) - t, 1) / t),
+            np.array([np.nan if q.truth is None else q.truth for q in qs], float),
+            np.array([q.end for q in qs], float),
+            np.array([q.run for q in qs]),
+            np.array([q.n for q in qs]),
+        )
 
     def take(self, m) -> Table:
         return Table(*(getattr(self, f)[m] for f in ("t", "x", "truth", "end", "run", "n")))
@@ -274,12 +356,16 @@ def held_out(tab: Table, level: float) -> tuple[np.ndarray, np.ndarray]:
         last = np.maximum(t + 1, np.ceil(t + t * np.exp(centre + hi)))
         truth, end = tab.truth[m], tab.end[m]
         seen = ~np.isnan(truth)
-        out[m] = np.where(seen, (first <= truth) & (truth <= last), np.where(last <= end, 0.0, np.nan))
+        out[m] = np.where(
+            seen, (first <= truth) & (truth <= last), np.where(last <= end, 0.0, np.nan)
+        )
         horizon[m] = np.maximum(1, np.round(t * np.exp(centre + mid)))
     return out, horizon
 
 
-def calibrate(qs: list[Query], min_estimates: int) -> tuple[ForecastCalibration | None, float, np.ndarray]:
+def calibrate(
+    qs: list[Query], min_estimates: int
+) -> tuple[ForecastCalibration | None, float, np.ndarray]:
     """The calibration refitted on these queries: the smallest quantile level (from LEVEL up)
     at which the range, fitted with each run left out in turn, holds for >= LEVEL of the queries
     whose outcome is known; its support is the 1st–99th percentile of x over the crossings."""
@@ -296,15 +382,26 @@ def calibrate(qs: list[Query], min_estimates: int) -> tuple[ForecastCalibration 
         level = round(level + 0.01, 2)
     a, b, lo, mid, hi = fit(tab, level)
     known = ~np.isnan(res)
-    cal = ForecastCalibration(round(a, 3), round(b, 3), round(lo, 3), round(mid, 3), round(hi, 3),
-                              round(float(x_min), 2), round(float(x_max), 2), min_estimates,
-                              round(float(np.nanmean(res)), 3), len(np.unique(tab.run[known])),
-                              int(known.sum()))
+    cal = ForecastCalibration(
+        round(a, 3),
+        round(b, 3),
+        round(lo, 3),
+        round(mid, 3),
+        round(hi, 3),
+        round(float(x_min), 2),
+        round(float(x_max), 2),
+        min_estimates,
+        round(float(np.nanmean(res)), 3),
+        len(np.unique(tab.run[known])),
+        int(known.sum()),
+    )
     print("\n| stated horizon (steps), each run left out | queries | coverage |\n|---|---|---|")
     for first, last in HORIZONS:
         m = known & (horizon >= first) & (horizon < last)
-        print(f"| {first}–{'' if last > 10**8 else last} | {int(m.sum()):,} | "
-              f"{_num(float(res[m].mean()) if m.any() else None, '.1%')} |")
+        print(
+            f"| {first}–{'' if last > 10**8 else last} | {int(m.sum()):,} | "
+            f"{_num(float(res[m].mean()) if m.any() else None, '.1%')} |"
+        )
     return (cal if np.nanmean(res) >= LEVEL else None), level, res
 
 
@@ -321,19 +418,30 @@ def with_calibration(qs: list[Query], cal: ForecastCalibration) -> list[Query]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--keep", type=Path, help="record into this folder; finished runs there are reused")
-    ap.add_argument("--runs", type=Path, action="append", default=[],
-                    help="also replay the constant-batch runs in this folder's databases")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--keep", type=Path, help="record into this folder; finished runs there are reused"
+    )
+    ap.add_argument(
+        "--runs",
+        type=Path,
+        action="append",
+        default=[],
+        help="also replay the constant-batch runs in this folder's databases",
+    )
     ap.add_argument("--no-record", action="store_true", help="record nothing; replay --runs only")
     ap.add_argument("--quick", action="store_true", help="one 300-step run, queries every 10 steps")
     a = ap.parse_args()
     load = os.getloadavg()[0]
     t0 = time.perf_counter()
     plan = () if a.no_record else (RECORD[:1] if a.quick else RECORD)
-    print(f"# forecast bench: bench-tiny constant batches, ramp points {RAMP_POINTS}, recorded "
-          f"{[f's{s}-b{b}' for s, b in plan]}, also {[str(p) for p in a.runs]}; "
-          f"{os.cpu_count()} cores, load average {load:.2f}")
+    print(
+        f"# forecast bench: bench-tiny constant batches, ramp points {RAMP_POINTS}, recorded "
+        f"{[f's{s}-b{b}' for s, b in plan]}, also {[str(p) for p in a.runs]}; "
+        f"{os.cpu_count()} cores, load average {load:.2f}"
+    )
     runs: list[Run] = []
     with tempfile.TemporaryDirectory() as tmp:
         out = a.keep or Path(tmp)
@@ -349,21 +457,28 @@ def main() -> int:
     qs = [q for r in runs for k in RAMP_POINTS for q in replay(r, k, every)]
     seeds = sorted({r.seed for r in runs})
     crossed = {(q.run, q.k) for q in qs if q.truth is not None}
-    print(f"\n{len(runs)} runs (seeds {seeds}, batches {sorted({r.batch for r in runs})}); "
-          f"{len(qs):,} queries; {len(crossed)} (run, ramp point) pairs crossed, "
-          f"{len({(q.run, q.k) for q in qs}) - len(crossed)} never did before the run ended")
+    print(
+        f"\n{len(runs)} runs (seeds {seeds}, batches {sorted({r.batch for r in runs})}); "
+        f"{len(qs):,} queries; {len(crossed)} (run, ramp point) pairs crossed, "
+        f"{len({(q.run, q.k) for q in qs}) - len(crossed)} never did before the run ended"
+    )
     print_summary("before: ±1.96 SE delta range (trend point)", summary(qs, "old"))
-    print_summary("after: FORECAST_CALIBRATION as shipped, through RampPolicy.decide",
-                  summary(qs, "new"))
+    print_summary(
+        "after: FORECAST_CALIBRATION as shipped, through RampPolicy.decide", summary(qs, "new")
+    )
     if len(crossed) >= 3:
         cal, level, res = calibrate(qs, FORECAST_CALIBRATION.min_estimates)
-        print(f"\nrefitted on these runs: quantile level {level:.2f}, the smallest whose range, "
-              f"fitted with each run left out, held for >= {LEVEL:.0%} of the queries whose outcome "
-              f"is known ({np.nanmean(res):.1%} of {int(np.sum(~np.isnan(res))):,}):\n\n    {cal!r}")
+        print(
+            f"\nrefitted on these runs: quantile level {level:.2f}, the smallest whose range, "
+            f"fitted with each run left out, held for >= {LEVEL:.0%} of the queries whose outcome "
+            f"is known ({np.nanmean(res):.1%} of {int(np.sum(~np.isnan(res))):,}):\n\n    {cal!r}"
+        )
         if cal is not None:
             print_summary("refitted, in sample", summary(with_calibration(qs, cal), "new"))
-    print(f"\nwall time {time.perf_counter() - t0:.0f} s (load average at start {load:.2f}, at end "
-          f"{os.getloadavg()[0]:.2f})")
+    print(
+        f"\nwall time {time.perf_counter() - t0:.0f} s (load average at start {load:.2f}, at end "
+        f"{os.getloadavg()[0]:.2f})"
+    )
     return 0
 
 

@@ -17,6 +17,7 @@ costs the training process's GPU. The whole run keeps to --budget-s (default 420
 On the CPU the "peak" is VmHWM - VmRSS after resetting the high-water mark (clear_refs), with
 MALLOC_MMAP_THRESHOLD_ fixed so freed tensors leave the resident set (see memplan_bench.py).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,12 +39,19 @@ OOM = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
 
 
 def flops_per_token(cfg) -> float:
-    return advisor_flops.flops_per_token(matmul_params(cfg), cfg.n_layer, cfg.d_model,
-                                         cfg.seq_len)
+    return advisor_flops.flops_per_token(matmul_params(cfg), cfg.n_layer, cfg.d_model, cfg.seq_len)
 
 
-def run_config(cfg: dict, batch: int, variant: str, dev: torch.device, amp, warm: int,
-               steps: int, peak_flops: float | None) -> dict:
+def run_config(
+    cfg: dict,
+    batch: int,
+    variant: str,
+    dev: torch.device,
+    amp,
+    warm: int,
+    steps: int,
+    peak_flops: float | None,
+) -> dict:
     """Peak memory and speed of real steps at one (batch, variant); OOM reported, not raised."""
     mcfg = _model_config(cfg, variant)
     out = {"per_device_batch": batch, "variant": variant, "oom": False}
@@ -82,8 +90,11 @@ def run_config(cfg: dict, batch: int, variant: str, dev: torch.device, amp, warm
         dt = (time.perf_counter() - t0) / steps
         out["step_s"] = dt
         out["tokens_per_s"] = batch * mcfg.seq_len / dt
-        out["mfu"] = (advisor_flops.mfu(out["tokens_per_s"], flops_per_token(mcfg), peak_flops)
-                      if peak_flops else None)
+        out["mfu"] = (
+            advisor_flops.mfu(out["tokens_per_s"], flops_per_token(mcfg), peak_flops)
+            if peak_flops
+            else None
+        )
     except OOM:
         out["oom"] = True
     finally:
@@ -160,9 +171,15 @@ def main(argv=None) -> int:
     # The planner runs beside the measurements, as it does beside a training loop.
     ladder_plan = sorted(set(ladder) | {2 * max(ladder)})
     t_plan = time.monotonic()
-    handle = start_plan(cfg, ladder_plan, "adamw", dev.type, ("plain", "chunked"),
-                        amp=a.amp if amp is not None else None,
-                        timeout_s=max(60.0, a.budget_s - 30))
+    handle = start_plan(
+        cfg,
+        ladder_plan,
+        "adamw",
+        dev.type,
+        ("plain", "chunked"),
+        amp=a.amp if amp is not None else None,
+        timeout_s=max(60.0, a.budget_s - 30),
+    )
     sampler = DeviceSampler() if dev.type == "cuda" else None
 
     def left() -> float:
@@ -179,8 +196,10 @@ def main(argv=None) -> int:
             # The planner child's CUDA context shares the device: rule it out before calling
             # this batch too big.
             handle.result(timeout=max(1.0, left() - 80))
-            r = dict(run_config(cfg, b, "plain", dev, amp, a.warm, a.steps, peak),
-                     note="OOM beside the planner; rerun alone")
+            r = dict(
+                run_config(cfg, b, "plain", dev, amp, a.warm, a.steps, peak),
+                note="OOM beside the planner; rerun alone",
+            )
         results.append(r)
         if r["oom"]:
             break
@@ -193,14 +212,23 @@ def main(argv=None) -> int:
     meas_key = "peak_reserved" if dev.type == "cuda" else "peak_step_rss"
     measured_plain = {r["per_device_batch"]: r[meas_key] for r in results if not r["oom"]}
     # On the CPU the measured figure is what the step adds: compare the plan's peak - steady.
-    cmp_rows = rows if dev.type == "cuda" else [
-        dict(r, predicted_bytes=r["predicted_bytes"] - r["steady_bytes"]) if r["error"] is None
-        else r for r in rows]
+    cmp_rows = (
+        rows
+        if dev.type == "cuda"
+        else [
+            dict(r, predicted_bytes=r["predicted_bytes"] - r["steady_bytes"])
+            if r["error"] is None
+            else r
+            for r in rows
+        ]
+    )
     cal = {}
     if measured_plain and rows and all(r["error"] is None for r in rows):
         anchor = {min(measured_plain): measured_plain[min(measured_plain)]}
-        cal = {(r["per_device_batch"], r["variant"]): r.get("calibrated_bytes")
-               for r in calibrate(cmp_rows, anchor)}
+        cal = {
+            (r["per_device_batch"], r["variant"]): r.get("calibrated_bytes")
+            for r in calibrate(cmp_rows, anchor)
+        }
     if fits and left() > 45:
         b = max(fits)
         results.append(run_config(cfg, b, "chunked", dev, amp, a.warm, a.steps, peak))
@@ -210,24 +238,35 @@ def main(argv=None) -> int:
         if left() > 45 and predicted is not None and (room is None or predicted < room):
             results.append(run_config(cfg, nxt, "chunked", dev, amp, a.warm, a.steps, peak))
         elif predicted is not None:
-            print(f"(chunked at {nxt} not run: calibrated plan {_gb(predicted)} {UNIT[0]} > 97% "
-                  f"of {_gb(capacity)} {UNIT[0]})")
+            print(
+                f"(chunked at {nxt} not run: calibrated plan {_gb(predicted)} {UNIT[0]} > 97% "
+                f"of {_gb(capacity)} {UNIT[0]})"
+            )
 
     plan = {(r["per_device_batch"], r["variant"]): r for r in cmp_rows}
     U = UNIT[0]
     unit = f"peak reserved {U}" if dev.type == "cuda" else f"step RSS {U}"
-    print(f"### GPU check: `{preset}` on {name}, amp {a.amp}, "
-          f"{torch.__version__}, PYTORCH_CUDA_ALLOC_CONF={os.environ.get('PYTORCH_CUDA_ALLOC_CONF', '')!r}")
+    print(
+        f"### GPU check: `{preset}` on {name}, amp {a.amp}, "
+        f"{torch.__version__}, PYTORCH_CUDA_ALLOC_CONF={os.environ.get('PYTORCH_CUDA_ALLOC_CONF', '')!r}"
+    )
     secs = [r["seconds"] for r in rows if r.get("seconds")]
-    print(f"\nplan: {len(rows)} rows in a child process"
-          + (f", {sum(secs) / len(secs):.1f} s per batch and variant" if secs else "")
-          + (f" (done within {plan_wall:.0f} s of starting)" if plan_wall else "")
-          + (f"; errors: {sorted({r['error'] for r in rows if r['error']})}"
-             if any(r["error"] for r in rows) else ""))
+    print(
+        f"\nplan: {len(rows)} rows in a child process"
+        + (f", {sum(secs) / len(secs):.1f} s per batch and variant" if secs else "")
+        + (f" (done within {plan_wall:.0f} s of starting)" if plan_wall else "")
+        + (
+            f"; errors: {sorted({r['error'] for r in rows if r['error']})}"
+            if any(r["error"] for r in rows)
+            else ""
+        )
+    )
     if sampler is not None:
         print(f"planner child's extra device memory (max sampled): {_gb(sampler.extra)} {U}")
-    print(f"\n| batch | variant | plan {U} | plan calibrated {U} | measured {unit} | "
-          f"measured allocated {U} | calibrated error | tokens/s | MFU |")
+    print(
+        f"\n| batch | variant | plan {U} | plan calibrated {U} | measured {unit} | "
+        f"measured allocated {U} | calibrated error | tokens/s | MFU |"
+    )
     print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         key = (r["per_device_batch"], r["variant"])
@@ -239,23 +278,34 @@ def main(argv=None) -> int:
             print(f"| {key[0]} | {key[1]} | {_gb(p)} | {_gb(c)} | OOM{note} | - | - | - | - |")
             continue
         mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "n/a"
-        print(f"| {key[0]} | {key[1]} | {_gb(p)} | {_gb(c)} | {_gb(m)} | "
-              f"{_gb(r.get('peak_allocated'))} | {err} | {r['tokens_per_s']:,.0f} | {mfu} |")
-    sp = _slope({b: plan[(b, "plain")]["predicted_bytes"] for b in measured_plain
-                 if (b, "plain") in plan and plan[(b, "plain")]["predicted_bytes"]})
+        print(
+            f"| {key[0]} | {key[1]} | {_gb(p)} | {_gb(c)} | {_gb(m)} | "
+            f"{_gb(r.get('peak_allocated'))} | {err} | {r['tokens_per_s']:,.0f} | {mfu} |"
+        )
+    sp = _slope(
+        {
+            b: plan[(b, "plain")]["predicted_bytes"]
+            for b in measured_plain
+            if (b, "plain") in plan and plan[(b, "plain")]["predicted_bytes"]
+        }
+    )
     sm = _slope(measured_plain)
     if sp and sm:
-        print(f"\nslope (plain, {U} per sequence): plan {_gb(sp)}, measured {_gb(sm)} "
-              f"({(sp - sm) / sm:+.1%})")
+        print(
+            f"\nslope (plain, {U} per sequence): plan {_gb(sp)}, measured {_gb(sm)} "
+            f"({(sp - sm) / sm:+.1%})"
+        )
     if rows and rows[0].get("breakdown"):
         comps = list(rows[0]["breakdown"])
         print("\n| batch | variant | peak phase | " + " | ".join(comps) + f" | plan {U} |")
         print("|---:|---|---|" + "---:|" * (len(comps) + 1))
         for r in rows:
             if r["breakdown"]:
-                print(f"| {r['per_device_batch']} | {r['variant']} | {r['peak_phase']} | "
-                      + " | ".join(_gb(r["breakdown"][c]) for c in comps)
-                      + f" | {_gb(r['predicted_bytes'])} |")
+                print(
+                    f"| {r['per_device_batch']} | {r['variant']} | {r['peak_phase']} | "
+                    + " | ".join(_gb(r["breakdown"][c]) for c in comps)
+                    + f" | {_gb(r['predicted_bytes'])} |"
+                )
     print(f"\ntotal {time.monotonic() - t_start:.0f} s")
     return 0 if results and any(not r["oom"] for r in results) else 1
 

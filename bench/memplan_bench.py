@@ -20,6 +20,7 @@ its own mapping, given back on free, so RSS follows the live tensors.
 The slope (bytes per extra sequence) is the figure that matters: advisor/memory.py anchors the
 plan's slope on one measured peak. Target: within 10%.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -90,18 +91,37 @@ def _measure_here(cfg: dict, batch: int, optimizer: str, warm_steps: int = 2) ->
     step()
     seconds = time.perf_counter() - t0
     hwm = _status_bytes("VmHWM")
-    return {"per_device_batch": batch, "baseline_rss": base, "hwm": hwm, "step_bytes": hwm - base,
-            "step_seconds": round(seconds, 3)}
+    return {
+        "per_device_batch": batch,
+        "baseline_rss": base,
+        "hwm": hwm,
+        "step_bytes": hwm - base,
+        "step_seconds": round(seconds, 3),
+    }
 
 
 def measure(cfg: dict, batch: int, optimizer: str = "adamw", timeout: float = 300) -> dict:
     """measured step bytes at `batch`, in a fresh child process (see the module docstring)."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-               MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD), MALLOC_ARENA_MAX="1")
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD),
+        MALLOC_ARENA_MAX="1",
+    )
     out = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--measure-child", json.dumps(
-            {"cfg": cfg, "batch": batch, "optimizer": optimizer})],
-        env=env, capture_output=True, text=True, timeout=timeout, check=True)
+        [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--measure-child",
+            json.dumps({"cfg": cfg, "batch": batch, "optimizer": optimizer}),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -112,8 +132,9 @@ def slope(points: dict[int, float]) -> float:
     return sum((x - xm) * (y - ym) for x, y in zip(xs, ys)) / sum((x - xm) ** 2 for x in xs)
 
 
-def compare(cfg: dict, batches: list[int], optimizer: str = "adamw",
-            variants: tuple[str, ...] = ("plain",)) -> dict:
+def compare(
+    cfg: dict, batches: list[int], optimizer: str = "adamw", variants: tuple[str, ...] = ("plain",)
+) -> dict:
     """Plan (in process) + measurement (one child per batch and variant) -> figures."""
     from rampwatch.trainer.memplan import plan_in_process
 
@@ -131,9 +152,14 @@ def compare(cfg: dict, batches: list[int], optimizer: str = "adamw",
         planned = {b: prow[b]["predicted_bytes"] - prow[b]["steady_bytes"] for b in batches}
         measured = {b: meas[b]["step_bytes"] for b in batches}
         sp, sm = slope(planned), slope(measured)
-        out["variants"][v] = {"measured": meas, "planned": planned, "plan_rows": prow,
-                              "slope_planned": sp, "slope_measured": sm,
-                              "slope_error": (sp - sm) / sm}
+        out["variants"][v] = {
+            "measured": meas,
+            "planned": planned,
+            "plan_rows": prow,
+            "slope_planned": sp,
+            "slope_measured": sm,
+            "slope_error": (sp - sm) / sm,
+        }
     return out
 
 
@@ -142,31 +168,49 @@ def _mb(n: float) -> str:
 
 
 def report(name: str, res: dict) -> str:
-    lines = [f"### Memory plan vs CPU truth: `{name}`", "",
-             f"plan: {len(res['rows'])} rows in {res['plan_seconds']:.1f} s "
-             f"({res['plan_seconds'] / len(res['rows']):.2f} s per batch and variant)", "",
-             "| variant | per-device batch | planned step MiB | measured step MiB | error | "
-             "measured step s |", "|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"### Memory plan vs CPU truth: `{name}`",
+        "",
+        f"plan: {len(res['rows'])} rows in {res['plan_seconds']:.1f} s "
+        f"({res['plan_seconds'] / len(res['rows']):.2f} s per batch and variant)",
+        "",
+        "| variant | per-device batch | planned step MiB | measured step MiB | error | "
+        "measured step s |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for v, r in res["variants"].items():
         for b in r["planned"]:
             p, m = r["planned"][b], r["measured"][b]["step_bytes"]
-            lines.append(f"| {v} | {b} | {_mb(p)} | {_mb(m)} | {(p - m) / m:+.1%} | "
-                         f"{r['measured'][b]['step_seconds']:.2f} |")
-    lines += ["", "| variant | slope planned MiB/seq | slope measured MiB/seq | error | within 10% |",
-              "|---|---:|---:|---:|:---:|"]
+            lines.append(
+                f"| {v} | {b} | {_mb(p)} | {_mb(m)} | {(p - m) / m:+.1%} | "
+                f"{r['measured'][b]['step_seconds']:.2f} |"
+            )
+    lines += [
+        "",
+        "| variant | slope planned MiB/seq | slope measured MiB/seq | error | within 10% |",
+        "|---|---:|---:|---:|:---:|",
+    ]
     for v, r in res["variants"].items():
         ok = "yes" if abs(r["slope_error"]) <= 0.10 else "**no**"
-        lines.append(f"| {v} | {_mb(r['slope_planned'])} | {_mb(r['slope_measured'])} | "
-                     f"{r['slope_error']:+.1%} | {ok} |")
+        lines.append(
+            f"| {v} | {_mb(r['slope_planned'])} | {_mb(r['slope_measured'])} | "
+            f"{r['slope_error']:+.1%} | {ok} |"
+        )
     comps = ("parameters", "gradients", "optimizer", "activations", "logits")
-    lines += ["", "Plan breakdown at the peak (MiB; the components sum to the peak):", "",
-              "| variant | batch | peak phase | " + " | ".join(comps) + " | peak | steady |",
-              "|---|---:|---|" + "---:|" * (len(comps) + 2)]
+    lines += [
+        "",
+        "Plan breakdown at the peak (MiB; the components sum to the peak):",
+        "",
+        "| variant | batch | peak phase | " + " | ".join(comps) + " | peak | steady |",
+        "|---|---:|---|" + "---:|" * (len(comps) + 2),
+    ]
     for row in res["rows"]:
         bd = row["breakdown"]
-        lines.append(f"| {row['variant']} | {row['per_device_batch']} | {row['peak_phase']} | "
-                     + " | ".join(_mb(bd[c]) for c in comps)
-                     + f" | {_mb(row['predicted_bytes'])} | {_mb(row['steady_bytes'])} |")
+        lines.append(
+            f"| {row['variant']} | {row['per_device_batch']} | {row['peak_phase']} | "
+            + " | ".join(_mb(bd[c]) for c in comps)
+            + f" | {_mb(row['predicted_bytes'])} | {_mb(row['steady_bytes'])} |"
+        )
     return "\n".join(lines)
 
 
@@ -175,10 +219,13 @@ def main(argv=None) -> int:
     ap.add_argument("--preset", default="cpu-tiny")
     ap.add_argument("--batches", default=None, help="comma-separated (default 4,8,16; quick 2,4,8)")
     ap.add_argument("--optimizer", default="adamw")
-    ap.add_argument("--config", default=None,
-                    help='JSON overrides of the preset, e.g. a head-heavy shape: \'{"vocab_size": '
-                         '8192, "tokenizer": "bpe", "n_layer": 2, "d_model": 128, '
-                         '"ce_chunk_tokens": 256}\'')
+    ap.add_argument(
+        "--config",
+        default=None,
+        help='JSON overrides of the preset, e.g. a head-heavy shape: \'{"vocab_size": '
+        '8192, "tokenizer": "bpe", "n_layer": 2, "d_model": 128, '
+        '"ce_chunk_tokens": 256}\'',
+    )
     ap.add_argument("--quick", action="store_true", help="smaller batches, plain variant only")
     ap.add_argument("--json", action="store_true", help="also print the raw figures as JSON")
     ap.add_argument("--measure-child", default=None, help=argparse.SUPPRESS)

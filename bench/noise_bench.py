@@ -19,6 +19,7 @@ processes share, CPU time (one torch thread) is the steadier figure.
 The isolated cost (the estimator's calls alone, on the model's real gradients, many repeats) is
 printed too: an A/B difference below the machine's noise is still bounded by it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -114,7 +115,7 @@ def run(bench: Bench, rounds: int, warmup: int) -> dict:
     wall: dict[str, list[float]] = {v: [] for v in VARIANTS}
     cpu: dict[str, list[float]] = {v: [] for v in VARIANTS}
     for r in range(rounds):
-        for v in VARIANTS[r % 3:] + VARIANTS[:r % 3]:
+        for v in VARIANTS[r % 3 :] + VARIANTS[: r % 3]:
             c0 = time.process_time()
             wall[v].append(bench.step(v))
             cpu[v].append(time.process_time() - c0)
@@ -140,11 +141,15 @@ def _paired(times: dict[str, list[float]], v: str) -> list[float]:
 
 
 def table(bench: Bench, res: dict) -> str:
-    rows = [f"### {bench.name}: per-device batch {bench.b} x accumulation {bench.k} "
-            f"(seq_len {bench.cfg.seq_len}, {sum(p.numel() for p in bench.model.parameters()):,} "
-            "parameters)", "",
-            "| variant | clock | median step (ms) | quartiles (ms) | vs off: median of paired "
-            "ratios | paired quartiles |", "|---|---|---:|---:|---:|---:|"]
+    rows = [
+        f"### {bench.name}: per-device batch {bench.b} x accumulation {bench.k} "
+        f"(seq_len {bench.cfg.seq_len}, {sum(p.numel() for p in bench.model.parameters()):,} "
+        "parameters)",
+        "",
+        "| variant | clock | median step (ms) | quartiles (ms) | vs off: median of paired "
+        "ratios | paired quartiles |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
     for clock in ("cpu", "wall"):
         for v in VARIANTS:
             lo, med, hi = _quartiles(res[clock][v])
@@ -155,9 +160,13 @@ def table(bench: Bench, res: dict) -> str:
                 vs, spread = _pct(pmed), f"{_pct(plo)} .. {_pct(phi)}"
             rows.append(f"| {v} | {clock} | {_ms(med)} | {_ms(lo)}-{_ms(hi)} | {vs} | {spread} |")
     off = statistics.median(res["cpu"]["off"])
-    rows += ["", f"Estimator's own calls, isolated: {res['isolated'] * 1e3:.3f} ms per step "
-             f"= {res['isolated'] / off * 100:.2f}% of the median 'off' step (CPU). "
-             f"Naive: one more micro-batch of {bench.b}, so ~{100 / bench.k:.0f}% by design.", ""]
+    rows += [
+        "",
+        f"Estimator's own calls, isolated: {res['isolated'] * 1e3:.3f} ms per step "
+        f"= {res['isolated'] / off * 100:.2f}% of the median 'off' step (CPU). "
+        f"Naive: one more micro-batch of {bench.b}, so ~{100 / bench.k:.0f}% by design.",
+        "",
+    ]
     return "\n".join(rows)
 
 
@@ -165,14 +174,17 @@ def machine(threads: int) -> str:
     model = platform.processor() or "?"
     try:
         with open("/proc/cpuinfo") as f:
-            model = next(line.split(":", 1)[1].strip() for line in f
-                         if line.startswith("model name"))
+            model = next(
+                line.split(":", 1)[1].strip() for line in f if line.startswith("model name")
+            )
     except (OSError, StopIteration):
         pass
     load = os.getloadavg() if hasattr(os, "getloadavg") else ("?",)
-    return (f"Machine: CPU only, {os.cpu_count()} cores ({model}); torch {torch.__version__} on "
-            f"{threads} thread(s); load average {', '.join(f'{x:.2f}' for x in load)} "
-            "(1/5/15 min: other processes share the cores)")
+    return (
+        f"Machine: CPU only, {os.cpu_count()} cores ({model}); torch {torch.__version__} on "
+        f"{threads} thread(s); load average {', '.join(f'{x:.2f}' for x in load)} "
+        "(1/5/15 min: other processes share the cores)"
+    )
 
 
 def main(argv=None) -> int:
@@ -186,8 +198,10 @@ def main(argv=None) -> int:
     setups = [("test-tiny", 8, 4), ("cpu-tiny", 2 if args.quick else 4, 4)]
     print("## Noise-scale estimator: cost per training step\n")
     print(machine(args.threads) + "\n")
-    print(f"{rounds} interleaved rounds of one step per variant (order rotated each round), after "
-          "2 warm-up steps each; target: 'on' within 3% of 'off'.\n")
+    print(
+        f"{rounds} interleaved rounds of one step per variant (order rotated each round), after "
+        "2 warm-up steps each; target: 'on' within 3% of 'off'.\n"
+    )
     verdicts = []
     for preset, b, k in setups:
         bench = Bench(preset, b, k)
@@ -195,16 +209,23 @@ def main(argv=None) -> int:
         print(table(bench, res))
         verdicts.append((preset, res))
     print("### Summary (median of paired ratios; CPU time, then wall clock)\n")
-    print("| model | on vs off (CPU) | naive vs off (CPU) | on vs off (wall) | "
-          "naive vs off (wall) | isolated estimator cost |")
+    print(
+        "| model | on vs off (CPU) | naive vs off (CPU) | on vs off (wall) | "
+        "naive vs off (wall) | isolated estimator cost |"
+    )
     print("|---|---:|---:|---:|---:|---:|")
     for preset, res in verdicts:
-        med = {(c, v): statistics.median(_paired(res[c], v)) for c in ("cpu", "wall")
-               for v in ("on", "naive")}
+        med = {
+            (c, v): statistics.median(_paired(res[c], v))
+            for c in ("cpu", "wall")
+            for v in ("on", "naive")
+        }
         iso, off = res["isolated"], statistics.median(res["cpu"]["off"])
-        print(f"| {preset} | {_pct(med['cpu', 'on'])} | {_pct(med['cpu', 'naive'])} | "
-              f"{_pct(med['wall', 'on'])} | {_pct(med['wall', 'naive'])} | "
-              f"{iso * 1e3:.3f} ms ({iso / off * 100:.2f}%) |")
+        print(
+            f"| {preset} | {_pct(med['cpu', 'on'])} | {_pct(med['cpu', 'naive'])} | "
+            f"{_pct(med['wall', 'on'])} | {_pct(med['wall', 'naive'])} | "
+            f"{iso * 1e3:.3f} ms ({iso / off * 100:.2f}%) |"
+        )
     print("\n" + machine(args.threads).replace("Machine:", "Machine at the end:"))
     return 0
 

@@ -12,6 +12,7 @@ smoother can match it). Printed per smoother: the shift (lag, steps) that best a
 reference, its median |log error| against the reference, its median |Δ log| from step to step
 (noise), the share of steps with a value, and the first step at which it reaches 16, 32 and 64.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,9 +42,12 @@ def recorded(db: Path, run_id: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]
         rows = table.filter(pc.equal(table["name"], name))
         cols[name] = dict(zip(rows["step"].to_pylist(), rows["value"].to_pylist()))
     steps = sorted(set(cols[M.GNS_G2]) & set(cols[M.GNS_TRACE]))
-    return (np.array(steps), np.array([cols[M.GNS_G2][s] for s in steps]),
-            np.array([cols[M.GNS_TRACE][s] for s in steps]) if steps else np.zeros(0),
-            np.array([cols[M.BATCH_SEQS].get(s, 16) for s in steps]))
+    return (
+        np.array(steps),
+        np.array([cols[M.GNS_G2][s] for s in steps]),
+        np.array([cols[M.GNS_TRACE][s] for s in steps]) if steps else np.zeros(0),
+        np.array([cols[M.BATCH_SEQS].get(s, 16) for s in steps]),
+    )
 
 
 def window_path(g2, trace) -> np.ndarray:
@@ -96,24 +100,56 @@ def score(steps, path, ref) -> dict:
             best = (lag, err)
     good = ok & np.isfinite(ref)
     firsts = {t: next((int(steps[i]) for i in range(n) if path[i] >= t), None) for t in THRESHOLDS}
-    return {"lag": best[0], "err": float(np.median(np.abs(np.log(path[good]) - np.log(ref[good])))),
-            "noise": float(np.median(np.abs(np.diff(np.log(path[ok]))))),
-            "coverage": float(np.isfinite(path).mean()), "first": firsts}
+    return {
+        "lag": best[0],
+        "err": float(np.median(np.abs(np.log(path[good]) - np.log(ref[good])))),
+        "noise": float(np.median(np.abs(np.diff(np.log(path[ok]))))),
+        "coverage": float(np.isfinite(path).mean()),
+        "first": firsts,
+    }
 
 
 def train_one(out: Path, steps: int, seed: int) -> tuple[Path, str]:
     db = out / "runs.duckdb"
-    subprocess.run([sys.executable, "-m", "rampwatch", "train", "--preset", "bench-tiny", "--db",
-                    str(db), "--run-id", "rec", "--seed", str(seed), "--steps", str(steps),
-                    "--ramp", "off", "--no-plan", "--checkpoint-dir", str(out / "ckpt"),
-                    "--checkpoint-every", "0", "--progress", "off", "--val-every", "0"],
-                   env={**os.environ, "OMP_NUM_THREADS": "1"},
-                   cwd=out, check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rampwatch",
+            "train",
+            "--preset",
+            "bench-tiny",
+            "--db",
+            str(db),
+            "--run-id",
+            "rec",
+            "--seed",
+            str(seed),
+            "--steps",
+            str(steps),
+            "--ramp",
+            "off",
+            "--no-plan",
+            "--checkpoint-dir",
+            str(out / "ckpt"),
+            "--checkpoint-every",
+            "0",
+            "--progress",
+            "off",
+            "--val-every",
+            "0",
+        ],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        cwd=out,
+        check=True,
+    )
     return db, "rec"
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--db", type=Path)
     ap.add_argument("--run")
     ap.add_argument("--steps", type=int, default=1500)
@@ -123,27 +159,42 @@ def main() -> int:
         db, run_id = (a.db, a.run) if a.db else train_one(Path(tmp), a.steps, a.seed)
         steps, g2, trace, batch = recorded(db, run_id)
     if len(steps) < 300:
-        raise SystemExit(f"noise_window_bench: run {run_id} has {len(steps)} steps with per-step "
-                         "estimates; need 300 or more")
+        raise SystemExit(
+            f"noise_window_bench: run {run_id} has {len(steps)} steps with per-step "
+            "estimates; need 300 or more"
+        )
     ref = centred(g2, trace)
     paths = {"window (default)": window_path(g2, trace)}
     for h in (2000, 320):
         paths[f"EMA, half-life {h} seq"] = ema_path(g2, trace, batch, h)
-    print(f"# smoothed noise scale on run {run_id}: {len(steps)} steps, batch "
-          f"{int(np.median(batch))} sequences; reference: centred sums over ±{HALF_WIDTH} steps\n")
-    print("| smoother | lag (steps) | median abs log error | median abs step change | steps with a value | "
-          + " | ".join(f"first >= {t}" for t in THRESHOLDS) + " |")
+    print(
+        f"# smoothed noise scale on run {run_id}: {len(steps)} steps, batch "
+        f"{int(np.median(batch))} sequences; reference: centred sums over ±{HALF_WIDTH} steps\n"
+    )
+    print(
+        "| smoother | lag (steps) | median abs log error | median abs step change | steps with a value | "
+        + " | ".join(f"first >= {t}" for t in THRESHOLDS)
+        + " |"
+    )
     print("|---" * (5 + len(THRESHOLDS)) + "|")
     rows = [("centred reference", None)] + list(paths.items())
     for label, path in rows:
         if path is None:
-            first = {t: next((int(steps[i]) for i in range(len(ref)) if ref[i] >= t), None)
-                     for t in THRESHOLDS}
-            print(f"| {label} | — | — | — | — | " + " | ".join(str(first[t]) for t in THRESHOLDS) + " |")
+            first = {
+                t: next((int(steps[i]) for i in range(len(ref)) if ref[i] >= t), None)
+                for t in THRESHOLDS
+            }
+            print(
+                f"| {label} | — | — | — | — | "
+                + " | ".join(str(first[t]) for t in THRESHOLDS)
+                + " |"
+            )
             continue
         sc = score(steps, path, ref)
-        print(f"| {label} | {sc['lag']} | {sc['err']:.3f} | {sc['noise']:.4f} | "
-              f"{sc['coverage']:.0%} | " + " | ".join(str(sc['first'][t]) for t in THRESHOLDS) + " |")
+        print(
+            f"| {label} | {sc['lag']} | {sc['err']:.3f} | {sc['noise']:.4f} | "
+            f"{sc['coverage']:.0%} | " + " | ".join(str(sc["first"][t]) for t in THRESHOLDS) + " |"
+        )
     return 0
 
 

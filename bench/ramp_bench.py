@@ -22,6 +22,7 @@ Printed, per seed:
 Goal: auto ≤ 0.75× the steps of fixed 16 at ≤ 1.5× its sequences; B_crit / noise scale at the
 target in [0.5, 4].
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,8 +59,15 @@ class Result:
     wall_s: float
 
 
-def run(out: Path, name: str, batch: int, lr: float, seed: int, target: float,
-        ramp_at: float | None = None) -> Result:
+def run(
+    out: Path,
+    name: str,
+    batch: int,
+    lr: float,
+    seed: int,
+    target: float,
+    ramp_at: float | None = None,
+) -> Result:
     """Train one run to the target; a finished run already in `out` (--keep) is read instead.
     ramp_at: `--ramp auto` with that ramp point (× the batch); None: a constant batch."""
     db = out / f"{name}.duckdb"
@@ -68,19 +76,52 @@ def run(out: Path, name: str, batch: int, lr: float, seed: int, target: float,
             return measured(db, name, batch, lr, target, 0.0)
         for leftover in out.glob(f"{name}.duckdb*"):
             shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
-    args = [sys.executable, "-m", "rampwatch", "train", "--preset", "bench-tiny", "--db", str(db),
-            "--run-id", name, "--seed", str(seed), "--per-device-batch", str(batch // 2),
-            "--accum", "2", "--lr", f"{lr:.6g}", "--steps", str(MAX_SEQUENCES // batch),
-            "--val-every", str(max(2, 160 // batch)), "--val-batch", "64",
-            "--target-val-loss", str(target), "--checkpoint-dir", str(out / "ckpt"),
-            "--checkpoint-every", "0", "--progress", "off", "--no-plan"]
-    args += ["--ramp", "off"] if ramp_at is None else ["--ramp", "auto", "--ramp-at", f"{ramp_at:g}"]
+    args = [
+        sys.executable,
+        "-m",
+        "rampwatch",
+        "train",
+        "--preset",
+        "bench-tiny",
+        "--db",
+        str(db),
+        "--run-id",
+        name,
+        "--seed",
+        str(seed),
+        "--per-device-batch",
+        str(batch // 2),
+        "--accum",
+        "2",
+        "--lr",
+        f"{lr:.6g}",
+        "--steps",
+        str(MAX_SEQUENCES // batch),
+        "--val-every",
+        str(max(2, 160 // batch)),
+        "--val-batch",
+        "64",
+        "--target-val-loss",
+        str(target),
+        "--checkpoint-dir",
+        str(out / "ckpt"),
+        "--checkpoint-every",
+        "0",
+        "--progress",
+        "off",
+        "--no-plan",
+    ]
+    args += (
+        ["--ramp", "off"] if ramp_at is None else ["--ramp", "auto", "--ramp-at", f"{ramp_at:g}"]
+    )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     t0 = time.perf_counter()
     done = subprocess.run(args, env=env, capture_output=True, text=True, cwd=out)
     wall = time.perf_counter() - t0
     if done.returncode != 0:
-        raise SystemExit(f"ramp_bench: run {name} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        raise SystemExit(
+            f"ramp_bench: run {name} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+        )
     return measured(db, name, batch, lr, target, wall)
 
 
@@ -104,11 +145,18 @@ def series(db: Path, run_id: str, name: str) -> dict[int, float]:
 
 def sweep(out: Path, seed: int, batches, target: float, jobs: int):
     """({batch: best Result over the LR grid}, {ramp_at: auto run}, every constant-batch Result)."""
-    tasks = [(f"s{seed}-b{b}-lr{m:g}", b, BASE_LR * math.sqrt(b / BASE_BATCH) * m)
-             for b in batches for m in LR_GRID]
+    tasks = [
+        (f"s{seed}-b{b}-lr{m:g}", b, BASE_LR * math.sqrt(b / BASE_BATCH) * m)
+        for b in batches
+        for m in LR_GRID
+    ]
     with ThreadPoolExecutor(jobs) as pool:
-        autos = {at: pool.submit(run, out, f"s{seed}-auto-at{at:g}", BASE_BATCH, BASE_LR, seed,
-                                 target, at) for at in AUTO_RAMP_AT}
+        autos = {
+            at: pool.submit(
+                run, out, f"s{seed}-auto-at{at:g}", BASE_BATCH, BASE_LR, seed, target, at
+            )
+            for at in AUTO_RAMP_AT
+        }
         results = list(pool.map(lambda t: run(out, t[0], t[1], t[2], seed, target), tasks))
         autos = {at: f.result() for at, f in autos.items()}
     best = {}
@@ -119,7 +167,9 @@ def sweep(out: Path, seed: int, batches, target: float, jobs: int):
     return best, autos, results
 
 
-def predicted_by_eq_2_11(noise: dict[int, float], steps16: int, policy: RampPolicy) -> tuple[float, float]:
+def predicted_by_eq_2_11(
+    noise: dict[int, float], steps16: int, policy: RampPolicy
+) -> tuple[float, float]:
     """(steps, sequences) of the policy relative to fixed 16, over the fixed-16 run's progress.
 
     Each fixed-16 step is dS_min = 1/(1 + B_noise/16) of progress; at batch B the same progress
@@ -144,16 +194,20 @@ def report(seed: int, best: dict, results: list[Result], autos: dict, target: fl
     print(f"\n### seed {seed}: steps and sequences to val loss {target}\n")
     print("| batch | best LR | steps | sequences |\n|---|---|---|---|")
     for b, r in sorted(best.items()):
-        print(f"| {b} | {r.lr:.3g} | {r.steps if r.steps else 'not reached'} | "
-              f"{r.sequences if r.sequences else '—'} |")
+        print(
+            f"| {b} | {r.lr:.3g} | {r.steps if r.steps else 'not reached'} | "
+            f"{r.sequences if r.sequences else '—'} |"
+        )
     reached = {b: r for b, r in best.items() if r.steps}
     fit = None
     if len(reached) >= 3:
         try:
             s_min, b_crit = fit_critical_batch(list(reached), [r.steps for r in reached.values()])
             fit = (s_min, b_crit)
-            print(f"\nfit S = S_min(1 + B_crit/B): S_min = {s_min:.0f} steps, "
-                  f"B_crit = {b_crit:.1f} sequences")
+            print(
+                f"\nfit S = S_min(1 + B_crit/B): S_min = {s_min:.0f} steps, "
+                f"B_crit = {b_crit:.1f} sequences"
+            )
         except ValueError as e:
             print(f"\nno B_crit fit: {e}")
     r16 = best[BASE_BATCH]
@@ -168,27 +222,35 @@ def report(seed: int, best: dict, results: list[Result], autos: dict, target: fl
         if near is None:
             print(f"| {s} | {val.get(v, float('nan')):.3f} | — | — | — |")
             continue
-        print(f"| {s} | {val.get(v, float('nan')):.3f} | {_fmt(gns.get(near))} | "
-              f"{_fmt(low.get(near))} | {_fmt(high.get(near))} |")
+        print(
+            f"| {s} | {val.get(v, float('nan')):.3f} | {_fmt(gns.get(near))} | "
+            f"{_fmt(low.get(near))} | {_fmt(high.get(near))} |"
+        )
     at_target = gns.get(max((k for k in gns if k <= end), default=-1))
     ratio = fit[1] / at_target if fit and at_target else None
     if ratio is not None:
-        print(f"\nat the target: noise scale {at_target:.1f}, B_crit {fit[1]:.1f}: "
-              f"B_crit / noise scale = {ratio:.2f} (goal 0.5–4)")
+        print(
+            f"\nat the target: noise scale {at_target:.1f}, B_crit {fit[1]:.1f}: "
+            f"B_crit / noise scale = {ratio:.2f} (goal 0.5–4)"
+        )
     policy = RampPolicy(original_batch=BASE_BATCH, original_lr=BASE_LR)
     same_lr = [r for r in results if r.batch == BASE_BATCH and math.isclose(r.lr, BASE_LR)]
     fixed16 = same_lr[0] if same_lr else r16
     fewest = min(reached.values(), key=lambda r: r.steps) if reached else None
     print(f"\n`--ramp auto` from 16 (policy: {policy.describe()}):\n")
-    print("| run | steps | sequences | steps / fixed 16 | sequences / fixed 16 |\n|---|---|---|---|---|")
+    print(
+        "| run | steps | sequences | steps / fixed 16 | sequences / fixed 16 |\n|---|---|---|---|---|"
+    )
     rows = [("fixed 16 (same LR)", fixed16)]
     rows += [(f"auto from 16, ramp at {at:g}× the batch", r) for at, r in autos.items()]
     if fewest is not None:
         rows.append((f"fixed {fewest.batch} (fewest steps)", fewest))
     for label, r in rows:
         if r.steps and fixed16.steps:
-            print(f"| {label} | {r.steps} | {r.sequences} | {r.steps / fixed16.steps:.2f} | "
-                  f"{r.sequences / fixed16.sequences:.2f} |")
+            print(
+                f"| {label} | {r.steps} | {r.sequences} | {r.steps / fixed16.steps:.2f} | "
+                f"{r.sequences / fixed16.sequences:.2f} |"
+            )
         else:
             print(f"| {label} | {r.steps or 'not reached'} | {r.sequences or '—'} | — | — |")
     out = {"ratio": ratio}
@@ -196,15 +258,27 @@ def report(seed: int, best: dict, results: list[Result], autos: dict, target: fl
     for at, r in autos.items():
         if fixed16.steps:
             ps, pe = predicted_by_eq_2_11(noise, fixed16.steps, replace(policy, ramp_at=at))
-            print(f"| eq. 2.11 for ramp at {at:g}× over fixed 16's noise scale | | | {ps:.2f} | "
-                  f"{pe:.2f} |")
-        out[at] = ((r.steps / fixed16.steps, r.sequences / fixed16.sequences)
-                   if r.steps and fixed16.steps else None)
+            print(
+                f"| eq. 2.11 for ramp at {at:g}× over fixed 16's noise scale | | | {ps:.2f} | "
+                f"{pe:.2f} |"
+            )
+        out[at] = (
+            (r.steps / fixed16.steps, r.sequences / fixed16.sequences)
+            if r.steps and fixed16.steps
+            else None
+        )
     for at, r in autos.items():
         ramps = reader.events(r.db, r.name, kinds=[M.EVENT_RAMP])
-        print(f"\nauto ramps (ramp at {at:g}×): " + ("; ".join(
-            f"step {e.step}: {e.data['before']['batch']} -> {e.data['after']['batch']}"
-            for e in ramps) or "none"))
+        print(
+            f"\nauto ramps (ramp at {at:g}×): "
+            + (
+                "; ".join(
+                    f"step {e.step}: {e.data['before']['batch']} -> {e.data['after']['batch']}"
+                    for e in ramps
+                )
+                or "none"
+            )
+        )
     return out
 
 
@@ -213,13 +287,19 @@ def _fmt(v) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--target", type=float, help="val loss (default 1.75; --quick 2.0)")
     ap.add_argument("--batches", type=int, nargs="+")
     ap.add_argument("--jobs", type=int, default=2, help="runs at once (one thread each)")
-    ap.add_argument("--keep", type=Path, help="keep the run databases in this folder; finished "
-                                             "runs already there are read, not trained again")
+    ap.add_argument(
+        "--keep",
+        type=Path,
+        help="keep the run databases in this folder; finished "
+        "runs already there are read, not trained again",
+    )
     ap.add_argument("--quick", action="store_true")
     a = ap.parse_args()
     target = a.target or (2.0 if a.quick else 1.75)
@@ -229,8 +309,10 @@ def main() -> int:
         raise SystemExit(f"ramp_bench: --batches must include {BASE_BATCH} (the auto run's start)")
     load = os.getloadavg()[0]
     t0 = time.perf_counter()
-    print(f"# ramp bench: bench-tiny, target val loss {target}, batches {batches}, seeds {seeds}, "
-          f"LR grid {LR_GRID} × √ rule, {a.jobs} runs at once; load average {load:.2f}")
+    print(
+        f"# ramp bench: bench-tiny, target val loss {target}, batches {batches}, seeds {seeds}, "
+        f"LR grid {LR_GRID} × √ rule, {a.jobs} runs at once; load average {load:.2f}"
+    )
     summary = []
     with tempfile.TemporaryDirectory() as tmp:
         out = a.keep or Path(tmp)
@@ -241,13 +323,23 @@ def main() -> int:
     print("\n### summary\n")
     for seed, s in zip(seeds, summary):
         rt = "—" if s["ratio"] is None else f"{s['ratio']:.2f}"
-        autos = "; ".join(f"ramp at {at:g}×: " + ("not reached" if s[at] is None else
-                          f"steps {s[at][0]:.2f}, sequences {s[at][1]:.2f}")
-                          for at in AUTO_RAMP_AT)
-        print(f"- seed {seed}: auto / fixed 16 — {autos} (goal: steps ≤ 0.75 at sequences ≤ 1.5); "
-              f"B_crit / noise scale at target {rt} (goal 0.5–4)")
-    print(f"\nwall time {time.perf_counter() - t0:.0f} s on {os.cpu_count()} cores "
-          f"(load average at start {load:.2f}, at end {os.getloadavg()[0]:.2f})")
+        autos = "; ".join(
+            f"ramp at {at:g}×: "
+            + (
+                "not reached"
+                if s[at] is None
+                else f"steps {s[at][0]:.2f}, sequences {s[at][1]:.2f}"
+            )
+            for at in AUTO_RAMP_AT
+        )
+        print(
+            f"- seed {seed}: auto / fixed 16 — {autos} (goal: steps ≤ 0.75 at sequences ≤ 1.5); "
+            f"B_crit / noise scale at target {rt} (goal 0.5–4)"
+        )
+    print(
+        f"\nwall time {time.perf_counter() - t0:.0f} s on {os.cpu_count()} cores "
+        f"(load average at start {load:.2f}, at end {os.getloadavg()[0]:.2f})"
+    )
     return 0
 
 

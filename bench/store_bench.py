@@ -6,6 +6,7 @@ times the two layouts the store did not choose (raw interleaved rows, a sorted c
 same data, to re-check the choice documented in store/reader.py. Figures depend on the machine
 and its load: run it on a quiet one.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,12 @@ NAMES = [f"metric_{j:02d}" for j in range(N_METRICS)]
 
 def _pct(samples_ns: list[int]) -> tuple[float, float, float, float]:
     a = np.asarray(samples_ns, dtype=np.float64) / 1e3
-    return (float(np.percentile(a, 50)), float(np.percentile(a, 99)),
-            float(np.percentile(a, 99.9)), float(a.max()))
+    return (
+        float(np.percentile(a, 50)),
+        float(np.percentile(a, 99)),
+        float(np.percentile(a, 99.9)),
+        float(a.max()),
+    )
 
 
 def _spin(us: float) -> None:
@@ -44,8 +49,9 @@ def bench_log(tmp: Path, calls: int, gap_us: float, flush_interval: float, sleep
     Between calls the main thread either spins in Python (holding the GIL: the worst case for
     the flusher thread) or sleeps (releasing it, like a loop waiting on the GPU).
     """
-    w = store.RunWriter.start(tmp / "log.duckdb", "log-bench", flush_interval=flush_interval,
-                              lock_timeout=120)
+    w = store.RunWriter.start(
+        tmp / "log.duckdb", "log-bench", flush_interval=flush_interval, lock_timeout=120
+    )
     rng = np.random.default_rng(0)
     vals = rng.standard_normal((1024, N_METRICS)).tolist()
     samples = []
@@ -67,6 +73,7 @@ def bench_log(tmp: Path, calls: int, gap_us: float, flush_interval: float, sleep
 
 def bench_tensorboard(tmp: Path, calls: int, gap_us: float):
     from torch.utils.tensorboard import SummaryWriter  # lazy: heavy, and only for comparison
+
     tb = SummaryWriter(log_dir=str(tmp / "tb"))
     rng = np.random.default_rng(0)
     vals = rng.standard_normal((1024, N_METRICS)).tolist()
@@ -89,7 +96,7 @@ def build_run(db: Path, steps: int, name: str):
     Returns (run_id, seconds logging, seconds ingesting): the same path and layout as a live
     run, only with one big backlog instead of a thousand rows a second.
     """
-    w = store.RunWriter.start(db, name, flush_interval=10 ** 6, lock_timeout=600)
+    w = store.RunWriter.start(db, name, flush_interval=10**6, lock_timeout=600)
     rng = np.random.default_rng(1)
     walk = np.cumsum(rng.standard_normal((steps, N_METRICS)), axis=0)
     walk[rng.random((steps, N_METRICS)) < 1e-4] = np.nan  # a few non-finite values
@@ -120,15 +127,16 @@ def bench_queries(db: Path, run_id: str, reps: int):
     full = store.series(db, run_id, NAMES[7], buckets=2000)
     out["chart"] = _timed(lambda: store.series(db, run_id, NAMES[7], buckets=2000), reps)
     out["chart_buckets"] = (len(full.step), full.width)
-    out["refresh"] = _timed(lambda: store.series(db, run_id, NAMES[7], width=full.width,
-                                                 since_step=full.since), reps)
+    out["refresh"] = _timed(
+        lambda: store.series(db, run_id, NAMES[7], width=full.width, since_step=full.since), reps
+    )
     out["latest"] = _timed(lambda: store.latest(db, run_id), reps)
     return out
 
 
 def bench_visit(db: Path, reps: int) -> tuple[float, float]:
     """One flusher visit on the big file: 1 s of a 50-steps/s run (1,000 rows) in, then out."""
-    w = store.RunWriter.start(db, "visits", flush_interval=10 ** 6, lock_timeout=60)
+    w = store.RunWriter.start(db, "visits", flush_interval=10**6, lock_timeout=60)
     step = 0
 
     def once():
@@ -137,6 +145,7 @@ def bench_visit(db: Path, reps: int) -> tuple[float, float]:
             w.log(step, dict.fromkeys(NAMES, 1.0))
             step += 1
         assert w.flush()
+
     try:
         return _timed(once, reps)
     finally:
@@ -147,6 +156,7 @@ def _connect_only(db: Path, reps: int):
     def once():
         with read_connection(db) as con:
             con.execute("SELECT 1").fetchall()
+
     return _timed(once, reps)
 
 
@@ -160,14 +170,19 @@ def bench_layouts(db: Path, run_id: str, steps: int, reps: int):
     with write_connection(db, timeout=600) as con:
         con.execute("CREATE TABLE bench_sorted AS SELECT * FROM metrics LIMIT 0")
         for lo in range(0, steps, 65536):
-            con.execute("INSERT INTO bench_sorted SELECT * FROM metrics WHERE run_id = ? AND "
-                        "step >= ? AND step < ? ORDER BY name, step", [run_id, lo, lo + 65536])
+            con.execute(
+                "INSERT INTO bench_sorted SELECT * FROM metrics WHERE run_id = ? AND "
+                "step >= ? AND step < ? ORDER BY name, step",
+                [run_id, lo, lo + 65536],
+            )
 
     def query(table):
         def once():
             with read_connection(db) as con:
                 con.execute(raw_sql.format(table=table), [run_id, NAMES[7]]).fetchall()
+
         return once
+
     return _timed(query("metrics"), reps), _timed(query("bench_sorted"), reps)
 
 
@@ -179,71 +194,128 @@ def main() -> int:
     a = p.parse_args()
     # smaller runs: the slowest case of each read path (fine rollup at width 32, raw at 4)
     calls, tb_calls, steps, smaller, reps, gap = (
-        (10_000, 500, 20_000, (5_000, 1_000), 3, 200.0) if a.quick else
-        (50_000, 10_000, 1_000_000, (64_000, 8_000), 7, 200.0))
+        (10_000, 500, 20_000, (5_000, 1_000), 3, 200.0)
+        if a.quick
+        else (50_000, 10_000, 1_000_000, (64_000, 8_000), 7, 200.0)
+    )
     tmp = Path(tempfile.mkdtemp(prefix="store_bench_", dir=a.dir))
     rows = []
     try:
         for label, fi, sleep_gap in (
-                ("flusher running, gap spins in Python (holds the GIL)", 1.0, False),
-                ("flusher running, gap sleeps (releases the GIL, like waiting on a GPU)", 1.0,
-                 True),
-                ("no flusher, gap spins (baseline)", 10 ** 6, False),
-                ("no flusher, gap sleeps (baseline: caches go cold in a sleep)", 10 ** 6, True)):
+            ("flusher running, gap spins in Python (holds the GIL)", 1.0, False),
+            ("flusher running, gap sleeps (releases the GIL, like waiting on a GPU)", 1.0, True),
+            ("no flusher, gap spins (baseline)", 10**6, False),
+            ("no flusher, gap sleeps (baseline: caches go cold in a sleep)", 10**6, True),
+        ):
             (p50, p99, p999, mx), flushes = bench_log(tmp, calls, gap, fi, sleep_gap)
-            rows.append((f"log() 20 metrics, {label}; {calls:,} calls, {flushes} flushes",
-                         f"p50 {p50:.1f} µs, p99 {p99:.1f} µs, p99.9 {p999:.0f} µs, "
-                         f"max {mx:.0f} µs", "p50 < 10 µs, p99 < 100 µs" if fi == 1.0 else ""))
+            rows.append(
+                (
+                    f"log() 20 metrics, {label}; {calls:,} calls, {flushes} flushes",
+                    f"p50 {p50:.1f} µs, p99 {p99:.1f} µs, p99.9 {p999:.0f} µs, max {mx:.0f} µs",
+                    "p50 < 10 µs, p99 < 100 µs" if fi == 1.0 else "",
+                )
+            )
         try:
             (p50, p99, p999, mx) = bench_tensorboard(tmp, tb_calls, gap)
-            rows.append((f"TensorBoard add_scalar x20 per step ({tb_calls:,} steps)",
-                         f"p50 {p50:.1f} µs, p99 {p99:.1f} µs, p99.9 {p999:.0f} µs, "
-                         f"max {mx:.0f} µs", "(comparison)"))
+            rows.append(
+                (
+                    f"TensorBoard add_scalar x20 per step ({tb_calls:,} steps)",
+                    f"p50 {p50:.1f} µs, p99 {p99:.1f} µs, p99.9 {p999:.0f} µs, max {mx:.0f} µs",
+                    "(comparison)",
+                )
+            )
         except ImportError as e:
             rows.append(("TensorBoard add_scalar x20 per step", f"skipped: {e}", ""))
         db = tmp / "big.duckdb"
         run_id, t_log, t_ingest = build_run(db, steps, "big")
         n = steps * N_METRICS
-        rows.append((f"spool append via log(), tight loop ({steps:,} steps x 20)",
-                     f"{n / t_log:,.0f} rows/s", ""))
-        rows.append((f"ingest spool → DuckDB incl. rollup ({n:,} rows backlog)",
-                     f"{n / t_ingest:,.0f} rows/s ({t_ingest:.1f} s)", "≫ 1,000 rows/s logged"))
+        rows.append(
+            (
+                f"spool append via log(), tight loop ({steps:,} steps x 20)",
+                f"{n / t_log:,.0f} rows/s",
+                "",
+            )
+        )
+        rows.append(
+            (
+                f"ingest spool → DuckDB incl. rollup ({n:,} rows backlog)",
+                f"{n / t_ingest:,.0f} rows/s ({t_ingest:.1f} s)",
+                "≫ 1,000 rows/s logged",
+            )
+        )
         q = bench_queries(db, run_id, reps)
         nb, width = q["chart_buckets"]
-        rows.append((f"chart: 2,000-bucket series of 1 metric, {steps:,}-step run, with connect",
-                     f"{q['chart'][0]:.1f} ms median, {q['chart'][1]:.1f} ms min "
-                     f"({nb} buckets of {width} steps)", "< 50 ms"))
-        rows.append(("live refresh: from the last partial bucket on, with connect",
-                     f"{q['refresh'][0]:.1f} ms median, {q['refresh'][1]:.1f} ms min", ""))
-        rows.append(("latest value of all 20 metrics, with connect",
-                     f"{q['latest'][0]:.1f} ms median", ""))
+        rows.append(
+            (
+                f"chart: 2,000-bucket series of 1 metric, {steps:,}-step run, with connect",
+                f"{q['chart'][0]:.1f} ms median, {q['chart'][1]:.1f} ms min "
+                f"({nb} buckets of {width} steps)",
+                "< 50 ms",
+            )
+        )
+        rows.append(
+            (
+                "live refresh: from the last partial bucket on, with connect",
+                f"{q['refresh'][0]:.1f} ms median, {q['refresh'][1]:.1f} ms min",
+                "",
+            )
+        )
+        rows.append(
+            ("latest value of all 20 metrics, with connect", f"{q['latest'][0]:.1f} ms median", "")
+        )
         v = bench_visit(db, reps)
-        rows.append(("flusher visit on that file: 1,000 rows in + heartbeat + commands",
-                     f"{v[0]:.1f} ms median, {v[1]:.1f} ms min", ""))
+        rows.append(
+            (
+                "flusher visit on that file: 1,000 rows in + heartbeat + commands",
+                f"{v[0]:.1f} ms median, {v[1]:.1f} ms min",
+                "",
+            )
+        )
         c = _connect_only(db, reps)
-        rows.append(("connect + SELECT 1 + close (read-only, under the lock)",
-                     f"{c[0]:.1f} ms median", ""))
+        rows.append(
+            ("connect + SELECT 1 + close (read-only, under the lock)", f"{c[0]:.1f} ms median", "")
+        )
         for small in smaller:
             small_id, _, _ = build_run(db, small, f"small-{small}")
             s = bench_queries(db, small_id, reps)
             nb, width = s["chart_buckets"]
-            path = ("raw rows" if width < 8 else "8-step rollup" if width < 64
-                    else "64-step rollup")
-            rows.append((f"chart, {small:,}-step run in the same file ({path})",
-                         f"{s['chart'][0]:.1f} ms median ({nb} buckets of {width} steps)",
-                         "< 50 ms"))
+            path = "raw rows" if width < 8 else "8-step rollup" if width < 64 else "64-step rollup"
+            rows.append(
+                (
+                    f"chart, {small:,}-step run in the same file ({path})",
+                    f"{s['chart'][0]:.1f} ms median ({nb} buckets of {width} steps)",
+                    "< 50 ms",
+                )
+            )
         if a.layouts:
             (raw, _), (srt, _) = bench_layouts(db, run_id, steps, reps)
-            rows.append(("not chosen: raw interleaved rows, same chart, with connect",
-                         f"{raw:.1f} ms median", ""))
-            rows.append(("not chosen: copy sorted by (name, step) in 65,536-step chunks",
-                         f"{srt:.1f} ms median", ""))
-        rows.append(("database file size", f"{db.stat().st_size / 1e6:,.0f} MB "
-                     f"({steps + sum(smaller):,} steps x 20 metrics)", ""))
+            rows.append(
+                (
+                    "not chosen: raw interleaved rows, same chart, with connect",
+                    f"{raw:.1f} ms median",
+                    "",
+                )
+            )
+            rows.append(
+                (
+                    "not chosen: copy sorted by (name, step) in 65,536-step chunks",
+                    f"{srt:.1f} ms median",
+                    "",
+                )
+            )
+        rows.append(
+            (
+                "database file size",
+                f"{db.stat().st_size / 1e6:,.0f} MB ({steps + sum(smaller):,} steps x 20 metrics)",
+                "",
+            )
+        )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"\nStore benchmark ({'quick' if a.quick else 'full'}; {os.cpu_count()} CPUs, "
-          f"load average {os.getloadavg()[0]:.2f}; gap between log() calls {gap:.0f} µs)\n")
+    print(
+        f"\nStore benchmark ({'quick' if a.quick else 'full'}; {os.cpu_count()} CPUs, "
+        f"load average {os.getloadavg()[0]:.2f}; gap between log() calls {gap:.0f} µs)\n"
+    )
     print("| measurement | result | target |")
     print("|---|---|---|")
     for r in rows:

@@ -8,6 +8,7 @@ run, incremental series, latest values); a submitter submits a ramp and cancels 
 the writer apply it) once a second. `python bench/store_soak.py` runs 10 minutes; `--quick`
 30 s; `--minutes M` any length. Run it on a quiet machine: the figures include its load.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,7 @@ NAMES = [f"metric_{j:02d}" for j in range(N_METRICS)]
 
 
 def _writer(db: str, seconds: float, out: mp.Queue) -> None:
-    w = store.RunWriter.start(db, "soak", run_id="soak", config={"per_device_batch": 8,
-                                                                 "accum": 1})
+    w = store.RunWriter.start(db, "soak", run_id="soak", config={"per_device_batch": 8, "accum": 1})
     out.put(("started", None))
     lat, applied, step, t0 = [], 0, 0, time.monotonic()
     while time.monotonic() - t0 < seconds:
@@ -43,9 +43,19 @@ def _writer(db: str, seconds: float, out: mp.Queue) -> None:
         lat.append(time.perf_counter_ns() - t)
         step += 1
     ok = w.close()
-    out.put(("writer", {"steps": step, "log_ns": lat, "errors": w.errors, "closed": ok,
-                        "applied": applied, "stats": {k: v for k, v in w.stats().items()
-                                                      if k != "last_flush"}}))
+    out.put(
+        (
+            "writer",
+            {
+                "steps": step,
+                "log_ns": lat,
+                "errors": w.errors,
+                "closed": ok,
+                "applied": applied,
+                "stats": {k: v for k, v in w.stats().items() if k != "last_flush"},
+            },
+        )
+    )
 
 
 def _reader(db: str, seconds: float, out: mp.Queue) -> None:
@@ -56,8 +66,9 @@ def _reader(db: str, seconds: float, out: mp.Queue) -> None:
         try:
             with r.session():
                 r.get_run("soak")
-                fresh = r.series("soak", NAMES[0], width=16,
-                                 since_step=None if series is None else series.since)
+                fresh = r.series(
+                    "soak", NAMES[0], width=16, since_step=None if series is None else series.since
+                )
                 series = fresh if series is None else series.merge(fresh)
                 r.latest("soak")
             lat.append(time.perf_counter() - t)
@@ -74,8 +85,9 @@ def _submitter(db: str, seconds: float, out: mp.Queue) -> None:
     while time.monotonic() - t0 < seconds:
         t = time.monotonic()
         try:
-            cid = store.commands.submit(db, "soak", "ramp", {"per_device_batch": 8 + i % 2,
-                                                             "accum": 1}, "soak", key=f"k{i}")
+            cid = store.commands.submit(
+                db, "soak", "ramp", {"per_device_batch": 8 + i % 2, "accum": 1}, "soak", key=f"k{i}"
+            )
             submitted += 1
             try:
                 store.commands.cancel(db, cid, "soak")
@@ -123,9 +135,11 @@ def main() -> None:
     log_us = np.array(wr["log_ns"]) / 1e3
     rerr = [e for r in results["reader"] for e in r["errors"]]
     sub = results["submitter"][0]
-    print(f"store soak: {seconds:.0f} s, 1 writer x {N_METRICS} metrics at {RATE} steps/s, "
-          f"{READERS} readers at {READ_HZ:g} Hz, 1 submit/cancel per s; load average "
-          f"{os.getloadavg()[0]:.2f}")
+    print(
+        f"store soak: {seconds:.0f} s, 1 writer x {N_METRICS} metrics at {RATE} steps/s, "
+        f"{READERS} readers at {READ_HZ:g} Hz, 1 submit/cancel per s; load average "
+        f"{os.getloadavg()[0]:.2f}"
+    )
     print("| measurement | value |\n|---|---|")
     print(f"| rows expected / stored | {wr['steps'] * N_METRICS} / {stored} |")
     print(f"| run status, closed cleanly | {status}, {wr['closed']} |")
@@ -133,13 +147,19 @@ def main() -> None:
     print(f"| alert events | {len(alerts)} |")
     print(f"| reader polls, errors | {len(lat)}, {len(rerr)} |")
     if len(lat):
-        print(f"| reader latency p50 / p99 / max | {np.percentile(lat, 50):.1f} / "
-              f"{np.percentile(lat, 99):.1f} / {lat.max():.1f} ms |")
-    print(f"| log() p50 / p99 / p99.9 / max | {np.percentile(log_us, 50):.1f} / "
-          f"{np.percentile(log_us, 99):.1f} / {np.percentile(log_us, 99.9):.1f} / "
-          f"{log_us.max():.0f} µs |")
-    print(f"| commands submitted / cancelled / applied, errors | {sub['submitted']} / "
-          f"{sub['cancelled']} / {wr['applied']}, {len(sub['errors'])} |")
+        print(
+            f"| reader latency p50 / p99 / max | {np.percentile(lat, 50):.1f} / "
+            f"{np.percentile(lat, 99):.1f} / {lat.max():.1f} ms |"
+        )
+    print(
+        f"| log() p50 / p99 / p99.9 / max | {np.percentile(log_us, 50):.1f} / "
+        f"{np.percentile(log_us, 99):.1f} / {np.percentile(log_us, 99.9):.1f} / "
+        f"{log_us.max():.0f} µs |"
+    )
+    print(
+        f"| commands submitted / cancelled / applied, errors | {sub['submitted']} / "
+        f"{sub['cancelled']} / {wr['applied']}, {len(sub['errors'])} |"
+    )
     print(f"| writer busy visits | {wr['stats']['busy']} |")
     for e in (rerr + sub["errors"])[:5]:
         print("error:", e)

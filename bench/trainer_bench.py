@@ -10,6 +10,7 @@
    method) with plain vs chunked lm_head + cross-entropy at the same batch, on a logits-heavy
    shape, beside the plan's per-component breakdown (trainer/memplan.py).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,15 @@ from rampwatch.trainer.data import prepare
 from rampwatch.trainer.memplan import plan_in_process
 from rampwatch.trainer.model import GPT, configure_optimizer
 
-LOGITS_HEAVY = {"vocab_size": 8192, "tokenizer": "bpe", "n_layer": 2, "n_head": 4,
-                "d_model": 128, "seq_len": 256, "ce_chunk_tokens": 256}
+LOGITS_HEAVY = {
+    "vocab_size": 8192,
+    "tokenizer": "bpe",
+    "n_layer": 2,
+    "n_head": 4,
+    "d_model": 128,
+    "seq_len": 256,
+    "ce_chunk_tokens": 256,
+}
 
 
 def _block(model, opt, data, mon, first_id: int, steps: int, batch: int, accum: int) -> float:
@@ -63,9 +71,16 @@ def telemetry_overhead(preset: str, rounds: int, steps: int) -> list[str]:
     model = GPT(cfg)
     opt = configure_optimizer(model, "adamw", d.lr)
     with tempfile.TemporaryDirectory() as tmp:
-        mon = Monitor.start(Path(tmp) / "bench.duckdb", name="bench", config={}, model=model,
-                            optimizer=opt, per_device_batch=d.per_device_batch, accum=d.accum,
-                            seq_len=cfg.seq_len)
+        mon = Monitor.start(
+            Path(tmp) / "bench.duckdb",
+            name="bench",
+            config={},
+            model=model,
+            optimizer=opt,
+            per_device_batch=d.per_device_batch,
+            accum=d.accum,
+            seq_len=cfg.seq_len,
+        )
         on, off = [], []
         first = 0
         _block(model, opt, data, None, first, 2, d.per_device_batch, d.accum)  # warm-up
@@ -76,29 +91,38 @@ def telemetry_overhead(preset: str, rounds: int, steps: int) -> list[str]:
         mon.finish()
     med_on, med_off = statistics.median(on), statistics.median(off)
     spread = lambda xs: f"{min(xs):,.0f}–{max(xs):,.0f}"  # noqa: E731
-    return [f"### Telemetry cost, `{preset}` ({d.per_device_batch} × {d.accum}, {rounds} rounds "
-            f"of {steps} steps each, interleaved)", "",
-            "| loop | tokens/s median | spread |", "|---|---:|---:|",
-            f"| telemetry off | {med_off:,.0f} | {spread(off)} |",
-            f"| telemetry on (Monitor + RunWriter) | {med_on:,.0f} | {spread(on)} |",
-            f"| difference | {100 * (med_on - med_off) / med_off:+.1f}% | |", ""]
+    return [
+        f"### Telemetry cost, `{preset}` ({d.per_device_batch} × {d.accum}, {rounds} rounds "
+        f"of {steps} steps each, interleaved)",
+        "",
+        "| loop | tokens/s median | spread |",
+        "|---|---:|---:|",
+        f"| telemetry off | {med_off:,.0f} | {spread(off)} |",
+        f"| telemetry on (Monitor + RunWriter) | {med_on:,.0f} | {spread(on)} |",
+        f"| difference | {100 * (med_on - med_off) / med_off:+.1f}% | |",
+        "",
+    ]
 
 
 def chunked_memory(batch: int) -> list[str]:
-    lines = [f"### Peak memory one step adds: plain vs chunked cross-entropy (batch {batch}, "
-             f"vocab {LOGITS_HEAVY['vocab_size']}, seq {LOGITS_HEAVY['seq_len']}, "
-             f"chunk {LOGITS_HEAVY['ce_chunk_tokens']} tokens)", "",
-             "| variant | measured (VmHWM) | planned | plan: logits | plan: activations |",
-             "|---|---:|---:|---:|---:|"]
+    lines = [
+        f"### Peak memory one step adds: plain vs chunked cross-entropy (batch {batch}, "
+        f"vocab {LOGITS_HEAVY['vocab_size']}, seq {LOGITS_HEAVY['seq_len']}, "
+        f"chunk {LOGITS_HEAVY['ce_chunk_tokens']} tokens)",
+        "",
+        "| variant | measured (VmHWM) | planned | plan: logits | plan: activations |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for variant in ("plain", "chunked"):
-        cfg = {**PRESETS["test-tiny"].to_dict(), **LOGITS_HEAVY,
-               "chunked_ce": variant == "chunked"}
+        cfg = {**PRESETS["test-tiny"].to_dict(), **LOGITS_HEAVY, "chunked_ce": variant == "chunked"}
         real = measure(cfg, batch)
         [row] = plan_in_process(cfg, [batch], variants=(variant,))
         added = row["predicted_bytes"] - row["steady_bytes"]
         mb = lambda n: f"{n / 2**20:,.1f} MiB"  # noqa: E731
-        lines.append(f"| {variant} | {mb(real['step_bytes'])} | {mb(added)} | "
-                     f"{mb(row['breakdown']['logits'])} | {mb(row['breakdown']['activations'])} |")
+        lines.append(
+            f"| {variant} | {mb(real['step_bytes'])} | {mb(added)} | "
+            f"{mb(row['breakdown']['logits'])} | {mb(row['breakdown']['activations'])} |"
+        )
     return lines + [""]
 
 
@@ -108,8 +132,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     preset, rounds, steps = ("test-tiny", 5, 5) if args.quick else ("cpu-tiny", 6, 6)
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, torch "
-          f"{torch.__version__}, {torch.get_num_threads()} thread(s)\n")
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, torch "
+        f"{torch.__version__}, {torch.get_num_threads()} thread(s)\n"
+    )
     print("\n".join(telemetry_overhead(preset, rounds, steps)))
     print("\n".join(chunked_memory(4 if args.quick else 8)))
     return 0

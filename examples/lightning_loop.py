@@ -3,6 +3,7 @@ README's Lightning snippet, runnable (tests/test_integration_lightning.py runs i
 
     python examples/lightning_loop.py runs.duckdb [auto]
 """
+
 import sys
 
 import lightning.pytorch as L
@@ -15,8 +16,9 @@ from rampwatch.integrations.lightning import RampwatchCallback
 class Regression(L.LightningModule):
     def __init__(self):
         super().__init__()
-        self.net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
-                                       torch.nn.Linear(64, 1))
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)
+        )
 
     def training_step(self, batch, batch_idx):
         x, y = batch
@@ -41,10 +43,20 @@ class Data(L.LightningDataModule):
 
 torch.manual_seed(0)
 # --- the integration ----------------------------------------------------------------------
-rampwatch = RampwatchCallback(sys.argv[1], name="lightning", seq_len=1,
-                              ramp=sys.argv[2] if len(sys.argv) > 2 else "manual")
-trainer = L.Trainer(max_steps=60, accumulate_grad_batches=4, gradient_clip_val=1.0,
-                    reload_dataloaders_every_n_epochs=1, callbacks=[rampwatch],
-                    accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                    enable_progress_bar=False, enable_model_summary=False)
+rampwatch = RampwatchCallback(
+    sys.argv[1], name="lightning", seq_len=1, ramp=sys.argv[2] if len(sys.argv) > 2 else "manual"
+)
+trainer = L.Trainer(
+    max_steps=60,
+    accumulate_grad_batches=4,
+    gradient_clip_val=1.0,
+    reload_dataloaders_every_n_epochs=1,
+    callbacks=[rampwatch],
+    accelerator="cpu",
+    devices=1,
+    logger=False,
+    enable_checkpointing=False,
+    enable_progress_bar=False,
+    enable_model_summary=False,
+)
 trainer.fit(Regression(), datamodule=Data())

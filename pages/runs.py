@@ -1,6 +1,7 @@
 """The Runs page, from a checkout. Streamlit runs a file in pages/ itself when a fresh server's
 first request names it (/runs), so this runs the whole app, which routes by the URL: the sidebar
 and the database checks always come first. The page: rampwatch/dashboard/views/runs.py."""
+
 from rampwatch.dashboard.app import main
 
 main()

@@ -18,5 +18,6 @@ __all__ = ["Monitor"]
 def __getattr__(name):
     if name == "Monitor":
         from rampwatch.monitor import Monitor
+
         return Monitor
     raise AttributeError(f"module 'rampwatch' has no attribute {name!r}")

@@ -1,4 +1,5 @@
 """`python -m rampwatch …`: the same as the `rampwatch` command (rampwatch/cli.py)."""
+
 import sys
 
 from rampwatch.cli import main

@@ -10,6 +10,7 @@ exit 2, never a traceback or a usage screen. Each subcommand's options live besi
 heavy imports (torch, streamlit) happen only inside the subcommand that needs them, so a
 viewer's install without torch runs the dashboard and the database commands.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,23 +36,38 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="rampwatch", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
-                                parser_class=_Parser)
-    d = sub.add_parser("dashboard", help="serve the dashboard (Streamlit) on one database",
-                       description="Serve the dashboard. Anything after `--` goes to "
-                                   "`streamlit run` unchanged (e.g. -- --theme.base dark).")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_Parser
+    )
+    d = sub.add_parser(
+        "dashboard",
+        help="serve the dashboard (Streamlit) on one database",
+        description="Serve the dashboard. Anything after `--` goes to "
+        "`streamlit run` unchanged (e.g. -- --theme.base dark).",
+    )
     d.add_argument("--db", help="the Rampwatch DuckDB file (default $RAMPWATCH_DB)")
-    d.add_argument("--read-only", action="store_true",
-                   help="no Approve, nothing written: for a shared or public view")
-    d.add_argument("--host", default="127.0.0.1",
-                   help="address to listen on (default 127.0.0.1: this machine only)")
+    d.add_argument(
+        "--read-only",
+        action="store_true",
+        help="no Approve, nothing written: for a shared or public view",
+    )
+    d.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1: this machine only)",
+    )
     d.add_argument("--port", type=int, default=8501)
-    d.add_argument("--token-file", help="file whose first line is the operator token (default "
-                   "$RAMPWATCH_TOKEN; on 127.0.0.1 a fresh token is printed when neither is set)")
-    train_cli.add_arguments(sub.add_parser(
-        "train", help="train a GPT preset, logging every step to the database"))
-    plan_cli.add_arguments(sub.add_parser(
-        "plan", help="batch tiers (×2, ×4, ×8) and whether each fits in memory"))
+    d.add_argument(
+        "--token-file",
+        help="file whose first line is the operator token (default "
+        "$RAMPWATCH_TOKEN; on 127.0.0.1 a fresh token is printed when neither is set)",
+    )
+    train_cli.add_arguments(
+        sub.add_parser("train", help="train a GPT preset, logging every step to the database")
+    )
+    plan_cli.add_arguments(
+        sub.add_parser("plan", help="batch tiers (×2, ×4, ×8) and whether each fits in memory")
+    )
     store_cli.add_commands(sub)
     for command in sub.choices.values():  # a mistake is reported by the subcommand's parser
         command.set_defaults(command_parser=command)
@@ -61,11 +77,15 @@ def build_parser() -> argparse.ArgumentParser:
 def _dashboard(args: argparse.Namespace, streamlit_flags: list[str]) -> int:
     refuse = args.command_parser.error  # one line, exit 2
     if importlib.util.find_spec("streamlit") is None:
-        refuse("Streamlit is not installed here; install the dashboard with "
-               "`pip install 'rampwatch[dashboard]'`")
+        refuse(
+            "Streamlit is not installed here; install the dashboard with "
+            "`pip install 'rampwatch[dashboard]'`"
+        )
     if not args.read_only and _agent_api_requested(streamlit_flags):
-        refuse("Streamlit's agent API is another way to drive the page: Rampwatch does not "
-               "serve Approve with it; drop it or add --read-only")
+        refuse(
+            "Streamlit's agent API is another way to drive the page: Rampwatch does not "
+            "serve Approve with it; drop it or add --read-only"
+        )
     if not 0 < args.port < 65536:
         refuse(f"--port must be 1-65535, got {args.port}")
     env = dict(os.environ)
@@ -76,16 +96,35 @@ def _dashboard(args: argparse.Namespace, streamlit_flags: list[str]) -> int:
         except ValueError as e:
             refuse(str(e))
     app_args = (["--db", str(Path(args.db).expanduser().absolute())] if args.db else []) + (
-        ["--read-only"] if args.read_only else [])
+        ["--read-only"] if args.read_only else []
+    )
     hosts = []  # Host names a browser may use: a DNS-rebinding page's name is refused
     if guard.is_loopback(args.host) and not any("allowedHosts" in f for f in streamlit_flags):
         for name in guard.LOOPBACK_NAMES:
             hosts += ["--server.allowedHosts", name]
-    command = [sys.executable, "-m", "streamlit", "run", str(APP),
-               "--server.address", args.host, "--server.port", str(args.port),
-               "--server.headless", "true", "--server.fileWatcherType", "none",
-               "--browser.gatherUsageStats", "false", "--client.toolbarMode", "viewer",
-               *hosts, *streamlit_flags, "--", *app_args]
+    command = [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(APP),
+        "--server.address",
+        args.host,
+        "--server.port",
+        str(args.port),
+        "--server.headless",
+        "true",
+        "--server.fileWatcherType",
+        "none",
+        "--browser.gatherUsageStats",
+        "false",
+        "--client.toolbarMode",
+        "viewer",
+        *hosts,
+        *streamlit_flags,
+        "--",
+        *app_args,
+    ]
     sys.stdout.flush()
     os.execve(sys.executable, command, env)  # Streamlit owns the process (and Ctrl-C) now
 
@@ -109,15 +148,18 @@ def _operator_token(args: argparse.Namespace) -> str:
         except OSError as e:
             raise ValueError(f"cannot read --token-file {args.token_file}: {e.strerror}") from None
         if not token or not token[0].strip():
-            raise ValueError(f"--token-file {args.token_file} is empty: put the token on its "
-                             "first line")
+            raise ValueError(
+                f"--token-file {args.token_file} is empty: put the token on its first line"
+            )
         return token[0].strip()
     token = guard.server_token()
     if token:
         return token
     if not guard.is_loopback(args.host):
-        raise ValueError(f"refusing to serve Approve on {args.host} without an operator token: "
-                         f"set {guard.TOKEN_ENV} or pass --token-file FILE, or serve --read-only")
+        raise ValueError(
+            f"refusing to serve Approve on {args.host} without an operator token: "
+            f"set {guard.TOKEN_ENV} or pass --token-file FILE, or serve --read-only"
+        )
     token = guard.new_token()
     print(f"Operator token (type it beside Approve; new each start): {token}", flush=True)
     return token
@@ -129,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     streamlit_flags: list[str] = []
     if argv[:1] == ["dashboard"] and "--" in argv:
         cut = argv.index("--")
-        argv, streamlit_flags = argv[:cut], argv[cut + 1:]
+        argv, streamlit_flags = argv[:cut], argv[cut + 1 :]
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown:

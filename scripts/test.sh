@@ -6,8 +6,11 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . scripts/env.sh
 export OMP_NUM_THREADS=1
-# the linter first (pyproject.toml [tool.ruff.lint]): a second, then the suite
-"$PY" -m ruff check rampwatch tests bench examples app.py pages trainer
+# the linter and the formatter's check first (pyproject.toml [tool.ruff]): a second, then the
+# suite. `ruff format` (same paths) fixes what the second one reports.
+LINTED=(rampwatch tests bench examples app.py pages trainer)
+"$PY" -m ruff check "${LINTED[@]}"
+"$PY" -m ruff format --check "${LINTED[@]}"
 # two workers, each file on one (its fixtures and children stay together): most tests wait on
 # child processes, so two overlap well even on two cores (20:41 → 12:39 on this project's
 # 2-core machine, 2026-12-01); RAMPWATCH_TEST_WORKERS=0 runs them in this process, in order

@@ -1,4 +1,5 @@
 """Shared fixtures: child processes are always killed as a group when a test ends."""
+
 from __future__ import annotations
 
 import os

@@ -16,6 +16,7 @@ the weights m_j / N; the data are the SeedableRandomSampler's epochs read as one
 the Trainer's as long as no epoch ends before the switch). OUT.pt also gets step 1's |G|² and
 tr(Σ) computed directly from each micro-batch's own gradient, token-weighted and unweighted.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,9 +35,18 @@ def build_model():
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    config = GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=VOCAB, n_positions=32,
-                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
-                        eos_token_id=0)
+    config = GPT2Config(
+        n_layer=1,
+        n_head=2,
+        n_embd=32,
+        vocab_size=VOCAB,
+        n_positions=32,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     return GPT2LMHeadModel(config)
 
 
@@ -85,29 +95,56 @@ def run_hf(a) -> int:
     from rampwatch.monitor import Monitor
 
     _wait_at_boundaries(Monitor, set(a.wait_ramp_at), a.out)
-    kw = resume_args(a.out, per_device_train_batch_size=a.batch,
-                     gradient_accumulation_steps=a.accum)
+    kw = resume_args(
+        a.out, per_device_train_batch_size=a.batch, gradient_accumulation_steps=a.accum
+    )
     args = TrainingArguments(
-        **kw, use_cpu=True, report_to=[], logging_strategy="no", save_strategy="no",
-        disable_tqdm=True, max_steps=-1 if a.epochs else a.steps, num_train_epochs=a.epochs or 1,
-        learning_rate=LR, warmup_steps=WARMUP, seed=SEED, dataloader_num_workers=0)
+        **kw,
+        use_cpu=True,
+        report_to=[],
+        logging_strategy="no",
+        save_strategy="no",
+        disable_tqdm=True,
+        max_steps=-1 if a.epochs else a.steps,
+        num_train_epochs=a.epochs or 1,
+        learning_rate=LR,
+        warmup_steps=WARMUP,
+        seed=SEED,
+        dataloader_num_workers=0,
+    )
 
     class Plan(TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):
             mon = trainer.monitor
             if a.plan and mon is not None and not mon.ramps.plan_rows:
-                mon.add_memory_plan([{"per_device_batch": b, "predicted_bytes": (64 + 8 * b) << 20}
-                                     for b in (1, 2, 4, 8, 16)])
+                mon.add_memory_plan(
+                    [
+                        {"per_device_batch": b, "predicted_bytes": (64 + 8 * b) << 20}
+                        for b in (1, 2, 4, 8, 16)
+                    ]
+                )
 
-    policy = RampPolicy(original_batch=a.batch * a.accum, original_lr=LR, lr_rule="sqrt",
-                        **json.loads(a.policy))
-    trainer = RampwatchTrainer(model=build_model(), args=args, train_dataset=Samples(a.n),
-                               db=a.db, name="hf-child", ramp=a.ramp, policy=policy,
-                               callbacks=[Plan()])
+    policy = RampPolicy(
+        original_batch=a.batch * a.accum, original_lr=LR, lr_rule="sqrt", **json.loads(a.policy)
+    )
+    trainer = RampwatchTrainer(
+        model=build_model(),
+        args=args,
+        train_dataset=Samples(a.n),
+        db=a.db,
+        name="hf-child",
+        ramp=a.ramp,
+        policy=policy,
+        callbacks=[Plan()],
+    )
     trainer.train()  # RampRestart (SystemExit 75) at an applied ramp
-    torch.save({"params": [t.detach().clone() for t in trainer.model.parameters()],
-                "lr": trainer.optimizer.param_groups[0]["lr"]},
-               os.path.join(a.out, "final.pt"))
+    torch.save(
+        {
+            "params": [t.detach().clone() for t in trainer.model.parameters()],
+            "lr": trainer.optimizer.param_groups[0]["lr"],
+        },
+        os.path.join(a.out, "final.pt"),
+    )
     return 0
 
 
@@ -124,8 +161,12 @@ def _wait_at_boundaries(monitor_cls, steps: set[int], out: str) -> None:
         if ramp is None and step in steps:
             print(f"waiting at {step}", flush=True)
         deadline = time.monotonic() + 120
-        while (ramp is None and step in steps and time.monotonic() < deadline
-               and not os.path.exists(os.path.join(out, f"release-{step}"))):
+        while (
+            ramp is None
+            and step in steps
+            and time.monotonic() < deadline
+            and not os.path.exists(os.path.join(out, f"release-{step}"))
+        ):
             time.sleep(0.1)
             ramp = due(self, step)
         return ramp
@@ -157,13 +198,23 @@ def run_reference(a) -> int:
 
     model, data = build_model(), Samples(a.n)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8,
-                            weight_decay=0.0, fused=True)
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, fused=True
+    )
     sched = get_linear_schedule_with_warmup(opt, WARMUP, a.steps)
     b, k = a.batch, a.accum
-    mon = Monitor.start(a.db, name="hf-reference", config={}, model=model, optimizer=opt,
-                        per_device_batch=b, accum=k, seq_len=SEQ, ramp="off",
-                        policy=RampPolicy(original_batch=b * k, original_lr=LR))
+    mon = Monitor.start(
+        a.db,
+        name="hf-reference",
+        config={},
+        model=model,
+        optimizer=opt,
+        per_device_batch=b,
+        accum=k,
+        seq_len=SEQ,
+        ramp="off",
+        policy=RampPolicy(original_batch=b * k, original_lr=LR),
+    )
     switches = {int(s): (int(x), int(y)) for s, x, y in (v.split(":") for v in a.switch_at)}
     stream, out = _stream(a.n), {}
     for step in range(1, a.steps + 1):
@@ -188,8 +239,11 @@ def run_reference(a) -> int:
             b, k = nb, nk
             mon.set_tier(b, k)
     mon.finish()
-    out.update(params=[t.detach().clone() for t in model.parameters()], run_id=mon.run_id,
-               lr=opt.param_groups[0]["lr"])
+    out.update(
+        params=[t.detach().clone() for t in model.parameters()],
+        run_id=mon.run_id,
+        lr=opt.param_groups[0]["lr"],
+    )
     torch.save(out, a.out)
     return 0
 

@@ -14,6 +14,7 @@ data are tests/own_loop_child.py's, in the same order, so the two loops compare 
 OUT.pt gets the final parameters, the steps ramps were applied at, the LR, the optimizer steps
 and how many of them ran with no zero_grad since the step before (gradients applied twice).
 """
+
 from __future__ import annotations
 
 import json
@@ -42,8 +43,10 @@ class Module(pl.LightningModule):
         return torch.nn.functional.mse_loss(self.net(x), y)
 
     def configure_optimizers(self):
-        return {"optimizer": self.opt, "lr_scheduler": {"scheduler": self.sched,
-                                                        "interval": "step"}}
+        return {
+            "optimizer": self.opt,
+            "lr_scheduler": {"scheduler": self.sched, "interval": "step"},
+        }
 
 
 class Slices(pl.LightningDataModule):
@@ -55,8 +58,10 @@ class Slices(pl.LightningDataModule):
 
     def train_dataloader(self):
         lo, self.offset = self.offset, self.offset + self.n
-        return DataLoader(TensorDataset(self.x[lo:lo + self.n], self.y[lo:lo + self.n]),
-                          batch_size=self.batch_size)
+        return DataLoader(
+            TensorDataset(self.x[lo : lo + self.n], self.y[lo : lo + self.n]),
+            batch_size=self.batch_size,
+        )
 
 
 class StaleSteps(pl.Callback):
@@ -85,9 +90,11 @@ class UnsafeSwitch(pl.Callback):
         if trainer.global_step == self.step and not self.done:
             self.done = True
             old = trainer.accumulate_grad_batches
-            scale_lr(pl_module.opt, scaled_base_lr(1.0, self.batch * old,
-                                                   self.batch * self.accum, "sqrt"),
-                     pl_module.sched)
+            scale_lr(
+                pl_module.opt,
+                scaled_base_lr(1.0, self.batch * old, self.batch * self.accum, "sqrt"),
+                pl_module.sched,
+            )
             trainer.accumulate_grad_batches = self.accum
 
 
@@ -124,26 +131,53 @@ def main(argv=None) -> int:
         s, k = (int(v) for v in a.unsafe_switch_at.split(":"))
         callbacks.append(UnsafeSwitch(s, k, a.batch))
     else:
-        policy = RampPolicy(original_batch=a.batch * a.accum, original_lr=1e-2, lr_rule="sqrt",
-                            **json.loads(a.policy))
-        cb = Waiting(a.db, name="lightning-child", seq_len=1, ramp=a.ramp, policy=policy,
-                     config={"lr": 1e-2}, wait_at=a.wait_ramp_at)
+        policy = RampPolicy(
+            original_batch=a.batch * a.accum,
+            original_lr=1e-2,
+            lr_rule="sqrt",
+            **json.loads(a.policy),
+        )
+        cb = Waiting(
+            a.db,
+            name="lightning-child",
+            seq_len=1,
+            ramp=a.ramp,
+            policy=policy,
+            config={"lr": 1e-2},
+            wait_at=a.wait_ramp_at,
+        )
         callbacks.append(cb)
     # fp16 autocast on the CPU with a real loss scale (Lightning's "16-mixed" has none on the CPU)
     amp = [MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu", init_scale=a.scaler))]
-    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False,
-                         plugins=amp if a.scaler else None,
-                         max_steps=a.stop_after or a.steps, accumulate_grad_batches=a.accum,
-                         gradient_clip_val=1.0, num_sanity_val_steps=0, callbacks=callbacks,
-                         reload_dataloaders_every_n_epochs=1 if a.reload else 0)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        plugins=amp if a.scaler else None,
+        max_steps=a.stop_after or a.steps,
+        accumulate_grad_batches=a.accum,
+        gradient_clip_val=1.0,
+        num_sanity_val_steps=0,
+        callbacks=callbacks,
+        reload_dataloaders_every_n_epochs=1 if a.reload else 0,
+    )
     trainer.fit(module, datamodule=Slices(x, y, a.batch, a.epoch_samples or len(x)))
     applied = [r.step for r in cb.history] if cb else []
     for r in cb.history if cb else ():
         print(f"ramp applied at step {r.step}: {r.per_device_batch} x {r.accum}", flush=True)
-    torch.save({"params": [t.detach() for t in module.net.parameters()], "applied": applied,
-                "lr": module.opt.param_groups[0]["lr"], "steps": stale.steps,
-                "stale": stale.stale}, a.out)
+    torch.save(
+        {
+            "params": [t.detach() for t in module.net.parameters()],
+            "applied": applied,
+            "lr": module.opt.param_groups[0]["lr"],
+            "steps": stale.steps,
+            "stale": stale.stale,
+        },
+        a.out,
+    )
     return 0
 
 

@@ -10,6 +10,7 @@ in a child process against a real database (tests/test_own_loop_ramps.py).
 
 OUT.pt gets the final parameters and the step each ramp was applied at.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -32,8 +33,9 @@ WIDTH = 256  # wide enough that a per-device batch's activations show in the mea
 
 def build(seed: int = 0):
     torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(32, WIDTH), torch.nn.ReLU(),
-                                torch.nn.Linear(WIDTH, 1))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(32, WIDTH), torch.nn.ReLU(), torch.nn.Linear(WIDTH, 1)
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10))
     return model, opt, sched
@@ -61,11 +63,25 @@ def main(argv=None) -> int:
         train = torch.nn.parallel.DistributedDataParallel(model)
     x_all, y_all = data(a.batch * a.accum * a.steps * 16 * world)
     batch, accum, pos = a.batch, a.accum, 0
-    policy = RampPolicy(original_batch=batch * accum * world, original_lr=1e-2, lr_rule="sqrt",
-                        **json.loads(a.policy))
-    mon = Monitor.start(a.db, name="own-loop-child", config={"lr": 1e-2}, model=train,
-                        optimizer=opt, per_device_batch=batch, accum=accum, seq_len=1,
-                        ramp=a.ramp, policy=policy, capacity_bytes=a.capacity_bytes)
+    policy = RampPolicy(
+        original_batch=batch * accum * world,
+        original_lr=1e-2,
+        lr_rule="sqrt",
+        **json.loads(a.policy),
+    )
+    mon = Monitor.start(
+        a.db,
+        name="own-loop-child",
+        config={"lr": 1e-2},
+        model=train,
+        optimizer=opt,
+        per_device_batch=batch,
+        accum=accum,
+        seq_len=1,
+        ramp=a.ramp,
+        policy=policy,
+        capacity_bytes=a.capacity_bytes,
+    )
     switches = {int(s): (int(b), int(c)) for s, b, c in (v.split(":") for v in a.switch_at)}
     applied: list[int] = []
     if rank == 0:
@@ -78,7 +94,7 @@ def main(argv=None) -> int:
         total = torch.zeros(())
         for j in range(accum):
             i = pos + rank * batch  # this rank's share of the micro-step's world × batch
-            x, y, pos = x_all[i:i + batch], y_all[i:i + batch], pos + batch * world
+            x, y, pos = x_all[i : i + batch], y_all[i : i + batch], pos + batch * world
             # DDP: the all-reduce only on the last micro-batch (the monitor's local points)
             with train.no_sync() if world > 1 and j < accum - 1 else contextlib.nullcontext():
                 loss = torch.nn.functional.mse_loss(train(x), y)
@@ -93,8 +109,7 @@ def main(argv=None) -> int:
         time.sleep(a.step_sleep)
         if step in switches:  # by hand, the LR by the same rule
             new_batch, new_accum = switches[step]
-            scale_lr(opt, scaled_base_lr(1.0, batch * accum, new_batch * new_accum, "sqrt"),
-                     sched)
+            scale_lr(opt, scaled_base_lr(1.0, batch * accum, new_batch * new_accum, "sqrt"), sched)
             batch, accum = new_batch, new_accum
             mon.set_tier(batch, accum)
             applied.append(step)
@@ -106,10 +121,15 @@ def main(argv=None) -> int:
             applied.append(step)
             print(f"ramp applied at step {step}: {batch} x {accum}", flush=True)
     mon.finish()
-    torch.save({"params": [t.detach() for t in model.parameters()], "applied": applied,
-                "lr": opt.param_groups[0]["lr"], "finite": all(
-                    math.isfinite(float(t.detach().sum())) for t in model.parameters())},
-               a.out if world == 1 else f"{a.out}.rank{rank}")
+    torch.save(
+        {
+            "params": [t.detach() for t in model.parameters()],
+            "applied": applied,
+            "lr": opt.param_groups[0]["lr"],
+            "finite": all(math.isfinite(float(t.detach().sum())) for t in model.parameters()),
+        },
+        a.out if world == 1 else f"{a.out}.rank{rank}",
+    )
     if world > 1:
         torch.distributed.destroy_process_group()
     return 0

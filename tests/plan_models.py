@@ -1,6 +1,7 @@
 """Models that are not the GPT, for tests/test_memplan_any_model.py: each `setup_*` is what a user
 writes for monitor/memplan.py's plan and probe, setup(per_device_batch) -> (model, optimizer,
 batch, train_step), and is imported by reference in the planner's and the probe's children."""
+
 from __future__ import annotations
 
 import torch

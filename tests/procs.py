@@ -1,4 +1,5 @@
 """Child processes for tests: each in its own process group, killed as a group, torch single-threaded."""
+
 from __future__ import annotations
 
 import argparse
@@ -69,8 +70,13 @@ def loop_parser(steps: int = 20, batch: int = 4, accum: int = 2) -> argparse.Arg
     p.add_argument("--steps", type=int, default=steps)
     p.add_argument("--batch", type=int, default=batch)
     p.add_argument("--accum", type=int, default=accum)
-    p.add_argument("--wait-ramp-at", type=int, action="append", default=[],
-                   help="block at this step boundary until a ramp arrives (the test sends one)")
+    p.add_argument(
+        "--wait-ramp-at",
+        type=int,
+        action="append",
+        default=[],
+        help="block at this step boundary until a ramp arrives (the test sends one)",
+    )
     p.add_argument("--policy", default="{}", help="RampPolicy fields as JSON")
     return p
 

@@ -8,6 +8,7 @@ S = S_min(1 + B_crit/B); and broken files (empty, foreign DuckDB, text, newer sc
 Everything goes through store.RunWriter / store.commands; only the newer-schema and
 foreign files are made with duckdb directly (the store, rightly, cannot make them).
 """
+
 from __future__ import annotations
 
 import math
@@ -45,18 +46,32 @@ class Seeded:
 
 
 def _config(pdb: int, accum: int, **extra) -> dict:
-    cfg = {"preset": "test", "optimizer": "adamw", "lr": 1e-3, "per_device_batch": pdb,
-           "accum": accum, "world_size": 1, "seq_len": SEQ_LEN,
-           "model": {"d_model": 128, "n_layer": 2, "seq_len": SEQ_LEN, "chunked_ce": False},
-           "seed": 0}
+    cfg = {
+        "preset": "test",
+        "optimizer": "adamw",
+        "lr": 1e-3,
+        "per_device_batch": pdb,
+        "accum": accum,
+        "world_size": 1,
+        "seq_len": SEQ_LEN,
+        "model": {"d_model": 128, "n_layer": 2, "seq_len": SEQ_LEN, "chunked_ce": False},
+        "seed": 0,
+    }
     cfg.update(extra)
     return cfg
 
 
-def live_run(db, steps: int = 400, name: str = "live-run", nonfinite_steps=(150, 151, 320),
-             ramp_due: bool = True, oom_at_running: bool = False,
-             capacity: int = CAPACITY, estimates_until: int | None = None,
-             **config) -> Seeded:
+def live_run(
+    db,
+    steps: int = 400,
+    name: str = "live-run",
+    nonfinite_steps=(150, 151, 320),
+    ramp_due: bool = True,
+    oom_at_running: bool = False,
+    capacity: int = CAPACITY,
+    estimates_until: int | None = None,
+    **config,
+) -> Seeded:
     """A running run (its writer stays open): pdb 8 × accum 2 = 16 sequences.
 
     The windowed noise scale (with 95% bounds at 0.6× and 1.6×) grows from 4 to ~80 sequences,
@@ -68,9 +83,16 @@ def live_run(db, steps: int = 400, name: str = "live-run", nonfinite_steps=(150,
     with a small `capacity` no tier can fit then.
     """
     pdb, accum = 8, 2
-    w = RunWriter.start(db, name=name, config=_config(pdb, accum, **config), device="NVIDIA H200",
-                        capacity_bytes=capacity, world_size=1, handle_sigterm=False,
-                        flush_interval=3600.0)
+    w = RunWriter.start(
+        db,
+        name=name,
+        config=_config(pdb, accum, **config),
+        device="NVIDIA H200",
+        capacity_bytes=capacity,
+        world_size=1,
+        handle_sigterm=False,
+        flush_interval=3600.0,
+    )
     rng = np.random.default_rng(0)
     batch = pdb * accum
     tokens = 0
@@ -80,27 +102,50 @@ def live_run(db, steps: int = 400, name: str = "live-run", nonfinite_steps=(150,
         if s in nonfinite_steps:
             loss = float("nan")
         gns = 4.0 * math.exp(s * math.log(20) / steps) if ramp_due else 4.0 + s * 0.01
-        m = {M.LOSS: loss, M.GRAD_NORM: 1.0 + 0.3 * rng.random(), M.LR: 1e-3,
-             M.PER_DEVICE_BATCH: pdb, M.ACCUM: accum, M.BATCH_SEQS: batch,
-             M.BATCH_TOKENS: batch * SEQ_LEN, M.TOKENS_SEEN: tokens, M.MEM_PEAK: min(25.5 * GB, 0.9 * capacity) + 0.1 * GB * rng.random(),
-             M.MEM_CAPACITY: capacity, M.TOKENS_PER_S: 50_000 + 1000 * rng.random(),
-             M.MFU: 0.41 + 0.01 * rng.random(), M.STEP_TIME: 0.04}
+        m = {
+            M.LOSS: loss,
+            M.GRAD_NORM: 1.0 + 0.3 * rng.random(),
+            M.LR: 1e-3,
+            M.PER_DEVICE_BATCH: pdb,
+            M.ACCUM: accum,
+            M.BATCH_SEQS: batch,
+            M.BATCH_TOKENS: batch * SEQ_LEN,
+            M.TOKENS_SEEN: tokens,
+            M.MEM_PEAK: min(25.5 * GB, 0.9 * capacity) + 0.1 * GB * rng.random(),
+            M.MEM_CAPACITY: capacity,
+            M.TOKENS_PER_S: 50_000 + 1000 * rng.random(),
+            M.MFU: 0.41 + 0.01 * rng.random(),
+            M.STEP_TIME: 0.04,
+        }
         if estimates_until is None or s <= estimates_until:
-            m.update({M.GNS: gns, M.GNS_TOKENS: gns * SEQ_LEN, M.GNS_LOW: 0.6 * gns,
-                      M.GNS_HIGH: 1.6 * gns})
+            m.update(
+                {
+                    M.GNS: gns,
+                    M.GNS_TOKENS: gns * SEQ_LEN,
+                    M.GNS_LOW: 0.6 * gns,
+                    M.GNS_HIGH: 1.6 * gns,
+                }
+            )
         w.log(s, m)
         if s % 100 == 99:
             w.log(s, {M.VAL_LOSS: 2.1 + 3.0 * math.exp(-s / 120)})
-    events = [(100, M.EVENT_CHECKPOINT, "checkpoint at step 100"),
-              (150, M.EVENT_ALERT, "non-finite gradient: step left out of the noise scale"),
-              (250, M.EVENT_OOM, "out of memory at per-device batch 16; fell back to 8 x 2"),
-              (300, M.EVENT_CHECKPOINT, "checkpoint at step 300")]
+    events = [
+        (100, M.EVENT_CHECKPOINT, "checkpoint at step 100"),
+        (150, M.EVENT_ALERT, "non-finite gradient: step left out of the noise scale"),
+        (250, M.EVENT_OOM, "out of memory at per-device batch 16; fell back to 8 x 2"),
+        (300, M.EVENT_CHECKPOINT, "checkpoint at step 300"),
+    ]
     for step, kind, msg in events:
         data = {"per_device_batch": 16} if kind == M.EVENT_OOM else {}
         w.event(kind, msg, step=step, data=data)
     for b, peak in PLAN.items():
-        w.memory_plan(b, predicted_bytes=peak, source="plan", step=0,
-                      breakdown={"parameters": 2 * GB, "activations": peak - 2 * GB})
+        w.memory_plan(
+            b,
+            predicted_bytes=peak,
+            source="plan",
+            step=0,
+            breakdown={"parameters": 2 * GB, "activations": peak - 2 * GB},
+        )
     w.memory_plan(8, measured_bytes=int(min(25.6 * GB, 0.9 * capacity)), source="measured", step=10)
     w.memory_plan(16, feasible=False, source="oom", step=250)
     if oom_at_running:
@@ -112,8 +157,12 @@ def live_run(db, steps: int = 400, name: str = "live-run", nonfinite_steps=(150,
 RAMP_PAYLOAD = {"per_device_batch": 8, "accum": 4, "lr_multiplier": math.sqrt(2)}
 
 
-def with_command(db, state: str, reason: str = "per-device batch 32 needs about 90.0 GB > 76.0 GB "
-                 "usable (80.0 GB capacity, 5% margin)") -> Seeded:
+def with_command(
+    db,
+    state: str,
+    reason: str = "per-device batch 32 needs about 90.0 GB > 76.0 GB "
+    "usable (80.0 GB capacity, 5% margin)",
+) -> Seeded:
     """The live run plus one ramp command in `state`: pending, claimed, applied or refused."""
     run = live_run(db)
     cid = commands.submit(db, run.run_id, "ramp", RAMP_PAYLOAD, actor="dashboard:test")
@@ -127,21 +176,38 @@ def with_command(db, state: str, reason: str = "per-device batch 32 needs about 
     return run
 
 
-def finished_run(db, batch: int, name: str | None = None, steps: int = 600,
-                 lr: float = 1e-3) -> str:
+def finished_run(
+    db, batch: int, name: str | None = None, steps: int = 600, lr: float = 1e-3
+) -> str:
     """A finished run at constant batch `batch` (sequences) whose loss reaches TARGET_LOSS at
     step ceil(S_MIN (1 + B_CRIT / batch)) exactly: loss = 2 + 3 exp(-s / tau), no noise."""
     s_target = S_MIN * (1 + B_CRIT / batch)
     tau = s_target / math.log(3.0 / (TARGET_LOSS - 2.0))
-    w = RunWriter.start(db, name=name or f"b{batch}", config=_config(batch, 1, lr=lr),
-                        device="cpu", capacity_bytes=CAPACITY, world_size=1,
-                        handle_sigterm=False, flush_interval=3600.0)
+    w = RunWriter.start(
+        db,
+        name=name or f"b{batch}",
+        config=_config(batch, 1, lr=lr),
+        device="cpu",
+        capacity_bytes=CAPACITY,
+        world_size=1,
+        handle_sigterm=False,
+        flush_interval=3600.0,
+    )
     tokens = 0
     for s in range(steps):
         tokens += batch * SEQ_LEN
-        w.log(s, {M.LOSS: 2.0 + 3.0 * math.exp(-s / tau), M.BATCH_SEQS: batch,
-                  M.PER_DEVICE_BATCH: batch, M.ACCUM: 1, M.TOKENS_SEEN: tokens,
-                  M.STEP_TIME: 0.01 * batch / 16, M.MEM_PEAK: (10 + batch / 4) * GB})
+        w.log(
+            s,
+            {
+                M.LOSS: 2.0 + 3.0 * math.exp(-s / tau),
+                M.BATCH_SEQS: batch,
+                M.PER_DEVICE_BATCH: batch,
+                M.ACCUM: 1,
+                M.TOKENS_SEEN: tokens,
+                M.STEP_TIME: 0.01 * batch / 16,
+                M.MEM_PEAK: (10 + batch / 4) * GB,
+            },
+        )
     assert w.close("finished")
     return w.run_id
 
@@ -206,8 +272,14 @@ TOKEN = "test-operator-token"  # what `rampwatch dashboard` would hand the app i
 OPERATOR = "alice"
 
 
-def app(monkeypatch, db, read_only: bool = False, page: str | None = None, timeout: float = 60,
-        token: str | None = TOKEN):
+def app(
+    monkeypatch,
+    db,
+    read_only: bool = False,
+    page: str | None = None,
+    timeout: float = 60,
+    token: str | None = TOKEN,
+):
     """AppTest of the dashboard app on `db` (through RAMPWATCH_DB, as a deployment would), with
     the server's operator token `token`, already run."""
     from streamlit.testing.v1 import AppTest
@@ -268,12 +340,25 @@ def trace_names(fig: dict) -> list[str]:
 
 
 def event_shapes(fig: dict) -> list[dict]:
-    return [s for s in fig.get("layout", {}).get("shapes", []) if str(s.get("name", "")).startswith("event:")]
+    return [
+        s
+        for s in fig.get("layout", {}).get("shapes", [])
+        if str(s.get("name", "")).startswith("event:")
+    ]
 
 
 def texts(at) -> str:
     """All visible text of the page's messages and markdown, joined (for 'in' assertions)."""
     parts = []
-    for kind in ("title", "markdown", "caption", "info", "success", "warning", "error", "subheader"):
+    for kind in (
+        "title",
+        "markdown",
+        "caption",
+        "info",
+        "success",
+        "warning",
+        "error",
+        "subheader",
+    ):
         parts += [str(e.value) for e in getattr(at, kind)]
     return "\n".join(parts)

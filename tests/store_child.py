@@ -9,6 +9,7 @@ Run as `python tests/store_child.py MODE …` from the repository root (tests.pr
             again; print `ACK`/`DROP <step>` for each log() and `ROOM` when the limit is lifted
 Value of metric j at step s in generation g: g * 1e6 + s * 100 + j (exact in float64).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,15 +30,24 @@ def metric(j: int) -> str:
 
 def _log(a) -> int:
     from rampwatch.store import RunWriter
+
     got_sigterm = []
     if a.exit_mode == "sigterm-user":  # the program's own handler, installed before the writer
+
         def handler(signum, frame):
             print(f"USER HANDLER ingested={w.ingested_records}", flush=True)
             got_sigterm.append(signum)
+
         signal.signal(signal.SIGTERM, handler)
-    w = RunWriter.start(a.db, a.name, run_id=a.run_id, resume_step=a.resume,
-                        flush_interval=a.flush_interval, config={"gen": a.gen},
-                        rotate_bytes=a.rotate_bytes)
+    w = RunWriter.start(
+        a.db,
+        a.name,
+        run_id=a.run_id,
+        resume_step=a.resume,
+        flush_interval=a.flush_interval,
+        config={"gen": a.gen},
+        rotate_bytes=a.rotate_bytes,
+    )
     print(f"STARTED {w.run_id}", flush=True)
     t0 = time.monotonic()
     for i, step in enumerate(range(a.first, a.last + 1)):
@@ -74,6 +84,7 @@ def _log(a) -> int:
 
 def _read(a) -> int:
     from rampwatch.store import Reader, RunNotFoundError
+
     r = Reader(a.db)
     deadline = time.monotonic() + a.duration
     series = None
@@ -86,16 +97,27 @@ def _read(a) -> int:
         except RunNotFoundError:
             time.sleep(period)
             continue
-        fresh = r.series(a.run_id, metric(0), width=1,
-                         since_step=None if series is None else series.since)
+        fresh = r.series(
+            a.run_id, metric(0), width=1, since_step=None if series is None else series.since
+        )
         series = fresh if series is None else series.merge(fresh)
         rows = r.export(a.run_id).num_rows
         latest = r.latest(a.run_id)
         polls += 1
-        print(json.dumps({"rows": rows, "series_count": int(series.count.sum()),
-                          "series_buckets": len(series.step), "status": run.status,
-                          "last_step": run.last_step, "latest_m00": latest.get(metric(0)),
-                          "polls": polls}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "rows": rows,
+                    "series_count": int(series.count.sum()),
+                    "series_buckets": len(series.step),
+                    "status": run.status,
+                    "last_step": run.last_step,
+                    "latest_m00": latest.get(metric(0)),
+                    "polls": polls,
+                }
+            ),
+            flush=True,
+        )
         if run.stored_status != "running" and rows >= a.expect:
             return 0
         time.sleep(max(0.0, period - (time.monotonic() - t)))
@@ -107,6 +129,7 @@ def _diskfull(a) -> int:
     import resource
 
     from rampwatch.store import RunWriter
+
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead
     w = RunWriter.start(a.db, a.name, run_id=a.run_id, flush_interval=1000)
     print(f"STARTED {w.run_id}", flush=True)
@@ -140,6 +163,7 @@ def _readloop(a) -> int:
     """Back-to-back read connections, each held a while: with two of these, the shared lock is
     never free, and only the writers' turnstile lets a writer in."""
     from rampwatch.store.db import read_connection
+
     end = time.monotonic() + a.duration
     n = 0
     while time.monotonic() < end:
@@ -155,6 +179,7 @@ def _readloop(a) -> int:
 
 def _hold(a) -> int:
     from rampwatch.store.db import write_connection
+
     with write_connection(a.db) as con:
         con.execute("SELECT 1").fetchall()
         print("HOLDING", flush=True)
@@ -178,9 +203,11 @@ def main() -> int:
     p.add_argument("--flush-interval", type=float, default=1.0)
     p.add_argument("--flush-at", type=int, default=-1)
     p.add_argument("--rotate-bytes", type=int, default=64 << 20)
-    p.add_argument("--exit-mode", default="close",
-                   choices=["close", "wait", "exit", "raise", "sigterm-self",
-                            "sigterm-user"])
+    p.add_argument(
+        "--exit-mode",
+        default="close",
+        choices=["close", "wait", "exit", "raise", "sigterm-self", "sigterm-user"],
+    )
     p.add_argument("--duration", type=float, default=30.0)
     p.add_argument("--hz", type=float, default=5.0)
     p.add_argument("--hold", type=float, default=0.05)
@@ -188,8 +215,13 @@ def main() -> int:
     p.add_argument("--events", type=int, default=0)
     p.add_argument("--limit", type=int, default=(64 << 10) + 13)  # mid-record, mid-line
     a = p.parse_args()
-    return {"log": _log, "read": _read, "hold": _hold, "readloop": _readloop,
-            "diskfull": _diskfull}[a.mode](a)
+    return {
+        "log": _log,
+        "read": _read,
+        "hold": _hold,
+        "readloop": _readloop,
+        "diskfull": _diskfull,
+    }[a.mode](a)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """Helpers for the store tests: reading a child process's output lines as they come."""
+
 from __future__ import annotations
 
 import subprocess

@@ -1,4 +1,5 @@
 """`rampwatch plan` as a user runs it: a real subprocess, table, JSON, and exit 2 on bad input."""
+
 from __future__ import annotations
 
 import json
@@ -16,7 +17,10 @@ MEASURED = ["--measured", "16:70", "--measured", "32:130"]
 def run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "rampwatch", "plan", *args],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -24,7 +28,9 @@ def test_table_for_people():
     p = run(*MEASURED, *BASE, "--noise-scale", "600")
     assert p.returncode == 0, p.stderr
     out = p.stdout
-    assert "current: per-device 16 × accum 16 × world 1 = 256 sequences (524,288 tokens/step)" in out
+    assert (
+        "current: per-device 16 × accum 16 × world 1 = 256 sequences (524,288 tokens/step)" in out
+    )
     assert "measured line (2 points)" in out and "usable 133.9 GB of 141.0 GB" in out
     rows = [line for line in out.splitlines() if line.lstrip().startswith("×")]
     assert len(rows) == 3
@@ -40,7 +46,10 @@ def test_json_for_scripts():
     assert doc["lr_rule"] == "linear"
     tiers = doc["tiers"]
     assert [(t["factor"], t["per_device_batch"], t["accum"], t["fits"]) for t in tiers] == [
-        (2, 32, 16, True), (4, 32, 32, True), (8, 32, 64, True)]
+        (2, 32, 16, True),
+        (4, 32, 32, True),
+        (8, 32, 64, True),
+    ]
     assert [t["lr_multiplier"] for t in tiers] == [2.0, 4.0, 8.0]
     assert tiers[0]["tokens_per_step"] == 1 << 20
     # at B = B_noise = 256 a doubling saves 25% of the steps for 50% more examples
@@ -50,12 +59,27 @@ def test_json_for_scripts():
 
 def test_json_reports_a_tier_that_cannot_fit():
     # 10 GB + 3.75 GB/sequence; 12 GB card (11.4 GB usable) and the running 16 ran out of memory
-    p = run(*MEASURED, "--capacity-gb", "12", "--seq-len", "2048", "--per-device-batch", "16",
-            "--infeasible", "16", "--factors", "2", "--json")
+    p = run(
+        *MEASURED,
+        "--capacity-gb",
+        "12",
+        "--seq-len",
+        "2048",
+        "--per-device-batch",
+        "16",
+        "--infeasible",
+        "16",
+        "--factors",
+        "2",
+        "--json",
+    )
     assert p.returncode == 0, p.stderr
     (t,) = json.loads(p.stdout)["tiers"]
     assert (t["fits"], t["per_device_batch"], t["accum"]) == (False, 1, 32)
-    assert t["reason"] == "even per-device batch 1 needs 13.8 GB > 11.4 GB usable (known to run out of memory: 16)"
+    assert (
+        t["reason"]
+        == "even per-device batch 1 needs 13.8 GB > 11.4 GB usable (known to run out of memory: 16)"
+    )
 
 
 @pytest.mark.parametrize(
@@ -63,7 +87,10 @@ def test_json_reports_a_tier_that_cannot_fit():
     [
         (["--measured", "16x", *BASE], "expected BATCH:GB such as 16:70.5, got '16x'"),
         (["--measured", "16:-3", *BASE], "expected a positive number, got '-3'"),
-        (["--measured", "0:70", "--measured", "32:130", *BASE], "expected a positive integer, got '0'"),
+        (
+            ["--measured", "0:70", "--measured", "32:130", *BASE],
+            "expected a positive integer, got '0'",
+        ),
         ([*BASE], "no memory data: pass --measured BATCH:GB"),
         (["--measured", "16:70", *BASE], "one measured peak"),
         ([*MEASURED, *BASE, "--margin", "1.5"], "fraction in [0, 1)"),

@@ -1,4 +1,5 @@
 """advisor.flops: FLOPs per token (PaLM convention), the peak table, MFU, against hand arithmetic."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """advisor.gns: noise-scale estimators against hand-computed cases, closed forms and a simulation."""
+
 from __future__ import annotations
 
 import math

@@ -5,6 +5,7 @@ g ~ N(G, Σ) (tr Σ = 64), accumulated over k micro-batches of b examples, the r
 squared norms through advisor.gns.accumulation_estimates — so the per-step estimates have the
 real estimator's noise and correlation, and the truth B_simple = tr Σ / |G|² is known.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,9 +27,11 @@ def simulated(seed: int, g2_at, steps: int, *, k: int = 2, b: int = 8, dim: int 
     direction /= np.linalg.norm(direction)
     g2 = np.array([g2_at(s) for s in range(steps)])
     mean = direction[None, :] * np.sqrt(g2)[:, None]
-    grads = mean[:, None, None, :] + math.sqrt(TRACE / dim) * rng.standard_normal((steps, k, b, dim))
+    grads = mean[:, None, None, :] + math.sqrt(TRACE / dim) * rng.standard_normal(
+        (steps, k, b, dim)
+    )
     running = np.cumsum(grads.mean(axis=2), axis=1) / np.arange(1, k + 1)[None, :, None]
-    return [accumulation_estimates(r.tolist(), b) for r in (running ** 2).sum(axis=2)]
+    return [accumulation_estimates(r.tolist(), b) for r in (running**2).sum(axis=2)]
 
 
 def run_window(stream, **kw):
@@ -97,7 +100,10 @@ def test_fieller_interval_hand_computed():
     # a > 0: (my − R·mx)² = q²(vyy + R²vxx) with mx = 2, my = 20, vxx = vyy = 1, q = 1:
     # (20 − 2R)² = 1 + R²  ->  3R² − 80R + 399 = 0  ->  R = (40 ∓ √403)/3
     lo, hi = fieller_interval(2.0, 20.0, 1.0, 1.0, 0.0, 1.0)
-    assert (lo, hi) == (pytest.approx((40 - math.sqrt(403)) / 3), pytest.approx((40 + math.sqrt(403)) / 3))
+    assert (lo, hi) == (
+        pytest.approx((40 - math.sqrt(403)) / 3),
+        pytest.approx((40 + math.sqrt(403)) / 3),
+    )
     # mx not distinguishable from 0 but my clearly positive: a lower bound only
     lo, hi = fieller_interval(0.1, 20.0, 1.0, 1.0, 0.0, 1.0)
     assert hi is None and 0 < lo < 20.0 / 0.1
@@ -118,4 +124,9 @@ def test_state_round_trips_through_json_and_continues():
 
 def test_significant_digits_read_as_a_person_would():
     assert [significant(x) for x in (0.000523, 8.4, 42.0, 1234.5, 0)] == [
-        "0.000523", "8.40", "42.0", "1,234", "0"]
+        "0.000523",
+        "8.40",
+        "42.0",
+        "1,234",
+        "0",
+    ]

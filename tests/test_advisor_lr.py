@@ -1,4 +1,5 @@
 """advisor.lr: rules by optimizer, scaling from the original base LR, exact reversal, warnings."""
+
 from __future__ import annotations
 
 import math
@@ -19,10 +20,20 @@ from rampwatch.advisor.lr import (
 @pytest.mark.parametrize(
     "name, rule",
     [
-        ("adamw", "sqrt"), ("AdamW", "sqrt"), ("torch.optim.AdamW", "sqrt"), ("Adam", "sqrt"),
-        ("NAdam", "sqrt"), ("RAdam", "sqrt"), ("LAMB", "sqrt"), ("Adafactor", "sqrt"),
-        ("FusedAdam", "sqrt"), ("AdamW8bit", "sqrt"),
-        ("sgd", "linear"), ("SGD", "linear"), ("sgd-momentum", "linear"), ("SGD_Nesterov", "linear"),
+        ("adamw", "sqrt"),
+        ("AdamW", "sqrt"),
+        ("torch.optim.AdamW", "sqrt"),
+        ("Adam", "sqrt"),
+        ("NAdam", "sqrt"),
+        ("RAdam", "sqrt"),
+        ("LAMB", "sqrt"),
+        ("Adafactor", "sqrt"),
+        ("FusedAdam", "sqrt"),
+        ("AdamW8bit", "sqrt"),
+        ("sgd", "linear"),
+        ("SGD", "linear"),
+        ("sgd-momentum", "linear"),
+        ("SGD_Nesterov", "linear"),
     ],
 )
 def test_rule_by_optimizer(name, rule):

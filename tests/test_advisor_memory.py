@@ -1,4 +1,5 @@
 """advisor.memory: the memory line from measured peaks and/or a plan, and the usable capacity."""
+
 from __future__ import annotations
 
 import pytest
@@ -42,7 +43,10 @@ def test_one_measured_peak_plus_plan_slope():
 def test_plan_only():
     m = fit_memory_model({}, {8: 20 * GB, 16: 36 * GB})
     assert m.source == "plan (2 points)"
-    assert (m.intercept_bytes, m.bytes_per_sequence) == (pytest.approx(4 * GB), pytest.approx(2 * GB))
+    assert (m.intercept_bytes, m.bytes_per_sequence) == (
+        pytest.approx(4 * GB),
+        pytest.approx(2 * GB),
+    )
     assert fit_memory_model(None, {8: 20 * GB, 16: 36 * GB}) == m
 
 

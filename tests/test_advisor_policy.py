@@ -1,4 +1,5 @@
 """advisor.policy: the one ramp policy, its price by eq. 2.11, and its home in the run config."""
+
 from __future__ import annotations
 
 import json
@@ -20,17 +21,30 @@ def test_band_cost_is_eq_2_11_at_the_band_ends():
 
 
 def test_the_run_config_round_trips_through_json():
-    policy = RampPolicy(original_batch=32, original_lr=6e-4, lr_rule="linear", hysteresis_steps=7,
-                        offered_factors=(2, 4))
+    policy = RampPolicy(
+        original_batch=32,
+        original_lr=6e-4,
+        lr_rule="linear",
+        hysteresis_steps=7,
+        offered_factors=(2, 4),
+    )
     config = json.loads(json.dumps({CONFIG_KEY: policy.to_config(), "lr": 1.0}))
     assert RampPolicy.from_config(config) == policy
     assert RampPolicy.from_config(config, ramp_at=1.0).ramp_at == 1.0
 
 
 def test_configs_written_before_the_policy_read_through_their_keys():
-    old = {"optimizer": "sgd", "lr": 0.1, "per_device_batch": 8, "accum": 2, "world_size": 4,
-           "ramp_hysteresis": 50, "ramp_min_samples": 100, "original_lr": 0.1,
-           "original_batch": 64}
+    old = {
+        "optimizer": "sgd",
+        "lr": 0.1,
+        "per_device_batch": 8,
+        "accum": 2,
+        "world_size": 4,
+        "ramp_hysteresis": 50,
+        "ramp_min_samples": 100,
+        "original_lr": 0.1,
+        "original_batch": 64,
+    }
     p = RampPolicy.from_config(old)
     assert (p.original_batch, p.original_lr, p.lr_rule) == (64, 0.1, "linear")
     assert (p.hysteresis_steps, p.min_estimates) == (50, 100)
@@ -48,8 +62,9 @@ def test_new_base_lr_scales_from_the_original_and_restores_it():
 
 
 def test_decide_uses_the_policys_ramp_point_and_bound():
-    p = RampPolicy(original_batch=16, original_lr=3e-3, ramp_at=2.0, hysteresis_steps=5,
-                   min_estimates=5)
+    p = RampPolicy(
+        original_batch=16, original_lr=3e-3, ramp_at=2.0, hysteresis_steps=5, min_estimates=5
+    )
     steps = list(range(20))
     assert not p.decide(steps, [30.0] * 20, [20.0] * 20, 16, None).ready  # 30 < 2 × 16
     assert p.decide(steps, [40.0] * 20, [20.0] * 20, 16, None).ready

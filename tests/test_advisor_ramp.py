@@ -1,4 +1,5 @@
 """advisor.ramp: tiers under a memory model (hand cases + properties), the ramp point, the effect."""
+
 from __future__ import annotations
 
 import math
@@ -28,7 +29,11 @@ def test_tier_derived_sizes():
 
 def test_design_example_grows_per_device_to_32_then_accumulation():
     tiers = candidate_tiers(16, 16, 1, 2048, MODEL, H200)
-    assert [(t.factor, t.per_device_batch, t.accum) for t in tiers] == [(2, 32, 16), (4, 32, 32), (8, 32, 64)]
+    assert [(t.factor, t.per_device_batch, t.accum) for t in tiers] == [
+        (2, 32, 16),
+        (4, 32, 32),
+        (8, 32, 64),
+    ]
     assert [t.tokens_per_step for t in tiers] == [1 << 20, 2 << 20, 4 << 20]  # 1M, 2M, 4M tokens
     assert all(t.fits for t in tiers)
     assert tiers[0].predicted_peak_bytes == pytest.approx(130 * GB)
@@ -47,7 +52,10 @@ def test_multi_gpu_per_rank_split():
 def test_oom_batch_stays_infeasible_and_ramp_is_accumulation_only():
     (t,) = candidate_tiers(16, 16, 1, 2048, MODEL, H200, factors=(2,), infeasible=[32])
     assert (t.per_device_batch, t.accum, t.fits) == (16, 32, True)
-    assert t.reason == "accumulation only: per-device batch 16 is already running; per-device 32 ran out of memory before"
+    assert (
+        t.reason
+        == "accumulation only: per-device batch 16 is already running; per-device 32 ran out of memory before"
+    )
 
 
 def test_tight_memory_still_allows_accumulation_only():
@@ -61,7 +69,10 @@ def test_tier_that_cannot_fit_says_why():
     huge = MemoryModel(150 * GB, 0.2 * GB, "plan")
     (t,) = candidate_tiers(16, 1, 1, 2048, huge, 140 * GB, factors=(2,), infeasible=[16])
     assert not t.fits and t.per_device_batch == 1 and t.accum == 32
-    assert t.reason == "even per-device batch 1 needs 150.2 GB > 133.0 GB usable (known to run out of memory: 16)"
+    assert (
+        t.reason
+        == "even per-device batch 1 needs 150.2 GB > 133.0 GB usable (known to run out of memory: 16)"
+    )
     (t,) = candidate_tiers(2, 1, 1, 2048, MODEL, H200, factors=(2,), infeasible=[1, 2, 4])
     assert not t.fits and "every per-device batch dividing 4 is excluded" in t.reason
 
@@ -105,8 +116,18 @@ def test_property_a_fitting_tier_stays_under_capacity_minus_margin(
 ):
     model = MemoryModel(intercept_gb * GB, slope_gb * GB, "plan")
     usable = usable_bytes(cap_gb * GB, margin)
-    tiers = candidate_tiers(pdb, accum, world, 1024, model, cap_gb * GB, margin, (1, 2, 4, 8),
-                            infeasible, max_per_device=max_per_device)
+    tiers = candidate_tiers(
+        pdb,
+        accum,
+        world,
+        1024,
+        model,
+        cap_gb * GB,
+        margin,
+        (1, 2, 4, 8),
+        infeasible,
+        max_per_device=max_per_device,
+    )
     running_fits = model.predict(pdb) <= usable and pdb not in infeasible
     for t in tiers:
         assert t.effective_batch == t.factor * pdb * accum * world
@@ -128,7 +149,9 @@ def test_property_more_memory_never_yields_a_smaller_feasible_tier(
     pdb, accum, world, intercept_gb, slope_gb, cap_gb, margin, infeasible, max_per_device, extra_gb
 ):
     model = MemoryModel(intercept_gb * GB, slope_gb * GB, "plan")
-    kw = dict(margin=margin, factors=(2, 4, 8), infeasible=infeasible, max_per_device=max_per_device)
+    kw = dict(
+        margin=margin, factors=(2, 4, 8), infeasible=infeasible, max_per_device=max_per_device
+    )
     small = candidate_tiers(pdb, accum, world, 1024, model, cap_gb * GB, **kw)
     big = candidate_tiers(pdb, accum, world, 1024, model, (cap_gb + extra_gb) * GB, **kw)
     for a, b in zip(small, big):
@@ -143,8 +166,18 @@ def test_property_chosen_per_device_batch_is_the_largest_that_fits(
 ):
     model = MemoryModel(intercept_gb * GB, slope_gb * GB, "plan")
     usable = usable_bytes(cap_gb * GB, margin)
-    for t in candidate_tiers(pdb, accum, world, 1024, model, cap_gb * GB, margin, (2, 4), infeasible,
-                             max_per_device=max_per_device):
+    for t in candidate_tiers(
+        pdb,
+        accum,
+        world,
+        1024,
+        model,
+        cap_gb * GB,
+        margin,
+        (2, 4),
+        infeasible,
+        max_per_device=max_per_device,
+    ):
         per_rank = t.per_device_batch * t.accum
         bigger = [d for d in range(t.per_device_batch + 1, per_rank + 1) if per_rank % d == 0]
         for d in bigger:
@@ -157,7 +190,9 @@ def test_property_chosen_per_device_batch_is_the_largest_that_fits(
 
 def test_ready_after_hysteresis_with_enough_samples():
     steps = list(range(300))
-    rec = ramp_decision(steps, [600.0] * 300, current_batch=512, hysteresis_steps=50, min_samples=100)
+    rec = ramp_decision(
+        steps, [600.0] * 300, current_batch=512, hysteresis_steps=50, min_samples=100
+    )
     assert rec.ready and rec.suggested_batch == 1024
     assert rec.evidence.steps_above == 300 and rec.evidence.n_samples == 300
     assert rec.evidence.noise_scale == 600.0 and rec.evidence.threshold_batch == 512.0
@@ -166,14 +201,18 @@ def test_ready_after_hysteresis_with_enough_samples():
 
 def test_ramp_restarts_hysteresis_but_keeps_history():
     steps = list(range(300))
-    rec = ramp_decision(steps, [600.0] * 300, current_batch=512, hysteresis_steps=50, since_step=280)
+    rec = ramp_decision(
+        steps, [600.0] * 300, current_batch=512, hysteresis_steps=50, since_step=280
+    )
     assert not rec.ready and rec.evidence.steps_above == 19 and rec.evidence.n_samples == 300
     assert rec.forecast_step == 281 + 49
     assert "above 512 for 19 of 50 estimates: ready at step ~330" in rec.reason
 
 
 def test_not_enough_evidence():
-    rec = ramp_decision(list(range(30)), [900.0] * 30, current_batch=512, hysteresis_steps=10, min_samples=100)
+    rec = ramp_decision(
+        list(range(30)), [900.0] * 30, current_batch=512, hysteresis_steps=10, min_samples=100
+    )
     assert not rec.ready
     assert rec.reason.startswith("not enough evidence (30 noise-scale estimates, need 100)")
 
@@ -182,25 +221,53 @@ def test_a_step_without_an_estimate_neither_breaks_nor_extends_the_streak():
     # A step with no fresh estimate logs no value: the streak counts estimates, so a gap (e.g. a
     # non-finite step) does not restart the hysteresis
     values = [100.0] * 60 + [600.0] * 30 + [None] + [600.0] * 20
-    rec = ramp_decision(list(range(111)), values, current_batch=512, hysteresis_steps=50, min_samples=10)
+    rec = ramp_decision(
+        list(range(111)), values, current_batch=512, hysteresis_steps=50, min_samples=10
+    )
     assert rec.ready and rec.evidence.steps_above == 50 and rec.evidence.n_samples == 110
     below = [100.0] * 60 + [600.0] * 30 + [100.0] + [600.0] * 20
-    rec = ramp_decision(list(range(111)), below, current_batch=512, hysteresis_steps=50, min_samples=10)
+    rec = ramp_decision(
+        list(range(111)), below, current_batch=512, hysteresis_steps=50, min_samples=10
+    )
     assert not rec.ready and rec.evidence.steps_above == 20
 
 
 def test_the_lower_bound_gates_the_ramp_and_stands_in_for_a_missing_point():
     steps = list(range(100))
     # point above 2 x 64 but its 95% lower bound under 64: not yet
-    rec = ramp_decision(steps, [200.0] * 100, 64, threshold=2, hysteresis_steps=20, min_samples=10,
-                        lower=[50.0] * 100, lower_threshold=1)
+    rec = ramp_decision(
+        steps,
+        [200.0] * 100,
+        64,
+        threshold=2,
+        hysteresis_steps=20,
+        min_samples=10,
+        lower=[50.0] * 100,
+        lower_threshold=1,
+    )
     assert not rec.ready and "lower bound is below 64" in rec.reason
-    rec = ramp_decision(steps, [200.0] * 100, 64, threshold=2, hysteresis_steps=20, min_samples=10,
-                        lower=[70.0] * 100, lower_threshold=1)
+    rec = ramp_decision(
+        steps,
+        [200.0] * 100,
+        64,
+        threshold=2,
+        hysteresis_steps=20,
+        min_samples=10,
+        lower=[70.0] * 100,
+        lower_threshold=1,
+    )
     assert rec.ready
     # no point (the windowed |G|² is negative: B_noise >> batch) but a lower bound above 2 x 64
-    rec = ramp_decision(steps, [None] * 100, 64, threshold=2, hysteresis_steps=20, min_samples=10,
-                        lower=[300.0] * 100, lower_threshold=1)
+    rec = ramp_decision(
+        steps,
+        [None] * 100,
+        64,
+        threshold=2,
+        hysteresis_steps=20,
+        min_samples=10,
+        lower=[300.0] * 100,
+        lower_threshold=1,
+    )
     assert rec.ready and rec.evidence.noise_scale is None and rec.evidence.lower_bound == 300.0
     assert "noise scale > 300 (95%)" in rec.reason
 
@@ -266,8 +333,9 @@ def test_delta_range_covers_the_trend_crossing_when_the_points_are_independent()
     assert lo <= rec.forecast_step <= hi
 
 
-def _smoothed_path(rng, growth: str, n: int = 1500, start: int = 48, phi: float = 0.95,
-                   sd: float = 0.3) -> tuple[np.ndarray, np.ndarray]:
+def _smoothed_path(
+    rng, growth: str, n: int = 1500, start: int = 48, phi: float = 0.95, sd: float = 0.3
+) -> tuple[np.ndarray, np.ndarray]:
     """A noise-scale path like the windowed estimate: a rising level times AR(1) log noise
     (stationary sd `sd`, lag-1 correlation `phi`: neighbouring windows share most steps)."""
     steps = np.arange(start, start + n)
@@ -276,8 +344,9 @@ def _smoothed_path(rng, growth: str, n: int = 1500, start: int = 48, phi: float 
     shocks = rng.normal(0, sd * math.sqrt(1 - phi**2), n)
     for i in range(1, n):
         noise[i] = phi * noise[i - 1] + shocks[i]
-    level = (2.0 * np.exp(0.008 * (steps - start)) if growth == "geometric"
-             else 2.0 * steps / start)  # power law: the growth slows as training goes on
+    level = (
+        2.0 * np.exp(0.008 * (steps - start)) if growth == "geometric" else 2.0 * steps / start
+    )  # power law: the growth slows as training goes on
     return steps, level * np.exp(noise)
 
 
@@ -322,7 +391,11 @@ def test_flat_or_falling_noise_scale_gives_no_forecast():
 
 def test_no_estimates_and_bad_input():
     rec = ramp_decision([1, 2, 3], [None, float("nan"), None], current_batch=64)
-    assert not rec.ready and "no noise-scale estimate yet" in rec.reason and rec.evidence.n_samples == 0
+    assert (
+        not rec.ready
+        and "no noise-scale estimate yet" in rec.reason
+        and rec.evidence.n_samples == 0
+    )
     with pytest.raises(ValueError, match="one per step"):
         ramp_decision([1, 2], [1.0], current_batch=64)
     with pytest.raises(ValueError, match="current_batch"):

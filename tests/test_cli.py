@@ -1,5 +1,6 @@
 """The `rampwatch` command as a user runs it (real processes, from another directory): export,
 and every mistake as one line on stderr with exit 2, naming nothing internal."""
+
 from __future__ import annotations
 
 import subprocess
@@ -13,8 +14,14 @@ from tests.procs import child_env
 
 
 def _rw(*args, cwd) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rampwatch", *map(str, args)], cwd=cwd,
-                          env=child_env(), capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "rampwatch", *map(str, args)],
+        cwd=cwd,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.fixture
@@ -39,17 +46,23 @@ def test_export_csv_to_stdout_and_parquet_to_a_file(two_runs, tmp_path):
     assert table.num_rows == 3 * 2 and set(table.column("run_id").to_pylist()) == {"first"}
 
 
-@pytest.mark.parametrize("args,says", [
-    ([], "the following arguments are required: COMMAND"),
-    (["nonsense"], "invalid choice: 'nonsense'"),
-    (["export", "{db}"], "holds 2 runs (second, first): name the one to export"),  # newest first
-    (["export", "{db}", "third"], "no run 'third' in"),
-    (["info", "{dir}"], "is a directory, not a database file"),
-    (["info", "{dir}/missing.duckdb"], "the file does not exist"),
-    (["dashboard", "--db", "{db}", "--dbb", "x"], "unrecognized arguments: --dbb x"),
-    (["train", "--per-device-batch", "0"], "--per-device-batch must be positive"),
-    (["plan", "--capacity-gb", "80"], "the following arguments are required"),
-])
+@pytest.mark.parametrize(
+    "args,says",
+    [
+        ([], "the following arguments are required: COMMAND"),
+        (["nonsense"], "invalid choice: 'nonsense'"),
+        (
+            ["export", "{db}"],
+            "holds 2 runs (second, first): name the one to export",
+        ),  # newest first
+        (["export", "{db}", "third"], "no run 'third' in"),
+        (["info", "{dir}"], "is a directory, not a database file"),
+        (["info", "{dir}/missing.duckdb"], "the file does not exist"),
+        (["dashboard", "--db", "{db}", "--dbb", "x"], "unrecognized arguments: --dbb x"),
+        (["train", "--per-device-batch", "0"], "--per-device-batch must be positive"),
+        (["plan", "--capacity-gb", "80"], "the following arguments are required"),
+    ],
+)
 def test_every_mistake_is_one_line_and_exit_2(two_runs, tmp_path, args, says):
     args = [a.format(db=two_runs, dir=tmp_path) for a in args]
     r = _rw(*args, cwd=tmp_path)

@@ -1,5 +1,6 @@
 """bench/dashboard_bench.py (which takes the live page's query plan from dashboard/data.py itself)
 runs: a quick run prints its tables."""
+
 from __future__ import annotations
 
 import subprocess
@@ -10,9 +11,23 @@ from tests.procs import REPO, child_env
 
 def test_bench_runs_small(tmp_path):
     out = subprocess.run(
-        [sys.executable, "bench/dashboard_bench.py", "--steps", "3000", "--reps", "3", "--no-page",
-         "--db", str(tmp_path / "b.duckdb")],
-        cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            "bench/dashboard_bench.py",
+            "--steps",
+            "3000",
+            "--reps",
+            "3",
+            "--no-page",
+            "--db",
+            str(tmp_path / "b.duckdb"),
+        ],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "| refresh after 5 new steps |" in out.stdout
     assert "| refresh while a ramp command is open |" in out.stdout

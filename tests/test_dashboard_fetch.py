@@ -1,6 +1,7 @@
 """The live page's incremental fetch: after more rows arrive, the buckets kept in session state
 merged with a refetch from the last partial bucket equal a full fetch, across width changes
 (local coarsening), resumes, and the store's raw and rollup paths."""
+
 from __future__ import annotations
 
 import math
@@ -50,16 +51,19 @@ def test_width_for():
 
 
 @settings(max_examples=60, deadline=None)
-@given(chunks=st.lists(st.integers(1, 300), min_size=1, max_size=6),
-       target=st.sampled_from([4, 16, 100]),
-       nan_every=st.integers(3, 50), seed_=st.integers(0, 1000))
+@given(
+    chunks=st.lists(st.integers(1, 300), min_size=1, max_size=6),
+    target=st.sampled_from([4, 16, 100]),
+    nan_every=st.integers(3, 50),
+    seed_=st.integers(0, 1000),
+)
 def test_incremental_equals_full_fetch(chunks, target, nan_every, seed_):
     rng = np.random.default_rng(seed_)
     total = sum(chunks)
     steps = np.arange(total)
     values = rng.standard_normal(total)
     values[::nan_every] = np.nan
-    values[1::nan_every * 2] = np.inf
+    values[1 :: nan_every * 2] = np.inf
     cache = SeriesCache(target)
     upto = 0
     for c in chunks:
@@ -110,8 +114,15 @@ def test_live_state_against_the_real_store(db_path):
         for chunk in (5, 40, 300, 900, 2000, 1):
             for _ in range(chunk):
                 v = float(rng.standard_normal())
-                w.log(step, {M.LOSS: v if step % 97 else math.nan, M.GNS: abs(v) * 100,
-                             M.BATCH_SEQS: 16, M.MEM_PEAK: 1e9 + step})
+                w.log(
+                    step,
+                    {
+                        M.LOSS: v if step % 97 else math.nan,
+                        M.GNS: abs(v) * 100,
+                        M.BATCH_SEQS: 16,
+                        M.MEM_PEAK: 1e9 + step,
+                    },
+                )
                 step += 1
             assert w.flush()
             fetches_before = state.fetches

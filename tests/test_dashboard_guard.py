@@ -1,6 +1,7 @@
 """Approve is guarded on the server: the operator token and a typed name for every write, a
 disabled button's click refused, no writes with Streamlit's agent API on, and `rampwatch
 dashboard` refusing to serve writes off loopback without a token (real processes)."""
+
 from __future__ import annotations
 
 import subprocess
@@ -27,14 +28,18 @@ def _flash_errors(at) -> list[str]:
     return [str(e.value) for e in at.error if str(e.value).startswith("Not submitted")]
 
 
-@pytest.mark.parametrize("operator,token,why", [
-    (None, None, "operator"),                     # nothing typed
-    ("alice", None, "token is missing or wrong"),
-    ("alice", "guessed", "token is missing or wrong"),
-    ("", seed.TOKEN, "type your name"),
-])
-def test_approve_without_the_right_token_and_name_writes_nothing(live, monkeypatch, operator,
-                                                                 token, why):
+@pytest.mark.parametrize(
+    "operator,token,why",
+    [
+        (None, None, "operator"),  # nothing typed
+        ("alice", None, "token is missing or wrong"),
+        ("alice", "guessed", "token is missing or wrong"),
+        ("", seed.TOKEN, "type your name"),
+    ],
+)
+def test_approve_without_the_right_token_and_name_writes_nothing(
+    live, monkeypatch, operator, token, why
+):
     at = seed.sign_in(seed.app(monkeypatch, live.db), operator, token)
     at.run()
     at.button(key="approve").click().run()
@@ -66,7 +71,8 @@ def test_click_on_a_disabled_approve_is_refused(live, monkeypatch):
     replay.proto.disabled = False  # AppTest stops a click a browser cannot make; a script can
     replay.click().run()
     assert [c.command_id for c in commands.list_commands(live.db, live.run_id)] == [
-        first.command_id]
+        first.command_id
+    ]
     assert not at.exception
 
 
@@ -97,14 +103,19 @@ def test_agent_api_on_means_no_writes(live, monkeypatch, agent_api_on):
     assert "approve" not in {b.key for b in at.button}
     assert any("agent API is on" in str(w.value) for w in at.warning)
     with pytest.raises(data.CommandError, match="agent API"):
-        data.submit_ramp(live.db, live.run_id, seed.RAMP_PAYLOAD, operator="alice",
-                         token=seed.TOKEN)
+        data.submit_ramp(
+            live.db, live.run_id, seed.RAMP_PAYLOAD, operator="alice", token=seed.TOKEN
+        )
 
 
 def _dashboard(*args: str, env=None, timeout: float = 30) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rampwatch", "dashboard", *args],
-                          env=env or child_env(), capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "rampwatch", "dashboard", *args],
+        env=env or child_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_off_loopback_without_a_token_refuses_to_start(db_path):
@@ -113,8 +124,16 @@ def test_off_loopback_without_a_token_refuses_to_start(db_path):
     r = _dashboard("--db", str(db_path), "--host", "0.0.0.0", env=env)
     assert r.returncode == 2 and r.stderr.count("\n") == 1
     assert "refusing to serve Approve on 0.0.0.0 without an operator token" in r.stderr
-    r = _dashboard("--db", str(db_path), "--host", "127.0.0.1", "--",
-                   "--server.enableAgentApi", "true", env=env)
+    r = _dashboard(
+        "--db",
+        str(db_path),
+        "--host",
+        "127.0.0.1",
+        "--",
+        "--server.enableAgentApi",
+        "true",
+        env=env,
+    )
     assert r.returncode == 2 and "agent API" in r.stderr
 
 
@@ -122,14 +141,30 @@ def test_loopback_prints_a_fresh_token_and_off_loopback_takes_yours(db_path, tmp
     """Started for real: the printed token is the one the server holds (its environment)."""
     token_file = tmp_path / "token"
     token_file.write_text("from-a-file\n")
-    for args, expect_printed in ((["--host", "127.0.0.1"], True),
-                                 (["--host", "0.0.0.0", "--token-file", str(token_file)], False)):
+    for args, expect_printed in (
+        (["--host", "127.0.0.1"], True),
+        (["--host", "0.0.0.0", "--token-file", str(token_file)], False),
+    ):
         env = child_env()
         env.pop(guard.TOKEN_ENV, None)
-        proc = subprocess.Popen([sys.executable, "-m", "rampwatch", "dashboard", "--db",
-                                 str(db_path), "--port", str(free_port()), *args], env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "rampwatch",
+                "dashboard",
+                "--db",
+                str(db_path),
+                "--port",
+                str(free_port()),
+                *args,
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         try:
             first = proc.stdout.readline()
             if expect_printed:
@@ -141,8 +176,11 @@ def test_loopback_prints_a_fresh_token_and_off_loopback_takes_yours(db_path, tmp
                 assert time.monotonic() < deadline and proc.poll() is None
                 time.sleep(0.1)
             environ = Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
-            held = [e.split(b"=", 1)[1].decode() for e in environ
-                    if e.startswith(guard.TOKEN_ENV.encode() + b"=")]
+            held = [
+                e.split(b"=", 1)[1].decode()
+                for e in environ
+                if e.startswith(guard.TOKEN_ENV.encode() + b"=")
+            ]
             assert held == [printed if expect_printed else "from-a-file"]
         finally:
             kill_group(proc)

@@ -1,5 +1,6 @@
 """trainer/data.py: corpus fingerprint, split, sampling by sample id (continuity under batch
 changes, rank slices, epochs), the fixed validation batch, the BPE tokenizer and its cache."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -80,7 +81,7 @@ def test_windows_are_shifted_corpus_slices(ds):
     assert x.shape == y.shape == (4, TINY.seq_len) and x.dtype == y.dtype == torch.long
     assert ids.tolist() == [5, 6, 7, 8]
     for row, start in enumerate(ds.starts(ids.numpy())):
-        window = torch.from_numpy(ds.train[start:start + TINY.seq_len + 1].astype(np.int64))
+        window = torch.from_numpy(ds.train[start : start + TINY.seq_len + 1].astype(np.int64))
         assert torch.equal(x[row], window[:-1]) and torch.equal(y[row], window[1:])
     assert ds.meta["corpus"]["sha256"] == load_corpus().sha256 and ds.meta["tokenizer"] == "bytes"
 
@@ -137,7 +138,7 @@ def test_val_batch_fixed(ds):
     other_seed = TokenDataset(ds.train, ds.val, TINY.seq_len, seed=99)
     for a, b in zip((x, y), other_seed.val_batch(8)):
         assert torch.equal(a, b)
-    assert torch.equal(x[0], torch.from_numpy(ds.val[:TINY.seq_len].astype(np.int64)))
+    assert torch.equal(x[0], torch.from_numpy(ds.val[: TINY.seq_len].astype(np.int64)))
 
 
 def test_bpe_trains_caches_and_reloads(small_root, tmp_cache, monkeypatch):
@@ -150,9 +151,11 @@ def test_bpe_trains_caches_and_reloads(small_root, tmp_cache, monkeypatch):
     text = "def f(x):\n    return x + 1  # ünïcode\n"
     ids = tok.tok.encode(text).ids
     assert tok.decode(ids) == text and len(ids) < len(text.encode())
+
     # The second start trains and tokenizes nothing and gives the same data.
     def boom(*a, **k):
         raise AssertionError("cache miss")
+
     monkeypatch.setattr(data.BPETokenizer, "train", staticmethod(boom))
     monkeypatch.setattr(data.BPETokenizer, "encode_docs", boom)
     second = prepare(cfg, root=small_root)
@@ -170,5 +173,8 @@ def test_bytes_dataset_from_small_root(small_root):
     d = prepare(dataclasses.replace(TINY, seq_len=32), root=small_root)
     assert d.meta["corpus"]["files"] == 33 and d.meta["val_tokens"] > 0
     train_docs, val_docs = load_corpus(small_root).split()
-    assert d.train.tobytes() == np.frombuffer(b"".join(train_docs), np.uint8).astype(np.uint16).tobytes()
+    assert (
+        d.train.tobytes()
+        == np.frombuffer(b"".join(train_docs), np.uint8).astype(np.uint16).tobytes()
+    )
     assert len(d.val) == sum(map(len, val_docs))

@@ -3,6 +3,7 @@ its tokens, windows across shard boundaries keep sample-id continuity under a ra
 through the prefetching loader), the validation split's three rules, the vocabulary check and
 --vocab-from-data, the caches (text by content hash, the max-id scan), the fingerprint, every
 bad-data message naming its file, and --make-shards giving what training on the text gives."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,7 +26,7 @@ from rampwatch.trainer.data_files import DataSpec, prepare_files, prepare_for_ru
 from rampwatch.trainer.data_formats import DataError
 from rampwatch.trainer.data_loader import Prefetcher
 
-TINY = PRESETS["test-tiny"]          # seq_len 128, bytes, vocab 256
+TINY = PRESETS["test-tiny"]  # seq_len 128, bytes, vocab 256
 SHORT = dataclasses.replace(TINY, seq_len=16)
 rng = np.random.default_rng(0)
 
@@ -54,7 +55,7 @@ def spec(*paths, **kw) -> DataSpec:
 
 
 def everything(stream) -> np.ndarray:
-    return stream[0:len(stream)]
+    return stream[0 : len(stream)]
 
 
 def as_bytes(text: str) -> np.ndarray:
@@ -74,18 +75,26 @@ def test_each_format_gives_its_tokens(tmp_path):
     np.save(tmp_path / "e.npy", a[:150])
     docs = ["first document\n", "ünïcode second\n", "third"] * 10
     (tmp_path / "f.txt").write_text("plain text file " * 20)
-    (tmp_path / "g.jsonl").write_text("\n".join(json.dumps({"text": t, "n": i})
-                                                for i, t in enumerate(docs)) + "\n\n")
+    (tmp_path / "g.jsonl").write_text(
+        "\n".join(json.dumps({"text": t, "n": i}) for i, t in enumerate(docs)) + "\n\n"
+    )
     pq.write_table(pa.table({"text": docs[::-1], "n": list(range(30))}), tmp_path / "h.parquet")
     # raw uint32 needs its dtype; --val-fraction holds out the last tokens
     ds32, _ = prepare_files(SHORT, spec(tmp_path / "b32.bin", dtype="uint32", val_fraction=0.25))
     assert np.array_equal(everything(ds32.train), b[:150])
     assert np.array_equal(everything(ds32.val), b[150:])
-    files = [raw, tmp_path / "c.bin", tmp_path / "d.bin", tmp_path / "e.npy",
-             tmp_path / "f.txt", tmp_path / "g.jsonl"]
+    files = [
+        raw,
+        tmp_path / "c.bin",
+        tmp_path / "d.bin",
+        tmp_path / "e.npy",
+        tmp_path / "f.txt",
+        tmp_path / "g.jsonl",
+    ]
     ds, cfg = prepare_files(TINY, spec(*files, val_data=[str(tmp_path / "h.parquet")]))
-    want = np.concatenate([a, c, d, a[:150], as_bytes("plain text file " * 20),
-                           as_bytes("".join(docs))])
+    want = np.concatenate(
+        [a, c, d, a[:150], as_bytes("plain text file " * 20), as_bytes("".join(docs))]
+    )
     assert np.array_equal(everything(ds.train), want) and cfg == TINY
     assert np.array_equal(everything(ds.val), as_bytes("".join(docs[::-1])))
     m = ds.meta
@@ -96,7 +105,7 @@ def test_each_format_gives_its_tokens(tmp_path):
     # a sample is its window whatever the files: x and y are shifted slices of the stream
     x, y, sample_ids = ds.batch(3, 5)
     for row, start in enumerate(ds.starts(sample_ids.numpy())):
-        w = torch.from_numpy(want[start:start + TINY.seq_len + 1].astype(np.int64))
+        w = torch.from_numpy(want[start : start + TINY.seq_len + 1].astype(np.int64))
         assert torch.equal(x[row], w[:-1]) and torch.equal(y[row], w[1:])
 
 
@@ -122,7 +131,7 @@ def test_windows_span_shard_boundaries_and_keep_ids_under_a_ramp(four_shards):
     crossing = 0
     x, y, _ = ds.batch(0, 3 * K)  # three epochs
     for row, start in enumerate(ds.starts(np.arange(3 * K))):
-        w = torch.from_numpy(whole[start:start + T + 1].astype(np.int64))
+        w = torch.from_numpy(whole[start : start + T + 1].astype(np.int64))
         assert torch.equal(x[row], w[:-1]) and torch.equal(y[row], w[1:])
         crossing += bool(((bounds > start) & (bounds < start + T + 1)).any())
     assert crossing >= 3, "no window crossed a shard boundary"
@@ -137,7 +146,7 @@ def test_windows_span_shard_boundaries_and_keep_ids_under_a_ramp(four_shards):
     try:
         loader.want([(a, 2), (a + 2, 2), (a + 4, 2), (a + 6, 2)])  # this step and the next
         got = [loader.get(a, 2), loader.get(a + 2, 2)]
-        loader.want([(a + 4, 3), (a + 7, 3), (a + 10, 3)])          # the ramp: batch 3
+        loader.want([(a + 4, 3), (a + 7, 3), (a + 10, 3)])  # the ramp: batch 3
         got += [loader.get(a + 4, 3), loader.get(a + 7, 3), loader.get(a + 10, 3)]
         x_all, y_all, _ = ds.batch(a, 13)
         assert torch.equal(torch.cat([g[0] for g in got]), x_all)
@@ -161,7 +170,7 @@ def test_val_split_rules(four_shards, tmp_path):
     total = len(whole) + 40
     assert len(frac.val) == round(0.2 * total) and len(frac.train) + len(frac.val) == total
     assert frac.meta["val_split"] == "the last 0.2 of the tokens"
-    assert np.array_equal(everything(frac.train), whole[:len(frac.train)])
+    assert np.array_equal(everything(frac.train), whole[: len(frac.train)])
 
 
 def test_vocab_checked_against_the_model_or_taken_from_data(tmp_path):
@@ -169,19 +178,28 @@ def test_vocab_checked_against_the_model_or_taken_from_data(tmp_path):
     big[7] = 299
     llmc(tmp_path / "gpt2_train.bin", big)
     llmc(tmp_path / "ok_train.bin", ids(400))
-    with pytest.raises(DataError, match=r"gpt2_train\.bin: token id 299 >= the model's "
-                                        r"vocabulary 256: pass --vocab-from-data"):
+    with pytest.raises(
+        DataError,
+        match=r"gpt2_train\.bin: token id 299 >= the model's "
+        r"vocabulary 256: pass --vocab-from-data",
+    ):
         prepare_files(TINY, spec(tmp_path / "ok_train.bin", tmp_path / "gpt2_train.bin"))
-    with pytest.raises(DataError, match=r"gpt2_train\.bin: holds token id 299, but its "
-                                        r"declared vocabulary .* is 200"):
+    with pytest.raises(
+        DataError,
+        match=r"gpt2_train\.bin: holds token id 299, but its "
+        r"declared vocabulary .* is 200",
+    ):
         prepare_files(TINY, spec(tmp_path / "gpt2_train.bin", vocab=200, val_fraction=0.5))
-    ds, cfg = prepare_files(TINY, spec(tmp_path / "gpt2_train.bin", vocab_from_data=True,
-                                       val_fraction=0.5))
+    ds, cfg = prepare_files(
+        TINY, spec(tmp_path / "gpt2_train.bin", vocab_from_data=True, val_fraction=0.5)
+    )
     assert cfg.vocab_size == 300 and cfg.tokenizer == "bpe" and ds.meta["vocab_size"] == 300
-    (tmp_path / "gpt2_train.bin.json").write_text(json.dumps({"vocab_size": 512,
-                                                              "tokenizer": "mine"}))
-    ds, cfg = prepare_files(TINY, spec(tmp_path / "gpt2_train.bin", vocab_from_data=True,
-                                       val_fraction=0.5))
+    (tmp_path / "gpt2_train.bin.json").write_text(
+        json.dumps({"vocab_size": 512, "tokenizer": "mine"})
+    )
+    ds, cfg = prepare_files(
+        TINY, spec(tmp_path / "gpt2_train.bin", vocab_from_data=True, val_fraction=0.5)
+    )
     assert cfg.vocab_size == 512 and ds.meta["tokenizer"] == "mine"
 
 
@@ -193,6 +211,7 @@ def test_caches_text_by_content_and_the_max_id_scan(tmp_path, monkeypatch, tmp_c
 
     def boom(*a, **k):
         raise AssertionError("read again")
+
     with monkeypatch.context() as m:
         m.setattr(ByteTokenizer, "encode_docs", boom)
         m.setattr(np.memmap, "max", boom)  # the id scan of b.bin is cached too
@@ -246,8 +265,17 @@ def _bad(tmp_path, name: str):
     raise AssertionError(name)
 
 
-BAD = ["empty.bin", "odd.bin", "short.bin", "v2.bin", "magic.bin", "cut.bin", "nocol.jsonl",
-       "nocol.parquet", "big.bin"]
+BAD = [
+    "empty.bin",
+    "odd.bin",
+    "short.bin",
+    "v2.bin",
+    "magic.bin",
+    "cut.bin",
+    "nocol.jsonl",
+    "nocol.parquet",
+    "big.bin",
+]
 
 
 @pytest.mark.parametrize("name", BAD)
@@ -259,15 +287,28 @@ def test_bad_data_names_the_file_and_the_problem(tmp_path, name):
 
 
 def _train(tmp_path, *argv):
-    return cli.main(["train", "--preset", "test-tiny", "--db", str(tmp_path / "r.duckdb"),
-                     "--checkpoint-dir", str(tmp_path / "ck"), "--no-plan", *argv])
+    return cli.main(
+        [
+            "train",
+            "--preset",
+            "test-tiny",
+            "--db",
+            str(tmp_path / "r.duckdb"),
+            "--checkpoint-dir",
+            str(tmp_path / "ck"),
+            "--no-plan",
+            *argv,
+        ]
+    )
 
 
 def test_cli_bad_data_is_one_line_and_exit_2(tmp_path, capsys):
     path, _, message = _bad(tmp_path, "big.bin")
-    for argv, want in ((("--data", str(path)), message),
-                       (("--data", str(tmp_path / "no*.bin")), r"no\*\.bin: no file matches"),
-                       (("--vocab-from-data",), "--vocab-from-data needs --data")):
+    for argv, want in (
+        (("--data", str(path)), message),
+        (("--data", str(tmp_path / "no*.bin")), r"no\*\.bin: no file matches"),
+        (("--vocab-from-data",), "--vocab-from-data needs --data"),
+    ):
         with pytest.raises(SystemExit) as caught:
             _train(tmp_path, *argv)
         err = capsys.readouterr().err
@@ -281,8 +322,14 @@ def test_make_shards_trains_on_what_the_text_gives(tmp_path, capsys):
     (tmp_path / "a.jsonl").write_text("\n".join(map(json.dumps, docs)))
     (tmp_path / "b.txt").write_text("a plain file, longer than one sequence " * 30)
     out = tmp_path / "shards"
-    argv = ["--data", str(tmp_path / "a.jsonl"), "--data", str(tmp_path / "b.txt"),
-            "--val-fraction", "0.1"]
+    argv = [
+        "--data",
+        str(tmp_path / "a.jsonl"),
+        "--data",
+        str(tmp_path / "b.txt"),
+        "--val-fraction",
+        "0.1",
+    ]
     assert _train(tmp_path, "--make-shards", str(out), "--shard-tokens", "1000", *argv) == 0
     assert "train shards" in capsys.readouterr().err
     meta = json.loads((out / "meta.json").read_text())
@@ -291,8 +338,9 @@ def test_make_shards_trains_on_what_the_text_gives(tmp_path, capsys):
     assert "val_000000.bin" in shards and len(shards) >= 4
     header = np.fromfile(out / "train_000000.bin", "<i4", count=3)
     assert header.tolist() == [20240520, 1, 1000]
-    from_text, _ = prepare_files(TINY, spec(tmp_path / "a.jsonl", tmp_path / "b.txt",
-                                            val_fraction=0.1))
+    from_text, _ = prepare_files(
+        TINY, spec(tmp_path / "a.jsonl", tmp_path / "b.txt", val_fraction=0.1)
+    )
     from_shards, _ = prepare_files(TINY, spec(out))
     assert from_shards.meta["val_split"] == "the files named as validation"
     assert np.array_equal(everything(from_shards.train), everything(from_text.train))
@@ -306,8 +354,16 @@ def test_make_shards_trains_on_what_the_text_gives(tmp_path, capsys):
 
 def test_resume_refuses_other_data(four_shards):
     d, _ = four_shards
-    args = SimpleNamespace(data=[str(d)], val_data=None, val_fraction=None, data_dtype=None,
-                           data_vocab=None, text_column="text", vocab_from_data=False, seed=0)
+    args = SimpleNamespace(
+        data=[str(d)],
+        val_data=None,
+        val_fraction=None,
+        data_dtype=None,
+        data_vocab=None,
+        text_column="text",
+        vocab_from_data=False,
+        seed=0,
+    )
     ds, _ = prepare_for_run(SHORT, args)
     again, _ = prepare_for_run(SHORT, SimpleNamespace(data=None, seed=0), ds.meta)  # adopted
     assert again.meta == ds.meta

@@ -2,6 +2,7 @@
 sidecar, .npy, plain text, JSONL, Parquet) trains the test-tiny preset end to end and the run
 config records the data; a run stopped mid-shard and resumed without --data continues with the
 same sample ids and the same losses as a run that never stopped."""
+
 from __future__ import annotations
 
 import json
@@ -45,15 +46,32 @@ def test_every_format_trains_through_the_cli(tmp_path):
     (tmp_path / "raw.bin.json").write_text(json.dumps({"dtype": "uint16"}))
     np.save(tmp_path / "arr.npy", rng.integers(0, 256, 300).astype(np.uint32))
     (tmp_path / "a.txt").write_text("A plain text document about nothing much. " * 20)
-    (tmp_path / "b.jsonl").write_text("\n".join(json.dumps({"text": f"line {i} of JSON text"})
-                                                for i in range(50)))
-    pq.write_table(pa.table({"text": [f"row {i} of a Parquet table" for i in range(50)]}),
-                   tmp_path / "c.parquet")
+    (tmp_path / "b.jsonl").write_text(
+        "\n".join(json.dumps({"text": f"line {i} of JSON text"}) for i in range(50))
+    )
+    pq.write_table(
+        pa.table({"text": [f"row {i} of a Parquet table" for i in range(50)]}),
+        tmp_path / "c.parquet",
+    )
     db = tmp_path / "runs.duckdb"
-    files = [data, tmp_path / "raw.bin", tmp_path / "arr.npy", tmp_path / "a.txt",
-             tmp_path / "b.jsonl", tmp_path / "c.parquet"]
-    done = run_trainer(db, tmp_path / "ckpt", "--run-id", "f", "--steps", "4", "--no-plan",
-                       *[a for f in files for a in ("--data", str(f))])
+    files = [
+        data,
+        tmp_path / "raw.bin",
+        tmp_path / "arr.npy",
+        tmp_path / "a.txt",
+        tmp_path / "b.jsonl",
+        tmp_path / "c.parquet",
+    ]
+    done = run_trainer(
+        db,
+        tmp_path / "ckpt",
+        "--run-id",
+        "f",
+        "--steps",
+        "4",
+        "--no-plan",
+        *[a for f in files for a in ("--data", str(f))],
+    )
     assert done.returncode == 0, done.stdout
     run = reader.get_run(db, "f")
     assert run.status == "finished" and run.last_step == 4

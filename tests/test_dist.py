@@ -8,6 +8,7 @@ equal an in-process recomputation; an approved ramp takes effect on both ranks a
 resuming on one process keeps the effective batch; an out-of-memory on one rank stops both and
 `torchrun --max-restarts` resumes the run at the halved tier.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,13 +27,30 @@ pytestmark = pytest.mark.slow
 
 RANK_LINE = re.compile(r"rampwatch-rank rank=(\d+) step=(\d+) tier=(\d+)x(\d+) first_sample=(\d+)")
 # SGD with lr 1 and no decay or clipping: the step-1 update is exactly minus the gradient
-SGD = ["--optimizer", "sgd", "--lr", "1", "--warmup-tokens", "1", "--grad-clip", "0",
-       "--weight-decay", "0", "--no-plan"]
+SGD = [
+    "--optimizer",
+    "sgd",
+    "--lr",
+    "1",
+    "--warmup-tokens",
+    "1",
+    "--grad-clip",
+    "0",
+    "--weight-decay",
+    "0",
+    "--no-plan",
+]
 
 
 def torchrun(db, ckpt, *extra, restarts: int = 0) -> list[str]:
-    return ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-            f"--max-restarts={restarts}", *trainer_args(db, ckpt, *extra)]
+    return [
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        f"--max-restarts={restarts}",
+        *trainer_args(db, ckpt, *extra),
+    ]
 
 
 def finish(proc: subprocess.Popen, timeout: float = 150) -> str:
@@ -47,8 +65,9 @@ def finish(proc: subprocess.Popen, timeout: float = 150) -> str:
 
 
 def run(args, timeout: float = 150, **env) -> str:
-    return finish(spawn(args, env=child_env(**env), stdout=subprocess.PIPE,
-                        stderr=subprocess.STDOUT), timeout)
+    return finish(
+        spawn(args, env=child_env(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT), timeout
+    )
 
 
 def rank_lines(out: str) -> dict[int, dict[int, tuple[int, int, int]]]:
@@ -63,6 +82,7 @@ def rank_lines(out: str) -> dict[int, dict[int, tuple[int, int, int]]]:
 
 def load_model(path):
     import torch
+
     return torch.load(path, map_location="cpu", weights_only=False)["model"]
 
 
@@ -72,10 +92,36 @@ def step1(tmp_path_factory):
     """One step of the same 32 sequences: 2 ranks x 8 x accum 2, and 1 process x 8 x accum 4."""
     d = tmp_path_factory.mktemp("step1")
     db, ck = d / "runs.duckdb", d / "ckpt"
-    run(torchrun(db, ck, "--run-id", "ddp", "--steps", "1", "--per-device-batch", "8",
-                 "--accum", "2", *SGD))
-    run(trainer_args(db, ck, "--run-id", "one", "--steps", "1", "--per-device-batch", "8",
-                     "--accum", "4", *SGD))
+    run(
+        torchrun(
+            db,
+            ck,
+            "--run-id",
+            "ddp",
+            "--steps",
+            "1",
+            "--per-device-batch",
+            "8",
+            "--accum",
+            "2",
+            *SGD,
+        )
+    )
+    run(
+        trainer_args(
+            db,
+            ck,
+            "--run-id",
+            "one",
+            "--steps",
+            "1",
+            "--per-device-batch",
+            "8",
+            "--accum",
+            "4",
+            *SGD,
+        )
+    )
     return db, ck
 
 
@@ -89,7 +135,7 @@ def test_step1_gradient_and_g2_match_one_process(step1):
     assert worst < 1e-5, f"global gradient differs by {worst:.3g}"
     g_ddp, g_one = metric(db, "ddp", M.GRAD_NORM)[1], metric(db, "one", M.GRAD_NORM)[1]
     assert g_one > 1.0
-    assert abs(g_ddp ** 2 - g_one ** 2) / g_one ** 2 < 1e-5, (g_ddp, g_one)
+    assert abs(g_ddp**2 - g_one**2) / g_one**2 < 1e-5, (g_ddp, g_one)
     loss_ddp, loss_one = metric(db, "ddp", M.LOSS)[1], metric(db, "one", M.LOSS)[1]
     assert abs(loss_ddp - loss_one) < 1e-5, "the logged loss is the mean over ranks"
 
@@ -121,15 +167,19 @@ def test_per_rank_noise_points_match_a_recomputation(step1):
 
     g = [[grad(rank * 16 + j * 8) for j in range(2)] for rank in range(2)]  # g[rank][micro]
     mean = lambda *gs: [sum(parts) / len(gs) for parts in zip(*gs)]  # noqa: E731
-    points = [sum(sq(g[r][0]) for r in range(2)) / 2,
-              sum(sq(mean(*g[r])) for r in range(2)) / 2,
-              sq(mean(*g[0], *g[1]))]
+    points = [
+        sum(sq(g[r][0]) for r in range(2)) / 2,
+        sum(sq(mean(*g[r])) for r in range(2)) / 2,
+        sq(mean(*g[0], *g[1])),
+    ]
     # the recomputation starts from the trainer's own initial weights
     one = load_model(ck / "one.pt")
-    init_minus_grad = [p.detach().double() - q for p, q in zip(model.parameters(),
-                                                               mean(*g[0], *g[1]))]
-    assert max(float((a - one[k].double()).abs().max())
-               for a, k in zip(init_minus_grad, one)) < 1e-5
+    init_minus_grad = [
+        p.detach().double() - q for p, q in zip(model.parameters(), mean(*g[0], *g[1]))
+    ]
+    assert (
+        max(float((a - one[k].double()).abs().max()) for a, k in zip(init_minus_grad, one)) < 1e-5
+    )
     g2, trace = line_estimates([8, 16, 32], points)
     assert metric(db, "ddp", M.GRAD_NORM)[1] ** 2 == pytest.approx(points[2], rel=1e-5)
     assert metric(db, "ddp", M.GNS_G2)[1] == pytest.approx(g2, rel=3e-4)  # fp32 vs fp64
@@ -144,11 +194,11 @@ def test_keep_effective_batch_across_world_sizes():
         st = keep_effective_batch(TrainState("x", per_device_batch=b, accum=a), old, new)
         return st.per_device_batch, st.accum
 
-    assert moved(8, 4, 2, 1) == (8, 8)      # fewer ranks: more accumulation
+    assert moved(8, 4, 2, 1) == (8, 8)  # fewer ranks: more accumulation
     assert moved(8, 4, 1, 2) == (8, 2)
-    assert moved(8, 1, 2, 4) == (4, 1)      # never a per-device batch above the share
-    assert moved(8, 3, 1, 2) == (6, 2)      # 24 = 2 x 6 x 2: a smaller divisor keeps it exact
-    assert moved(8, 1, 1, 3) == (8, 1)      # 8 sequences on 3 ranks: rounds up to 24
+    assert moved(8, 1, 2, 4) == (4, 1)  # never a per-device batch above the share
+    assert moved(8, 3, 1, 2) == (6, 2)  # 24 = 2 x 6 x 2: a smaller divisor keeps it exact
+    assert moved(8, 1, 1, 3) == (8, 1)  # 8 sequences on 3 ranks: rounds up to 24
 
 
 # -- a ramp on both ranks, then one process ------------------------------------------------------
@@ -158,10 +208,12 @@ def ramped(tmp_path_factory):
     resumed on one process."""
     d = tmp_path_factory.mktemp("ramp")
     db, ck = d / "runs.duckdb", d / "ckpt"
-    proc = spawn(torchrun(db, ck, "--run-id", "r", "--steps", "24", "--no-plan",
-                          "--checkpoint-every", "0"),
-                 env=child_env(RAMPWATCH_DEBUG_RANKS="1"), stdout=subprocess.PIPE,
-                 stderr=subprocess.STDOUT)
+    proc = spawn(
+        torchrun(db, ck, "--run-id", "r", "--steps", "24", "--no-plan", "--checkpoint-every", "0"),
+        env=child_env(RAMPWATCH_DEBUG_RANKS="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     lines, command_id = [], None
     watchdog = threading.Timer(150, kill_group, [proc])  # reading stdout could block forever
     watchdog.start()
@@ -169,14 +221,17 @@ def ramped(tmp_path_factory):
         for raw in proc.stdout:  # submit once rank 0 is training, so the run is 'running'
             lines.append(raw.decode())
             if command_id is None and "rampwatch-rank rank=0 step=2 " in lines[-1]:
-                command_id = commands.submit(db, "r", "ramp", {"per_device_batch": 8,
-                                                               "accum": 4}, actor="test")
+                command_id = commands.submit(
+                    db, "r", "ramp", {"per_device_batch": 8, "accum": 4}, actor="test"
+                )
     finally:
         watchdog.cancel()
         out = "".join(lines) + finish(proc, timeout=60)
     assert command_id is not None, out[-6000:]
-    resumed = run(trainer_args(db, ck, "--resume", "r", "--steps", "27", "--no-plan"),
-                  RAMPWATCH_DEBUG_RANKS="1")
+    resumed = run(
+        trainer_args(db, ck, "--resume", "r", "--steps", "27", "--no-plan"),
+        RAMPWATCH_DEBUG_RANKS="1",
+    )
     return db, out, command_id, resumed
 
 
@@ -223,21 +278,42 @@ def test_resume_on_one_process_keeps_the_effective_batch(ramped):
 # -- out of memory on one rank -------------------------------------------------------------------
 def test_oom_on_one_rank_stops_both_and_torchrun_resumes_at_half_the_tier(tmp_path):
     db, ck = tmp_path / "runs.duckdb", tmp_path / "ckpt"
-    out = run(torchrun(db, ck, "--run-id", "o", "--steps", "5", "--no-plan",
-                       "--inject-oom", "3:0:forward", restarts=1),
-              RAMPWATCH_DEBUG_RANKS="1", RAMPWATCH_INJECT_OOM_RANK="1")
+    out = run(
+        torchrun(
+            db,
+            ck,
+            "--run-id",
+            "o",
+            "--steps",
+            "5",
+            "--no-plan",
+            "--inject-oom",
+            "3:0:forward",
+            restarts=1,
+        ),
+        RAMPWATCH_DEBUG_RANKS="1",
+        RAMPWATCH_INJECT_OOM_RANK="1",
+    )
     assert "out of memory on rank 1" in out and "restart 1: resuming run o" in out
     ranks = rank_lines(out)
     for r in (0, 1):
         assert {s: (b, a) for s, (b, a, _) in ranks[r].items()} == {
-            1: (8, 2), 2: (8, 2), 3: (4, 4), 4: (4, 4), 5: (4, 4)}
+            1: (8, 2),
+            2: (8, 2),
+            3: (4, 4),
+            4: (4, 4),
+            5: (4, 4),
+        }
     run_ = reader.get_run(db, "o")
     assert run_.status == "finished" and run_.last_step == 5 and run_.world_size == 2
     assert metric(db, "o", M.PER_DEVICE_BATCH) == {1: 8, 2: 8, 3: 4, 4: 4, 5: 4}
     assert set(metric(db, "o", M.BATCH_SEQS).values()) == {32}
     [oom] = reader.events(db, "o", kinds=[M.EVENT_OOM])
-    assert oom.step == 2 and oom.data["rank"] == 1 and oom.data["after"] == {
-        "per_device_batch": 4, "accum": 4}
+    assert (
+        oom.step == 2
+        and oom.data["rank"] == 1
+        and oom.data["after"] == {"per_device_batch": 4, "accum": 4}
+    )
 
 
 def test_card_and_trainer_agree_on_the_new_lr_after_a_resume_on_another_world_size(ramped):
@@ -250,9 +326,20 @@ def test_card_and_trainer_agree_on_the_new_lr_after_a_resume_on_another_world_si
     db = ramped[0]
     run_ = reader.get_run(db, "r")
     latest = {name: value for name, (_, value) in reader.latest(db, "r").items()}
-    card = build_card({"run_id": "r", "config": run_.config, "world_size": run_.world_size,
-                       "capacity_bytes": run_.capacity_bytes, "last_step": run_.last_step},
-                      latest, [], [], [], [])
+    card = build_card(
+        {
+            "run_id": "r",
+            "config": run_.config,
+            "world_size": run_.world_size,
+            "capacity_bytes": run_.capacity_bytes,
+            "last_step": run_.last_step,
+        },
+        latest,
+        [],
+        [],
+        [],
+        [],
+    )
     first_batch = metric(db, "r", M.BATCH_SEQS)[1]
     lr = run_.config["lr"]
     assert card.current.batch == 64 and first_batch == 32 and run_.world_size == 1

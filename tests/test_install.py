@@ -7,6 +7,7 @@ elsewhere; then torch added, running examples/own_loop.py, `rampwatch info` on t
 made, and the dashboard on it. Then a second DuckDB in it, older than the one that wrote the
 file, so the message for environments that differ is seen for real.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,8 +28,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def _run(args, cwd, timeout=600, check=True, env=None):
-    out = subprocess.run([str(a) for a in args], cwd=cwd, capture_output=True, text=True,
-                         timeout=timeout, env=env)
+    out = subprocess.run(
+        [str(a) for a in args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env
+    )
     if check:
         assert out.returncode == 0, f"{args} exited {out.returncode}:\n{out.stdout}\n{out.stderr}"
     return out
@@ -44,16 +46,23 @@ def _clean_env() -> dict:
 def _serves(venv: Path, db: Path, cwd: Path) -> None:
     """`rampwatch dashboard` starts and its health endpoint answers; then it is stopped."""
     port = free_port()
-    proc = subprocess.Popen([venv / "bin" / "rampwatch", "dashboard", "--db", db, "--port",
-                             str(port)], cwd=cwd, env=_clean_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [venv / "bin" / "rampwatch", "dashboard", "--db", db, "--port", str(port)],
+        cwd=cwd,
+        env=_clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             assert proc.poll() is None, f"the dashboard exited:\n{proc.stdout.read()}"
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health",
-                                            timeout=2) as r:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{port}/_stcore/health", timeout=2
+                ) as r:
                     if r.status == 200 and r.read() == b"ok":
                         return
             except OSError:
@@ -87,12 +96,17 @@ def test_installed_viewer_then_monitor(wheel, tmp_path):
 
     # Stage 1: core + [dashboard], no torch; a database written by another environment (ours).
     _run([py, "-m", "pip", "install", "-q", f"{wheel}[dashboard]"], cwd=elsewhere, env=env)
-    assert _run([py, "-c", "import torch"], cwd=elsewhere, check=False,
-                env=env).returncode != 0, "the viewer's install must not pull in torch"
-    site = Path(_run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                     cwd=elsewhere, env=env).stdout.strip())
-    assert not {"trainer", "store", "pages", "advisor", "app.py"} & {p.name for p in
-                                                                    site.iterdir()}
+    assert _run([py, "-c", "import torch"], cwd=elsewhere, check=False, env=env).returncode != 0, (
+        "the viewer's install must not pull in torch"
+    )
+    site = Path(
+        _run(
+            [py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            cwd=elsewhere,
+            env=env,
+        ).stdout.strip()
+    )
+    assert not {"trainer", "store", "pages", "advisor", "app.py"} & {p.name for p in site.iterdir()}
     made_elsewhere = tmp_path / "made-elsewhere.duckdb"
     with store.RunWriter.start(made_elsewhere, "from-another-env") as w:
         for step in range(1, 6):
@@ -114,12 +128,23 @@ def test_installed_viewer_then_monitor(wheel, tmp_path):
     # the framework integrations are extras: without them everything else imports, and theirs
     # say what to install
     frameworks = ("lightning", "pytorch_lightning", "transformers")
-    _run([py, "-c", "import sys, rampwatch.monitor, rampwatch.integrations, rampwatch.trainer; "
-                    f"assert not set({frameworks!r}) & set(sys.modules), sys.modules.keys()"],
-         cwd=elsewhere, env=env)
+    _run(
+        [
+            py,
+            "-c",
+            "import sys, rampwatch.monitor, rampwatch.integrations, rampwatch.trainer; "
+            f"assert not set({frameworks!r}) & set(sys.modules), sys.modules.keys()",
+        ],
+        cwd=elsewhere,
+        env=env,
+    )
     for extra in ("lightning", "transformers"):
-        missing = _run([py, "-c", f"import rampwatch.integrations.{extra}"], cwd=elsewhere,
-                       env=env, check=False)
+        missing = _run(
+            [py, "-c", f"import rampwatch.integrations.{extra}"],
+            cwd=elsewhere,
+            env=env,
+            check=False,
+        )
         assert missing.returncode == 1 and f"pip install 'rampwatch[{extra}]'" in missing.stderr
 
     # Stage 3: a DuckDB older than the file's writer, as in a stale dashboard environment.

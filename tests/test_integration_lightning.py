@@ -6,6 +6,7 @@ applies a gradient twice; 16-mixed's loss scale is undone; a per-device batch ra
 cannot run is refused with its reason on the card; the auto policy ramps by itself; the telemetry
 is the own loop's to the bit; examples/lightning_loop.py runs as written.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -67,27 +68,65 @@ def manual(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("manual")
     db, own_db = tmp / "runs.duckdb", tmp / "own.duckdb"
     steps = "60"  # past the noise-scale window's first estimate (~50 steps)
-    own = spawn([*OWN, str(own_db), str(tmp / "own.pt"), "--switch-at", "6:4:4", "--switch-at",
-                 "9:2:16", "--steps", steps, "--ramp", "off"], **PIPES)
-    proc = spawn([*LIGHTNING, str(db), str(tmp / "lightning.pt"), "--wait-ramp-at", "5",
-                  "--wait-ramp-at", "7", "--steps", steps, "--epoch-samples", "96", "--reload"],
-                 **PIPES)
+    own = spawn(
+        [
+            *OWN,
+            str(own_db),
+            str(tmp / "own.pt"),
+            "--switch-at",
+            "6:4:4",
+            "--switch-at",
+            "9:2:16",
+            "--steps",
+            steps,
+            "--ramp",
+            "off",
+        ],
+        **PIPES,
+    )
+    proc = spawn(
+        [
+            *LIGHTNING,
+            str(db),
+            str(tmp / "lightning.pt"),
+            "--wait-ramp-at",
+            "5",
+            "--wait-ramp-at",
+            "7",
+            "--steps",
+            steps,
+            "--epoch-samples",
+            "96",
+            "--reload",
+        ],
+        **PIPES,
+    )
     try:
         run_id = started(proc)
-        accum = commands.submit(db, run_id, "ramp", {"per_device_batch": 4, "accum": 4},
-                                actor="test")
+        accum = commands.submit(
+            db, run_id, "ramp", {"per_device_batch": 4, "accum": 4}, actor="test"
+        )
         wait_until(lambda: commands.get(db, accum).status == "applied", timeout=120)
-        batch = commands.submit(db, run_id, "ramp", {"per_device_batch": 2, "accum": 16},
-                                actor="test")
+        batch = commands.submit(
+            db, run_id, "ramp", {"per_device_batch": 2, "accum": 16}, actor="test"
+        )
         log = finished(proc)
         finished(own)
     finally:
         for p in (proc, own):
             if p.poll() is None:
                 kill_group(p)
-    return SimpleNamespace(db=db, run_id=run_id, own_db=own_db, own_run=only_run(own_db),
-                           accum=accum, batch=batch, log=log,
-                           result=torch.load(tmp / "lightning.pt"), own=torch.load(tmp / "own.pt"))
+    return SimpleNamespace(
+        db=db,
+        run_id=run_id,
+        own_db=own_db,
+        own_run=only_run(own_db),
+        accum=accum,
+        batch=batch,
+        log=log,
+        result=torch.load(tmp / "lightning.pt"),
+        own=torch.load(tmp / "own.pt"),
+    )
 
 
 def test_approved_ramps_wait_for_a_safe_boundary_and_equal_a_switch_by_hand(manual):
@@ -125,12 +164,37 @@ def test_telemetry_equals_the_own_loop_monitor_on_the_same_batches(manual):
 def test_the_unsafe_switch_it_avoids_would_apply_a_gradient_twice(tmp_path):
     """accumulate_grad_batches 2 -> 4 right after step 5 (ready = 10): batch_idx 10 does not zero
     .grad, so step 6 applies step 5's gradient again, and the result is not a switch at 5."""
-    own = spawn([*OWN, str(tmp_path / "own.duckdb"), str(tmp_path / "own.pt"), "--switch-at",
-                 "5:4:4", "--steps", "8", "--ramp", "off"], **PIPES)
-    unsafe = subprocess.run([sys.executable, *LIGHTNING, str(tmp_path / "l.duckdb"),
-                             str(tmp_path / "unsafe.pt"), "--unsafe-switch-at", "5:4",
-                             "--steps", "8"],
-                            cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=200)
+    own = spawn(
+        [
+            *OWN,
+            str(tmp_path / "own.duckdb"),
+            str(tmp_path / "own.pt"),
+            "--switch-at",
+            "5:4:4",
+            "--steps",
+            "8",
+            "--ramp",
+            "off",
+        ],
+        **PIPES,
+    )
+    unsafe = subprocess.run(
+        [
+            sys.executable,
+            *LIGHTNING,
+            str(tmp_path / "l.duckdb"),
+            str(tmp_path / "unsafe.pt"),
+            "--unsafe-switch-at",
+            "5:4",
+            "--steps",
+            "8",
+        ],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
     assert unsafe.returncode == 0, unsafe.stderr
     finished(own)
     result, ref = torch.load(tmp_path / "unsafe.pt"), torch.load(tmp_path / "own.pt")
@@ -143,10 +207,27 @@ def test_the_loss_scale_of_16_mixed_is_undone(manual, tmp_path):
     """fp16 autocast with a GradScaler at 1024 (its norms are taken scaled after each backward):
     the same steps as the fp32 run before its first ramp, to fp16's precision."""
     db = tmp_path / "runs.duckdb"
-    done = subprocess.run([sys.executable, *LIGHTNING, str(db), str(tmp_path / "amp.pt"),
-                           "--ramp", "off", "--steps", "60", "--stop-after", "6",
-                           "--scaler", "1024"],
-                          cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=200)
+    done = subprocess.run(
+        [
+            sys.executable,
+            *LIGHTNING,
+            str(db),
+            str(tmp_path / "amp.pt"),
+            "--ramp",
+            "off",
+            "--steps",
+            "60",
+            "--stop-after",
+            "6",
+            "--scaler",
+            "1024",
+        ],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
     assert done.returncode == 0, done.stderr
     run_id = only_run(db)
     for name in (M.LOSS, M.GRAD_NORM, M.GNS_G2, M.GNS_TRACE):
@@ -161,31 +242,51 @@ def auto(tmp_path_factory):
     ramp to 1 per device x 4."""
     tmp = tmp_path_factory.mktemp("auto")
     db = tmp / "runs.duckdb"
-    proc = spawn([*LIGHTNING, str(db), str(tmp / "auto.pt"), "--ramp", "auto", "--steps", "90",
-                  "--batch", "2", "--policy", AUTO_POLICY, "--wait-ramp-at", "3"], **PIPES)
+    proc = spawn(
+        [
+            *LIGHTNING,
+            str(db),
+            str(tmp / "auto.pt"),
+            "--ramp",
+            "auto",
+            "--steps",
+            "90",
+            "--batch",
+            "2",
+            "--policy",
+            AUTO_POLICY,
+            "--wait-ramp-at",
+            "3",
+        ],
+        **PIPES,
+    )
     try:
         run_id = started(proc)
-        cid = commands.submit(db, run_id, "ramp", {"per_device_batch": 1, "accum": 4},
-                              actor="test")
+        cid = commands.submit(db, run_id, "ramp", {"per_device_batch": 1, "accum": 4}, actor="test")
         log = finished(proc)
     finally:
         if proc.poll() is None:
             kill_group(proc)
-    return SimpleNamespace(db=db, run_id=run_id, cid=cid, log=log,
-                           result=torch.load(tmp / "auto.pt"))
+    return SimpleNamespace(
+        db=db, run_id=run_id, cid=cid, log=log, result=torch.load(tmp / "auto.pt")
+    )
 
 
 def test_a_per_device_batch_ramp_without_a_new_loader_is_refused_on_the_card(auto, monkeypatch):
     cmd = commands.get(auto.db, auto.cid)
     assert cmd.status == "refused", auto.log
-    assert cmd.reason.startswith("per-device batch 2 -> 1 needs a new DataLoader, and this "
-                                 "Trainer does not rebuild it: use Trainer(reload_dataloaders_"
-                                 "every_n_epochs=1)"), cmd.reason
+    assert cmd.reason.startswith(
+        "per-device batch 2 -> 1 needs a new DataLoader, and this "
+        "Trainer does not rebuild it: use Trainer(reload_dataloaders_"
+        "every_n_epochs=1)"
+    ), cmd.reason
     refused = store.events(auto.db, auto.run_id, kinds=[M.EVENT_REFUSED])
     assert [e.step for e in refused] == [3]
     text = seed.texts(seed.app(monkeypatch, auto.db))
-    assert f"Ramp #{auto.cid} to 1 per device × 4 accumulation was refused: per-device " \
-           "batch 2 -> 1 needs a new DataLoader" in text
+    assert (
+        f"Ramp #{auto.cid} to 1 per device × 4 accumulation was refused: per-device "
+        "batch 2 -> 1 needs a new DataLoader" in text
+    )
 
 
 def test_the_auto_policy_ramps_by_itself_at_a_safe_boundary(auto):
@@ -202,8 +303,14 @@ def test_the_auto_policy_ramps_by_itself_at_a_safe_boundary(auto):
 
 def test_the_example_runs_as_written(tmp_path):
     db = tmp_path / "runs.duckdb"
-    done = subprocess.run([sys.executable, "examples/lightning_loop.py", str(db)], cwd=REPO,
-                          env=child_env(), capture_output=True, text=True, timeout=200)
+    done = subprocess.run(
+        [sys.executable, "examples/lightning_loop.py", str(db)],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
     assert done.returncode == 0, done.stderr
     (run,) = store.list_runs(db)
     assert run.status == "finished" and run.name == "lightning"

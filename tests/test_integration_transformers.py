@@ -7,6 +7,7 @@ parameters of a run switched by hand at that step; a ramp that cannot run is ref
 reason on the card; a run that cannot restart says it is ramped by hand only; ramp="auto" ramps
 by itself; examples/hf_trainer.py runs as written. The test process never imports transformers.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -27,15 +28,21 @@ from tests.procs import REPO, child_env, kill_group, spawn, wait_until
 
 pytestmark = [
     pytest.mark.timeout(240),
-    pytest.mark.skipif(not all(importlib.util.find_spec(m) for m in ("transformers", "accelerate")),
-                       reason="the transformers extra (and accelerate, which its Trainer needs)"),
+    pytest.mark.skipif(
+        not all(importlib.util.find_spec(m) for m in ("transformers", "accelerate")),
+        reason="the transformers extra (and accelerate, which its Trainer needs)",
+    ),
 ]
 EXIT_RAMP = 75  # rampwatch.integrations.transformers.EXIT_RAMP (not imported: no transformers here)
 
 
 def hf(db, out, *args) -> subprocess.Popen:
-    return spawn(["-m", "tests.hf_child", "hf", str(db), str(out), *args],
-                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return spawn(
+        ["-m", "tests.hf_child", "hf", str(db), str(out), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def read_until(proc, prefix: str) -> str:
@@ -63,16 +70,28 @@ def ramped(tmp_path_factory):
     samples, so the restarted part reads across two epoch ends."""
     tmp = tmp_path_factory.mktemp("hf")
     db, out = tmp / "runs.duckdb", tmp / "hf"
-    ref = spawn(["-m", "tests.hf_child", "reference", str(db), str(tmp / "ref.pt"), "--steps",
-                 "10", "--switch-at", "5:4:2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                text=True)
+    ref = spawn(
+        [
+            "-m",
+            "tests.hf_child",
+            "reference",
+            str(db),
+            str(tmp / "ref.pt"),
+            "--steps",
+            "10",
+            "--switch-at",
+            "5:4:2",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     first = second = None
     try:
         first = hf(db, out, "--wait-ramp-at", "5", "--plan", "--steps", "10")
         run_id = read_until(first, "run ").split()[1]
         read_until(first, "waiting at 5")  # submitted earlier, it could land at any boundary
-        cid = commands.submit(db, run_id, "ramp", {"per_device_batch": 4, "accum": 2},
-                              actor="test")
+        cid = commands.submit(db, run_id, "ramp", {"per_device_batch": 4, "accum": 2}, actor="test")
         first_log = ended(first, EXIT_RAMP)
         state = json.loads((out / "checkpoint-5" / "rampwatch.json").read_text())
         second = hf(db, out, "--steps", "10")  # the same command: resume_args continues it
@@ -82,9 +101,16 @@ def ramped(tmp_path_factory):
         for p in (ref, first, second):
             if p is not None and p.poll() is None:
                 kill_group(p)
-    return {"db": db, "run_id": run_id, "cid": cid, "state": state, "first": first_log,
-            "second": second_log, "hf": torch.load(out / "final.pt"),
-            "ref": torch.load(tmp / "ref.pt")}
+    return {
+        "db": db,
+        "run_id": run_id,
+        "cid": cid,
+        "state": state,
+        "first": first_log,
+        "second": second_log,
+        "hf": torch.load(out / "final.pt"),
+        "ref": torch.load(tmp / "ref.pt"),
+    }
 
 
 def test_an_approved_ramp_restarts_at_the_new_tier_like_a_switch_by_hand(ramped):
@@ -126,13 +152,29 @@ def test_the_noise_scale_is_fit_on_the_micro_batches_token_weights(ramped):
     assert abs(trace - direct["unweighted"]["trace"]) > 0.2 * abs(trace)
 
 
-def test_a_ramp_that_cannot_run_is_refused_with_its_reason_on_the_card(tmp_path, procs,
-                                                                         monkeypatch):
+def test_a_ramp_that_cannot_run_is_refused_with_its_reason_on_the_card(
+    tmp_path, procs, monkeypatch
+):
     db, out = tmp_path / "runs.duckdb", tmp_path / "hf"
     out.mkdir()
-    proc = procs.spawn(["-m", "tests.hf_child", "hf", str(db), str(out), "--steps", "6",
-                        "--wait-ramp-at", "3", "--wait-ramp-at", "6"],
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = procs.spawn(
+        [
+            "-m",
+            "tests.hf_child",
+            "hf",
+            str(db),
+            str(out),
+            "--steps",
+            "6",
+            "--wait-ramp-at",
+            "3",
+            "--wait-ramp-at",
+            "6",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     run_id = read_until(proc, "run ").split()[1]
     read_until(proc, "waiting at 3")
     # the monitor's check: a larger per-device batch with no memory plan and no measurement
@@ -157,14 +199,20 @@ def test_a_run_that_cannot_restart_at_a_new_tier_is_ramped_by_hand_only(tmp_path
     db, out = tmp_path / "runs.duckdb", tmp_path / "hf"
     out.mkdir()
     # an epoch-based run: its LR schedule's length in steps depends on the batch
-    proc = procs.spawn(["-m", "tests.hf_child", "hf", str(db), str(out), "--epochs", "1",
-                        "--wait-ramp-at", "2"],
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = procs.spawn(
+        ["-m", "tests.hf_child", "hf", str(db), str(out), "--epochs", "1", "--wait-ramp-at", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     run_id = read_until(proc, "run ").split()[1]
     config = store.get_run(db, run_id).config
     assert config["ramp"] == "off" and "set max_steps" in config["ramp_note"]
-    with pytest.raises(CommandError, match="takes no ramps from the dashboard: its length is "
-                                           "set in epochs.*change its batch by hand"):
+    with pytest.raises(
+        CommandError,
+        match="takes no ramps from the dashboard: its length is "
+        "set in epochs.*change its batch by hand",
+    ):
         commands.submit(db, run_id, "ramp", {"per_device_batch": 2, "accum": 4}, actor="t")
     (out / "release-2").touch()
     ended(proc)
@@ -174,9 +222,28 @@ def test_a_run_that_cannot_restart_at_a_new_tier_is_ramped_by_hand_only(tmp_path
 def test_the_auto_policy_ramps_by_itself(tmp_path):
     db, out = tmp_path / "runs.duckdb", tmp_path / "hf"
     done = subprocess.run(
-        [sys.executable, "-m", "tests.hf_child", "hf", str(db), str(out), "--ramp", "auto",
-         "--steps", "70", "--n", "64", "--policy", '{"min_estimates": 3, "hysteresis_steps": 2}'],
-        cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=180)
+        [
+            sys.executable,
+            "-m",
+            "tests.hf_child",
+            "hf",
+            str(db),
+            str(out),
+            "--ramp",
+            "auto",
+            "--steps",
+            "70",
+            "--n",
+            "64",
+            "--policy",
+            '{"min_estimates": 3, "hysteresis_steps": 2}',
+        ],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert done.returncode == EXIT_RAMP, done.stderr[-3000:]
     run = store.list_runs(db)[0]
     [ramp] = store.events(db, run.run_id, kinds=[M.EVENT_RAMP])
@@ -191,9 +258,14 @@ def test_the_auto_policy_ramps_by_itself(tmp_path):
 
 def test_the_example_runs_as_written(tmp_path):
     db = tmp_path / "runs.duckdb"
-    done = subprocess.run([sys.executable, str(REPO / "examples" / "hf_trainer.py"), str(db)],
-                          cwd=tmp_path, env=child_env(), capture_output=True, text=True,
-                          timeout=180)
+    done = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "hf_trainer.py"), str(db)],
+        cwd=tmp_path,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     [run] = store.list_runs(db)
     assert (run.name, run.stored_status, run.last_step) == ("hf-trainer", "finished", 40)

@@ -1,5 +1,6 @@
 """The import rules of docs/ARCHITECTURE.md, enforced by walking every module's imports; and the
 checkout's front door (app.py, pages/, trainer/) holding no logic of its own."""
+
 from __future__ import annotations
 
 import ast
@@ -28,8 +29,11 @@ FORBIDDEN_THIRD_PARTY = {
     "integrations": {"streamlit", "plotly"},
     "rampwatch": {"torch", "streamlit", "plotly"},  # a viewer's install has neither torch
 }
-FRONT_DOOR = [REPO / "app.py", *sorted((REPO / "pages").glob("*.py")),
-              *sorted((REPO / "trainer").glob("*.py"))]
+FRONT_DOOR = [
+    REPO / "app.py",
+    *sorted((REPO / "pages").glob("*.py")),
+    *sorted((REPO / "trainer").glob("*.py")),
+]
 
 
 def _imported_modules(path: Path) -> set[str]:
@@ -85,8 +89,12 @@ def test_no_generic_top_level_imports():
     """Code in the package imports ours only as rampwatch.*: a bare `store` or `trainer` would
     work from a checkout and break in an install."""
     bare = {"store", "advisor", "monitor", "trainer", "dashboard", "pages", "app"}
-    bad = [f"{p.relative_to(REPO)} imports {m}" for p in _sources()
-           for m in _imported_modules(p) if m.split(".")[0] in bare]
+    bad = [
+        f"{p.relative_to(REPO)} imports {m}"
+        for p in _sources()
+        for m in _imported_modules(p)
+        if m.split(".")[0] in bare
+    ]
     assert not bad, "\n".join(bad)
 
 
@@ -95,23 +103,35 @@ def test_front_door_is_thin():
     assert FRONT_DOOR and all(p.exists() for p in FRONT_DOOR)
     for path in FRONT_DOOR:
         tree = ast.parse(path.read_text(), filename=str(path))
-        body = [n for n in tree.body if not (isinstance(n, ast.Expr)
-                                             and isinstance(n.value, ast.Constant))]
+        body = [
+            n
+            for n in tree.body
+            if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))
+        ]
         imports = [n for n in body if isinstance(n, (ast.Import, ast.ImportFrom))]
         rest = [n for n in body if n not in imports]
-        assert all(isinstance(n, ast.Import) and n.names[0].name == "sys"
-                   or isinstance(n, ast.ImportFrom) and n.module.startswith("rampwatch")
-                   for n in imports), f"{path.name} imports more than rampwatch"
-        assert len(rest) <= 1 and all(isinstance(n, ast.Expr) for n in rest), \
+        assert all(
+            isinstance(n, ast.Import)
+            and n.names[0].name == "sys"
+            or isinstance(n, ast.ImportFrom)
+            and n.module.startswith("rampwatch")
+            for n in imports
+        ), f"{path.name} imports more than rampwatch"
+        assert len(rest) <= 1 and all(isinstance(n, ast.Expr) for n in rest), (
             f"{path.relative_to(REPO)} has logic of its own"
+        )
 
 
 def test_nothing_outside_the_repository_is_cited():
     """Docs and comments point inside the repository (a clone has no ../shared/)."""
     hits = []
     for path in REPO.rglob("*"):
-        if (path.suffix in (".py", ".md", ".sh", ".toml", ".txt") and ".venv" not in path.parts
-                and ".git" not in path.parts and path.is_file()):
+        if (
+            path.suffix in (".py", ".md", ".sh", ".toml", ".txt")
+            and ".venv" not in path.parts
+            and ".git" not in path.parts
+            and path.is_file()
+        ):
             text = path.read_text(errors="replace")
             if "DESIGN.md" in text or "../shared" in text:
                 hits.append(str(path.relative_to(REPO)))

@@ -1,5 +1,6 @@
 """trainer/memplan.py: the fake-tensor memory plan, its breakdown, its child process, and the
 plan's slope against a real CPU measurement (VmHWM of fresh processes, bench/memplan_bench.py)."""
+
 from __future__ import annotations
 
 import os
@@ -20,8 +21,15 @@ from rampwatch.trainer.memplan import (
 TINY = PRESETS["test-tiny"].to_dict()
 # A head-heavy shape: vocab 4096 makes the (b·T, V) fp32 logits the biggest tensors, and a chunk
 # of 64 tokens is an eighth of one sequence.
-WIDE = dict(vocab_size=4096, tokenizer="bpe", n_layer=1, n_head=2, d_model=64, seq_len=128,
-            ce_chunk_tokens=64)
+WIDE = dict(
+    vocab_size=4096,
+    tokenizer="bpe",
+    n_layer=1,
+    n_head=2,
+    d_model=64,
+    seq_len=128,
+    ce_chunk_tokens=64,
+)
 
 
 def _rows(cfg, batches, variants=("plain",), **kw):
@@ -129,7 +137,9 @@ def test_calibrate_anchors_the_plan_slope_on_one_measurement():
         assert by[(b, "chunked")] == pytest.approx(by[(b, "plain")] - plain[b] + chunked[b], abs=1)
 
 
-@pytest.mark.skipif(not os.access("/proc/self/clear_refs", os.W_OK), reason="needs Linux clear_refs")
+@pytest.mark.skipif(
+    not os.access("/proc/self/clear_refs", os.W_OK), reason="needs Linux clear_refs"
+)
 def test_plan_slope_matches_real_cpu_peak():
     from bench.memplan_bench import compare
 

@@ -2,6 +2,7 @@
 (tests/plan_models.py), in real child processes: its breakdown, its slope against the measured
 probe, the models fake tensors cannot follow (an error row naming the probe), setups that cannot
 be imported, a setup in the running script, and the probe stopping at the first out-of-memory."""
+
 from __future__ import annotations
 
 import json
@@ -78,8 +79,13 @@ def test_plan_slope_matches_the_measured_probe(plan_and_probe):
         assert planned[b] == pytest.approx(real[b], rel=0.15)
 
 
-@pytest.mark.parametrize("name, op", [("setup_gated", "aten._local_scalar_dense"),  # .item()
-                                      ("setup_routed", "aten.nonzero")])
+@pytest.mark.parametrize(
+    "name, op",
+    [
+        ("setup_gated", "aten._local_scalar_dense"),  # .item()
+        ("setup_routed", "aten.nonzero"),
+    ],
+)
 def test_what_fake_tensors_cannot_follow_is_an_error_row_naming_the_probe(name, op):
     rows = plan_in_process(f"tests.plan_models:{name}", [2, 4])
     assert [r["predicted_bytes"] for r in rows] == [None, None]
@@ -123,7 +129,7 @@ def test_a_setup_that_cannot_be_imported_is_an_error_row_not_an_exception():
     assert all("cannot import setup" in r["error"] for r in rows)
 
 
-SCRIPT = '''
+SCRIPT = """
 import json, os, sys
 import torch
 from rampwatch.monitor.memplan import start_plan
@@ -139,15 +145,20 @@ def setup(b):
 if __name__ == "__main__":
     open(os.path.join(sys.argv[1], f"ran-{os.getpid()}"), "w").close()
     print(json.dumps(start_plan(setup, [4, 8]).result(timeout=120)))
-'''
+"""
 
 
 def test_a_setup_in_the_running_script_plans_without_rerunning_the_script(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
-    out = subprocess.run([sys.executable, str(script), str(tmp_path)], cwd=tmp_path,
-                         env=child_env(PYTHONPATH=str(REPO)), capture_output=True, text=True,
-                         timeout=240)
+    out = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)],
+        cwd=tmp_path,
+        env=child_env(PYTHONPATH=str(REPO)),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     rows = json.loads(out.stdout.strip().splitlines()[-1])
     assert [r["error"] for r in rows] == [None, None]
@@ -161,9 +172,16 @@ def test_a_loops_monitor_plans_its_model_and_the_card_gets_the_rows(tmp_path):
     probe, and probe_memory() then measures it."""
     db = tmp_path / "runs.duckdb"
     model = plan_models.mlp()
-    mon = Monitor.start(db, name="planned", config={}, model=model,
-                        optimizer=torch.optim.AdamW(model.parameters()), per_device_batch=8,
-                        accum=2, seq_len=1)
+    mon = Monitor.start(
+        db,
+        name="planned",
+        config={},
+        model=model,
+        optimizer=torch.optim.AdamW(model.parameters()),
+        per_device_batch=8,
+        accum=2,
+        seq_len=1,
+    )
     mon.plan_memory(plan_models.setup_mlp, [4, 8, 16])
 
     def plan_in() -> bool:
@@ -176,8 +194,11 @@ def test_a_loops_monitor_plans_its_model_and_the_card_gets_the_rows(tmp_path):
     probed = mon.probe_memory(plan_models.setup_gated, [2, 4])
     mon.finish()
     rows = store.memory_plan(db, mon.run_id)
-    planned = {r.per_device_batch: r.predicted_bytes for r in rows if r.source == "plan"
-               and r.predicted_bytes}
+    planned = {
+        r.per_device_batch: r.predicted_bytes
+        for r in rows
+        if r.source == "plan" and r.predicted_bytes
+    }
     assert sorted(planned) == [4, 8, 16] and planned[4] < planned[8] < planned[16]
     [alert] = store.events(db, mon.run_id, kinds=[M.EVENT_ALERT])
     assert "memory plan failed at per-device batch 8" in alert.message and "probe" in alert.message

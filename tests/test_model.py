@@ -1,6 +1,7 @@
 """trainer/model.py and trainer/config.py: chunked cross-entropy equals the plain one (loss and
 every gradient), presets' parameter counts, both position schemes learn, optimizer groups,
 torch.compile without recompiles on batch changes."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -156,6 +157,7 @@ def test_optimizer_groups():
 @pytest.mark.parametrize("chunked", [False, True])
 def test_compile_dynamic_batch_no_recompile(chunked):
     from torch._dynamo.testing import CompileCounterWithBackend
+
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = GPT(dataclasses.replace(TINY, n_layer=1, chunked_ce=chunked, ce_chunk_tokens=64))

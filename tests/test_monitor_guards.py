@@ -1,6 +1,7 @@
 """The monitor in loops it does not control: micro-batches weighted by their token counts (the
 Hugging Face Trainer's num_items_in_batch), sharded gradients (FSDP2, in a real process group),
 and an error inside the monitor, which must never reach the training loop."""
+
 from __future__ import annotations
 
 import subprocess
@@ -32,7 +33,7 @@ def test_token_weighted_micro_batches_give_the_weighted_mean_gradients():
     stats = AccumulationStats(model.parameters())
     start = 0
     for size in sizes:
-        losses = _per_example_losses(model, x[start:start + size], y[start:start + size])
+        losses = _per_example_losses(model, x[start : start + size], y[start : start + size])
         (losses.sum() / n).backward()
         stats.after_backward(weight=size / n)
         start += size
@@ -55,8 +56,9 @@ def test_equal_weights_are_the_default_path():
     for weight in (None, 1 / 3):
         stats = AccumulationStats(model.parameters())
         for j in range(3):
-            (_per_example_losses(model, x[4 * j:4 * j + 4], y[4 * j:4 * j + 4]).mean() / 3
-             ).backward()
+            (
+                _per_example_losses(model, x[4 * j : 4 * j + 4], y[4 * j : 4 * j + 4]).mean() / 3
+            ).backward()
             stats.after_backward(weight=weight)
         results.append(stats.collect(4))
         model.zero_grad()
@@ -68,8 +70,16 @@ def test_an_error_inside_the_monitor_never_reaches_the_loop(tmp_path):
     db = tmp_path / "runs.duckdb"
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    mon = Monitor.start(db, name="guarded", config={}, model=model, optimizer=opt,
-                        per_device_batch=2, accum=2, seq_len=1)
+    mon = Monitor.start(
+        db,
+        name="guarded",
+        config={},
+        model=model,
+        optimizer=opt,
+        per_device_batch=2,
+        accum=2,
+        seq_len=1,
+    )
     assert mon.step(1, loss=1.0) == {}  # no backward before it: the monitor's error, said once
     assert mon.step(2, loss=1.0) == {}
     for _ in range(2):
@@ -108,10 +118,21 @@ dist.destroy_process_group()
 
 def test_sharded_gradients_are_said_not_measured(tmp_path):
     db = tmp_path / "runs.duckdb"
-    env = child_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0",
-                    WORLD_SIZE="1", LOCAL_RANK="0")
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(FSDP_CHILD), str(db)], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=240)
+    env = child_env(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_port()),
+        RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_RANK="0",
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(FSDP_CHILD), str(db)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert done.returncode == 0, done.stderr
     [run] = store.list_runs(db)
     names = set(store.metric_names(db, run.run_id))

@@ -9,6 +9,7 @@ Monitor.after_backward (AccumulationStats: |.grad|² after each backward) → Mo
 4. a non-finite gradient is left out of the window, logs no smoothed value, and is reported;
 5. accumulation 1 on one device says, once, that there is no second batch size.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,12 +30,16 @@ from rampwatch.trainer.model import GPT, configure_optimizer
 from tests.trainer_runs import metric, run_trainer
 
 torch.set_num_threads(1)
-def _online(model, optimizer, micro_batches, loss_fn, *, b: int, k: int, steps: int,
-            seq_len: int = 1):
+
+
+def _online(
+    model, optimizer, micro_batches, loss_fn, *, b: int, k: int, steps: int, seq_len: int = 1
+):
     """The trainer's accumulation loop with frozen weights (no optimizer step): returns the
     Monitor and the per-step (|G|², tr(Σ)) estimates it logged."""
-    mon = Monitor(None, model=model, optimizer=optimizer, per_device_batch=b, accum=k,
-                  seq_len=seq_len)
+    mon = Monitor(
+        None, model=model, optimizer=optimizer, per_device_batch=b, accum=k, seq_len=seq_len
+    )
     g2, tr = np.empty(steps), np.empty(steps)
     for s in range(steps):
         for j in range(k):
@@ -54,8 +59,11 @@ def _batch_means_se(g2: np.ndarray, tr: np.ndarray, n_batches: int = 40) -> dict
     gb = g2[: len(g2) // n_batches * n_batches].reshape(n_batches, -1).mean(axis=1)
     tb = tr[: len(tr) // n_batches * n_batches].reshape(n_batches, -1).mean(axis=1)
     root = math.sqrt(n_batches)
-    return {"g2": gb.std(ddof=1) / root, "trace": tb.std(ddof=1) / root,
-            "b_simple": (tb / gb).std(ddof=1) / root}
+    return {
+        "g2": gb.std(ddof=1) / root,
+        "trace": tb.std(ddof=1) / root,
+        "b_simple": (tb / gb).std(ddof=1) / root,
+    }
 
 
 # ------------------------------------------------------------------ 1. closed form
@@ -115,14 +123,15 @@ def test_least_squares_online_estimate_matches_exact():
     b, k, steps = 32, 4, 2000
     idx = torch.randint(len(x), (steps, k, b), generator=torch.Generator().manual_seed(1))
     opt = torch.optim.SGD(model.parameters(), lr=0.0)  # never stepped: weights frozen
-    mon, g2, tr = _online(model, opt, lambda s, j: (x[idx[s, j]], y[idx[s, j]]), _mse,
-                          b=b, k=k, steps=steps)
+    mon, g2, tr = _online(
+        model, opt, lambda s, j: (x[idx[s, j]], y[idx[s, j]]), _mse, b=b, k=k, steps=steps
+    )
 
     assert mon.noise.updates == steps and mon.noise.skipped == 0
     # the smoothed value is the ratio of sums over its window of the logged per-step estimates
     last = mon.noise.latest
-    assert last.g2 == pytest.approx(g2[-last.steps:].mean(), rel=1e-9)
-    assert last.trace == pytest.approx(tr[-last.steps:].mean(), rel=1e-9)
+    assert last.g2 == pytest.approx(g2[-last.steps :].mean(), rel=1e-9)
+    assert last.trace == pytest.approx(tr[-last.steps :].mean(), rel=1e-9)
     # steps are independent, so batch means give honest standard errors; they must be well
     # under the 5% tolerance (measured: |G|² 0.21%, tr(Σ) 0.26%, B_simple 0.43% of exact; the
     # errors themselves were -0.04%, -0.09%, -0.05%)
@@ -141,7 +150,7 @@ def test_least_squares_online_estimate_matches_exact():
 
 # ------------------------------------------------------------------ 2. the reference GPT
 
-GPT_ONLINE_STEPS = 4000        # accumulation 2 micro-batches of 1 sequence: 8000 sequences
+GPT_ONLINE_STEPS = 4000  # accumulation 2 micro-batches of 1 sequence: 8000 sequences
 GPT_SMALL, GPT_SMALL_N = 1, 2700
 GPT_BIG, GPT_BIG_N = 16, 200
 
@@ -162,8 +171,9 @@ def _brute_mean_sq_norms(model, data, batch: int, n: int, first_id: int) -> np.n
     return out
 
 
-def gpt_online_vs_brute(seed: int = 0, online_steps=GPT_ONLINE_STEPS, small_n=GPT_SMALL_N,
-                        big_n=GPT_BIG_N) -> dict:
+def gpt_online_vs_brute(
+    seed: int = 0, online_steps=GPT_ONLINE_STEPS, small_n=GPT_SMALL_N, big_n=GPT_BIG_N
+) -> dict:
     cfg = PRESETS["test-tiny"]
     data = prepare(cfg, seed=seed)
     torch.manual_seed(seed)
@@ -180,8 +190,16 @@ def gpt_online_vs_brute(seed: int = 0, online_steps=GPT_ONLINE_STEPS, small_n=GP
         x, y, _ = data.batch(online_first + (s * k + j) * b, b)
         return x, y
 
-    mon, g2, tr = _online(model, opt, micro, lambda m, x, y: m(x, y), b=b, k=k,
-                          steps=online_steps, seq_len=cfg.seq_len)
+    mon, g2, tr = _online(
+        model,
+        opt,
+        micro,
+        lambda m, x, y: m(x, y),
+        b=b,
+        k=k,
+        steps=online_steps,
+        seq_len=cfg.seq_len,
+    )
     ys = _brute_mean_sq_norms(model, data, GPT_SMALL, small_n, small_first)
     yb = _brute_mean_sq_norms(model, data, GPT_BIG, big_n, big_first)
     g2_brute, tr_brute = two_batch_estimates(GPT_SMALL, ys.mean(), GPT_BIG, yb.mean())
@@ -201,9 +219,17 @@ def gpt_online_vs_brute(seed: int = 0, online_steps=GPT_ONLINE_STEPS, small_n=GP
     d_b = (log_b(ys.mean(), yb.mean() * (1 + h)) - log_b(ys.mean(), yb.mean())) / (yb.mean() * h)
     se_brute = math.sqrt(d_s**2 * ys.var(ddof=1) / small_n + d_b**2 * yb.var(ddof=1) / big_n)
     # the estimator over all steps (the windowed smoother is tested in test_advisor_gns_window)
-    return {"online": t_m / g_m, "online_g2": g_m, "online_trace": t_m,
-            "brute": tr_brute / g2_brute, "brute_g2": g2_brute, "brute_trace": tr_brute,
-            "se_online": se_online, "se_brute": se_brute, "updates": mon.noise.updates}
+    return {
+        "online": t_m / g_m,
+        "online_g2": g_m,
+        "online_trace": t_m,
+        "brute": tr_brute / g2_brute,
+        "brute_g2": g2_brute,
+        "brute_trace": tr_brute,
+        "se_online": se_online,
+        "se_brute": se_brute,
+        "updates": mon.noise.updates,
+    }
 
 
 @pytest.mark.slow
@@ -242,9 +268,23 @@ def test_noise_scale_grows_as_the_loss_falls(tmp_path):
     has fallen from 5.5 to ~2.2), 90 steps. B_simple of each third is its ratio of summed
     per-step estimates; the windowed value is logged at every step of the last third."""
     db = tmp_path / "runs.duckdb"
-    done = run_trainer(db, tmp_path / "ckpt", "--run-id", "grow", "--steps", str(GROWTH_STEPS),
-                       "--no-plan", "--seed", "0", "--per-device-batch", "4", "--accum", "4",
-                       "--checkpoint-every", "0")
+    done = run_trainer(
+        db,
+        tmp_path / "ckpt",
+        "--run-id",
+        "grow",
+        "--steps",
+        str(GROWTH_STEPS),
+        "--no-plan",
+        "--seed",
+        "0",
+        "--per-device-batch",
+        "4",
+        "--accum",
+        "4",
+        "--checkpoint-every",
+        "0",
+    )
     assert done.returncode == 0, done.stdout
     g2, tr = metric(db, "grow", M.GNS_G2), metric(db, "grow", M.GNS_TRACE)
     gns, loss = metric(db, "grow", M.GNS), metric(db, "grow", M.LOSS)
@@ -268,9 +308,17 @@ def test_noise_scale_grows_as_the_loss_falls(tmp_path):
 
 
 def _started(db, model, opt, *, b: int, k: int) -> Monitor:
-    return Monitor.start(db, name="gns-test", config={"test": True}, model=model, optimizer=opt,
-                         per_device_batch=b, accum=k, seq_len=1,
-                         noise_window=NoiseScaleWindow(min_steps=3))
+    return Monitor.start(
+        db,
+        name="gns-test",
+        config={"test": True},
+        model=model,
+        optimizer=opt,
+        per_device_batch=b,
+        accum=k,
+        seq_len=1,
+        noise_window=NoiseScaleWindow(min_steps=3),
+    )
 
 
 def _alerts(db, run_id):
@@ -351,9 +399,20 @@ def test_accumulation_2_or_split_micro_has_no_such_alert(tmp_path):
     from rampwatch.cli import build_parser
     from rampwatch.trainer.cli import resolve_defaults
 
-    args = resolve_defaults(build_parser().parse_args(
-        ["train", "--preset", "test-tiny", "--per-device-batch", "8", "--accum", "1",
-         "--split-micro"]))
+    args = resolve_defaults(
+        build_parser().parse_args(
+            [
+                "train",
+                "--preset",
+                "test-tiny",
+                "--per-device-batch",
+                "8",
+                "--accum",
+                "1",
+                "--split-micro",
+            ]
+        )
+    )
     assert (args.per_device_batch, args.accum) == (4, 2)  # two half micro-batches
 
     db = tmp_path / "runs.duckdb"
@@ -393,8 +452,9 @@ def test_monitor_works_in_every_dtype(tmp_path, dtype):
         mon.finish()
         results[dt] = m
     tol = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 3e-2}[dtype]
-    assert results[dtype][M.GRAD_NORM] == pytest.approx(results[torch.float64][M.GRAD_NORM],
-                                                        rel=tol)
+    assert results[dtype][M.GRAD_NORM] == pytest.approx(
+        results[torch.float64][M.GRAD_NORM], rel=tol
+    )
     assert results[dtype][M.GNS_G2] == pytest.approx(results[torch.float64][M.GNS_G2], rel=tol * 4)
 
 

@@ -3,6 +3,7 @@
 exactly as a switch by hand would, the auto policy ramps by itself, measured memory gives the
 card a line, and a reported OOM or a tier that cannot run is refused with its reason on the card.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -21,8 +22,12 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def start(procs, db, out, *args):
-    proc = procs.spawn(["-m", "tests.own_loop_child", str(db), str(out), *args],
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = procs.spawn(
+        ["-m", "tests.own_loop_child", str(db), str(out), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     first = proc.stdout.readline()
     assert first.startswith("run "), first + proc.stderr.read()
     return proc, first.split()[1]
@@ -35,8 +40,14 @@ def finish(proc) -> str:
 
 
 def run_child(db, out, *args) -> str:
-    done = subprocess.run([sys.executable, "-m", "tests.own_loop_child", str(db), str(out), *args],
-                          cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=240)
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.own_loop_child", str(db), str(out), *args],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout + done.stderr
 
@@ -52,7 +63,7 @@ def test_an_approved_ramp_equals_a_switch_by_hand(tmp_path, procs):
     assert ramped["applied"] == by_hand["applied"] == [5]
     for a, b in zip(ramped["params"], by_hand["params"]):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
-    assert ramped["lr"] == pytest.approx(1e-2 * 2 ** 0.5)  # √ rule, past the scheduler's warmup
+    assert ramped["lr"] == pytest.approx(1e-2 * 2**0.5)  # √ rule, past the scheduler's warmup
     cmd = commands.get(db, cid)
     assert (cmd.status, cmd.applied_step) == ("applied", 5)
     accum = store.series(db, run_id, M.ACCUM, width=1)
@@ -63,8 +74,18 @@ def test_an_approved_ramp_equals_a_switch_by_hand(tmp_path, procs):
 
 def test_the_auto_policy_ramps_by_itself(tmp_path):
     db = tmp_path / "runs.duckdb"
-    log = run_child(db, tmp_path / "auto.pt", "--ramp", "auto", "--steps", "90", "--batch", "2",
-                    "--policy", '{"min_estimates": 3, "hysteresis_steps": 2}')
+    log = run_child(
+        db,
+        tmp_path / "auto.pt",
+        "--ramp",
+        "auto",
+        "--steps",
+        "90",
+        "--batch",
+        "2",
+        "--policy",
+        '{"min_estimates": 3, "hysteresis_steps": 2}',
+    )
     run = store.list_runs(db)[0]
     ramps = store.events(db, run.run_id, kinds=[M.EVENT_RAMP])
     assert ramps and ramps[0].data["source"].startswith("auto:"), log
@@ -79,8 +100,21 @@ def test_the_auto_policy_ramps_by_itself(tmp_path):
 def test_measured_memory_line_and_a_reported_oom_reach_the_card(tmp_path, procs, monkeypatch):
     db = tmp_path / "runs.duckdb"
     # 4 then 8 per device (two measured peaks); 16 "runs out of memory" and falls back to 8 x 2
-    proc, run_id = start(procs, db, tmp_path / "mem.pt", "--switch-at", "3:8:1", "--switch-at",
-                         "6:16:1", "--oom-at", "16", "--steps", "40", "--step-sleep", "0.2")
+    proc, run_id = start(
+        procs,
+        db,
+        tmp_path / "mem.pt",
+        "--switch-at",
+        "3:8:1",
+        "--switch-at",
+        "6:16:1",
+        "--oom-at",
+        "16",
+        "--steps",
+        "40",
+        "--step-sleep",
+        "0.2",
+    )
     rows = lambda: store.memory_plan(db, run_id)  # noqa: E731
     wait_until(lambda: any(r.feasible is False for r in rows()), timeout=120)
     cid = commands.submit(db, run_id, "ramp", {"per_device_batch": 16, "accum": 2}, actor="test")
@@ -98,12 +132,32 @@ def test_under_torchrun_every_rank_applies_rank_0s_ramp_at_the_same_step(tmp_pat
     """The monitor's ramp channel in a user's own DDP loop (two gloo ranks): rank 0's auto
     decision reaches both ranks at one boundary; the weights stay equal; one ramp event."""
     db = tmp_path / "runs.duckdb"
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc_per_node=2", "-m", "tests.own_loop_child", str(db),
-                           str(tmp_path / "ddp.pt"), "--ramp", "auto", "--steps", "80",
-                           "--batch", "2", "--policy", '{"min_estimates": 3, '
-                           '"hysteresis_steps": 2, "bound_at": 0}'], cwd=REPO, env=child_env(),
-                          capture_output=True, text=True, timeout=280)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "-m",
+            "tests.own_loop_child",
+            str(db),
+            str(tmp_path / "ddp.pt"),
+            "--ramp",
+            "auto",
+            "--steps",
+            "80",
+            "--batch",
+            "2",
+            "--policy",
+            '{"min_estimates": 3, "hysteresis_steps": 2, "bound_at": 0}',
+        ],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     ranks = [torch.load(tmp_path / f"ddp.pt.rank{r}") for r in (0, 1)]
     assert ranks[0]["applied"] and ranks[0]["applied"] == ranks[1]["applied"]

@@ -1,5 +1,6 @@
 """Compare page (AppTest on seeded databases): overlays by run on each axis, the config diff,
 steps/tokens/time to a target loss, and the critical-batch fit (or what it still lacks)."""
+
 from __future__ import annotations
 
 import pytest
@@ -85,8 +86,11 @@ def test_fewer_than_three_batches_says_what_is_missing(db_path, monkeypatch):
     at = _compare(monkeypatch, db_path)
     at.number_input(key="target_loss").set_value(seed.TARGET_LOSS).run()
     infos = [str(i.value) for i in at.info]
-    assert any("needs runs at >= 3 different constant batch sizes that reached loss 2.5; have 2 "
-               "(16, 32)" in i for i in infos), infos
+    assert any(
+        "needs runs at >= 3 different constant batch sizes that reached loss 2.5; have 2 "
+        "(16, 32)" in i
+        for i in infos
+    ), infos
     assert "Critical batch B_crit" not in {m.label for m in at.metric}
 
 

@@ -1,6 +1,7 @@
 """Database problems on every page (AppTest): missing, empty, foreign, newer-schema and run-less
 files get a clear message naming the problem and what to do, never a traceback; a run deleted
 while viewed gets a message; read-only serving never writes beside the file."""
+
 from __future__ import annotations
 
 import os
@@ -91,8 +92,10 @@ def test_run_deleted_while_viewed(db_path, monkeypatch):
         at.run()  # the next refresh of the same session
         assert not at.exception
         # the next script run falls back to a run that exists, and says so in the sidebar
-        assert any(f"Run {run.run_id} is no longer in the database" in str(w.value)
-                   for w in at.sidebar.warning)
+        assert any(
+            f"Run {run.run_id} is no longer in the database" in str(w.value)
+            for w in at.sidebar.warning
+        )
         assert at.session_state["rw_run_id"] == keep
         for page in ("views/compare.py", "views/runs.py"):
             at.switch_page(page).run()
@@ -104,8 +107,10 @@ def test_run_deleted_while_viewed(db_path, monkeypatch):
         fresh.session_state["rw_run_id"] = run.run_id
         fresh.run()
         assert not fresh.exception
-        assert any(f"Run {run.run_id} is no longer in the database" in str(w.value)
-                   for w in fresh.sidebar.warning)
+        assert any(
+            f"Run {run.run_id} is no longer in the database" in str(w.value)
+            for w in fresh.sidebar.warning
+        )
         assert fresh.session_state["rw_run_id"] == keep
         assert "keeper" in seed.texts(fresh)
     finally:

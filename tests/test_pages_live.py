@@ -1,6 +1,7 @@
 """Live page (AppTest on seeded databases): charts by trace name, event markers, the
 recommendation card in every command state, Approve / Cancel writing the real command table,
 read-only mode, and a tier that cannot be approved."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,8 +10,13 @@ from rampwatch.store import commands
 from rampwatch.store import names as M
 from tests import seed
 
-CHARTS = ("Loss", "Gradient norm (before clipping)", "Gradient noise scale vs batch",
-          "Memory (GB)", "Throughput")
+CHARTS = (
+    "Loss",
+    "Gradient norm (before clipping)",
+    "Gradient noise scale vs batch",
+    "Memory (GB)",
+    "Throughput",
+)
 
 
 @pytest.fixture
@@ -35,12 +41,16 @@ def test_charts_traces_events_and_nonfinite(live, monkeypatch):
     nonfinite = next(t for t in figs["Loss"]["data"] if t["name"] == "loss (raw) non-finite")
     assert sorted(nonfinite["x"]) == [150, 151, 320]  # markers where the NaN losses are
     assert {"noise scale (B_simple)", "batch (sequences)"} <= set(
-        seed.trace_names(figs["Gradient noise scale vs batch"]))
+        seed.trace_names(figs["Gradient noise scale vs batch"])
+    )
     mem = seed.trace_names(figs["Memory (GB)"])
     assert {"peak memory", "capacity", "usable"} <= set(mem)
     assert [n for n in mem if n.startswith("×")] == [
         # one device: every tier keeps accumulation >= 2 (the noise scale); 16 ran out of memory
-        "×2: 8 × 4 (25.6 GB)", "×4: 32 × 2 (73.6 GB)", "×8: 32 × 4 (73.6 GB)"]
+        "×2: 8 × 4 (25.6 GB)",
+        "×4: 32 × 2 (73.6 GB)",
+        "×8: 32 × 4 (73.6 GB)",
+    ]
     assert {"tokens/s", "MFU (%)"} <= set(seed.trace_names(figs["Throughput"]))
     assert "grad_norm" in seed.trace_names(figs["Gradient norm (before clipping)"])
     for title in CHARTS:  # every event is a vertical marker on every chart
@@ -80,7 +90,7 @@ def test_approve_writes_pending_then_cancel(live, monkeypatch):
     assert len(cmds) == 1
     c = cmds[0]
     assert (c.status, c.kind, c.actor) == ("pending", "ramp", "alice (dashboard, token)")
-    assert c.payload == {"per_device_batch": 8, "accum": 4, "lr_multiplier": pytest.approx(2 ** 0.5)}
+    assert c.payload == {"per_device_batch": 8, "accum": 4, "lr_multiplier": pytest.approx(2**0.5)}
     text = seed.texts(at)
     assert f"Ramp #{c.command_id} to 8 per device × 4 accumulation is pending" in text
     assert at.button(key="approve").disabled  # one open ramp at a time
@@ -90,20 +100,28 @@ def test_approve_writes_pending_then_cancel(live, monkeypatch):
     assert not at.button(key="approve").disabled
 
 
-@pytest.mark.parametrize("state,expected,kind", [
-    ("pending", "is pending: waiting for the trainer", "info"),
-    ("claimed", "was claimed by the trainer", "info"),
-    ("applied", "was applied at step 399", "success"),
-    ("refused", "was refused: per-device batch 32 needs about 90.0 GB > 76.0 GB usable", "error"),
-])
+@pytest.mark.parametrize(
+    "state,expected,kind",
+    [
+        ("pending", "is pending: waiting for the trainer", "info"),
+        ("claimed", "was claimed by the trainer", "info"),
+        ("applied", "was applied at step 399", "success"),
+        (
+            "refused",
+            "was refused: per-device batch 32 needs about 90.0 GB > 76.0 GB usable",
+            "error",
+        ),
+    ],
+)
 def test_card_command_states(db_path, monkeypatch, state, expected, kind):
     run = seed.with_command(db_path, state)
     try:
         at = seed.app(monkeypatch, db_path)
         assert not at.exception
         msgs = [str(e.value) for e in getattr(at, kind)]
-        assert any(f"Ramp #{run.command_id} to 8 per device × 4 accumulation {expected}" in m
-                   for m in msgs), msgs
+        assert any(
+            f"Ramp #{run.command_id} to 8 per device × 4 accumulation {expected}" in m for m in msgs
+        ), msgs
         keys = {b.key for b in at.button}
         assert ("cancel_command" in keys) == (state == "pending")
         if state == "applied":  # at step 399, the run's last: nothing offered until step 400
@@ -115,8 +133,7 @@ def test_card_command_states(db_path, monkeypatch, state, expected, kind):
         run.close()
 
 
-def test_after_an_applied_ramp_the_card_offers_again_once_the_run_moved_on(db_path,
-                                                                         monkeypatch):
+def test_after_an_applied_ramp_the_card_offers_again_once_the_run_moved_on(db_path, monkeypatch):
     run = seed.with_command(db_path, "applied")
     try:
         run.writer.log(400, {M.PER_DEVICE_BATCH: 8, M.ACCUM: 4, M.BATCH_SEQS: 32})
@@ -160,8 +177,10 @@ def test_tier_that_does_not_fit_cannot_be_approved(db_path, monkeypatch):
         assert not at.exception
         assert at.button(key="approve").disabled
         errors = [str(e.value) for e in at.error]
-        assert "This tier cannot be approved: even per-device batch 1 needs 12.0 GB > 11.4 GB " \
-               "usable (known to run out of memory: 8, 16)" in errors
+        assert (
+            "This tier cannot be approved: even per-device batch 1 needs 12.0 GB > 11.4 GB "
+            "usable (known to run out of memory: 8, 16)" in errors
+        )
     finally:
         run.close()
 
@@ -222,8 +241,9 @@ def test_read_only_never_submits(live, monkeypatch):
 
     monkeypatch.setenv("RAMPWATCH_READ_ONLY", "1")
     with pytest.raises(data.CommandError, match="read-only"):
-        data.submit_ramp(live.db, live.run_id, seed.RAMP_PAYLOAD, operator=seed.OPERATOR,
-                         token=seed.TOKEN)
+        data.submit_ramp(
+            live.db, live.run_id, seed.RAMP_PAYLOAD, operator=seed.OPERATOR, token=seed.TOKEN
+        )
     assert commands.list_commands(live.db, live.run_id) == []
 
 
@@ -246,15 +266,19 @@ def test_card_says_when_the_noise_scale_stopped_being_measured(db_path, monkeypa
 def test_lost_records_are_a_visible_warning_on_live_and_runs(live, monkeypatch):
     """Records that never reached the database (the writer's 'dropped' alerts, a damaged
     spool's 'lost_metric_records') are said at the top of the live page and on the Runs page."""
-    live.writer.event(M.EVENT_ALERT, "36 records dropped by the writer: 36 × disk full",
-                      step=390, data={"dropped": 36, "reasons": {"disk full": 36}})
-    live.writer.event(M.EVENT_ALERT, "spool damaged", step=395,
-                      data={"lost_metric_records": 4})
+    live.writer.event(
+        M.EVENT_ALERT,
+        "36 records dropped by the writer: 36 × disk full",
+        step=390,
+        data={"dropped": 36, "reasons": {"disk full": 36}},
+    )
+    live.writer.event(M.EVENT_ALERT, "spool damaged", step=395, data={"lost_metric_records": 4})
     live.writer.flush()
     at = seed.app(monkeypatch, live.db)
     warnings = [str(w.value) for w in at.warning]
-    assert any(w.startswith("40 records of this run never reached the database") for w in
-               warnings), warnings
+    assert any(
+        w.startswith("40 records of this run never reached the database") for w in warnings
+    ), warnings
     at.switch_page("views/runs.py").run()
     [table] = at.dataframe
     assert list(table.value["lost records"]) == [40]
@@ -290,12 +314,18 @@ def test_alerts_that_hold_are_banners(db_path, monkeypatch):
         at = seed.app(monkeypatch, db_path)
         texts = [str(w.value) for w in at.warning]
         assert not any("non-finite gradient" in t for t in texts), texts
-        run.writer.event(M.EVENT_ALERT, "noise scale not measured: accumulation 1 on one device "
-                         "gives one batch size per step; use accumulation ≥ 2", step=1)
-        run.writer.event(M.EVENT_ALERT, "non-finite gradient: step left out of the noise scale",
-                         step=395)
-        run.writer.event(M.EVENT_OOM, "out of memory at per-device batch 8; redone at 4 x 4",
-                         step=396)
+        run.writer.event(
+            M.EVENT_ALERT,
+            "noise scale not measured: accumulation 1 on one device "
+            "gives one batch size per step; use accumulation ≥ 2",
+            step=1,
+        )
+        run.writer.event(
+            M.EVENT_ALERT, "non-finite gradient: step left out of the noise scale", step=395
+        )
+        run.writer.event(
+            M.EVENT_OOM, "out of memory at per-device batch 8; redone at 4 x 4", step=396
+        )
         run.writer.flush()
         at = seed.app(monkeypatch, db_path)
         texts = [str(w.value) for w in at.warning]
@@ -317,11 +347,14 @@ def test_a_run_that_takes_no_ramps_says_so_and_offers_no_approve(db_path, monkey
         at = seed.app(monkeypatch, db_path)
         assert not at.exception
         text = seed.texts(at)
-        assert ("This run takes no ramps from the dashboard: this trainer fixes its batch at "
-                "start; change its batch by hand.") in text
+        assert (
+            "This run takes no ramps from the dashboard: this trainer fixes its batch at "
+            "start; change its batch by hand."
+        ) in text
         assert not [b for b in at.button if b.key == "approve"]
         with pytest.raises(commands.CommandError, match="takes no ramps from the dashboard"):
-            commands.submit(db_path, run.run_id, "ramp", {"per_device_batch": 8, "accum": 4},
-                            actor="test")
+            commands.submit(
+                db_path, run.run_id, "ramp", {"per_device_batch": 8, "accum": 4}, actor="test"
+            )
     finally:
         run.close()

@@ -1,5 +1,6 @@
 """Runs page (AppTest on seeded databases): every run with its status and summary, and the
 export as CSV or Parquet (the bytes the download button serves)."""
+
 from __future__ import annotations
 
 import io
@@ -24,12 +25,20 @@ def _runs_table(at):
 
 def _killed_writer(db, name):
     """A writer process killed with SIGKILL: its run stays 'running' in the file, writer gone."""
-    code = ("import sys, time; from rampwatch.store import RunWriter\n"
-            "w = RunWriter.start(sys.argv[1], name=sys.argv[2], handle_sigterm=False)\n"
-            "[w.log(s, {'loss': 3.0 - s * 0.01}) for s in range(50)]\n"
-            "assert w.flush(); print('ready', flush=True); time.sleep(60)\n")
-    p = subprocess.Popen([sys.executable, "-c", code, str(db), name], stdout=subprocess.PIPE, text=True,
-                         env=child_env(), cwd=REPO, start_new_session=True)
+    code = (
+        "import sys, time; from rampwatch.store import RunWriter\n"
+        "w = RunWriter.start(sys.argv[1], name=sys.argv[2], handle_sigterm=False)\n"
+        "[w.log(s, {'loss': 3.0 - s * 0.01}) for s in range(50)]\n"
+        "assert w.flush(); print('ready', flush=True); time.sleep(60)\n"
+    )
+    p = subprocess.Popen(
+        [sys.executable, "-c", code, str(db), name],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+        cwd=REPO,
+        start_new_session=True,
+    )
     try:
         assert p.stdout.readline().strip() == "ready"
     finally:
@@ -58,8 +67,10 @@ def test_every_run_with_status_and_summary(many, monkeypatch):
     assert t.loc["done", "status"] == "finished"
     assert t.loc["crashed", "status"] == "stale"  # writer gone, nobody has recovered it yet
     assert t.loc["done", "steps"] == 599 and t.loc["done", "tokens"] == 600 * 32 * 128
-    assert t.loc["done", "best loss (raw)"] == pytest.approx(2.0 + 3.0 * 2.718281828 ** (-599 / (
-        seed.S_MIN * (1 + seed.B_CRIT / 32) / 1.791759469)), abs=1e-3)
+    assert t.loc["done", "best loss (raw)"] == pytest.approx(
+        2.0 + 3.0 * 2.718281828 ** (-599 / (seed.S_MIN * (1 + seed.B_CRIT / 32) / 1.791759469)),
+        abs=1e-3,
+    )
     assert t.loc["done", "peak memory (GB)"] == pytest.approx(18.0)
     assert t.loc["live", "peak memory (GB)"] == pytest.approx(25.6, abs=0.11)
     assert t.loc["live", "best loss (raw)"] < 2.5  # NaN losses do not poison the best

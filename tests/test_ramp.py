@@ -1,6 +1,7 @@
 """Approving a ramp, end to end through the store: the trainer (a real process) applies it at a
 step boundary, refuses what cannot run, and survives out-of-memory by halving the per-device
 batch while keeping the effective batch."""
+
 from __future__ import annotations
 
 import os
@@ -36,9 +37,22 @@ def wait_command(db, command_id, statuses=("applied", "refused"), timeout=60):
 
 def test_approved_ramp_is_applied_at_a_step_boundary(tmp_path, procs):
     db = tmp_path / "runs.duckdb"
-    proc = procs.spawn(trainer_args(db, tmp_path / "ckpt", "--run-id", "r", "--no-plan",
-                                    "--per-device-batch", "4", "--accum", "2", *LONG),
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = procs.spawn(
+        trainer_args(
+            db,
+            tmp_path / "ckpt",
+            "--run-id",
+            "r",
+            "--no-plan",
+            "--per-device-batch",
+            "4",
+            "--accum",
+            "2",
+            *LONG,
+        ),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     wait_for_step(db, "r", 25, proc)
     cid = commands.submit(db, "r", "ramp", {"per_device_batch": 4, "accum": 4}, actor="test")
     cmd = wait_command(db, cid)
@@ -74,10 +88,23 @@ def assert_fresh_noise_scale_after(db, run_id: str, ramp_step: int, last: int) -
 
 def test_commands_that_cannot_run_are_refused_with_reasons(tmp_path, procs):
     db = tmp_path / "runs.duckdb"
-    proc = procs.spawn(trainer_args(db, tmp_path / "ckpt", "--run-id", "r",
-                                    "--per-device-batch", "4", "--accum", "2",
-                                    "--capacity-bytes", str(10**8), *LONG),
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = procs.spawn(
+        trainer_args(
+            db,
+            tmp_path / "ckpt",
+            "--run-id",
+            "r",
+            "--per-device-batch",
+            "4",
+            "--accum",
+            "2",
+            "--capacity-bytes",
+            str(10**8),
+            *LONG,
+        ),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     wait_for_step(db, "r", 3, proc)
     deadline = time.monotonic() + 120
     while not any(p.source == "plan" for p in reader.memory_plan(db, "r")):
@@ -133,8 +160,19 @@ def switched_reference(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("reference")
     db, ck = tmp / "runs.duckdb", tmp / "ckpt"
     common = ("--no-plan", "--checkpoint-every", "0", "--total-tokens", "10000000")
-    first = run_trainer(db, ck, "--run-id", "ref", "--per-device-batch", "4", "--accum", "2",
-                        "--steps", str(OOM_STEP - 1), *common)
+    first = run_trainer(
+        db,
+        ck,
+        "--run-id",
+        "ref",
+        "--per-device-batch",
+        "4",
+        "--accum",
+        "2",
+        "--steps",
+        str(OOM_STEP - 1),
+        *common,
+    )
     assert first.returncode == 0, first.stdout
     ckpt.retier(ckpt.checkpoint_path(ck, "ref"), 2, 4, infeasible=4)
     second = run_trainer(db, ck, "--resume", "ref", "--steps", str(OOM_STEP + 5), *common)
@@ -145,16 +183,34 @@ def switched_reference(tmp_path_factory):
 @pytest.mark.parametrize("phase", ["forward", "backward"])
 def test_oom_redoes_the_step_at_half_the_per_device_batch(tmp_path, phase, switched_reference):
     db, ck = tmp_path / "runs.duckdb", tmp_path / "ckpt"
-    done = run_trainer(db, ck, "--run-id", "oom", "--per-device-batch", "4", "--accum", "2",
-                       "--steps", str(OOM_STEP + 5), "--no-plan", "--checkpoint-every", "0",
-                       "--total-tokens", "10000000", "--inject-oom", f"{OOM_STEP}:1:{phase}")
+    done = run_trainer(
+        db,
+        ck,
+        "--run-id",
+        "oom",
+        "--per-device-batch",
+        "4",
+        "--accum",
+        "2",
+        "--steps",
+        str(OOM_STEP + 5),
+        "--no-plan",
+        "--checkpoint-every",
+        "0",
+        "--total-tokens",
+        "10000000",
+        "--inject-oom",
+        f"{OOM_STEP}:1:{phase}",
+    )
     assert done.returncode == 0, done.stdout
     [oom] = [e for e in reader.events(db, "oom") if e.kind == M.EVENT_OOM]
     assert oom.step == OOM_STEP and oom.data["exact"] is True
     assert oom.data["before"] == {"per_device_batch": 4, "accum": 2}
     assert oom.data["after"] == {"per_device_batch": 2, "accum": 4}
-    assert any(p.source == "oom" and p.per_device_batch == 4 and p.feasible is False
-               for p in reader.memory_plan(db, "oom"))
+    assert any(
+        p.source == "oom" and p.per_device_batch == 4 and p.feasible is False
+        for p in reader.memory_plan(db, "oom")
+    )
     batch = metric(db, "oom", M.PER_DEVICE_BATCH)
     assert batch[OOM_STEP - 1] == 4 and batch[OOM_STEP] == 2
     assert_continuous_samples(db, "oom")
@@ -165,10 +221,20 @@ def test_oom_redoes_the_step_at_half_the_per_device_batch(tmp_path, phase, switc
 
 def test_oom_in_the_optimizer_stops_with_a_checkpoint_at_the_smaller_tier(tmp_path):
     db, ck = tmp_path / "runs.duckdb", tmp_path / "ckpt"
-    common = ("--no-plan", "--total-tokens", "10000000", "--per-device-batch", "4",
-              "--accum", "2")
-    done = run_trainer(db, ck, "--run-id", "opt", "--steps", "20", "--checkpoint-every", "4",
-                       "--inject-oom", "6:0:optimizer", *common)
+    common = ("--no-plan", "--total-tokens", "10000000", "--per-device-batch", "4", "--accum", "2")
+    done = run_trainer(
+        db,
+        ck,
+        "--run-id",
+        "opt",
+        "--steps",
+        "20",
+        "--checkpoint-every",
+        "4",
+        "--inject-oom",
+        "6:0:optimizer",
+        *common,
+    )
     assert done.returncode == 3
     assert "out of memory inside the optimizer step" in done.stdout
     assert "--resume opt" in done.stdout
@@ -182,9 +248,21 @@ def test_oom_in_the_optimizer_stops_with_a_checkpoint_at_the_smaller_tier(tmp_pa
 
 
 def test_oom_at_per_device_batch_one_stops_with_a_clear_message(tmp_path):
-    done = run_trainer(tmp_path / "r.duckdb", tmp_path / "ck", "--run-id", "one",
-                       "--per-device-batch", "1", "--accum", "2", "--steps", "5", "--no-plan",
-                       "--inject-oom", "2:0:forward")
+    done = run_trainer(
+        tmp_path / "r.duckdb",
+        tmp_path / "ck",
+        "--run-id",
+        "one",
+        "--per-device-batch",
+        "1",
+        "--accum",
+        "2",
+        "--steps",
+        "5",
+        "--no-plan",
+        "--inject-oom",
+        "2:0:forward",
+    )
     assert done.returncode == 3
     assert "out of memory at per-device batch 1" in done.stdout
     assert reader.get_run(tmp_path / "r.duckdb", "one").status == "failed"
@@ -194,11 +272,27 @@ def test_auto_mode_applies_the_advisors_ramp_itself(tmp_path, procs):
     """--ramp auto: once the smoothed noise scale has stayed above the batch, the trainer ramps
     by itself (same checks) and records that it did."""
     db = tmp_path / "runs.duckdb"
-    proc = procs.spawn(trainer_args(db, tmp_path / "ckpt", "--run-id", "auto", "--ramp", "auto",
-                                    "--per-device-batch", "2", "--accum", "2",
-                                    "--ramp-hysteresis", "10", "--ramp-min-samples", "20",
-                                    *LONG),
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = procs.spawn(
+        trainer_args(
+            db,
+            tmp_path / "ckpt",
+            "--run-id",
+            "auto",
+            "--ramp",
+            "auto",
+            "--per-device-batch",
+            "2",
+            "--accum",
+            "2",
+            "--ramp-hysteresis",
+            "10",
+            "--ramp-min-samples",
+            "20",
+            *LONG,
+        ),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     wait_for_step(db, "auto", 1, proc)
     deadline = time.monotonic() + 240
     ramps = []
@@ -217,7 +311,8 @@ def test_auto_mode_applies_the_advisors_ramp_itself(tmp_path, procs):
     recent = sorted(s for s in gns if s <= ramp.step)[-10:]
     # the run config's policy: the noise scale and its 95% lower bound above the batch of 4
     policy = RampPolicy.from_config(reader.get_run(db, "auto").config)
-    assert len(recent) == 10 and all(gns[s] >= policy.ramp_at * 4 and low[s] >= policy.bound_at * 4
-                                     for s in recent)
+    assert len(recent) == 10 and all(
+        gns[s] >= policy.ramp_at * 4 and low[s] >= policy.bound_at * 4 for s in recent
+    )
     assert_fresh_noise_scale_after(db, "auto", ramp.step, last)
     assert commands.list_commands(db, "auto") == []  # no operator involved

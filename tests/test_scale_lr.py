@@ -2,6 +2,7 @@
 whose LR is base × f(step), scaling at step s must give exactly the trajectory of a run started
 with m × the base LR, from step s on (torch's own schedulers, chained and sequential ones, and
 the Hugging Face warmup schedules, which are LambdaLR)."""
+
 from __future__ import annotations
 
 import pytest
@@ -15,16 +16,19 @@ SCHEDULES = {
     "cosine": lambda o: S.CosineAnnealingLR(o, T_max=20),
     "step": lambda o: S.StepLR(o, step_size=3, gamma=0.5),
     "one cycle": lambda o: S.OneCycleLR(o, max_lr=o.param_groups[0]["lr"], total_steps=30),
-    "sequential": lambda o: S.SequentialLR(o, [S.LinearLR(o, 0.1, total_iters=4),
-                                               S.CosineAnnealingLR(o, T_max=20)], milestones=[4]),
+    "sequential": lambda o: S.SequentialLR(
+        o, [S.LinearLR(o, 0.1, total_iters=4), S.CosineAnnealingLR(o, T_max=20)], milestones=[4]
+    ),
     "chained": lambda o: S.ChainedScheduler([S.ExponentialLR(o, 0.9), S.StepLR(o, 4, 0.5)]),
 }
 
 
 def _lrs(make, base: float, scale_at: int | None, mult: float, steps: int = 16) -> list[list]:
     p = torch.nn.Parameter(torch.zeros(2))
-    opt = torch.optim.AdamW([{"params": [p]}, {"params": [torch.nn.Parameter(torch.zeros(1))],
-                                               "lr": base / 10}], lr=base)
+    opt = torch.optim.AdamW(
+        [{"params": [p]}, {"params": [torch.nn.Parameter(torch.zeros(1))], "lr": base / 10}],
+        lr=base,
+    )
     sched = make(opt)
     out = []
     for t in range(steps):
@@ -38,7 +42,7 @@ def _lrs(make, base: float, scale_at: int | None, mult: float, steps: int = 16) 
 
 @pytest.mark.parametrize("name", SCHEDULES)
 def test_scaling_mid_run_equals_starting_at_the_scaled_lr(name):
-    make, s, m = SCHEDULES[name], 6, 2 ** 0.5
+    make, s, m = SCHEDULES[name], 6, 2**0.5
     scaled, started_higher = _lrs(make, 1e-3, s, m), _lrs(make, 1e-3 * m, None, 1.0)
     for t in range(s, len(scaled)):  # both param groups, every step after the ramp
         assert scaled[t] == pytest.approx(started_higher[t], rel=1e-9), (name, t)

@@ -2,6 +2,7 @@
 commands and hands them over in memory (take_claimed_commands), and results are queued
 (command_applied / command_refused), even while another process holds the database for
 seconds."""
+
 from __future__ import annotations
 
 import subprocess
@@ -32,8 +33,9 @@ def test_a_step_boundary_never_waits_on_a_locked_database(procs, db_path):
     w = store.RunWriter.start(db_path, "nb", run_id="r", flush_interval=0.1)  # 10 s lock wait
     assert w.take_claimed_commands() == []  # switches the writer to claiming for us
     cid = commands.submit(db_path, "r", "ramp", RAMP, "dashboard:op")
-    holder = procs.spawn(["tests/store_child.py", "hold", str(db_path), "--duration", "3"],
-                         stdout=subprocess.PIPE)
+    holder = procs.spawn(
+        ["tests/store_child.py", "hold", str(db_path), "--duration", "3"], stdout=subprocess.PIPE
+    )
     held = Lines(holder)
     held.wait_for("HOLDING")
     # the step loop while the database is locked: every boundary returns at once
@@ -41,7 +43,7 @@ def test_a_step_boundary_never_waits_on_a_locked_database(procs, db_path):
     end = time.monotonic() + 8
     while time.monotonic() < end and not got:
         t0 = time.perf_counter()
-        got = w.take_claimed_commands()         # the boundary's command check
+        got = w.take_claimed_commands()  # the boundary's command check
         w.log(step, {"loss": 1.0 / (step + 1)})
         if got:
             w.command_applied(got[0].command_id, step)
@@ -55,8 +57,7 @@ def test_a_step_boundary_never_waits_on_a_locked_database(procs, db_path):
     assert w.close()
     done = commands.get(db_path, cid)
     assert (done.status, done.applied_step) == ("applied", step - 1)
-    assert [e.actor for e in commands.log(db_path, cid)] == ["dashboard:op", "trainer",
-                                                              "trainer"]
+    assert [e.actor for e in commands.log(db_path, cid)] == ["dashboard:op", "trainer", "trainer"]
 
 
 def test_results_are_queued_while_the_database_is_locked(procs, db_path):
@@ -64,8 +65,9 @@ def test_results_are_queued_while_the_database_is_locked(procs, db_path):
     w.take_claimed_commands()
     cid = commands.submit(db_path, "r", "ramp", RAMP, "op")
     (cmd,) = _take_within(w, 10)
-    holder = procs.spawn(["tests/store_child.py", "hold", str(db_path), "--duration", "2"],
-                         stdout=subprocess.PIPE)
+    holder = procs.spawn(
+        ["tests/store_child.py", "hold", str(db_path), "--duration", "2"], stdout=subprocess.PIPE
+    )
     Lines(holder).wait_for("HOLDING")
     t0 = time.perf_counter()
     w.command_refused(cmd.command_id, "does not fit: 90 GB > 76 GB")

@@ -1,6 +1,7 @@
 """Ramp commands are bounded: every payload field has a limit, named when refused; a ramp moves
 the effective batch at most x8 up and never below the run's starting tier; command ids are
 integers; the same idempotency key makes one command."""
+
 from __future__ import annotations
 
 import pytest
@@ -21,21 +22,25 @@ def run(db_path):
     w.close()
 
 
-@pytest.mark.parametrize("payload,words", [
-    ({**RAMP, "lr_multiplier": 1e300}, "lr_multiplier must be a finite number in (0, 64]"),
-    ({**RAMP, "lr_multiplier": 10 ** 400}, "lr_multiplier must be a finite number in (0, 64]"),
-    ({**RAMP, "lr_multiplier": 64.5}, "got 64.5"),
-    ({**RAMP, "lr_multiplier": -1}, "lr_multiplier"),
-    ({**RAMP, "lr_multiplier": float("inf")}, "lr_multiplier"),
-    ({**RAMP, "lr_multiplier": "2"}, "lr_multiplier"),
-    ({"per_device_batch": 32, "accum": 10 ** 9}, "accum must be an integer in 1 .. 4096"),
-    ({"per_device_batch": 2 ** 63, "accum": 8}, "per_device_batch must be an integer in 1 .. "
-                                                "1048576"),
-    ({"per_device_batch": 2 ** 20 + 1, "accum": 1}, "per_device_batch"),
-    ({**RAMP, "note": "x" * 1_000_000}, "note must be at most 1000 characters"),
-])
-def test_out_of_bounds_payloads_are_refused_naming_field_and_limit(run, db_path, payload,
-                                                                   words):
+@pytest.mark.parametrize(
+    "payload,words",
+    [
+        ({**RAMP, "lr_multiplier": 1e300}, "lr_multiplier must be a finite number in (0, 64]"),
+        ({**RAMP, "lr_multiplier": 10**400}, "lr_multiplier must be a finite number in (0, 64]"),
+        ({**RAMP, "lr_multiplier": 64.5}, "got 64.5"),
+        ({**RAMP, "lr_multiplier": -1}, "lr_multiplier"),
+        ({**RAMP, "lr_multiplier": float("inf")}, "lr_multiplier"),
+        ({**RAMP, "lr_multiplier": "2"}, "lr_multiplier"),
+        ({"per_device_batch": 32, "accum": 10**9}, "accum must be an integer in 1 .. 4096"),
+        (
+            {"per_device_batch": 2**63, "accum": 8},
+            "per_device_batch must be an integer in 1 .. 1048576",
+        ),
+        ({"per_device_batch": 2**20 + 1, "accum": 1}, "per_device_batch"),
+        ({**RAMP, "note": "x" * 1_000_000}, "note must be at most 1000 characters"),
+    ],
+)
+def test_out_of_bounds_payloads_are_refused_naming_field_and_limit(run, db_path, payload, words):
     with pytest.raises(CommandError) as e:
         commands.submit(db_path, "r", "ramp", payload, "op")
     assert words in str(e.value)
@@ -43,19 +48,26 @@ def test_out_of_bounds_payloads_are_refused_naming_field_and_limit(run, db_path,
 
 
 def test_bounds_themselves_are_accepted(run, db_path):
-    cid = commands.submit(db_path, "r", "ramp", {"per_device_batch": 2 ** 20, "accum": 4096,
-                                                 "lr_multiplier": 64, "note": "n" * 1000}, "op")
+    cid = commands.submit(
+        db_path,
+        "r",
+        "ramp",
+        {"per_device_batch": 2**20, "accum": 4096, "lr_multiplier": 64, "note": "n" * 1000},
+        "op",
+    )
     assert commands.get(db_path, cid).payload["lr_multiplier"] == 64.0
 
 
 def test_command_ids_must_be_integers(run, db_path):
-    calls = {"cancel": lambda bad: commands.cancel(db_path, bad, "op"),
-             "claim": lambda bad: commands.claim(db_path, bad, "op"),
-             "apply": lambda bad: commands.apply(db_path, bad, 5, "op"),
-             "refuse": lambda bad: commands.refuse(db_path, bad, "no", "op"),
-             "get": lambda bad: commands.get(db_path, bad),
-             "log": lambda bad: commands.log(db_path, bad)}
-    for bad in ("1 OR 1=1", "7", 1.0, True, [1], -3, 0, 2 ** 63):
+    calls = {
+        "cancel": lambda bad: commands.cancel(db_path, bad, "op"),
+        "claim": lambda bad: commands.claim(db_path, bad, "op"),
+        "apply": lambda bad: commands.apply(db_path, bad, 5, "op"),
+        "refuse": lambda bad: commands.refuse(db_path, bad, "no", "op"),
+        "get": lambda bad: commands.get(db_path, bad),
+        "log": lambda bad: commands.log(db_path, bad),
+    }
+    for bad in ("1 OR 1=1", "7", 1.0, True, [1], -3, 0, 2**63):
         for name, call in calls.items():
             with pytest.raises(CommandError, match="command id must be") as e:
                 call(bad)
@@ -65,10 +77,14 @@ def test_command_ids_must_be_integers(run, db_path):
 
 def _tiered_run(db, world_size=2):
     """Started at per-device 8 x accumulation 4 on 2 ranks: effective batch 64."""
-    return store.RunWriter.start(db, "tier", run_id="t", flush_interval=1000,
-                                 world_size=world_size,
-                                 config={"per_device_batch": 8, "accum": 4,
-                                         "world_size": world_size})
+    return store.RunWriter.start(
+        db,
+        "tier",
+        run_id="t",
+        flush_interval=1000,
+        world_size=world_size,
+        config={"per_device_batch": 8, "accum": 4, "world_size": world_size},
+    )
 
 
 def test_a_ramp_moves_the_batch_at_most_x8_and_never_below_the_start(db_path):

@@ -1,5 +1,6 @@
 """The command queue: validation, legal and illegal status changes, one open ramp per run,
 the log of every change, and refusal of a dead run's commands."""
+
 from __future__ import annotations
 
 import subprocess
@@ -25,20 +26,34 @@ def run(db_path):
     w.close()
 
 
-@pytest.mark.parametrize("kind,payload,words", [
-    ("grow", RAMP, "unknown command kind 'grow'"),
-    ("ramp", [32, 8], "payload must be a dict"),
-    ("ramp", {"accum": 8}, "per_device_batch must be an integer in 1 .. 1048576, got None"),
-    ("ramp", {"per_device_batch": 0, "accum": 8},
-     "per_device_batch must be an integer in 1 .. 1048576, got 0"),
-    ("ramp", {"per_device_batch": "32", "accum": 8}, "got '32' (str)"),
-    ("ramp", {"per_device_batch": True, "accum": 8}, "got True (bool)"),
-    ("ramp", {"per_device_batch": 32, "accum": 2.0}, "accum must be an integer in 1 .. 4096, got 2.0"),
-    ("ramp", {**RAMP, "lr_multiplier": 0}, "lr_multiplier must be a finite number in (0, 64]"),
-    ("ramp", {**RAMP, "lr_multiplier": float("nan")}, "lr_multiplier must be a finite number"),
-    ("ramp", {**RAMP, "note": 3}, "note must be a string"),
-    ("ramp", {**RAMP, "seq_len": 4096}, "unknown field(s) 'seq_len'; allowed: per_device_batch"),
-])
+@pytest.mark.parametrize(
+    "kind,payload,words",
+    [
+        ("grow", RAMP, "unknown command kind 'grow'"),
+        ("ramp", [32, 8], "payload must be a dict"),
+        ("ramp", {"accum": 8}, "per_device_batch must be an integer in 1 .. 1048576, got None"),
+        (
+            "ramp",
+            {"per_device_batch": 0, "accum": 8},
+            "per_device_batch must be an integer in 1 .. 1048576, got 0",
+        ),
+        ("ramp", {"per_device_batch": "32", "accum": 8}, "got '32' (str)"),
+        ("ramp", {"per_device_batch": True, "accum": 8}, "got True (bool)"),
+        (
+            "ramp",
+            {"per_device_batch": 32, "accum": 2.0},
+            "accum must be an integer in 1 .. 4096, got 2.0",
+        ),
+        ("ramp", {**RAMP, "lr_multiplier": 0}, "lr_multiplier must be a finite number in (0, 64]"),
+        ("ramp", {**RAMP, "lr_multiplier": float("nan")}, "lr_multiplier must be a finite number"),
+        ("ramp", {**RAMP, "note": 3}, "note must be a string"),
+        (
+            "ramp",
+            {**RAMP, "seq_len": 4096},
+            "unknown field(s) 'seq_len'; allowed: per_device_batch",
+        ),
+    ],
+)
 def test_invalid_payloads_are_rejected_with_the_reason(run, db_path, kind, payload, words):
     with pytest.raises(CommandError) as e:
         commands.submit(db_path, "r", kind, payload, "op")
@@ -57,11 +72,15 @@ def test_submit_needs_a_running_run_and_an_actor(run, db_path):
 
 
 def test_lifecycle_log_and_one_open_ramp_per_run(run, db_path):
-    cid = commands.submit(db_path, "r", "ramp", {**RAMP, "lr_multiplier": 2, "note": EVIL},
-                          "dashboard:alice")
+    cid = commands.submit(
+        db_path, "r", "ramp", {**RAMP, "lr_multiplier": 2, "note": EVIL}, "dashboard:alice"
+    )
     c = commands.get(db_path, cid)
-    assert (c.status, c.actor, c.payload) == ("pending", "dashboard:alice",
-                                              {**RAMP, "lr_multiplier": 2.0, "note": EVIL})
+    assert (c.status, c.actor, c.payload) == (
+        "pending",
+        "dashboard:alice",
+        {**RAMP, "lr_multiplier": 2.0, "note": EVIL},
+    )
     with pytest.raises(CommandError, match=f"already has ramp command #{cid} pending"):
         commands.submit(db_path, "r", "ramp", RAMP, "op")
     assert commands.claim(db_path, cid, "trainer").status == "claimed"
@@ -72,23 +91,31 @@ def test_lifecycle_log_and_one_open_ramp_per_run(run, db_path):
     cid2 = commands.submit(db_path, "r", "ramp", RAMP, "op")  # the ramp slot is free again
     assert commands.cancel(db_path, cid2, "dashboard:bob").status == "cancelled"
     cid3 = commands.submit(db_path, "r", "ramp", RAMP, "op")
-    refused = commands.refuse(db_path, cid3, "64 does not fit: predicted 150 GB > 141 GB",
-                              "trainer")
+    refused = commands.refuse(
+        db_path, cid3, "64 does not fit: predicted 150 GB > 141 GB", "trainer"
+    )
     assert refused.reason.startswith("64 does not fit")
     assert [c.command_id for c in commands.list_commands(db_path, "r", "cancelled")] == [cid2]
     log = commands.log(db_path)
     assert [(e.command_id, e.from_status, e.to_status, e.actor) for e in log] == [
-        (cid, None, "pending", "dashboard:alice"), (cid, "pending", "claimed", "trainer"),
-        (cid, "claimed", "applied", "trainer"), (cid2, None, "pending", "op"),
-        (cid2, "pending", "cancelled", "dashboard:bob"), (cid3, None, "pending", "op"),
-        (cid3, "pending", "refused", "trainer")]
+        (cid, None, "pending", "dashboard:alice"),
+        (cid, "pending", "claimed", "trainer"),
+        (cid, "claimed", "applied", "trainer"),
+        (cid2, None, "pending", "op"),
+        (cid2, "pending", "cancelled", "dashboard:bob"),
+        (cid3, None, "pending", "op"),
+        (cid3, "pending", "refused", "trainer"),
+    ]
     assert log[2].detail == "at step 400" and log[-1].detail.startswith("64 does not fit")
     assert all(a.t <= b.t for a, b in zip(log, log[1:]))
 
 
 ILLEGAL = [
-    ([], "applied", "is pending; it cannot become applied (from pending only: claimed, "
-                    "cancelled, refused)"),
+    (
+        [],
+        "applied",
+        "is pending; it cannot become applied (from pending only: claimed, cancelled, refused)",
+    ),
     (["claimed"], "cancelled", "is claimed; it cannot become cancelled"),
     (["claimed"], "claimed", "is claimed; it cannot become claimed"),
     (["cancelled"], "claimed", "is cancelled; it cannot become claimed (cancelled is final)"),
@@ -100,10 +127,12 @@ ILLEGAL = [
 @pytest.mark.parametrize("path,to,words", ILLEGAL)
 def test_illegal_transitions_raise_and_change_nothing(run, db_path, path, to, words):
     cid = commands.submit(db_path, "r", "ramp", RAMP, "op")
-    do = {"claimed": lambda: commands.claim(db_path, cid, "t"),
-          "cancelled": lambda: commands.cancel(db_path, cid, "t"),
-          "refused": lambda: commands.refuse(db_path, cid, "no", "t"),
-          "applied": lambda: commands.apply(db_path, cid, 5, "t")}
+    do = {
+        "claimed": lambda: commands.claim(db_path, cid, "t"),
+        "cancelled": lambda: commands.cancel(db_path, cid, "t"),
+        "refused": lambda: commands.refuse(db_path, cid, "no", "t"),
+        "applied": lambda: commands.apply(db_path, cid, 5, "t"),
+    }
     for step in path:
         do[step]()
     before = commands.log(db_path, cid)
@@ -126,8 +155,20 @@ def test_results_need_their_step_or_reason(run, db_path):
 
 
 def test_a_killed_run_refuses_its_open_commands(procs, db_path):
-    child = procs.spawn(["tests/store_child.py", "log", str(db_path), "--run-id", "d",
-                         "--last", "5", "--exit-mode", "wait"], stdout=subprocess.PIPE)
+    child = procs.spawn(
+        [
+            "tests/store_child.py",
+            "log",
+            str(db_path),
+            "--run-id",
+            "d",
+            "--last",
+            "5",
+            "--exit-mode",
+            "wait",
+        ],
+        stdout=subprocess.PIPE,
+    )
     Lines(child).wait_for("WAITING")
     c1 = commands.submit(db_path, "d", "ramp", RAMP, "op")
     commands.claim(db_path, c1, "trainer")
@@ -155,13 +196,15 @@ def test_delete_run_removes_everything_of_that_run_only(db_path):
     import duckdb
 
     from rampwatch.store.schema import RUN_TABLES
+
     con = duckdb.connect(str(db_path), read_only=True)
     try:
         for table in RUN_TABLES:
             n = con.execute(f"SELECT count(*) FROM {table} WHERE run_id = 'gone'").fetchall()
             assert n == [(0,)], table
-        assert con.execute("SELECT count(*) FROM command_log WHERE command_id = ?",
-                           [cid]).fetchall() == [(0,)]
+        assert con.execute(
+            "SELECT count(*) FROM command_log WHERE command_id = ?", [cid]
+        ).fetchall() == [(0,)]
     finally:
         con.close()
     assert keep.close() and [r.run_id for r in store.list_runs(db_path)] == ["keep"]

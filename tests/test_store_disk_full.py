@@ -1,6 +1,7 @@
 """A full disk (RLIMIT_FSIZE in a real child process: every spool write past the limit fails,
 part-way through a record or line): the spool stays readable, what log() accepted lands once
 there is room again, events held meanwhile land too, and the drops are an alert on the run."""
+
 from __future__ import annotations
 
 import resource
@@ -33,10 +34,22 @@ def test_a_full_disk_loses_only_what_log_refused(procs, db_path, exit_mode):
     why = _limits_allow()
     if why:
         pytest.skip(why)
-    child = procs.spawn(["tests/store_child.py", "diskfull", str(db_path), "--run-id", "full",
-                         "--metrics", str(METRICS), "--last", str(PER_PHASE),
-                         "--exit-mode", "close" if exit_mode == "close" else "wait"],
-                        stdout=subprocess.PIPE)
+    child = procs.spawn(
+        [
+            "tests/store_child.py",
+            "diskfull",
+            str(db_path),
+            "--run-id",
+            "full",
+            "--metrics",
+            str(METRICS),
+            "--last",
+            str(PER_PHASE),
+            "--exit-mode",
+            "close" if exit_mode == "close" else "wait",
+        ],
+        stdout=subprocess.PIPE,
+    )
     out = Lines(child)
     if exit_mode == "close":
         assert child.wait(timeout=120) == 0

@@ -7,6 +7,7 @@ These tests put the database into such states on purpose and check that nothing 
 twice and that the writer says why; plus the schema's primary key on spool_offsets, and that a
 thread of the writer's process cannot drop DuckDB's own file lock under an open connection.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -28,21 +29,31 @@ RAMP = {"per_device_batch": 8, "accum": 4}
 
 def _counts(db, run_id):
     with store.read_connection(db) as con:
-        dup = con.execute("SELECT step, name, count(*) FROM metrics WHERE run_id = ? "
-                          "GROUP BY ALL HAVING count(*) > 1", [run_id]).fetchall()
-        errors = [r[0] for r in con.execute(
-            "SELECT message FROM events WHERE run_id = ? AND kind = 'error'", [run_id]).fetchall()]
-        ramps = con.execute("SELECT count(*) FROM events WHERE run_id = ? AND kind = 'ramp'",
-                            [run_id]).fetchall()[0][0]
-        rows = con.execute("SELECT count(*) FROM metrics WHERE run_id = ?",
-                           [run_id]).fetchall()[0][0]
+        dup = con.execute(
+            "SELECT step, name, count(*) FROM metrics WHERE run_id = ? "
+            "GROUP BY ALL HAVING count(*) > 1",
+            [run_id],
+        ).fetchall()
+        errors = [
+            r[0]
+            for r in con.execute(
+                "SELECT message FROM events WHERE run_id = ? AND kind = 'error'", [run_id]
+            ).fetchall()
+        ]
+        ramps = con.execute(
+            "SELECT count(*) FROM events WHERE run_id = ? AND kind = 'ramp'", [run_id]
+        ).fetchall()[0][0]
+        rows = con.execute("SELECT count(*) FROM metrics WHERE run_id = ?", [run_id]).fetchall()[0][
+            0
+        ]
     return dup, errors, ramps, rows
 
 
 def _offsets(db, spool_name):
     with store.read_connection(db) as con:
-        return con.execute("SELECT bin_offset, jsonl_offset FROM spool_offsets WHERE spool = ?",
-                           [spool_name]).fetchall()
+        return con.execute(
+            "SELECT bin_offset, jsonl_offset FROM spool_offsets WHERE spool = ?", [spool_name]
+        ).fetchall()
 
 
 def _ramped_writer(db):
@@ -72,8 +83,10 @@ def test_stale_or_missing_offsets_stop_the_writer_instead_of_duplicating(db_path
     # back older than what it committed (or not at all), while the rows it inserted are there.
     with write_connection(db_path) as con:
         if damage == "rewound":
-            con.execute("UPDATE spool_offsets SET bin_offset = ?, jsonl_offset = ? "
-                        "WHERE spool = ?", [bin0, js0, name])
+            con.execute(
+                "UPDATE spool_offsets SET bin_offset = ?, jsonl_offset = ? WHERE spool = ?",
+                [bin0, js0, name],
+            )
         else:
             con.execute("DELETE FROM spool_offsets WHERE spool = ?", [name])
     w.log(5, {"loss": 0.2, "accum": 4})
@@ -124,9 +137,11 @@ def _v3_with_duplicate_offsets(db):
     schema.create_at_version(db, 3)
     con = duckdb.connect(str(db))
     con.execute("INSERT INTO runs (run_id, status, created_at) VALUES ('r', 'finished', 1)")
-    con.execute("INSERT INTO spool_offsets VALUES "
-                "('s1', 'r', 320, 900, 7, 'h', 10.0), ('s1', 'r', 640, 1200, 7, 'h', 11.0), "
-                "('s1', 'r', 96, 300, 7, 'h', 9.0), ('s2', 'r', 32, 100, 8, 'h', 5.0)")
+    con.execute(
+        "INSERT INTO spool_offsets VALUES "
+        "('s1', 'r', 320, 900, 7, 'h', 10.0), ('s1', 'r', 640, 1200, 7, 'h', 11.0), "
+        "('s1', 'r', 96, 300, 7, 'h', 9.0), ('s2', 'r', 32, 100, 8, 'h', 5.0)"
+    )
     con.close()
 
 
@@ -135,12 +150,15 @@ def test_spool_offsets_get_a_primary_key_keeping_the_furthest_row(db_path):
     assert store.schema_version(db_path) == schema.CURRENT_VERSION  # upgraded on opening
     con = duckdb.connect(str(db_path))
     try:
-        rows = con.execute("SELECT spool, bin_offset, jsonl_offset, updated_at FROM "
-                           "spool_offsets ORDER BY spool").fetchall()
+        rows = con.execute(
+            "SELECT spool, bin_offset, jsonl_offset, updated_at FROM spool_offsets ORDER BY spool"
+        ).fetchall()
         assert rows == [("s1", 640, 1200, 11.0), ("s2", 32, 100, 5.0)]
-        keys = con.execute("SELECT constraint_column_names FROM duckdb_constraints() "
-                           "WHERE table_name = 'spool_offsets' AND constraint_type = "
-                           "'PRIMARY KEY'").fetchall()
+        keys = con.execute(
+            "SELECT constraint_column_names FROM duckdb_constraints() "
+            "WHERE table_name = 'spool_offsets' AND constraint_type = "
+            "'PRIMARY KEY'"
+        ).fetchall()
         assert keys == [(["spool"],)]
         with pytest.raises(duckdb.ConstraintException):
             con.execute("INSERT INTO spool_offsets VALUES ('s2', 'r', 0, 0, 1, 'h', 1.0)")
@@ -157,12 +175,16 @@ def test_a_second_thread_cannot_drop_duckdbs_file_lock(db_path):
     connection that is open, or a program that trusts DuckDB's lock (our own lock-free
     read-only precheck, a duckdb shell) could open the file while it is being written."""
     store.RunWriter.start(db_path, "x", handle_sigterm=False).close()
-    probe = [sys.executable, "-c",
-             "import duckdb, sys\n"
-             "try:\n"
-             "    duckdb.connect(sys.argv[1], read_only=True).close(); print('OPENED')\n"
-             "except duckdb.IOException as e:\n"
-             "    print('LOCKED' if 'lock' in str(e).lower() else repr(e))\n", str(db_path)]
+    probe = [
+        sys.executable,
+        "-c",
+        "import duckdb, sys\n"
+        "try:\n"
+        "    duckdb.connect(sys.argv[1], read_only=True).close(); print('OPENED')\n"
+        "except duckdb.IOException as e:\n"
+        "    print('LOCKED' if 'lock' in str(e).lower() else repr(e))\n",
+        str(db_path),
+    ]
     holding, release = threading.Event(), threading.Event()
     outcome = []
 
@@ -187,4 +209,3 @@ def test_a_second_thread_cannot_drop_duckdbs_file_lock(db_path):
         release.set()
         t.join(30)
     assert outcome == ["busy"]
-

@@ -1,6 +1,7 @@
 """Shared filesystems: the mount holding the database is found from a /proc/mounts text (the
 longest mount-point prefix), network filesystems are named, and a writer starting on one warns
 (a Python warning and an alert event on the run) with what to do."""
+
 from __future__ import annotations
 
 import pytest
@@ -26,21 +27,24 @@ server:/x /mnt/with\\040space/nfs nfs rw 0 0
 """
 
 
-@pytest.mark.parametrize("folder,fstype", [
-    ("/home/alice/runs", "nfs4"),
-    ("/home", "nfs4"),
-    ("/home/alice/scratch/runs", None),          # a local disk mounted inside the NFS tree
-    ("/home/alice/scratchpad", "nfs4"),           # a prefix of the name is not a parent
-    ("/mnt/nas/team", "cifs"),
-    ("/mnt/ssh/x", "fuse.sshfs"),
-    ("/lustre/project/a", "lustre"),
-    ("/mnt/beegfs", "beegfs"),
-    ("/mnt/ceph/runs", "ceph"),
-    ("/mnt/nasty/runs", None),                    # not under /mnt/nas
-    ("/mnt/with space/runs", None),
-    ("/mnt/with space/nfs/runs", "nfs"),
-    ("/tmp", None),
-])
+@pytest.mark.parametrize(
+    "folder,fstype",
+    [
+        ("/home/alice/runs", "nfs4"),
+        ("/home", "nfs4"),
+        ("/home/alice/scratch/runs", None),  # a local disk mounted inside the NFS tree
+        ("/home/alice/scratchpad", "nfs4"),  # a prefix of the name is not a parent
+        ("/mnt/nas/team", "cifs"),
+        ("/mnt/ssh/x", "fuse.sshfs"),
+        ("/lustre/project/a", "lustre"),
+        ("/mnt/beegfs", "beegfs"),
+        ("/mnt/ceph/runs", "ceph"),
+        ("/mnt/nasty/runs", None),  # not under /mnt/nas
+        ("/mnt/with space/runs", None),
+        ("/mnt/with space/nfs/runs", "nfs"),
+        ("/tmp", None),
+    ],
+)
 def test_detection_from_a_mount_table(folder, fstype):
     m = fs.mount_of(folder, fs.parse_mounts(MOUNTS))
     shared = fs.shared_mount(folder, MOUNTS)
@@ -78,6 +82,7 @@ def test_a_writer_on_a_local_disk_says_nothing(tmp_path, monkeypatch):
     table.write_text("/dev/vda / ext4 rw 0 0\n")
     monkeypatch.setattr(fs, "MOUNTS_FILE", str(table))
     import warnings
+
     with warnings.catch_warnings():
         warnings.simplefilter("error", fs.SharedFilesystemWarning)
         w = store.RunWriter.start(tmp_path / "runs.duckdb", "local", handle_sigterm=False)

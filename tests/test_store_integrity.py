@@ -2,6 +2,7 @@
 RunWriter.start (and left as it is), a writer whose database is cut under it keeps its spool
 instead of deleting records it cannot read back, and `python -m rampwatch info` says in one line
 what is wrong and what to do (exit 2, no traceback)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -55,8 +56,14 @@ def test_cli_info_on_a_corrupt_file_is_one_line_and_exit_2(tmp_path, how):
         with open(db, "r+b") as f:
             f.seek(3 * 4096 + 100)
             f.write(os.urandom(db.stat().st_size - 3 * 4096 - 100))
-    r = subprocess.run([sys.executable, "-m", "rampwatch", "info", str(db)], cwd=REPO,
-                       env=child_env(), capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "rampwatch", "info", str(db)],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert str(db) in r.stderr and ("backup" in r.stderr or "new database" in r.stderr)
@@ -64,8 +71,9 @@ def test_cli_info_on_a_corrupt_file_is_one_line_and_exit_2(tmp_path, how):
 
 def test_a_writer_keeps_its_spool_when_the_database_is_cut_under_it(db_path):
     _big_db(db_path)
-    w = store.RunWriter.start(db_path, "live", run_id="live", flush_interval=1000,
-                              handle_sigterm=False)
+    w = store.RunWriter.start(
+        db_path, "live", run_id="live", flush_interval=1000, handle_sigterm=False
+    )
     for s in range(100):
         w.log(s, {"loss": 1.0 / (s + 1)})
     os.truncate(db_path, db_path.stat().st_size // 2)  # a full disk, a bad copy, a bad block

@@ -1,4 +1,5 @@
 """The store across real processes: live writer + reader, SIGKILL at random moments, resume."""
+
 from __future__ import annotations
 
 import json
@@ -33,12 +34,36 @@ def _rows(db, run_id):
 def test_live_writer_and_polling_reader(procs, db_path):
     """50 steps/s x 20 metrics for 20 s while another process polls at 5 Hz."""
     steps, n_metrics = 1000, 20
-    writer = _spawn(procs, "log", db_path, "--run-id", "live", "--last", steps - 1,
-                    "--metrics", n_metrics, "--rate", 50, "--exit-mode", "close")
+    writer = _spawn(
+        procs,
+        "log",
+        db_path,
+        "--run-id",
+        "live",
+        "--last",
+        steps - 1,
+        "--metrics",
+        n_metrics,
+        "--rate",
+        50,
+        "--exit-mode",
+        "close",
+    )
     wlines = Lines(writer)
     wlines.wait_for("STARTED")
-    reader = _spawn(procs, "read", db_path, "--run-id", "live", "--duration", 60, "--hz", 5,
-                    "--expect", steps * n_metrics)
+    reader = _spawn(
+        procs,
+        "read",
+        db_path,
+        "--run-id",
+        "live",
+        "--duration",
+        60,
+        "--hz",
+        5,
+        "--expect",
+        steps * n_metrics,
+    )
     rlines = Lines(reader)
     assert writer.wait(timeout=90) == 0, wlines.finish()[-10:]
     assert reader.wait(timeout=90) == 0, rlines.finish()[-10:]
@@ -75,10 +100,28 @@ def test_sigkill_at_random_moments_loses_no_acknowledged_step(procs, db_path):
     n_metrics, acked_by = 4, {}  # step -> generation whose log() returned for it
     last_acked = None
     for gen in range(1, 11):
-        args = ["log", db_path, "--run-id", "k", "--gen", gen, "--metrics", n_metrics,
-                "--first", 0 if last_acked is None else last_acked + 1, "--last", 10 ** 9,
-                "--rate", 400, "--flush-interval", 0.005, "--exit-mode", "wait",
-                "--rotate-bytes", 8192]  # a new spool every 64 steps: kills hit rotations too
+        args = [
+            "log",
+            db_path,
+            "--run-id",
+            "k",
+            "--gen",
+            gen,
+            "--metrics",
+            n_metrics,
+            "--first",
+            0 if last_acked is None else last_acked + 1,
+            "--last",
+            10**9,
+            "--rate",
+            400,
+            "--flush-interval",
+            0.005,
+            "--exit-mode",
+            "wait",
+            "--rotate-bytes",
+            8192,
+        ]  # a new spool every 64 steps: kills hit rotations too
         if gen > 1:  # resume from the last acknowledged step: nothing acknowledged is discarded
             args += ["--resume", -1 if last_acked is None else last_acked]
         child = _spawn(procs, *args)
@@ -92,8 +135,12 @@ def test_sigkill_at_random_moments_loses_no_acknowledged_step(procs, db_path):
                 acked_by[step] = gen
                 last_acked = step
     assert len(acked_by) > 50, "the children hardly logged; the test proves nothing"
-    rec = subprocess.run([sys.executable, "-m", "rampwatch", "recover", str(db_path)],
-                         capture_output=True, text=True, timeout=60)
+    rec = subprocess.run(
+        [sys.executable, "-m", "rampwatch", "recover", str(db_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert rec.returncode == 0, rec.stderr
     step, name, val = _rows(db_path, "k")
     pairs = list(zip(step.tolist(), name))
@@ -115,8 +162,25 @@ def test_resume_discards_steps_after_the_checkpoint(procs, db_path):
     """Killed at step 50 (45 ingested, 46-50 only in its spool), resumed from a checkpoint at
     step 40: steps 41-50 carry the new values only, in raw rows, series and latest."""
     n_metrics = 3
-    first = _spawn(procs, "log", db_path, "--run-id", "r", "--gen", 1, "--metrics", n_metrics,
-                   "--last", 50, "--flush-interval", 1000, "--flush-at", 45, "--exit-mode", "wait")
+    first = _spawn(
+        procs,
+        "log",
+        db_path,
+        "--run-id",
+        "r",
+        "--gen",
+        1,
+        "--metrics",
+        n_metrics,
+        "--last",
+        50,
+        "--flush-interval",
+        1000,
+        "--flush-at",
+        45,
+        "--exit-mode",
+        "wait",
+    )
     lines = Lines(first)
     assert lines.wait_for("FLUSHED") == "FLUSHED True"
     lines.wait_for("WAITING")
@@ -124,8 +188,25 @@ def test_resume_discards_steps_after_the_checkpoint(procs, db_path):
     step, _, _ = _rows(db_path, "r")
     assert step.max() == 45  # 46..50 are only in the dead writer's spool
 
-    second = _spawn(procs, "log", db_path, "--run-id", "r", "--gen", 2, "--resume", 40,
-                    "--first", 41, "--last", 60, "--metrics", n_metrics, "--exit-mode", "close")
+    second = _spawn(
+        procs,
+        "log",
+        db_path,
+        "--run-id",
+        "r",
+        "--gen",
+        2,
+        "--resume",
+        40,
+        "--first",
+        41,
+        "--last",
+        60,
+        "--metrics",
+        n_metrics,
+        "--exit-mode",
+        "close",
+    )
     out = Lines(second)
     assert second.wait(timeout=60) == 0, out.finish()[-10:]
     step, name, val = _rows(db_path, "r")
@@ -145,7 +226,11 @@ def test_resume_discards_steps_after_the_checkpoint(procs, db_path):
     full = store.series(db_path, "r", metric(1), width=64)
     expect = np.array([value(1 if s <= 40 else 2, s, 1) for s in range(61)])
     assert (full.min[0], full.max[0], full.last[0], full.count[0]) == (
-        expect.min(), expect.max(), expect[-1], 61)
+        expect.min(),
+        expect.max(),
+        expect[-1],
+        61,
+    )
     assert store.latest(db_path, "r")[metric(2)] == (60, value(2, 60, 2))
 
 
@@ -154,18 +239,37 @@ def test_recovery_leaves_live_writers_alone(procs, db_path):
     once a writer is killed, only its run is marked killed (and its open command refused)."""
     kids = {}
     for run_id in ("a", "b"):
-        kids[run_id] = _spawn(procs, "log", db_path, "--run-id", run_id, "--last", 10 ** 9,
-                              "--rate", 100, "--flush-interval", 0.2, "--exit-mode", "wait")
+        kids[run_id] = _spawn(
+            procs,
+            "log",
+            db_path,
+            "--run-id",
+            run_id,
+            "--last",
+            10**9,
+            "--rate",
+            100,
+            "--flush-interval",
+            0.2,
+            "--exit-mode",
+            "wait",
+        )
     outs = {k: Lines(p) for k, p in kids.items()}
     for out in outs.values():
         out.wait_for("ACK 20")
     cid = store.commands.submit(db_path, "b", "ramp", {"per_device_batch": 2, "accum": 4}, "op")
-    rec = subprocess.run([sys.executable, "-m", "rampwatch", "recover", str(db_path)],
-                         capture_output=True, text=True, timeout=60)
+    rec = subprocess.run(
+        [sys.executable, "-m", "rampwatch", "recover", str(db_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert rec.returncode == 0 and "nothing to recover" in rec.stdout, rec
     assert not store.recover(db_path).spools
-    assert {r.run_id: r.status for r in store.list_runs(db_path)} == {"a": "running",
-                                                                      "b": "running"}
+    assert {r.run_id: r.status for r in store.list_runs(db_path)} == {
+        "a": "running",
+        "b": "running",
+    }
     kill_group(kids["b"], signal.SIGKILL)
     report = store.recover(db_path)
     assert report.killed_runs == ["b"] and report.refused_commands == 1
@@ -177,13 +281,25 @@ def test_recovery_leaves_live_writers_alone(procs, db_path):
     assert {r.status for r in store.list_runs(db_path) if r.run_id == "a"} == {"stale"}
 
 
-@pytest.mark.parametrize("mode,status", [("exit", "finished"), ("raise", "failed"),
-                                         ("sigterm-self", "killed")])
+@pytest.mark.parametrize(
+    "mode,status", [("exit", "finished"), ("raise", "failed"), ("sigterm-self", "killed")]
+)
 def test_exit_paths_flush_everything(procs, db_path, mode, status):
     """No close(): atexit finishes the run (failed on an uncaught exception); SIGTERM with the
     default disposition flushes, marks it killed, and still terminates the process."""
-    child = _spawn(procs, "log", db_path, "--run-id", "x", "--last", 199,
-                   "--flush-interval", 1000, "--exit-mode", mode)
+    child = _spawn(
+        procs,
+        "log",
+        db_path,
+        "--run-id",
+        "x",
+        "--last",
+        199,
+        "--flush-interval",
+        1000,
+        "--exit-mode",
+        mode,
+    )
     out = Lines(child)
     rc = child.wait(timeout=60)
     out.finish()
@@ -197,8 +313,19 @@ def test_exit_paths_flush_everything(procs, db_path, mode, status):
 def test_sigterm_chains_to_the_programs_own_handler(procs, db_path):
     """A handler installed before the writer still runs (after the writer flushed), and the
     run is not marked killed: the program handles SIGTERM itself and exits normally."""
-    child = _spawn(procs, "log", db_path, "--run-id", "u", "--last", 99,
-                   "--flush-interval", 1000, "--exit-mode", "sigterm-user")
+    child = _spawn(
+        procs,
+        "log",
+        db_path,
+        "--run-id",
+        "u",
+        "--last",
+        99,
+        "--flush-interval",
+        1000,
+        "--exit-mode",
+        "sigterm-user",
+    )
     out = Lines(child)
     assert child.wait(timeout=60) == 0
     lines = out.finish()

@@ -2,6 +2,7 @@
 change the database (same bytes, same mtime, no lock file or anything else beside it), read an
 older schema as it is, and say how to upgrade one too old to read; on read-only media (a real
 read-only bind mount, where the machine allows one) a v3 file can be viewed."""
+
 from __future__ import annotations
 
 import hashlib
@@ -22,24 +23,37 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def _state(folder):
-    return {p.name: (hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir",
-                     p.stat().st_mtime_ns) for p in sorted(folder.iterdir())}
+    return {
+        p.name: (
+            hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir",
+            p.stat().st_mtime_ns,
+        )
+        for p in sorted(folder.iterdir())
+    }
 
 
 def _v3_file(db):
     """A v3 database with one finished run, as Rampwatch before schema 4 left it."""
     schema.create_at_version(db, 2)
     con = duckdb.connect(str(db))
-    con.execute("INSERT INTO runs (run_id, name, status, created_at, last_step) "
-                "VALUES ('old', 'v3 run', 'finished', 1.0, 70)")
+    con.execute(
+        "INSERT INTO runs (run_id, name, status, created_at, last_step) "
+        "VALUES ('old', 'v3 run', 'finished', 1.0, 70)"
+    )
     con.execute("INSERT INTO metrics SELECT 'old', i, i, 'loss', 100 - i FROM range(71) t(i)")
     schema.upgrade(con, 2, 3)  # v3's migration backfills the rollups from these rows
     con.close()
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "rampwatch", *map(str, args)], cwd=REPO,
-                          env=child_env(), capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "rampwatch", *map(str, args)],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_read_only_reads_change_nothing_and_read_an_older_schema_as_is(tmp_path):
@@ -63,12 +77,20 @@ def test_process_wide_read_only_mode_for_the_dashboard(tmp_path):
     db = tmp_path / "v3.duckdb"
     _v3_file(db)
     before = _state(tmp_path)
-    code = ("import sys\nfrom rampwatch import store\n"
-            "store.set_read_only(True)\n"
-            "print([r.run_id for r in store.list_runs(sys.argv[1])],\n"
-            "      store.commands.list_commands(sys.argv[1]))\n")
-    out = subprocess.run([sys.executable, "-c", code, str(db)], cwd=REPO, env=child_env(),
-                         capture_output=True, text=True, timeout=60)
+    code = (
+        "import sys\nfrom rampwatch import store\n"
+        "store.set_read_only(True)\n"
+        "print([r.run_id for r in store.list_runs(sys.argv[1])],\n"
+        "      store.commands.list_commands(sys.argv[1]))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(db)],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0 and "['old'] []" in out.stdout, out.stderr
     assert _state(tmp_path) == before
 
@@ -94,11 +116,19 @@ def test_a_default_read_still_upgrades_a_writable_file(tmp_path):
 
 
 def _ro_mount_works(folder) -> bool:
-    probe = subprocess.run(["unshare", "-rm", "sh", "-c",
-                            f"mount --bind {folder} {folder} && "
-                            f"mount -o remount,bind,ro {folder} && "
-                            f"! touch {folder}/probe 2>/dev/null"],
-                           capture_output=True, timeout=30)
+    probe = subprocess.run(
+        [
+            "unshare",
+            "-rm",
+            "sh",
+            "-c",
+            f"mount --bind {folder} {folder} && "
+            f"mount -o remount,bind,ro {folder} && "
+            f"! touch {folder}/probe 2>/dev/null",
+        ],
+        capture_output=True,
+        timeout=30,
+    )
     return probe.returncode == 0 and not (folder / "probe").exists()
 
 
@@ -108,12 +138,20 @@ def test_a_v3_file_on_read_only_media_can_be_viewed(tmp_path):
     db = tmp_path / "v3.duckdb"
     _v3_file(db)
     before = _state(tmp_path)
-    script = (f"mount --bind {tmp_path} {tmp_path} && mount -o remount,bind,ro {tmp_path} && "
-              f"{sys.executable} -m rampwatch info {db} && "
-              f"{sys.executable} -c 'import sys; from rampwatch import store; "
-              f"print(\"ROWS\", store.export(sys.argv[1], \"old\").num_rows)' {db}")
-    out = subprocess.run(["unshare", "-rm", "sh", "-c", script], cwd=REPO, env=child_env(),
-                         capture_output=True, text=True, timeout=60)
+    script = (
+        f"mount --bind {tmp_path} {tmp_path} && mount -o remount,bind,ro {tmp_path} && "
+        f"{sys.executable} -m rampwatch info {db} && "
+        f"{sys.executable} -c 'import sys; from rampwatch import store; "
+        f'print("ROWS", store.export(sys.argv[1], "old").num_rows)\' {db}'
+    )
+    out = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", script],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert "schema version 3" in out.stdout and "ROWS 71" in out.stdout
     assert "Traceback" not in out.stderr

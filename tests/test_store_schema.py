@@ -1,5 +1,6 @@
 """Schema and file identity: foreign, newer and missing files fail clearly and stay untouched;
 older files are upgraded; the `rampwatch info|recover|upgrade` command line."""
+
 from __future__ import annotations
 
 import hashlib
@@ -21,8 +22,12 @@ def _digest(path) -> str:
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "rampwatch", *map(str, args)], capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "rampwatch", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def _foreign_duckdb(path):
@@ -36,8 +41,10 @@ def _newer_rampwatch(path):
     w = store.RunWriter.start(path, "future")
     w.close()
     con = duckdb.connect(str(path))
-    con.execute("INSERT INTO rampwatch_schema VALUES (?, 0, 'from the future')",
-                [schema.CURRENT_VERSION + 1])
+    con.execute(
+        "INSERT INTO rampwatch_schema VALUES (?, 0, 'from the future')",
+        [schema.CURRENT_VERSION + 1],
+    )
     con.close()
 
 
@@ -48,20 +55,30 @@ def _text_file(path):
 OPENERS = {
     "writer": lambda db: store.RunWriter.start(db, "x"),
     "reader": lambda db: store.list_runs(db),
-    "submit": lambda db: store.commands.submit(db, "r", "ramp",
-                                               {"per_device_batch": 1, "accum": 1}, "op"),
+    "submit": lambda db: store.commands.submit(
+        db, "r", "ramp", {"per_device_batch": 1, "accum": 1}, "op"
+    ),
     "recover": lambda db: store.recover(db),
 }
 
 
 @pytest.mark.parametrize("opener", sorted(OPENERS))
-@pytest.mark.parametrize("make,error,words", [
-    (_text_file, store.NotRampwatchError, "is not a DuckDB database"),
-    (_foreign_duckdb, store.NotRampwatchError,
-     "not a Rampwatch one: it has other tables (invoices)"),
-    (_newer_rampwatch, store.SchemaTooNewError,
-     f"schema version {schema.CURRENT_VERSION + 1}, newer"),
-])
+@pytest.mark.parametrize(
+    "make,error,words",
+    [
+        (_text_file, store.NotRampwatchError, "is not a DuckDB database"),
+        (
+            _foreign_duckdb,
+            store.NotRampwatchError,
+            "not a Rampwatch one: it has other tables (invoices)",
+        ),
+        (
+            _newer_rampwatch,
+            store.SchemaTooNewError,
+            f"schema version {schema.CURRENT_VERSION + 1}, newer",
+        ),
+    ],
+)
 def test_foreign_or_newer_file_fails_clearly_and_is_untouched(tmp_path, make, error, words, opener):
     db = tmp_path / "other.duckdb"
     make(db)
@@ -74,9 +91,14 @@ def test_foreign_or_newer_file_fails_clearly_and_is_untouched(tmp_path, make, er
     assert sorted(p.name for p in tmp_path.iterdir()) == listing  # no lock file, no spool
 
 
-@pytest.mark.parametrize("make,words", [(_text_file, "is not a DuckDB database"),
-                                        (_foreign_duckdb, "not a Rampwatch one"),
-                                        (_newer_rampwatch, "newer than this Rampwatch")])
+@pytest.mark.parametrize(
+    "make,words",
+    [
+        (_text_file, "is not a DuckDB database"),
+        (_foreign_duckdb, "not a Rampwatch one"),
+        (_newer_rampwatch, "newer than this Rampwatch"),
+    ],
+)
 @pytest.mark.parametrize("cmd", ["info", "recover"])
 def test_cli_refuses_bad_files_with_exit_2(tmp_path, make, words, cmd):
     db = tmp_path / "x.duckdb"
@@ -134,8 +156,9 @@ def test_v1_file_is_upgraded_when_opened(db_path):
     _v1_database(db_path)
     assert store.schema_version(db_path) == schema.CURRENT_VERSION  # a read upgrades it
     con = duckdb.connect(str(db_path), read_only=True)
-    versions = [r[0] for r in
-                con.execute("SELECT version FROM rampwatch_schema ORDER BY 1").fetchall()]
+    versions = [
+        r[0] for r in con.execute("SELECT version FROM rampwatch_schema ORDER BY 1").fetchall()
+    ]
     con.close()
     assert versions == list(range(1, schema.CURRENT_VERSION + 1))
     old = store.get_run(db_path, "old")
@@ -157,7 +180,10 @@ def test_v1_file_is_upgraded_when_opened(db_path):
     w.event("ramp", "x")
     assert w.close()
     assert {r.run_id: r.stored_status for r in store.list_runs(db_path)} == {
-        "old": "finished", "live": "killed", w.run_id: "finished"}
+        "old": "finished",
+        "live": "killed",
+        w.run_id: "finished",
+    }
 
 
 def test_failed_migration_leaves_the_file_at_its_old_version(db_path, monkeypatch):

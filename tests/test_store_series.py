@@ -5,6 +5,7 @@ complete buckets fall everywhere), including rows that arrive late for complete 
 comes out through every read path: raw rows (width < 8), the fine rollup (8 <= width < 64)
 and the coarse one (width >= 64).
 """
+
 from __future__ import annotations
 
 import math
@@ -50,19 +51,31 @@ def assert_matches(s: store.Series, ref: dict, context: str = "") -> None:
     for f, want in ref.items():
         got = getattr(s, f)
         assert len(got) == len(want), f"{context} {f}: {len(got)} buckets, want {len(want)}"
-        np.testing.assert_array_equal(got, np.asarray(want, dtype=got.dtype),
-                                      err_msg=f"{context} width {s.width} field {f}")
+        np.testing.assert_array_equal(
+            got, np.asarray(want, dtype=got.dtype), err_msg=f"{context} width {s.width} field {f}"
+        )
 
 
 @st.composite
 def histories(draw):
     n = draw(st.integers(1, 300))
     start = draw(st.integers(0, 3000))
-    steps = start + np.sort(np.array(draw(st.lists(st.integers(0, 4 * n), min_size=n, max_size=n,
-                                                   unique=True)), dtype=np.int64))
-    values = np.array(draw(st.lists(
-        st.one_of(st.floats(-1e6, 1e6, allow_nan=False), st.sampled_from(SPECIAL)),
-        min_size=n, max_size=n)), dtype=np.float64)
+    steps = start + np.sort(
+        np.array(
+            draw(st.lists(st.integers(0, 4 * n), min_size=n, max_size=n, unique=True)),
+            dtype=np.int64,
+        )
+    )
+    values = np.array(
+        draw(
+            st.lists(
+                st.one_of(st.floats(-1e6, 1e6, allow_nan=False), st.sampled_from(SPECIAL)),
+                min_size=n,
+                max_size=n,
+            )
+        ),
+        dtype=np.float64,
+    )
     # arrival order: mostly increasing, some rows held back and logged later (late rows)
     late = draw(st.lists(st.integers(0, n - 1), max_size=max(1, n // 10), unique=True))
     order = [i for i in range(n) if i not in set(late)] + late
@@ -72,8 +85,12 @@ def histories(draw):
 
 # No shrinking: each example costs a database and several connections, and shrinking a
 # failure would take minutes; the failing example is printed as found.
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow],
-          phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@settings(
+    max_examples=8,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+)
 @given(histories())
 def test_series_match_numpy_and_incremental_refresh_matches_full(history):
     steps, values, order, flush_after = history
@@ -102,12 +119,17 @@ def _check_history(db, w, steps, values, order, flush_after):
             for width in (1, 16, 128):
                 # A refresh reads from the last bucket on: a row logged out of order before
                 # it waits for a full fetch (see Series.since), as a page would do.
-                if width in live and live[width].since is not None \
-                    and min(since_refresh) >= live[width].since:
-                    fresh = store.series(db, w.run_id, "x", width=width,
-                                         since_step=live[width].since)
-                    assert_matches(fresh, reference(got_s, got_v, width,
-                                                    live[width].since), "refresh")
+                if (
+                    width in live
+                    and live[width].since is not None
+                    and min(since_refresh) >= live[width].since
+                ):
+                    fresh = store.series(
+                        db, w.run_id, "x", width=width, since_step=live[width].since
+                    )
+                    assert_matches(
+                        fresh, reference(got_s, got_v, width, live[width].since), "refresh"
+                    )
                     live[width] = live[width].merge(fresh)
                 else:
                     live[width] = store.series(db, w.run_id, "x", width=width)
@@ -120,8 +142,11 @@ def _check_history(db, w, steps, values, order, flush_after):
             full = r.series(w.run_id, "x", width=width)
             assert_matches(full, reference(steps, values, width), "full")
             cut = int(steps[len(steps) // 2])
-            assert_matches(r.series(w.run_id, "x", width=width, since_step=cut),
-                           reference(steps, values, width, cut), "since")
+            assert_matches(
+                r.series(w.run_id, "x", width=width, since_step=cut),
+                reference(steps, values, width, cut),
+                "since",
+            )
         for buckets in (1, 7, 50, 2000):
             s = r.series(w.run_id, "x", buckets=buckets)
             assert 1 <= len(s.step) <= buckets and s.width & (s.width - 1) == 0
@@ -153,6 +178,7 @@ def test_rollup_layout_serves_wide_buckets(db_path):
             w.flush()
     assert w.close()
     import duckdb
+
     con = duckdb.connect(str(db_path), read_only=True)
     complete = con.execute("SELECT name, bucket, n FROM metrics_rollup ORDER BY rowid").fetchall()
     partial = con.execute("SELECT count(*) FROM rollup_partial").fetchall()[0][0]

@@ -1,6 +1,7 @@
 """A damaged spool loses only its damaged records: a dead writer's spool (a real process,
 SIGKILLed) is damaged byte by byte, then recovered; every good record lands, the damage is an
 alert event on the run with counts, and the spool is kept, not deleted."""
+
 from __future__ import annotations
 
 import subprocess
@@ -21,10 +22,24 @@ SIZE = 40
 
 
 def _dead_writer(procs, db):
-    child = procs.spawn(["tests/store_child.py", "log", str(db), "--run-id", "d",
-                         "--metrics", str(METRICS), "--last", str(STEPS - 1),
-                         "--flush-interval", "1000", "--exit-mode", "wait"],
-                        stdout=subprocess.PIPE)
+    child = procs.spawn(
+        [
+            "tests/store_child.py",
+            "log",
+            str(db),
+            "--run-id",
+            "d",
+            "--metrics",
+            str(METRICS),
+            "--last",
+            str(STEPS - 1),
+            "--flush-interval",
+            "1000",
+            "--exit-mode",
+            "wait",
+        ],
+        stdout=subprocess.PIPE,
+    )
     Lines(child).wait_for("WAITING")
     kill_group(child)
     (path,) = spool.list_spools(spool_root(db))
@@ -36,8 +51,12 @@ def _rows(db):
 
 
 def _expected(skip=()):
-    return {(s, metric(j)): value(1, s, j) for s in range(STEPS) for j in range(METRICS)
-            if (s, metric(j)) not in skip}
+    return {
+        (s, metric(j)): value(1, s, j)
+        for s in range(STEPS)
+        for j in range(METRICS)
+        if (s, metric(j)) not in skip
+    }
 
 
 def _mutate(path, fn):
@@ -49,25 +68,31 @@ def _mutate(path, fn):
 def _flip(offset, mask=0xFF):
     def fn(data):
         data[offset] ^= mask
+
     return fn
 
 
 def _insert(offset, junk):
     def fn(data):
         data[offset:offset] = junk
+
     return fn
 
 
 R = 10_000 * SIZE  # where record 10,000 starts
 
 
-@pytest.mark.parametrize("damage", [
-    _flip(R),                        # one flipped magic byte
-    _insert(R + 17, b"\x00\x01\x02\x03\x04"),  # 5 inserted bytes inside record 10,000
-    _flip(R + 24 + 3, 0x10),         # one bit inside the value: never stored silently
-    _flip(R + 8, 0x01),              # one bit inside the step
-    _flip(R + 16 + 7, 0x80),         # the top bit of t
-], ids=["magic", "insert5", "value-bit", "step-bit", "t-bit"])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        _flip(R),  # one flipped magic byte
+        _insert(R + 17, b"\x00\x01\x02\x03\x04"),  # 5 inserted bytes inside record 10,000
+        _flip(R + 24 + 3, 0x10),  # one bit inside the value: never stored silently
+        _flip(R + 8, 0x01),  # one bit inside the step
+        _flip(R + 16 + 7, 0x80),  # the top bit of t
+    ],
+    ids=["magic", "insert5", "value-bit", "step-bit", "t-bit"],
+)
 def test_one_damaged_record_loses_that_record_only(procs, db_path, damage):
     path = _dead_writer(procs, db_path)
     _mutate(path / spool.BIN, damage)
@@ -100,10 +125,26 @@ def test_a_damaged_names_line_loses_only_that_metric(procs, db_path):
 
 def test_damaged_rare_records_lose_only_their_lines(procs, db_path):
     """An event line with a flipped byte is skipped; the ones after it (and the metrics) land."""
-    child = procs.spawn(["tests/store_child.py", "log", str(db_path), "--run-id", "d",
-                         "--metrics", "2", "--last", "9", "--events", "5",
-                         "--flush-interval", "1000", "--exit-mode", "wait"],
-                        stdout=subprocess.PIPE)
+    child = procs.spawn(
+        [
+            "tests/store_child.py",
+            "log",
+            str(db_path),
+            "--run-id",
+            "d",
+            "--metrics",
+            "2",
+            "--last",
+            "9",
+            "--events",
+            "5",
+            "--flush-interval",
+            "1000",
+            "--exit-mode",
+            "wait",
+        ],
+        stdout=subprocess.PIPE,
+    )
     Lines(child).wait_for("WAITING")
     kill_group(child)
     (path,) = spool.list_spools(spool_root(db_path))
@@ -131,20 +172,29 @@ def test_a_format_1_spool_left_by_an_older_writer_is_still_recovered(db_path):
     import json
     import os
     import struct
+
     store.RunWriter.start(db_path, "new").close()  # the database exists
     path = spool_root(db_path) / "oldsession"
     path.mkdir()
     (path / "lock").write_bytes(b"")
     (path / "names.jsonl").write_text('"loss"\n"acc"\n')
-    start = {"k": "start", "run_id": "old", "name": "old", "config": None, "t": 1.0,
-             "pid": os.getpid(), "host": "h", "resume_step": None}
+    start = {
+        "k": "start",
+        "run_id": "old",
+        "name": "old",
+        "config": None,
+        "t": 1.0,
+        "pid": os.getpid(),
+        "host": "h",
+        "resume_step": None,
+    }
     (path / "records.jsonl").write_text(json.dumps(start) + "\n")
-    recs = b"".join(struct.pack("<qddii", s, 1.0, s * 2.0, s % 2, 0x52570001)
-                    for s in range(10))
+    recs = b"".join(struct.pack("<qddii", s, 1.0, s * 2.0, s % 2, 0x52570001) for s in range(10))
     (path / "metrics.bin").write_bytes(recs)
     report = store.recover(db_path)
     assert [s.records for s in report.spools] == [10] and report.spools[0].corrupt is None
-    rows = sorted((r["step"], r["name"], r["value"])
-                  for r in store.export(db_path, "old").to_pylist())
+    rows = sorted(
+        (r["step"], r["name"], r["value"]) for r in store.export(db_path, "old").to_pylist()
+    )
     assert rows == [(s, ("loss", "acc")[s % 2], s * 2.0) for s in range(10)]
     assert not path.exists()

@@ -1,6 +1,7 @@
 """Fuzzing the spool reader: any byte-level damage (flips, insertions, deletions, truncation) to
 a spool of N good records loses at most the damaged records, reports what it stepped over, and
 never raises; read in pieces as a live reader would, it finds the same records, once each."""
+
 from __future__ import annotations
 
 import tempfile
@@ -49,9 +50,9 @@ def damaged(draw, max_records=40):
                 hurt.add(origin[at - 1])
         elif op == "delete":
             k = draw(st.integers(1, 60))
-            hurt.update(o for o in origin[at:at + k] if o >= 0)
-            del data[at:at + k]
-            del origin[at:at + k]
+            hurt.update(o for o in origin[at : at + k] if o >= 0)
+            del data[at : at + k]
+            del origin[at : at + k]
         else:
             hurt.update(o for o in origin[at:] if o >= 0)
             del data[at:]
@@ -84,7 +85,7 @@ def test_damage_loses_at_most_the_damaged_records(case, cuts):
     # cleanly leave no trace that any check could see, and need none: no byte is damaged)
     assert len(got) * SIZE + damage.nbytes + damage.torn == len(data)
     for rec, off in zip(recs, offs):  # each offset points at its record's bytes
-        assert data[off:off + SIZE] == rec.tobytes()
+        assert data[off : off + SIZE] == rec.tobytes()
     # the same bytes read in pieces, as a live reader does while the file grows
     pieces, pos = [], 0
     for cut in sorted(set(min(c, len(data)) for c in cuts)) + [len(data)]:

@@ -1,5 +1,6 @@
 """Steps are non-negative integers: log() drops anything else (counted by reason, never raised),
 and every bucket-width choice terminates, whatever steps an older file already holds."""
+
 from __future__ import annotations
 
 import subprocess
@@ -20,15 +21,28 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def _rows(db, run_id):
-    return sorted((r["step"], r["name"], r["value"])
-                  for r in store.export(db, run_id).to_pylist())
+    return sorted((r["step"], r["name"], r["value"]) for r in store.export(db, run_id).to_pylist())
 
 
 def test_log_refuses_steps_that_are_not_non_negative_integers(db_path):
     torch = pytest.importorskip("torch")
     w = store.RunWriter.start(db_path, "steps", flush_interval=1000)
-    bad = [-1, -(2 ** 40), True, False, "23", 2.0, 1.5, float("nan"), np.float64(3.0),
-           np.bool_(True), torch.tensor(True), torch.tensor(2.0), None, 2 ** 63]
+    bad = [
+        -1,
+        -(2**40),
+        True,
+        False,
+        "23",
+        2.0,
+        1.5,
+        float("nan"),
+        np.float64(3.0),
+        np.bool_(True),
+        torch.tensor(True),
+        torch.tensor(2.0),
+        None,
+        2**63,
+    ]
     for step in bad:
         w.log(step, {"a": 1.0, "b": 2.0})  # never raises
     good = [0, 1, np.int64(2), np.uint8(3), torch.tensor(4)]
@@ -60,8 +74,7 @@ def test_rare_records_refuse_bad_steps_with_a_reason(db_path):
     assert w.close()
 
 
-@given(st.integers(-2 ** 63, 2 ** 63 - 1), st.integers(-2 ** 63, 2 ** 63 - 1),
-       st.integers(1, 5000))
+@given(st.integers(-(2**63), 2**63 - 1), st.integers(-(2**63), 2**63 - 1), st.integers(1, 5000))
 @settings(max_examples=400, deadline=None)
 def test_width_for_is_total(lo, hi, buckets):
     k = width_for(lo, hi, buckets)
@@ -93,13 +106,21 @@ def _old_run_with_negative_steps(db):
 def test_series_of_a_run_with_negative_steps_returns(db_path):
     """It used to spin forever inside the read connection, locking every writer out."""
     _old_run_with_negative_steps(db_path)
-    code = ("import sys\nfrom rampwatch import store\n"
-            "for b in (1, 2, 3, 2000):\n"
-            "    s = store.series(sys.argv[1], 'neg', 'x', buckets=b)\n"
-            "    print(b, s.width, int(s.count.sum()), len(s.step))\n")
+    code = (
+        "import sys\nfrom rampwatch import store\n"
+        "for b in (1, 2, 3, 2000):\n"
+        "    s = store.series(sys.argv[1], 'neg', 'x', buckets=b)\n"
+        "    print(b, s.width, int(s.count.sum()), len(s.step))\n"
+    )
     try:
-        out = subprocess.run([sys.executable, "-c", code, str(db_path)], cwd=REPO,
-                             env=child_env(), capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [sys.executable, "-c", code, str(db_path)],
+            cwd=REPO,
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     except subprocess.TimeoutExpired:
         pytest.fail("store.series(buckets=1) did not return within 60 s")
     assert out.returncode == 0, out.stderr

@@ -1,5 +1,6 @@
 """RunWriter in one process (plus a lock-holding child): values round-trip exactly, SQL-looking
 text is stored literally, log() never raises, a busy database delays but loses nothing."""
+
 from __future__ import annotations
 
 import math
@@ -21,14 +22,27 @@ EVIL = "x'); DROP TABLE runs;--"
 
 
 def test_nonfinite_values_and_sql_looking_text_round_trip(db_path):
-    w = store.RunWriter.start(db_path, EVIL, config={"note": EVIL, "lr": 3e-4},
-                              device=EVIL, capacity_bytes=141 * 2**30, world_size=8)
-    values = {"loss": math.nan, "up": math.inf, "down": -math.inf, EVIL: 1.5,
-              'quote"\\back': -0.0, "ünï\ncode": 5e-324}
+    w = store.RunWriter.start(
+        db_path,
+        EVIL,
+        config={"note": EVIL, "lr": 3e-4},
+        device=EVIL,
+        capacity_bytes=141 * 2**30,
+        world_size=8,
+    )
+    values = {
+        "loss": math.nan,
+        "up": math.inf,
+        "down": -math.inf,
+        EVIL: 1.5,
+        'quote"\\back': -0.0,
+        "ünï\ncode": 5e-324,
+    }
     w.log(3, values)
     w.event(EVIL, EVIL, data={EVIL: [math.inf, None]})
-    w.memory_plan(16, variant=EVIL, predicted_bytes=2**40, source="oom", feasible=False,
-                  breakdown={EVIL: 1})
+    w.memory_plan(
+        16, variant=EVIL, predicted_bytes=2**40, source="oom", feasible=False, breakdown={EVIL: 1}
+    )
     assert w.close()
     run = store.get_run(db_path, w.run_id)
     assert (run.name, run.config["note"], run.device) == (EVIL, EVIL, EVIL)
@@ -46,8 +60,12 @@ def test_nonfinite_values_and_sql_looking_text_round_trip(db_path):
     assert (ev.kind, ev.message, ev.step) == (EVIL, EVIL, 3)
     assert ev.data[EVIL][0] == math.inf and ev.data[EVIL][1] is None
     (plan,) = store.memory_plan(db_path, w.run_id)
-    assert (plan.variant, plan.source, plan.feasible, plan.breakdown) == (EVIL, "oom", False,
-                                                                         {EVIL: 1})
+    assert (plan.variant, plan.source, plan.feasible, plan.breakdown) == (
+        EVIL,
+        "oom",
+        False,
+        {EVIL: 1},
+    )
     s = store.series(db_path, w.run_id, "loss")
     assert s.count.tolist() == [1] and s.nonfinite.tolist() == [1] and math.isnan(s.min[0])
     # the tables are all still there
@@ -62,31 +80,50 @@ class Floaty:
 def test_log_accepts_anything_float_accepts(db_path):
     torch = pytest.importorskip("torch")
     w = store.RunWriter.start(db_path, "types")
-    w.log(np.int64(1), {"i": 7, "b": True, "np32": np.float32(0.5), "np0d": np.array(1.25),
-                        "t": torch.tensor(3.5), "t_int": torch.tensor(4), "obj": Floaty()})
+    w.log(
+        np.int64(1),
+        {
+            "i": 7,
+            "b": True,
+            "np32": np.float32(0.5),
+            "np0d": np.array(1.25),
+            "t": torch.tensor(3.5),
+            "t_int": torch.tensor(4),
+            "obj": Floaty(),
+        },
+    )
     w.log(torch.tensor(2), {"i": 8})
     assert w.close() and w.errors == 0, w.last_error
     got = {(r["step"], r["name"]): r["value"] for r in store.export(db_path, w.run_id).to_pylist()}
-    assert got == {(1, "i"): 7.0, (1, "b"): 1.0, (1, "np32"): 0.5, (1, "np0d"): 1.25,
-                   (1, "t"): 3.5, (1, "t_int"): 4.0, (1, "obj"): 2.5, (2, "i"): 8.0}
+    assert got == {
+        (1, "i"): 7.0,
+        (1, "b"): 1.0,
+        (1, "np32"): 0.5,
+        (1, "np0d"): 1.25,
+        (1, "t"): 3.5,
+        (1, "t_int"): 4.0,
+        (1, "obj"): 2.5,
+        (2, "i"): 8.0,
+    }
 
 
 def test_log_never_raises_and_keeps_what_it_can(db_path):
     w = store.RunWriter.start(db_path, "bad", flush_interval=1000)
     w.log(1, {"ok": 1.0, "bad": "not a number", "also_ok": 2.0})
     assert w.errors == 1 and "'bad'" in w.last_error and "not a number" in w.last_error
-    w.log(1.5, {"ok": 1.0})               # a fractional step is dropped, counted
+    w.log(1.5, {"ok": 1.0})  # a fractional step is dropped, counted
     w.log("x", {"ok": 1.0})
-    w.log(2.0, {"ok": 3.0})               # a float step is dropped too, integral or not
+    w.log(2.0, {"ok": 3.0})  # a float step is dropped too, integral or not
     w.log(2, {"ok": 3.0})
-    w.log(3, {7: 1.0, "ok": 4.0})         # a non-str name is refused, the rest kept
-    w.log(4, None)                        # not even a dict
+    w.log(3, {7: 1.0, "ok": 4.0})  # a non-str name is refused, the rest kept
+    w.log(4, None)  # not even a dict
     assert w.errors == 6, w.last_error
     assert w.close()
-    w.log(5, {"ok": 5.0})                 # after close: counted, not raised
+    w.log(5, {"ok": 5.0})  # after close: counted, not raised
     assert w.errors == 7 and "closed" in w.last_error
-    got = sorted((r["step"], r["name"], r["value"])
-                 for r in store.export(db_path, w.run_id).to_pylist())
+    got = sorted(
+        (r["step"], r["name"], r["value"]) for r in store.export(db_path, w.run_id).to_pylist()
+    )
     assert got == [(1, "also_ok", 2.0), (1, "ok", 1.0), (2, "ok", 3.0), (3, "ok", 4.0)]
 
 
@@ -110,8 +147,9 @@ def test_events_default_to_last_step_and_validate(db_path):
 
 def test_busy_database_delays_but_loses_nothing(procs, db_path):
     w = store.RunWriter.start(db_path, "busy", flush_interval=0.1, lock_timeout=0.3)
-    holder = procs.spawn(["tests/store_child.py", "hold", str(db_path), "--duration", "2.5"],
-                         stdout=subprocess.PIPE)
+    holder = procs.spawn(
+        ["tests/store_child.py", "hold", str(db_path), "--duration", "2.5"], stdout=subprocess.PIPE
+    )
     out = Lines(holder)
     out.wait_for("HOLDING")
     t0 = time.perf_counter()
@@ -133,8 +171,9 @@ def test_close_while_busy_leaves_spool_and_recovery_finishes_the_run(procs, db_p
     w = store.RunWriter.start(db_path, "late", flush_interval=1000, lock_timeout=0.2)
     for step in range(50):
         w.log(step, {"a": step})
-    holder = procs.spawn(["tests/store_child.py", "hold", str(db_path), "--duration", "1.5"],
-                         stdout=subprocess.PIPE)
+    holder = procs.spawn(
+        ["tests/store_child.py", "hold", str(db_path), "--duration", "1.5"], stdout=subprocess.PIPE
+    )
     Lines(holder).wait_for("HOLDING")
     assert w.close(timeout=0.3) is False  # could not ingest: the spool stays for recovery
     assert [p.name for p in spool.list_spools(spool_root(db_path))] == [w._files.path.name]
@@ -176,8 +215,9 @@ def test_new_run_id_must_be_new_and_resume_needs_existing(db_path):
 
 def test_pending_commands_reach_the_writer_and_results_go_through_the_spool(db_path):
     w = store.RunWriter.start(db_path, "cmd", flush_interval=1000)
-    cid = store.commands.submit(db_path, w.run_id, "ramp",
-                                {"per_device_batch": 32, "accum": 8, "note": EVIL}, "op")
+    cid = store.commands.submit(
+        db_path, w.run_id, "ramp", {"per_device_batch": 32, "accum": 8, "note": EVIL}, "op"
+    )
     assert w.pending_commands() == []
     assert w.flush()
     (cmd,) = w.pending_commands()
@@ -217,7 +257,8 @@ def test_spool_rotation_keeps_every_row_once_and_the_disk_small(db_path):
     assert w.close()
     rows = store.export(db_path, w.run_id).to_pylist()
     assert sorted((r["step"], r["name"]) for r in rows) == sorted(
-        (s, n) for s in range(500) for n in ("a", "b"))
+        (s, n) for s in range(500) for n in ("a", "b")
+    )
     assert all(r["value"] == (r["step"] if r["name"] == "a" else -r["step"]) for r in rows)
     assert len(store.events(db_path, w.run_id, kinds=["tick"])) == 10
     assert store.get_run(db_path, w.run_id).stored_status == "finished"
@@ -246,15 +287,23 @@ def test_torn_tails_wait_until_whole(db_path):
         os.close(bin_fd)
         os.close(names_fd)
     rows = store.export(db_path, w.run_id).to_pylist()
-    assert [(r["step"], r["name"], r["value"]) for r in rows] == [(0, "a", 1.0), (1, "a", 2.0),
-                                                                 (2, "b", 3.0)]
+    assert [(r["step"], r["name"], r["value"]) for r in rows] == [
+        (0, "a", 1.0),
+        (1, "a", 2.0),
+        (2, "b", 3.0),
+    ]
     assert w.close()
 
 
 def test_overlapping_readers_do_not_starve_a_writer(procs, db_path):
     store.RunWriter.start(db_path, "x").close()
-    readers = [procs.spawn(["tests/store_child.py", "readloop", str(db_path), "--duration", "8",
-                            "--hold", "0.08"], stdout=subprocess.PIPE) for _ in range(2)]
+    readers = [
+        procs.spawn(
+            ["tests/store_child.py", "readloop", str(db_path), "--duration", "8", "--hold", "0.08"],
+            stdout=subprocess.PIPE,
+        )
+        for _ in range(2)
+    ]
     for r in readers:
         Lines(r).wait_for("READING")
     waits = []

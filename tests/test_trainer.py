@@ -1,6 +1,7 @@
 """The reference trainer as a real process: every metric reaches the store, it learns, it
 resumes as the same run without logging a step twice or skipping a sample, and the README's
 own-loop snippet works."""
+
 from __future__ import annotations
 
 import re
@@ -17,9 +18,24 @@ from tests.trainer_runs import metric, run_trainer, trainer_args, wait_for_step
 
 pytestmark = pytest.mark.slow
 
-PER_STEP = {M.LOSS, M.GRAD_NORM, M.LR, M.PER_DEVICE_BATCH, M.ACCUM, M.BATCH_SEQS,
-            M.BATCH_TOKENS, M.TOKENS_SEEN, M.STEP_TIME, M.TOKENS_PER_S, M.MEM_PEAK, M.MEM_RSS,
-            M.MEM_CAPACITY, M.GNS_G2, M.GNS_TRACE, M.FIRST_SAMPLE}
+PER_STEP = {
+    M.LOSS,
+    M.GRAD_NORM,
+    M.LR,
+    M.PER_DEVICE_BATCH,
+    M.ACCUM,
+    M.BATCH_SEQS,
+    M.BATCH_TOKENS,
+    M.TOKENS_SEEN,
+    M.STEP_TIME,
+    M.TOKENS_PER_S,
+    M.MEM_PEAK,
+    M.MEM_RSS,
+    M.MEM_CAPACITY,
+    M.GNS_G2,
+    M.GNS_TRACE,
+    M.FIRST_SAMPLE,
+}
 
 
 def assert_continuous_samples(db, run_id):
@@ -34,11 +50,24 @@ def assert_continuous_samples(db, run_id):
 
 def test_tiny_run_logs_every_metric_and_learns(tmp_path):
     db = tmp_path / "runs.duckdb"
-    done = run_trainer(db, tmp_path / "ckpt", "--run-id", "tiny", "--steps", "50",
-                       "--val-every", "25", "--no-plan", "--progress", "auto")
+    done = run_trainer(
+        db,
+        tmp_path / "ckpt",
+        "--run-id",
+        "tiny",
+        "--steps",
+        "50",
+        "--val-every",
+        "25",
+        "--no-plan",
+        "--progress",
+        "auto",
+    )
     assert done.returncode == 0, done.stdout
     # its log (not a terminal): a progress line every 50 steps and a line per event
-    assert re.search(r"^step +50 loss +\d+\.\d+ tier 8x2 +\d+ tok/s", done.stdout, re.M), done.stdout
+    assert re.search(r"^step +50 loss +\d+\.\d+ tier 8x2 +\d+ tok/s", done.stdout, re.M), (
+        done.stdout
+    )
     assert "rampwatch: step 50: checkpoint: checkpoint at step 50" in done.stdout
     run = reader.get_run(db, "tiny")
     assert run.status == "finished" and run.last_step == 50
@@ -61,16 +90,21 @@ def test_tiny_run_logs_every_metric_and_learns(tmp_path):
 
 def test_killed_run_resumes_as_the_same_run(tmp_path):
     db, ckpt = tmp_path / "runs.duckdb", tmp_path / "ckpt"
-    proc = spawn(trainer_args(db, ckpt, "--run-id", "r", "--steps", "1000",
-                              "--checkpoint-every", "10", "--no-plan"),
-                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = spawn(
+        trainer_args(
+            db, ckpt, "--run-id", "r", "--steps", "1000", "--checkpoint-every", "10", "--no-plan"
+        ),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_for_step(db, "r", 26, proc)
     finally:
         kill_group(proc, signal.SIGKILL)
     # the run's own model and schedule win over this launch's flags (a different preset here)
-    done = run_trainer(db, ckpt, "--resume", "r", "--steps", "35", "--no-plan",
-                       "--preset", "cpu-tiny")
+    done = run_trainer(
+        db, ckpt, "--resume", "r", "--steps", "35", "--no-plan", "--preset", "cpu-tiny"
+    )
     assert done.returncode == 0, done.stdout
     run = reader.get_run(db, "r")
     assert run.status == "finished" and run.last_step == 35
@@ -84,8 +118,9 @@ def test_killed_run_resumes_as_the_same_run(tmp_path):
 
 def test_own_loop_snippet_from_readme(tmp_path):
     db = tmp_path / "own.duckdb"
-    proc = spawn(["examples/own_loop.py", str(db)], stdout=subprocess.PIPE,
-                 stderr=subprocess.STDOUT)
+    proc = spawn(
+        ["examples/own_loop.py", str(db)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out.decode()
     [run] = reader.list_runs(db)
@@ -97,7 +132,9 @@ def test_own_loop_snippet_from_readme(tmp_path):
     readme = (REPO / "README.md").read_text()
     snippet = (REPO / "examples/own_loop.py").read_text().split("# --- the integration")[1]
     body = [line for line in snippet.splitlines()[1:] if line.strip()]
-    assert all(line in readme for line in body), "README's snippet differs from examples/own_loop.py"
+    assert all(line in readme for line in body), (
+        "README's snippet differs from examples/own_loop.py"
+    )
     assert len(body) <= 17 + 10  # the loop itself, five calls that log and five that ramp
 
 
@@ -105,9 +142,23 @@ def test_sigterm_saves_a_final_checkpoint_at_the_next_step_boundary(tmp_path):
     """SIGTERM only sets a flag; the loop checkpoints at its next step boundary and stops as
     killed (exit 143), so a resume loses no completed step."""
     db, ckpt_dir = tmp_path / "runs.duckdb", tmp_path / "ckpt"
-    proc = spawn(trainer_args(db, ckpt_dir, "--run-id", "t", "--no-plan", "--steps", "100000",
-                              "--total-tokens", "10000000000", "--checkpoint-every", "0"),
-                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = spawn(
+        trainer_args(
+            db,
+            ckpt_dir,
+            "--run-id",
+            "t",
+            "--no-plan",
+            "--steps",
+            "100000",
+            "--total-tokens",
+            "10000000000",
+            "--checkpoint-every",
+            "0",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         wait_for_step(db, "t", 8, proc)
         proc.send_signal(signal.SIGTERM)

@@ -1,4 +1,5 @@
 """Helpers for tests that run the reference trainer as a real child process."""
+
 from __future__ import annotations
 
 import subprocess
@@ -14,11 +15,22 @@ QUICK = ["--preset", "test-tiny", "--progress", "off", "--val-every", "0"]
 
 
 def trainer_args(db: Path, ckpt: Path, *extra: str) -> list[str]:
-    return ["-m", "trainer", "train", "--db", str(db), "--checkpoint-dir", str(ckpt), *QUICK,
-            *extra]
+    return [
+        "-m",
+        "trainer",
+        "train",
+        "--db",
+        str(db),
+        "--checkpoint-dir",
+        str(ckpt),
+        *QUICK,
+        *extra,
+    ]
 
 
-def run_trainer(db: Path, ckpt: Path, *extra: str, timeout: float = 240) -> subprocess.CompletedProcess:
+def run_trainer(
+    db: Path, ckpt: Path, *extra: str, timeout: float = 240
+) -> subprocess.CompletedProcess:
     """Run a trainer to completion; fail with its output if it does not finish in time."""
     proc = spawn(trainer_args(db, ckpt, *extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:

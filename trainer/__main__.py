@@ -1,4 +1,5 @@
 """`python -m trainer train …` from a checkout: the same as `rampwatch train …`."""
+
 import sys
 
 from rampwatch.cli import main

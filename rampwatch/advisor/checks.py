@@ -1,6 +1,7 @@
 """The advisor's small shared pieces: its argument checks ("a positive integer", "a positive
 number", one message shape: "<name> must be …, got <value>") and the least-squares line that the
 noise scale, the memory model and the critical-batch fit all draw."""
+
 from __future__ import annotations
 
 import math

@@ -7,6 +7,7 @@ Example:
     rampwatch plan --measured 16:70.2 --measured 32:131.5 --capacity-gb 141 \\
         --seq-len 2048 --per-device-batch 16 --accum 16 --noise-scale 600
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,7 +45,9 @@ def _margin(text: str) -> float:
     except ValueError:
         v = float("nan")
     if not 0.0 <= v < 1.0:
-        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1) such as 0.05, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected a fraction in [0, 1) such as 0.05, got {text!r}"
+        )
     return v
 
 
@@ -62,30 +65,74 @@ def _factors(text: str) -> tuple[int, ...]:
     try:
         return tuple(_positive_int(t.strip()) for t in text.split(",") if t.strip()) or (2, 4, 8)
     except argparse.ArgumentTypeError as e:
-        raise argparse.ArgumentTypeError(f"--factors takes positive integers like 2,4,8: {e}") from None
+        raise argparse.ArgumentTypeError(
+            f"--factors takes positive integers like 2,4,8: {e}"
+        ) from None
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of `rampwatch plan`."""
-    p.add_argument("--measured", action="append", type=_batch_gb, default=[], metavar="BATCH:GB",
-                   help="measured peak at a per-device batch (repeatable), e.g. 16:70.5")
-    p.add_argument("--planned", action="append", type=_batch_gb, default=[], metavar="BATCH:GB",
-                   help="planned (fake-tensor) peak at a per-device batch (repeatable)")
-    p.add_argument("--capacity-gb", type=_positive_float, required=True, help="device memory, GB (10^9 bytes)")
+    p.add_argument(
+        "--measured",
+        action="append",
+        type=_batch_gb,
+        default=[],
+        metavar="BATCH:GB",
+        help="measured peak at a per-device batch (repeatable), e.g. 16:70.5",
+    )
+    p.add_argument(
+        "--planned",
+        action="append",
+        type=_batch_gb,
+        default=[],
+        metavar="BATCH:GB",
+        help="planned (fake-tensor) peak at a per-device batch (repeatable)",
+    )
+    p.add_argument(
+        "--capacity-gb", type=_positive_float, required=True, help="device memory, GB (10^9 bytes)"
+    )
     p.add_argument("--seq-len", type=_positive_int, required=True, help="tokens per sequence")
-    p.add_argument("--per-device-batch", type=_positive_int, required=True, help="current per-device batch")
-    p.add_argument("--accum", type=_positive_int, default=1, help="current gradient accumulation (default 1)")
-    p.add_argument("--world", type=_positive_int, default=1, help="data-parallel world size (default 1)")
-    p.add_argument("--noise-scale", type=_positive_float, default=None,
-                   help="smoothed gradient noise scale B_simple, in sequences")
-    p.add_argument("--optimizer", default="adamw", help="optimizer name for the LR rule (default adamw)")
-    p.add_argument("--lr-rule", choices=("sqrt", "linear", "none"), default=None,
-                   help="LR rule, overriding the optimizer's")
-    p.add_argument("--margin", type=_margin, default=0.05, help="safety margin, fraction of capacity (0.05)")
-    p.add_argument("--factors", type=_factors, default=(2, 4, 8), help="batch multiples, e.g. 2,4,8")
-    p.add_argument("--infeasible", action="append", type=_positive_int, default=[], metavar="BATCH",
-                   help="per-device batch known to run out of memory (repeatable)")
-    p.add_argument("--max-per-device", type=_positive_int, default=None, help="cap on the per-device batch")
+    p.add_argument(
+        "--per-device-batch", type=_positive_int, required=True, help="current per-device batch"
+    )
+    p.add_argument(
+        "--accum", type=_positive_int, default=1, help="current gradient accumulation (default 1)"
+    )
+    p.add_argument(
+        "--world", type=_positive_int, default=1, help="data-parallel world size (default 1)"
+    )
+    p.add_argument(
+        "--noise-scale",
+        type=_positive_float,
+        default=None,
+        help="smoothed gradient noise scale B_simple, in sequences",
+    )
+    p.add_argument(
+        "--optimizer", default="adamw", help="optimizer name for the LR rule (default adamw)"
+    )
+    p.add_argument(
+        "--lr-rule",
+        choices=("sqrt", "linear", "none"),
+        default=None,
+        help="LR rule, overriding the optimizer's",
+    )
+    p.add_argument(
+        "--margin", type=_margin, default=0.05, help="safety margin, fraction of capacity (0.05)"
+    )
+    p.add_argument(
+        "--factors", type=_factors, default=(2, 4, 8), help="batch multiples, e.g. 2,4,8"
+    )
+    p.add_argument(
+        "--infeasible",
+        action="append",
+        type=_positive_int,
+        default=[],
+        metavar="BATCH",
+        help="per-device batch known to run out of memory (repeatable)",
+    )
+    p.add_argument(
+        "--max-per-device", type=_positive_int, default=None, help="cap on the per-device batch"
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(plan_parser=p)  # so errors found after parsing name the subcommand
 
@@ -109,15 +156,26 @@ def plan(args) -> dict:
     try:
         rule = rule_for(args.optimizer, args.lr_rule)
     except ValueError:
-        sub.error(f"no learning-rate rule known for optimizer {args.optimizer!r}: pass --lr-rule sqrt, linear or none")
+        sub.error(
+            f"no learning-rate rule known for optimizer {args.optimizer!r}: pass --lr-rule sqrt, linear or none"
+        )
     try:
         model = fit_memory_model(measured, planned or None)
         capacity = args.capacity_gb * GB
         usable = usable_bytes(capacity, args.margin)
         tiers = candidate_tiers(
-            args.per_device_batch, args.accum, args.world, args.seq_len, model, capacity,
-            margin=args.margin, factors=args.factors, infeasible=args.infeasible,
-            optimizer=args.optimizer, max_per_device=args.max_per_device, rule=args.lr_rule,
+            args.per_device_batch,
+            args.accum,
+            args.world,
+            args.seq_len,
+            model,
+            capacity,
+            margin=args.margin,
+            factors=args.factors,
+            infeasible=args.infeasible,
+            optimizer=args.optimizer,
+            max_per_device=args.max_per_device,
+            rule=args.lr_rule,
         )
     except ValueError as e:
         sub.error(str(e))
@@ -131,8 +189,12 @@ def plan(args) -> dict:
         rows.append(row)
     return {
         "current": {
-            "per_device_batch": args.per_device_batch, "accum": args.accum, "world_size": args.world,
-            "seq_len": args.seq_len, "effective_batch": current, "tokens_per_step": current * args.seq_len,
+            "per_device_batch": args.per_device_batch,
+            "accum": args.accum,
+            "world_size": args.world,
+            "seq_len": args.seq_len,
+            "effective_batch": current,
+            "tokens_per_step": current * args.seq_len,
             "predicted_peak_bytes": model.predict(args.per_device_batch),
         },
         "memory_model": model.to_dict(),
@@ -165,13 +227,19 @@ def _table(result: dict) -> str:
     body = []
     for t in result["tiers"]:
         row = [
-            f"×{t['factor']}", str(t["per_device_batch"]), str(t["accum"]), f"{t['tokens_per_step']:,}",
+            f"×{t['factor']}",
+            str(t["per_device_batch"]),
+            str(t["accum"]),
+            f"{t['tokens_per_step']:,}",
             "-" if t["predicted_peak_bytes"] is None else format_gb(t["predicted_peak_bytes"]),
-            "yes" if t["fits"] else "NO", f"{t['lr_multiplier']:.3f}",
+            "yes" if t["fits"] else "NO",
+            f"{t['lr_multiplier']:.3f}",
         ]
         if effect:
             row += [f"{t['effect']['step_savings']:.0%}", f"{t['effect']['example_cost']:.0%}"]
-        row.append(t["reason"] + (f" [warning: {t['warning']}]" if effect and t.get("warning") else ""))
+        row.append(
+            t["reason"] + (f" [warning: {t['warning']}]" if effect and t.get("warning") else "")
+        )
         body.append(row)
     widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head) - 1)]
     for r in [head, *body]:

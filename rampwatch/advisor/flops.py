@@ -15,6 +15,7 @@ al.'s Table 1 (2·n_layer·n_ctx·d_attn forward), i.e. counting only the unmask
 not the token/position embedding lookups, norms or biases (MFU counts model FLOPs, so
 rematerialization is not counted either).
 """
+
 from __future__ import annotations
 
 import math
@@ -25,7 +26,9 @@ __all__ = ["flops_per_token", "gpt_matmul_params", "PEAK_FLOPS", "peak_flops", "
 def _pos(name: str, value, allow_zero: bool = False) -> float:
     v = float(value)
     if not math.isfinite(v) or v < 0 or (v == 0 and not allow_zero):
-        raise ValueError(f"{name} must be a {'non-negative' if allow_zero else 'positive'} number, got {value!r}")
+        raise ValueError(
+            f"{name} must be a {'non-negative' if allow_zero else 'positive'} number, got {value!r}"
+        )
     return v
 
 
@@ -46,7 +49,9 @@ def flops_per_token(
     elif attention == "causal":
         attn = 6.0
     else:
-        raise ValueError(f"attention must be 'full' (PaLM convention) or 'causal', got {attention!r}")
+        raise ValueError(
+            f"attention must be 'full' (PaLM convention) or 'causal', got {attention!r}"
+        )
     return 6.0 * n + attn * layers * d * t
 
 
@@ -79,7 +84,11 @@ PEAK_FLOPS: tuple[tuple[str, float, str], ...] = (
     ("L40S", 362e12, "NVIDIA L40S datasheet: 362.05 TFLOPS BF16 dense (733 sparse)"),
     ("L40", 181e12, "NVIDIA L40 datasheet: 181.05 TFLOPS BF16 dense (362 sparse)"),
     ("L4", 121e12, "NVIDIA L4 datasheet: 242 TFLOPS BF16 sparse"),
-    ("RTX 4090", 165e12, "NVIDIA Ada whitepaper, RTX 4090: 165.2 TFLOPS FP16/BF16 dense, FP32 accumulate"),
+    (
+        "RTX 4090",
+        165e12,
+        "NVIDIA Ada whitepaper, RTX 4090: 165.2 TFLOPS FP16/BF16 dense, FP32 accumulate",
+    ),
     ("V100", 125e12, "NVIDIA V100 datasheet, SXM2: 125 TFLOPS FP16 tensor (no BF16)"),
     ("MI300X", 1307.4e12, "AMD Instinct MI300X datasheet: 1,307.4 TFLOPS BF16 dense"),
     ("MI250X", 383e12, "AMD Instinct MI250X datasheet: 383 TFLOPS BF16"),
@@ -98,7 +107,10 @@ def peak_flops(device_name: str | None) -> float | None:
 
 
 def mfu(
-    tokens_per_second: float, flops_per_token: float, peak_flops_per_device: float, world_size: int = 1
+    tokens_per_second: float,
+    flops_per_token: float,
+    peak_flops_per_device: float,
+    world_size: int = 1,
 ) -> float:
     """Model FLOPs utilization: achieved model FLOP/s over the peak of all devices (PaLM App. B).
 
@@ -106,7 +118,10 @@ def mfu(
     """
     tps = _pos("tokens_per_second", tokens_per_second, allow_zero=True)
     fpt = _pos("flops_per_token", flops_per_token)
-    peak = _pos("peak_flops_per_device (look it up with peak_flops(); None means unknown device)", peak_flops_per_device)
+    peak = _pos(
+        "peak_flops_per_device (look it up with peak_flops(); None means unknown device)",
+        peak_flops_per_device,
+    )
     world = int(world_size)
     if world <= 0 or world != world_size:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")

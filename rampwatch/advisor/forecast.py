@@ -7,6 +7,7 @@ split-conformal, each run left out in turn; bench/forecast_bench.py measures and
 README's "Forecast coverage" has the figures). The ±1.96 SE delta-method range of the trend
 alone held for 17% of queries on those runs: the smoothed points are correlated.
 """
+
 from __future__ import annotations
 
 import math
@@ -48,22 +49,39 @@ class ForecastCalibration:
 # constant batches 8, 16 and 32 (seeds 2–11), ramp points 1, 2, 4× the batch, every other step
 # queried. The README's "Forecast coverage" has the figures, and a check on ramp_bench's runs.
 FORECAST_CALIBRATION = ForecastCalibration(
-    intercept=-0.187, slope=0.23, low=-2.813, mid=0.138, high=2.096, x_min=-5.63, x_max=2.36,
-    min_estimates=10, coverage=0.906, runs=10, queries=2574)
+    intercept=-0.187,
+    slope=0.23,
+    low=-2.813,
+    mid=0.138,
+    high=2.096,
+    x_min=-5.63,
+    x_max=2.36,
+    min_estimates=10,
+    coverage=0.906,
+    runs=10,
+    queries=2574,
+)
 
 
-def calibrated_forecast(query_step: int, crossing: float, n_estimates: int,
-                        cal: ForecastCalibration = FORECAST_CALIBRATION):
+def calibrated_forecast(
+    query_step: int,
+    crossing: float,
+    n_estimates: int,
+    cal: ForecastCalibration = FORECAST_CALIBRATION,
+):
     """(point, (first, last)) steps of the crossing by the calibration, or (None, why not)."""
     t = max(1, int(query_step))
     if n_estimates < cal.min_estimates:
         return None, f"the range is calibrated from {cal.min_estimates} estimates on"
     x = math.log(max(1, math.ceil(crossing) - t) / t)  # the trend's step, as the old point
     if not cal.x_min <= x <= cal.x_max:
-        return None, (f"the trend is too flat: it crosses {math.exp(x):.2g}× the run's age from "
-                      f"now, and the range is calibrated up to {math.exp(cal.x_max):.2g}×"
-                      if x > cal.x_max else f"the trend crosses {math.exp(x):.2g}× the run's age "
-                      "from now, closer than the range is calibrated for")
+        return None, (
+            f"the trend is too flat: it crosses {math.exp(x):.2g}× the run's age from "
+            f"now, and the range is calibrated up to {math.exp(cal.x_max):.2g}×"
+            if x > cal.x_max
+            else f"the trend crosses {math.exp(x):.2g}× the run's age "
+            "from now, closer than the range is calibrated for"
+        )
     centre = cal.intercept + cal.slope * x
     at = [t + t * math.exp(centre + e) for e in (cal.mid, cal.low, cal.high)]
     return max(t + 1, round(at[0])), (max(t + 1, math.floor(at[1])), max(t + 1, math.ceil(at[2])))

@@ -12,6 +12,7 @@ Units: batch sizes are in *sequences* (examples); multiply a noise scale by the 
 for tokens. Squared norms are of *mean* gradients (the gradient of the mean loss over the batch),
 measured in fp32/fp64, before clipping, with loss scaling and the 1/accum factor undone.
 """
+
 from __future__ import annotations
 
 import math
@@ -100,7 +101,9 @@ def line_estimates(batch_sizes: Sequence[float], sq_norms: Sequence[float]) -> t
     return ols_line(xs, ys)
 
 
-def accumulation_estimates(running_sq_norms: Sequence[float], micro_batch: int) -> tuple[float, float]:
+def accumulation_estimates(
+    running_sq_norms: Sequence[float], micro_batch: int
+) -> tuple[float, float]:
     """(|G|², tr(Σ)) for one optimizer step from the running accumulated gradient.
 
     Within accumulation of k micro-batches of b sequences each, let S_j be the sum of the first j
@@ -112,7 +115,9 @@ def accumulation_estimates(running_sq_norms: Sequence[float], micro_batch: int) 
     """
     b = micro_batch
     if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b <= 0:
-        raise ValueError(f"micro_batch must be a positive integer number of sequences, got {micro_batch!r}")
+        raise ValueError(
+            f"micro_batch must be a positive integer number of sequences, got {micro_batch!r}"
+        )
     k = len(running_sq_norms)
     if k < 2:
         raise ValueError(
@@ -165,7 +170,9 @@ def fit_critical_batch(batches: Sequence[float], steps: Sequence[float]) -> tupl
     S_min·B_crit, so B_crit = slope/intercept (= E_min/S_min, eq. 2.12).
     """
     if len(batches) != len(steps):
-        raise ValueError(f"got {len(batches)} batch sizes but {len(steps)} step counts: pass one per run")
+        raise ValueError(
+            f"got {len(batches)} batch sizes but {len(steps)} step counts: pass one per run"
+        )
     xs = np.array([1.0 / _positive("batch", b) for b in batches], dtype=np.float64)
     ys = np.array([_positive("steps to target", s) for s in steps], dtype=np.float64)
     distinct = len(np.unique(xs))

@@ -23,6 +23,7 @@ A two-sided level of 0.90 gives one-sided 95% bounds. Successive steps use fresh
 per-step estimates are independent given the weights; the drift of |G|² inside a window is not
 in the variance, which is why the window is kept short.
 """
+
 from __future__ import annotations
 
 import math
@@ -72,12 +73,17 @@ def _t_quantile(p: float, dof: int) -> float:
     z = NormalDist().inv_cdf(p)
     if dof <= 0:
         return math.inf
-    return (z + (z**3 + z) / (4 * dof) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * dof**2)
-            + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * dof**3))
+    return (
+        z
+        + (z**3 + z) / (4 * dof)
+        + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * dof**2)
+        + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * dof**3)
+    )
 
 
-def fieller_interval(mx: float, my: float, vxx: float, vyy: float, vxy: float,
-                     q: float) -> tuple[float, float | None]:
+def fieller_interval(
+    mx: float, my: float, vxx: float, vyy: float, vxy: float, q: float
+) -> tuple[float, float | None]:
     """(lower, upper) of R = E[y]/E[x] on [0, ∞), from the means mx, my and their (co)variances.
 
     Solves (my − R·mx)² ≤ q²·(vyy − 2R·vxy + R²·vxx), i.e. a·R² − 2b·R + c ≤ 0 with
@@ -122,8 +128,14 @@ class _Tail:
         sx, sy, sxx, syy, sxy = (self._sums[:, stop] - self._sums[:, start]).tolist()
         mx, my = sx / n, sy / n
         d = max(1, n - 1)
-        return (mx, my, (sxx - n * mx * mx) / d, (syy - n * my * my) / d,
-                (sxy - n * mx * my) / d, n)
+        return (
+            mx,
+            my,
+            (sxx - n * mx * mx) / d,
+            (syy - n * my * my) / d,
+            (sxy - n * mx * my) / d,
+            n,
+        )
 
 
 def _rel_se(tail: _Tail, n: int) -> float:
@@ -150,7 +162,9 @@ def _drifted(tail: _Tail, n: int) -> bool:
     return False
 
 
-def _sign_bounds(mx: float, my: float, vxx: float, vyy: float, q: float) -> tuple[float, float | None]:
+def _sign_bounds(
+    mx: float, my: float, vxx: float, vyy: float, q: float
+) -> tuple[float, float | None]:
     """Bounds when one mean came out negative though both true values are >= 0: the ratio of
     the one-sided limits of each mean (conservative: both limits at once). A mean observed at or
     below zero is taken at zero, so its upper limit is q standard errors."""
@@ -172,11 +186,21 @@ class NoiseScaleWindow:
 
     STATE_VERSION = 2
 
-    def __init__(self, max_steps: int = 200, min_steps: int = 48, target_rel_se: float = 0.2,
-                 level: float = 0.90):
-        if not (isinstance(max_steps, int) and isinstance(min_steps, int)
-                and 3 <= min_steps <= max_steps):
-            raise ValueError(f"need integers 3 <= min_steps <= max_steps, got {min_steps}, {max_steps}")
+    def __init__(
+        self,
+        max_steps: int = 200,
+        min_steps: int = 48,
+        target_rel_se: float = 0.2,
+        level: float = 0.90,
+    ):
+        if not (
+            isinstance(max_steps, int)
+            and isinstance(min_steps, int)
+            and 3 <= min_steps <= max_steps
+        ):
+            raise ValueError(
+                f"need integers 3 <= min_steps <= max_steps, got {min_steps}, {max_steps}"
+            )
         if not (math.isfinite(target_rel_se) and target_rel_se > 0):
             raise ValueError(f"target_rel_se must be a positive fraction, got {target_rel_se!r}")
         if not 0 < level < 1:
@@ -234,18 +258,31 @@ class NoiseScaleWindow:
 
     def to_dict(self) -> dict:
         """JSON-safe state for a checkpoint: the buffer itself, so a resume continues it."""
-        return {"version": self.STATE_VERSION, "max_steps": self.max_steps,
-                "min_steps": self.min_steps, "target_rel_se": self.target_rel_se,
-                "level": self.level, "g2": list(self._g2), "trace": list(self._trace),
-                "updates": self.updates, "skipped": self.skipped}
+        return {
+            "version": self.STATE_VERSION,
+            "max_steps": self.max_steps,
+            "min_steps": self.min_steps,
+            "target_rel_se": self.target_rel_se,
+            "level": self.level,
+            "g2": list(self._g2),
+            "trace": list(self._trace),
+            "updates": self.updates,
+            "skipped": self.skipped,
+        }
 
     @classmethod
     def from_dict(cls, state: dict) -> NoiseScaleWindow:
         if state.get("version") != cls.STATE_VERSION:
-            raise ValueError(f"noise-scale state version {state.get('version')!r} is not "
-                             f"{cls.STATE_VERSION}: start a fresh NoiseScaleWindow instead")
-        w = cls(int(state["max_steps"]), int(state["min_steps"]), float(state["target_rel_se"]),
-                float(state["level"]))
+            raise ValueError(
+                f"noise-scale state version {state.get('version')!r} is not "
+                f"{cls.STATE_VERSION}: start a fresh NoiseScaleWindow instead"
+            )
+        w = cls(
+            int(state["max_steps"]),
+            int(state["min_steps"]),
+            float(state["target_rel_se"]),
+            float(state["level"]),
+        )
         if len(state["g2"]) != len(state["trace"]):
             raise ValueError("noise-scale state is corrupt: g2 and trace buffers differ in length")
         w._g2.extend(float(v) for v in state["g2"])

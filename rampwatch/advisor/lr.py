@@ -19,6 +19,7 @@ base LR bit for bit (the ratio is exactly 1.0 and x·1.0 == x in IEEE arithmetic
 same batch by different routes gives the same float. Scale the scheduler's *base* LR (e.g.
 `scheduler.base_lrs` / `group['initial_lr']`), not the current, already-scheduled value.
 """
+
 from __future__ import annotations
 
 import math
@@ -45,15 +46,35 @@ RULES = ("sqrt", "linear", "none")
 OPTIMIZER_RULES: dict[str, str] = {
     **dict.fromkeys(
         (
-            "adam", "adamw", "nadam", "nadamw", "radam", "adamax", "sparseadam", "amsgrad",
-            "lamb", "adafactor", "rmsprop", "adabelief", "adan",
-            "fusedadam", "fusedlamb", "fusedadamw",  # apex / DeepSpeed
-            "adam8bit", "adamw8bit", "pagedadam", "pagedadamw", "pagedadamw8bit",  # bitsandbytes
-            "cpuadam", "deepspeedcpuadam",
+            "adam",
+            "adamw",
+            "nadam",
+            "nadamw",
+            "radam",
+            "adamax",
+            "sparseadam",
+            "amsgrad",
+            "lamb",
+            "adafactor",
+            "rmsprop",
+            "adabelief",
+            "adan",
+            "fusedadam",
+            "fusedlamb",
+            "fusedadamw",  # apex / DeepSpeed
+            "adam8bit",
+            "adamw8bit",
+            "pagedadam",
+            "pagedadamw",
+            "pagedadamw8bit",  # bitsandbytes
+            "cpuadam",
+            "deepspeedcpuadam",
         ),
         "sqrt",
     ),
-    **dict.fromkeys(("sgd", "sgdmomentum", "sgdm", "sgdnesterov", "nesterov", "momentum"), "linear"),
+    **dict.fromkeys(
+        ("sgd", "sgdmomentum", "sgdm", "sgdnesterov", "nesterov", "momentum"), "linear"
+    ),
 }
 
 
@@ -74,7 +95,9 @@ def rule_for(optimizer: str | None = None, rule: str | None = None) -> str:
             raise ValueError(f"unknown LR rule {rule!r}: use one of {', '.join(RULES)}")
         return r
     if optimizer is None or not str(optimizer).strip():
-        raise ValueError("no optimizer and no LR rule given: pass optimizer='adamw' (or 'sgd'), or rule='sqrt'/'linear'/'none'")
+        raise ValueError(
+            "no optimizer and no LR rule given: pass optimizer='adamw' (or 'sgd'), or rule='sqrt'/'linear'/'none'"
+        )
     key = _normalize(optimizer)
     if key in RULES:  # a rule name passed where the optimizer goes
         return key
@@ -101,7 +124,9 @@ def lr_multiplier(old_batch: float, new_batch: float, rule: str) -> float:
     return 1.0
 
 
-def scaled_base_lr(original_base: float, original_batch: float, new_batch: float, rule: str) -> float:
+def scaled_base_lr(
+    original_base: float, original_batch: float, new_batch: float, rule: str
+) -> float:
     """The base LR for `new_batch`, computed from the run's original base LR and batch.
 
     Always relative to the original (never compounded), so returning to the original batch gives
@@ -109,7 +134,9 @@ def scaled_base_lr(original_base: float, original_batch: float, new_batch: float
     """
     base = float(original_base)
     if not math.isfinite(base) or base < 0:
-        raise ValueError(f"original_base must be a finite learning rate >= 0, got {original_base!r}")
+        raise ValueError(
+            f"original_base must be a finite learning rate >= 0, got {original_base!r}"
+        )
     return base * lr_multiplier(original_batch, new_batch, rule)
 
 

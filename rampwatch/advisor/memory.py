@@ -13,6 +13,7 @@ So peak(b) ≈ intercept + slope·b (docs/ARCHITECTURE.md, "Memory model"). Sour
   3. a plan alone: its own line.
 Bytes everywhere; "GB" in messages means 10^9 bytes. On CUDA, measure peak *reserved* memory.
 """
+
 from __future__ import annotations
 
 import math
@@ -74,7 +75,9 @@ def _points(name: str, data: Mapping | None) -> dict[int, float]:
         bb = _batch(b)
         p = float(peak)
         if not math.isfinite(p) or p <= 0:
-            raise ValueError(f"{name} peak for per-device batch {bb} must be positive bytes, got {peak!r}")
+            raise ValueError(
+                f"{name} peak for per-device batch {bb} must be positive bytes, got {peak!r}"
+            )
         out[bb] = p
     return out
 
@@ -114,8 +117,12 @@ def fit_memory_model(
         # measurements (conservative).
         _, pslope = _line(p)
         if pslope < 0:
-            raise ValueError(f"both measured peaks {_show(m)} and plan {_show(p)} shrink with the batch")
-        return MemoryModel(_anchor(m, pslope), pslope, "measured peaks + plan slope (measured slope < 0)")
+            raise ValueError(
+                f"both measured peaks {_show(m)} and plan {_show(p)} shrink with the batch"
+            )
+        return MemoryModel(
+            _anchor(m, pslope), pslope, "measured peaks + plan slope (measured slope < 0)"
+        )
     if len(m) == 1:
         if len(p) < 2:
             raise ValueError(
@@ -124,12 +131,16 @@ def fit_memory_model(
             )
         _, pslope = _line(p)
         if pslope < 0:
-            raise ValueError(f"the memory plan {_show(p)} shrinks as the batch grows: re-run the plan")
+            raise ValueError(
+                f"the memory plan {_show(p)} shrinks as the batch grows: re-run the plan"
+            )
         return MemoryModel(_anchor(m, pslope), pslope, "measured peak + plan slope")
     if len(p) >= 2:
         intercept, slope = _line(p)
         if slope < 0:
-            raise ValueError(f"the memory plan {_show(p)} shrinks as the batch grows: re-run the plan")
+            raise ValueError(
+                f"the memory plan {_show(p)} shrinks as the batch grows: re-run the plan"
+            )
         return MemoryModel(intercept, slope, f"plan ({len(p)} points)")
     raise ValueError(
         "no memory data to fit: pass measured peaks at >= 2 per-device batches, or one measured "
@@ -149,5 +160,7 @@ def usable_bytes(capacity: float, margin: float = 0.05) -> float:
         raise ValueError(f"capacity must be positive bytes, got {capacity!r}")
     mg = float(margin)
     if not (0.0 <= mg < 1.0):
-        raise ValueError(f"margin must be a fraction in [0, 1) of capacity (0.05 = 5%), got {margin!r}")
+        raise ValueError(
+            f"margin must be a fraction in [0, 1) of capacity (0.05 = 5%), got {margin!r}"
+        )
     return c * (1.0 - mg)

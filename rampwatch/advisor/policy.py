@@ -19,6 +19,7 @@ The run config holds the policy under CONFIG_KEY; `from_config` also reads the k
 written before the policy existed used (ramp_hysteresis, ramp_min_samples, original_lr,
 original_batch), and falls back on the first tier of the config.
 """
+
 from __future__ import annotations
 
 import math
@@ -54,7 +55,9 @@ class RampPolicy:
 
     def __post_init__(self):
         if not (isinstance(self.original_batch, int) and self.original_batch > 0):
-            raise ValueError(f"original_batch must be a positive integer, got {self.original_batch!r}")
+            raise ValueError(
+                f"original_batch must be a positive integer, got {self.original_batch!r}"
+            )
         if not (math.isfinite(self.original_lr) and self.original_lr > 0):
             raise ValueError(f"original_lr must be a positive number, got {self.original_lr!r}")
         rule_for(rule=self.lr_rule)  # raises on an unknown rule
@@ -67,30 +70,50 @@ class RampPolicy:
     def band_cost(self) -> dict[str, float]:
         """Steps and examples relative to their minima at the band's ends (eq. 2.11)."""
         low, high = 1.0 / self.ramp_at, self.factor / self.ramp_at  # B / B_noise at the ends
-        return {"batch_low": low, "batch_high": high,
-                "steps_low": 1 + 1 / high, "steps_high": 1 + 1 / low,
-                "examples_low": 1 + low, "examples_high": 1 + high}
+        return {
+            "batch_low": low,
+            "batch_high": high,
+            "steps_low": 1 + 1 / high,
+            "steps_high": 1 + 1 / low,
+            "examples_low": 1 + low,
+            "examples_high": 1 + high,
+        }
 
     def describe(self) -> str:
         c = self.band_cost()
-        return (f"keep the batch within [{c['batch_low']:g}, {c['batch_high']:g}] × the noise "
-                f"scale: ×{self.factor} once it is >= {self.ramp_at:g}× the batch for "
-                f"{self.hysteresis_steps} estimates (95% lower bound >= {self.bound_at:g}× the "
-                f"batch); eq. 2.11 prices that band at {c['steps_low']:g}–{c['steps_high']:g}× "
-                f"the minimum steps and {c['examples_low']:g}–{c['examples_high']:g}× the "
-                "minimum examples")
+        return (
+            f"keep the batch within [{c['batch_low']:g}, {c['batch_high']:g}] × the noise "
+            f"scale: ×{self.factor} once it is >= {self.ramp_at:g}× the batch for "
+            f"{self.hysteresis_steps} estimates (95% lower bound >= {self.bound_at:g}× the "
+            f"batch); eq. 2.11 prices that band at {c['steps_low']:g}–{c['steps_high']:g}× "
+            f"the minimum steps and {c['examples_low']:g}–{c['examples_high']:g}× the "
+            "minimum examples"
+        )
 
     def new_base_lr(self, new_batch: int) -> float:
         """The base LR at new_batch, scaled from the original (a ramp and its reverse restore it)."""
         return scaled_base_lr(self.original_lr, self.original_batch, new_batch, self.lr_rule)
 
-    def decide(self, steps: Sequence[int], b_noise: Sequence[float | None],
-               lower: Sequence[float | None] | None, batch: float, since_step: int | None):
+    def decide(
+        self,
+        steps: Sequence[int],
+        b_noise: Sequence[float | None],
+        lower: Sequence[float | None] | None,
+        batch: float,
+        since_step: int | None,
+    ):
         """advisor.ramp.ramp_decision with this policy's thresholds."""
-        return ramp_decision(steps, b_noise, batch, threshold=self.ramp_at,
-                             hysteresis_steps=self.hysteresis_steps,
-                             min_samples=self.min_estimates, since_step=since_step,
-                             lower=lower, lower_threshold=self.bound_at)
+        return ramp_decision(
+            steps,
+            b_noise,
+            batch,
+            threshold=self.ramp_at,
+            hysteresis_steps=self.hysteresis_steps,
+            min_samples=self.min_estimates,
+            since_step=since_step,
+            lower=lower,
+            lower_threshold=self.bound_at,
+        )
 
     # -- the run config -----------------------------------------------------------------------
     def to_config(self) -> dict:

@@ -11,6 +11,7 @@ and effect use S/S_min = 1 + B_noise/B and E/E_min = 1 + B/B_noise (McCandlish e
 "An Empirical Model of Large-Batch Training", §2.3, eq. 2.11 with B_crit ≈ B_noise): at
 B = B_noise a doubling saves 25% of the steps and costs 50% more examples; past it, less and more.
 """
+
 from __future__ import annotations
 
 import math
@@ -126,7 +127,9 @@ def candidate_tiers(
     world = _pos_int("world_size", world_size)
     seq = _pos_int("seq_len", seq_len)
     if not isinstance(memory_model, MemoryModel):
-        raise ValueError(f"memory_model must be an advisor.memory.MemoryModel, got {type(memory_model).__name__}")
+        raise ValueError(
+            f"memory_model must be an advisor.memory.MemoryModel, got {type(memory_model).__name__}"
+        )
     usable = usable_bytes(capacity_bytes, margin)
     cap = None if max_per_device is None else _pos_int("max_per_device", max_per_device)
     bad = {_pos_int("infeasible per-device batch", b) for b in infeasible}
@@ -151,23 +154,34 @@ def candidate_tiers(
         if fitting:
             p = fitting[-1]
             reason = _fit_reason(p, pdb, pred[p], usable, divisors, bad, pred, running_ok)
-            if keep_noise_scale and world == 1 and p == per_rank // 2 and per_rank >= 2 and (
-                    (running_ok and per_rank <= pdb) or memory_model.predict(per_rank) <= usable):
-                reason += (f"; {per_rank} × 1 would fit too but measures no noise scale (one batch "
-                           f"size per step): accumulation 2 keeps it, at the cost of smaller "
-                           f"micro-batches")
+            if (
+                keep_noise_scale
+                and world == 1
+                and p == per_rank // 2
+                and per_rank >= 2
+                and ((running_ok and per_rank <= pdb) or memory_model.predict(per_rank) <= usable)
+            ):
+                reason += (
+                    f"; {per_rank} × 1 would fit too but measures no noise scale (one batch "
+                    f"size per step): accumulation 2 keeps it, at the cost of smaller "
+                    f"micro-batches"
+                )
             tiers.append(Tier(p, per_rank // p, world, seq, pred[p], True, reason, mult, factor))
             continue
         if allowed:
             p = allowed[0]
-            reason = f"even per-device batch {p} needs {format_gb(pred[p])} > {format_gb(usable)} usable"
+            reason = (
+                f"even per-device batch {p} needs {format_gb(pred[p])} > {format_gb(usable)} usable"
+            )
             if bad:
                 reason += f" (known to run out of memory: {_list(sorted(bad))})"
         else:
             p = divisors[0] if divisors else 1
             why = []
             if bad & set(_divisors(per_rank)):
-                why.append(f"ran out of memory before: {_list(sorted(bad & set(_divisors(per_rank))))}")
+                why.append(
+                    f"ran out of memory before: {_list(sorted(bad & set(_divisors(per_rank))))}"
+                )
             if cap is not None:
                 why.append(f"max per-device batch {cap}")
             reason = f"every per-device batch dividing {per_rank} is excluded ({'; '.join(why)})"
@@ -175,20 +189,33 @@ def candidate_tiers(
     return tiers
 
 
-def accumulation_tiers(per_device_batch: int, accum: int, world_size: int, seq_len: int,
-                       factors: Iterable[int] = (2, 4, 8), infeasible: Iterable[int] = (),
-                       rule: str = "sqrt") -> list[Tier]:
+def accumulation_tiers(
+    per_device_batch: int,
+    accum: int,
+    world_size: int,
+    seq_len: int,
+    factors: Iterable[int] = (2, 4, 8),
+    infeasible: Iterable[int] = (),
+    rule: str = "sqrt",
+) -> list[Tier]:
     """Tiers without a memory model: only the running per-device batch is known to fit, so each
     factor is made up by accumulation alone (which also keeps two batch sizes per step)."""
     pdb, acc = _pos_int("per_device_batch", per_device_batch), _pos_int("accum", accum)
     world, seq = _pos_int("world_size", world_size), _pos_int("seq_len", seq_len)
     ok = pdb not in set(infeasible)
-    reason = ("accumulation only: the running per-device batch fits; no memory model to judge a "
-              "larger one" if ok else f"per-device batch {pdb} ran out of memory")
+    reason = (
+        "accumulation only: the running per-device batch fits; no memory model to judge a "
+        "larger one"
+        if ok
+        else f"per-device batch {pdb} ran out of memory"
+    )
     current = pdb * acc * world
-    return [Tier(pdb, acc * f, world, seq, None, ok, reason,
-                 lr_multiplier(current, current * f, rule), f)
-            for f in (_pos_int("factor", f) for f in factors)]
+    return [
+        Tier(
+            pdb, acc * f, world, seq, None, ok, reason, lr_multiplier(current, current * f, rule), f
+        )
+        for f in (_pos_int("factor", f) for f in factors)
+    ]
 
 
 def _list(xs: Sequence[int]) -> str:
@@ -228,7 +255,9 @@ class Evidence:
     noise_scale: float | None  # latest smoothed noise scale, sequences (None: no point)
     threshold_batch: float  # threshold × current batch, sequences
     trend_per_step: float | None  # d(noise scale)/d(step) at the latest step, from the trend fit
-    steps_above: int  # consecutive estimates (most recent) above threshold_batch, since the last ramp
+    steps_above: (
+        int  # consecutive estimates (most recent) above threshold_batch, since the last ramp
+    )
     hysteresis_steps: int
     min_samples: int
     trend: str  # how the trend was fitted, e.g. 'log-linear over 200 estimates'
@@ -251,7 +280,9 @@ class Recommendation:
 
 def _clean(steps: Sequence[int], values: Sequence[float | None]) -> list[tuple[int, float | None]]:
     if len(steps) != len(values):
-        raise ValueError(f"got {len(steps)} steps but {len(values)} noise-scale values: pass one per step")
+        raise ValueError(
+            f"got {len(steps)} steps but {len(values)} noise-scale values: pass one per step"
+        )
     out = []
     for s, v in zip(steps, values):
         fv = None
@@ -301,7 +332,9 @@ def ramp_decision(
     """
     batch = float(current_batch)
     if not math.isfinite(batch) or batch <= 0:
-        raise ValueError(f"current_batch must be a positive number of sequences, got {current_batch!r}")
+        raise ValueError(
+            f"current_batch must be a positive number of sequences, got {current_batch!r}"
+        )
     if not (math.isfinite(float(threshold)) and threshold > 0):
         raise ValueError(f"threshold must be a positive multiple of the batch, got {threshold!r}")
     hyst = _pos_int("hysteresis_steps", hysteresis_steps)
@@ -363,8 +396,9 @@ def ramp_decision(
                 crossing = recent[-1][0] + delta  # continuous step of the crossing
                 if calibrated:  # (point, range), or (None, why not)
                     forecast, frange = calibrated_forecast(last_step, crossing, n, calibration)
-                    note, frange = ((calibration.note(), frange) if forecast is not None
-                                    else (frange, None))
+                    note, frange = (
+                        (calibration.note(), frange) if forecast is not None else (frange, None)
+                    )
                 else:
                     forecast = max(last_step + 1, math.ceil(crossing))
                     grad = np.array([-1.0 / s, -delta / s])  # ∂delta/∂(c, s), delta method
@@ -389,7 +423,9 @@ def ramp_decision(
     ns = "none" if latest is None else significant(latest)
     if latest is None and latest_bound:
         ns = f"> {significant(latest_bound)} (95%)"
-    bound_note = "" if lower is None else f" with its 95% lower bound >= {significant(bound_target)}"
+    bound_note = (
+        "" if lower is None else f" with its 95% lower bound >= {significant(bound_target)}"
+    )
     if ready:
         reason = (
             f"noise scale {ns} has stayed above {_thr(threshold)}the batch ({significant(target)} "
@@ -406,20 +442,30 @@ def ramp_decision(
         )
         forecast, frange, note = ready_at, None, ""
     elif latest is not None and latest > target:
-        reason = (
-            f"noise scale {ns} is above {significant(target)}, but "
-            + (f"its 95% lower bound is below {significant(bound_target)}: wait for more evidence"
-               if lower is not None else f"not since the ramp at step {since_step}")
+        reason = f"noise scale {ns} is above {significant(target)}, but " + (
+            f"its 95% lower bound is below {significant(bound_target)}: wait for more evidence"
+            if lower is not None
+            else f"not since the ramp at step {since_step}"
         )
     elif latest is None:
-        reason = (f"noise scale {ns}: not above {significant(target)} with 95% confidence yet"
-                  if latest_bound else "the windowed |G|² is not positive and no bound is known yet")
+        reason = (
+            f"noise scale {ns}: not above {significant(target)} with 95% confidence yet"
+            if latest_bound
+            else "the windowed |G|² is not positive and no bound is known yet"
+        )
     elif forecast is not None or note:
-        said = "no reliable forecast yet" if frange is None else (
-            f"crossing expected between steps {frange[0]:,} and "
-            + ("unbounded" if frange[1] is None else f"{frange[1]:,}"))
-        reason = (f"noise scale {ns} below {significant(target)}; trend {slope_per_step:+.3g}/step "
-                  f"({trend_desc}): {said} ({note})")
+        said = (
+            "no reliable forecast yet"
+            if frange is None
+            else (
+                f"crossing expected between steps {frange[0]:,} and "
+                + ("unbounded" if frange[1] is None else f"{frange[1]:,}")
+            )
+        )
+        reason = (
+            f"noise scale {ns} below {significant(target)}; trend {slope_per_step:+.3g}/step "
+            f"({trend_desc}): {said} ({note})"
+        )
     elif fit is None:
         reason = f"noise scale {ns} below {significant(target)}; too few estimates ({len(recent)}) for a trend"
     else:

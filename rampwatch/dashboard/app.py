@@ -7,6 +7,7 @@ script and shows what is wrong (missing, empty, foreign, newer schema) instead o
 pages then read the choice from st.session_state: "rw_db" (Path), "rw_read_only" (bool) and
 "rw_run_id" (the picked run, or None).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -31,8 +32,9 @@ def _pick_run(runs) -> str | None:
     by_id = {r.run_id: r for r in runs}
     wanted = st.session_state.get("rw_run_id") or st.query_params.get("run")
     if wanted and wanted not in by_id:
-        st.sidebar.warning(f"Run {wanted} is no longer in the database (deleted?); showing "
-                           "another run.")
+        st.sidebar.warning(
+            f"Run {wanted} is no longer in the database (deleted?); showing another run."
+        )
         wanted = None
         st.session_state.pop("run_picker", None)
     if wanted is None:
@@ -40,18 +42,28 @@ def _pick_run(runs) -> str | None:
         wanted = live[0] if live else ids[0]
     if st.session_state.get("run_picker") not in by_id:
         st.session_state["run_picker"] = wanted
-    chosen = st.sidebar.selectbox("Run", ids, key="run_picker",
-                                  format_func=lambda i: _run_label(by_id[i]))
+    chosen = st.sidebar.selectbox(
+        "Run", ids, key="run_picker", format_func=lambda i: _run_label(by_id[i])
+    )
     st.session_state["rw_run_id"] = chosen
     return chosen
 
 
 def _pages() -> list:
     return [
-        st.Page(VIEWS / "live.py", title="Live run", icon=":material/monitoring:",
-                url_path="live", default=True),
-        st.Page(VIEWS / "compare.py", title="Compare", icon=":material/stacked_line_chart:",
-                url_path="compare"),
+        st.Page(
+            VIEWS / "live.py",
+            title="Live run",
+            icon=":material/monitoring:",
+            url_path="live",
+            default=True,
+        ),
+        st.Page(
+            VIEWS / "compare.py",
+            title="Compare",
+            icon=":material/stacked_line_chart:",
+            url_path="compare",
+        ),
         st.Page(VIEWS / "runs.py", title="Runs", icon=":material/table_rows:", url_path="runs"),
     ]
 

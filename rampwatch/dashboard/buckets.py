@@ -9,6 +9,7 @@ the width, which is exact because buckets are aligned powers of two).
 No Streamlit and no store here: the fetch is a function passed in (dashboard/data.py supplies the
 store-backed one), so the merge logic is unit-tested against a full fetch.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -53,8 +54,11 @@ class Buckets:
             if name in _INTS:
                 arr = np.asarray(col, dtype=np.int64)
             else:
-                arr = np.array([np.nan if x is None else x for x in col], dtype=np.float64) \
-                    if isinstance(col, list) else np.asarray(col, dtype=np.float64)
+                arr = (
+                    np.array([np.nan if x is None else x for x in col], dtype=np.float64)
+                    if isinstance(col, list)
+                    else np.asarray(col, dtype=np.float64)
+                )
             out[name] = arr
             size = len(arr)
         size = size or 0
@@ -95,15 +99,19 @@ class Buckets:
     def concat(self, other: Buckets) -> Buckets:
         if other.width != self.width:
             raise ValueError(f"cannot join buckets of width {self.width} and {other.width}")
-        return replace(self, **{c: np.concatenate([getattr(self, c), getattr(other, c)])
-                                for c in _INTS + _FLOATS})
+        return replace(
+            self,
+            **{c: np.concatenate([getattr(self, c), getattr(other, c)]) for c in _INTS + _FLOATS},
+        )
 
     def coarsen(self, width: int) -> Buckets:
         """The same data at a larger power-of-two width: exact (min of mins, max of maxes, ...)."""
         if width == self.width:
             return self
         if width < self.width or width & (width - 1):
-            raise ValueError(f"can only coarsen width {self.width} to a larger power of two, got {width}")
+            raise ValueError(
+                f"can only coarsen width {self.width} to a larger power of two, got {width}"
+            )
         shift = (width // self.width).bit_length() - 1
         if not len(self):
             return Buckets(width)
@@ -114,8 +122,16 @@ class Buckets:
             lo = np.fmin.reduceat(self.lo, starts)
             hi = np.fmax.reduceat(self.hi, starts)
         return Buckets(
-            width, groups[starts], self.last_step[ends], lo, hi, self.last[ends],
-            np.add.reduceat(self.n, starts), np.add.reduceat(self.nonfinite, starts), self.t[ends])
+            width,
+            groups[starts],
+            self.last_step[ends],
+            lo,
+            hi,
+            self.last[ends],
+            np.add.reduceat(self.n, starts),
+            np.add.reduceat(self.nonfinite, starts),
+            self.t[ends],
+        )
 
 
 def width_for(last_step: int | None, target_buckets: int) -> int:
@@ -151,8 +167,11 @@ class SeriesCache:
         stale = (
             self.data is None
             or epoch != self.epoch
-            or (run_last_step is not None and self.run_last_step is not None
-                and run_last_step < self.run_last_step)
+            or (
+                run_last_step is not None
+                and self.run_last_step is not None
+                and run_last_step < self.run_last_step
+            )
         )
         if stale:
             self.data = None

@@ -11,6 +11,7 @@ Read-only mode and runs that are not running draw the same card with no buttons.
 checked again on the server (data.py): the token, and that the button was not disabled.
 Reject hides that recommendation (Card.key) for this session until a new one appears.
 """
+
 from __future__ import annotations
 
 import streamlit as st
@@ -38,8 +39,11 @@ def _approve(db, run_id: str, payload: dict, label: str, key: str, blocked: str 
         return
     try:
         cid = data.submit_ramp(db, run_id, payload, key=key, **_who())
-        st.session_state[FLASH] = ("success", f"Ramp #{cid} to {label} submitted: pending until "
-                                   "the trainer picks it up at its next step boundary.")
+        st.session_state[FLASH] = (
+            "success",
+            f"Ramp #{cid} to {label} submitted: pending until "
+            "the trainer picks it up at its next step boundary.",
+        )
     except data.StoreError as e:
         st.session_state[FLASH] = ("error", f"Not submitted: {e}")
 
@@ -116,13 +120,17 @@ def _evidence(card: Card) -> None:
         fc = f"ready at step ~{d.forecast_step:,} if the noise scale stays above the ramp point"
     else:
         fc = f"none ({d.forecast_note})" if d.forecast_note else "none"
-    since = "" if card.last_ramp_step is None else f" since the ramp at step {card.last_ramp_step:,}"
+    since = (
+        "" if card.last_ramp_step is None else f" since the ramp at step {card.last_ramp_step:,}"
+    )
     fresh = ""
     if card.latest_estimate_step is not None:
         behind = card.last_step - card.latest_estimate_step if card.last_step is not None else 0
-        fresh = (f" at step {card.latest_estimate_step:,}"
-                 + (f" — **{behind:,} steps old: the run measures no noise scale now**"
-                    if behind > STALE_STEPS else ""))
+        fresh = f" at step {card.latest_estimate_step:,}" + (
+            f" — **{behind:,} steps old: the run measures no noise scale now**"
+            if behind > STALE_STEPS
+            else ""
+        )
     st.markdown(
         f"- samples: **{ev.n_samples}** noise-scale estimates (need {ev.min_samples})\n"
         f"- noise scale **{ns}**{fresh} vs ramp point **{significant(ev.threshold_batch)}** "
@@ -130,22 +138,33 @@ def _evidence(card: Card) -> None:
         f"- above the ramp point for **{ev.steps_above}** of {ev.hysteresis_steps} estimates{since}\n"
         f"- trend: {trend}\n"
         f"- forecast crossing: {fc}\n"
-        + (f"- policy: {card.policy.describe()}" if card.policy else ""))
+        + (f"- policy: {card.policy.describe()}" if card.policy else "")
+    )
 
 
 def _tier_rows(card: Card) -> list[dict]:
     rows = []
     for v in card.tiers:
         t = v.tier
-        rows.append({
-            "tier": f"×{t.factor}", "per-device batch": t.per_device_batch, "accumulation": t.accum,
-            "batch (sequences)": t.effective_batch,
-            "tokens/step": t.tokens_per_step if card.current and card.current.seq_len else None,
-            "predicted peak": format_gb(t.predicted_peak_bytes) if t.predicted_peak_bytes else "—",
-            "fits": "yes" if t.fits else "no", "LR ×": round(t.lr_multiplier, 4),
-            "new base LR": f"{v.new_base_lr:.3g}" if v.new_base_lr else "—",
-            "noise scale": "measured" if t.measures_noise else
-            "not measured: one batch size per step", "why": t.reason})
+        rows.append(
+            {
+                "tier": f"×{t.factor}",
+                "per-device batch": t.per_device_batch,
+                "accumulation": t.accum,
+                "batch (sequences)": t.effective_batch,
+                "tokens/step": t.tokens_per_step if card.current and card.current.seq_len else None,
+                "predicted peak": format_gb(t.predicted_peak_bytes)
+                if t.predicted_peak_bytes
+                else "—",
+                "fits": "yes" if t.fits else "no",
+                "LR ×": round(t.lr_multiplier, 4),
+                "new base LR": f"{v.new_base_lr:.3g}" if v.new_base_lr else "—",
+                "noise scale": "measured"
+                if t.measures_noise
+                else "not measured: one batch size per step",
+                "why": t.reason,
+            }
+        )
     return rows
 
 
@@ -163,26 +182,56 @@ def _chosen(card: Card) -> TierView | None:
 def _tier_detail(card: Card, v: TierView) -> None:
     t, cur = v.tier, card.current
     cols = st.columns(4)
-    cols[0].metric("Batch", f"{t.effective_batch:,} seq", f"from {cur.batch:,}", delta_color="off", delta_arrow="off")
+    cols[0].metric(
+        "Batch",
+        f"{t.effective_batch:,} seq",
+        f"from {cur.batch:,}",
+        delta_color="off",
+        delta_arrow="off",
+    )
     cap = cur.capacity_bytes
     if t.predicted_peak_bytes and cap:
-        cols[1].metric("Predicted peak", format_gb(t.predicted_peak_bytes),
-                       f"{t.predicted_peak_bytes / cap:.0%} of {format_gb(cap)}", delta_color="off", delta_arrow="off")
+        cols[1].metric(
+            "Predicted peak",
+            format_gb(t.predicted_peak_bytes),
+            f"{t.predicted_peak_bytes / cap:.0%} of {format_gb(cap)}",
+            delta_color="off",
+            delta_arrow="off",
+        )
     else:
-        cols[1].metric("Predicted peak", "—", "accumulation only" if t.fits else "unknown",
-                       delta_color="off", delta_arrow="off")
+        cols[1].metric(
+            "Predicted peak",
+            "—",
+            "accumulation only" if t.fits else "unknown",
+            delta_color="off",
+            delta_arrow="off",
+        )
     lr_note = f"base LR → {v.new_base_lr:.3g}" if v.new_base_lr else "of the current LR"
-    cols[2].metric("LR multiplier", f"×{t.lr_multiplier:.3f}", lr_note, delta_color="off", delta_arrow="off")
+    cols[2].metric(
+        "LR multiplier", f"×{t.lr_multiplier:.3f}", lr_note, delta_color="off", delta_arrow="off"
+    )
     if v.effect:
-        cols[3].metric("Steps to target", signed_percent(-v.effect.step_savings),
-                       f"tokens {signed_percent(v.effect.example_cost)}", delta_color="off",
-                       delta_arrow="off")
+        cols[3].metric(
+            "Steps to target",
+            signed_percent(-v.effect.step_savings),
+            f"tokens {signed_percent(v.effect.example_cost)}",
+            delta_color="off",
+            delta_arrow="off",
+        )
     else:
-        cols[3].metric("Steps to target", "—", "needs a noise-scale estimate", delta_color="off", delta_arrow="off")
+        cols[3].metric(
+            "Steps to target",
+            "—",
+            "needs a noise-scale estimate",
+            delta_color="off",
+            delta_arrow="off",
+        )
     if t.predicted_peak_bytes and cap:
-        st.progress(min(1.0, t.predicted_peak_bytes / cap),
-                    text=f"predicted peak {format_gb(t.predicted_peak_bytes)} of "
-                         f"{format_gb(cap)} capacity (usable {format_gb(card.usable_bytes or cap)})")
+        st.progress(
+            min(1.0, t.predicted_peak_bytes / cap),
+            text=f"predicted peak {format_gb(t.predicted_peak_bytes)} of "
+            f"{format_gb(cap)} capacity (usable {format_gb(card.usable_bytes or cap)})",
+        )
     if v.lr_warning:
         st.warning(v.lr_warning)
     if not t.fits:
@@ -199,9 +248,11 @@ def render(card: Card, *, db, run, read_only: bool) -> None:
         _flash(flash)
         _command_line(card, command)
         if card.awaiting_reread:  # "Now" would be the old tier, and Approve a second ramp
-            now.caption(f"Now: the tier of ramp #{card.command.command_id}, from step "
-                        f"{card.command.applied_step + 1}; the card reads the run again at its "
-                        "next step.")
+            now.caption(
+                f"Now: the tier of ramp #{card.command.command_id}, from step "
+                f"{card.command.applied_step + 1}; the card reads the run again at its "
+                "next step."
+            )
             return
         if card.current is not None:
             now.caption("Now: " + card.current.describe())
@@ -212,8 +263,10 @@ def render(card: Card, *, db, run, read_only: bool) -> None:
                 st.warning(p)
         rejected = card.key in st.session_state.get(REJECTED, set())
         if rejected:
-            st.caption("You rejected this recommendation for this session; a new one appears "
-                       "after the next ramp or when the advisor suggests another tier.")
+            st.caption(
+                "You rejected this recommendation for this session; a new one appears "
+                "after the next ramp or when the advisor suggests another tier."
+            )
             return
         with st.container():
             _verdict(card)
@@ -229,9 +282,15 @@ def render(card: Card, *, db, run, read_only: bool) -> None:
             st.caption(card.memory_note)
             for n in card.notes:
                 st.caption(n)
-            st.dataframe(_tier_rows(card), hide_index=True, key="tier_table", column_config={
-                "why": st.column_config.TextColumn(width="large"),
-                "tokens/step": st.column_config.NumberColumn(format="localized")})
+            st.dataframe(
+                _tier_rows(card),
+                hide_index=True,
+                key="tier_table",
+                column_config={
+                    "why": st.column_config.TextColumn(width="large"),
+                    "tokens/step": st.column_config.NumberColumn(format="localized"),
+                },
+            )
         if read_only:
             return
         if run.stored_status != "running" or run.status != "running":
@@ -254,11 +313,20 @@ def _approval_key(card: Card, v: TierView) -> str:
 def _operator() -> None:
     """Who approves: a typed name (recorded in the command log) and the operator token."""
     left, right = st.columns(2)
-    left.text_input("Operator", key=OPERATOR, max_chars=64, placeholder="your name",
-                    help="recorded with every command you send")
-    right.text_input("Operator token", key=TOKEN, type="password",
-                     help="printed by `rampwatch dashboard` at start (or its RAMPWATCH_TOKEN); "
-                          "every Approve and Cancel is checked against it on the server")
+    left.text_input(
+        "Operator",
+        key=OPERATOR,
+        max_chars=64,
+        placeholder="your name",
+        help="recorded with every command you send",
+    )
+    right.text_input(
+        "Operator token",
+        key=TOKEN,
+        type="password",
+        help="printed by `rampwatch dashboard` at start (or its RAMPWATCH_TOKEN); "
+        "every Approve and Cancel is checked against it on the server",
+    )
 
 
 def _controls(card: Card, v: TierView | None, db, run_id: str) -> None:
@@ -271,26 +339,45 @@ def _controls(card: Card, v: TierView | None, db, run_id: str) -> None:
     if v is not None:
         t = v.tier
         label = f"{t.per_device_batch} × {t.accum}"
-        blocked = (t.reason if not t.fits else
-                   f"already waiting on ramp #{open_cmd.command_id}" if open_cmd else None)
+        blocked = (
+            t.reason
+            if not t.fits
+            else f"already waiting on ramp #{open_cmd.command_id}"
+            if open_cmd
+            else None
+        )
         ready = card.decision is not None and card.decision.ready
         if not ready and blocked is None:  # an operator's override: it must look like one
             early = card.decision.reason if card.decision else "no recommendation yet"
-            if not st.checkbox(f"Ramp before the advisor is ready ({early})", key="override",
-                               help="the advisor has not recommended this ramp yet; approving "
-                                    "it now is your call"):
+            if not st.checkbox(
+                f"Ramp before the advisor is ready ({early})",
+                key="override",
+                help="the advisor has not recommended this ramp yet; approving it now is your call",
+            ):
                 blocked = "tick the override first: the advisor says not yet"
         cols[0].button(
-            f"Approve ramp to {label} (batch {t.effective_batch:,})" if ready else
-            f"Approve early: ramp to {label} (batch {t.effective_batch:,})",
-            key="approve", type="primary" if ready else "secondary",
+            f"Approve ramp to {label} (batch {t.effective_batch:,})"
+            if ready
+            else f"Approve early: ramp to {label} (batch {t.effective_batch:,})",
+            key="approve",
+            type="primary" if ready else "secondary",
             disabled=blocked is not None,
-            help=blocked or "writes a ramp command; the trainer re-checks and applies it at a "
-                            "step boundary",
+            help=blocked
+            or "writes a ramp command; the trainer re-checks and applies it at a step boundary",
             on_click=_approve,
-            args=(db, run_id, v.payload(), label, _approval_key(card, v), blocked))
-    cols[1].button("Reject", key="reject", on_click=_reject, args=(card.key,),
-                   help="hide this recommendation for this session")
+            args=(db, run_id, v.payload(), label, _approval_key(card, v), blocked),
+        )
+    cols[1].button(
+        "Reject",
+        key="reject",
+        on_click=_reject,
+        args=(card.key,),
+        help="hide this recommendation for this session",
+    )
     if open_cmd is not None and open_cmd.status == "pending":
-        cols[2].button(f"Cancel ramp #{open_cmd.command_id}", key="cancel_command",
-                       on_click=_cancel, args=(db, open_cmd.command_id))
+        cols[2].button(
+            f"Cancel ramp #{open_cmd.command_id}",
+            key="cancel_command",
+            on_click=_cancel,
+            args=(db, open_cmd.command_id),
+        )

@@ -10,6 +10,7 @@ figure JSON): "<label>" for a series' line, "<label> range" for its band, "<labe
 for its markers, "events" for the event hover trace; event lines are layout shapes named
 "event:<kind>".
 """
+
 from __future__ import annotations
 
 import math
@@ -24,15 +25,31 @@ from rampwatch.dashboard.smoothing import debiased_ema
 
 HEIGHT = 340
 THROUGHPUT_SMOOTHING = 0.9  # debiased EMA weight per step: step times are noisy on a CPU
-EVENT_COLORS = {"ramp": "#2ca02c", "oom": "#d62728", "refused": "#ff7f0e", "resume": "#9467bd",
-                "alert": "#e377c2", "checkpoint": "#b0b0b0"}
-PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
-           "#7f7f7f", "#bcbd22", "#17becf")
+EVENT_COLORS = {
+    "ramp": "#2ca02c",
+    "oom": "#d62728",
+    "refused": "#ff7f0e",
+    "resume": "#9467bd",
+    "alert": "#e377c2",
+    "checkpoint": "#b0b0b0",
+}
+PALETTE = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+)
 
 
 def _rgba(hex_color: str, alpha: float) -> str:
     h = hex_color.lstrip("#")
-    r, g, b = (int(h[i:i + 2], 16) for i in (0, 2, 4))
+    r, g, b = (int(h[i : i + 2], 16) for i in (0, 2, 4))
     return f"rgba({r},{g},{b},{alpha})"
 
 
@@ -48,15 +65,22 @@ def empty_figure(title: str, message: str) -> go.Figure:
 def _base(title: str, y_title: str, x_title: str = "step") -> go.Figure:
     fig = go.Figure()
     fig.update_layout(
-        title=dict(text=title, x=0.01, font=dict(size=14)), height=HEIGHT,
-        margin=dict(l=55, r=20, t=36, b=40), hovermode="x unified",
-        legend=dict(orientation="h", yanchor="top", y=-0.3, xanchor="left", x=0.0,
-                    font=dict(size=11)),
-        yaxis=dict(title=y_title), xaxis=dict(title=dict(text=x_title, standoff=4)))
+        title=dict(text=title, x=0.01, font=dict(size=14)),
+        height=HEIGHT,
+        margin=dict(l=55, r=20, t=36, b=40),
+        hovermode="x unified",
+        legend=dict(
+            orientation="h", yanchor="top", y=-0.3, xanchor="left", x=0.0, font=dict(size=11)
+        ),
+        yaxis=dict(title=y_title),
+        xaxis=dict(title=dict(text=x_title, standoff=4)),
+    )
     return fig
 
 
-def nonfinite_positions(b: Buckets, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def nonfinite_positions(
+    b: Buckets, scale: float = 1.0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(x, y, count) for buckets holding non-finite values: placed on the curve (the bucket's
     last finite figure, else the nearest earlier one), so they sit where the gap would be."""
     mask = b.nonfinite > 0
@@ -71,68 +95,150 @@ def nonfinite_positions(b: Buckets, scale: float = 1.0) -> tuple[np.ndarray, np.
     return b.steps[mask], y[mask] * scale, b.nonfinite[mask]
 
 
-def series_traces(b: Buckets, label: str, color: str, *, scale: float = 1.0, opacity: float = 1.0,
-                  band: bool = True, shape: str = "linear", yaxis: str = "y",
-                  width: float = 1.5) -> list[go.Scatter]:
+def series_traces(
+    b: Buckets,
+    label: str,
+    color: str,
+    *,
+    scale: float = 1.0,
+    opacity: float = 1.0,
+    band: bool = True,
+    shape: str = "linear",
+    yaxis: str = "y",
+    width: float = 1.5,
+) -> list[go.Scatter]:
     """A downsampled series: min/max band (when buckets hold > 1 step), last line, non-finite x's."""
     traces: list[go.Scatter] = []
     x = b.steps
     if band and b.width > 1 and len(b):
-        traces.append(go.Scatter(x=x, y=b.lo * scale, mode="lines", line=dict(width=0),
-                                 name=f"{label} range", legendgroup=label, showlegend=False,
-                                 hoverinfo="skip", yaxis=yaxis))
-        traces.append(go.Scatter(x=x, y=b.hi * scale, mode="lines", line=dict(width=0),
-                                 fill="tonexty", fillcolor=_rgba(color, 0.18 * opacity + 0.05),
-                                 name=f"{label} range", legendgroup=label, showlegend=False,
-                                 hoverinfo="skip", yaxis=yaxis))
+        traces.append(
+            go.Scatter(
+                x=x,
+                y=b.lo * scale,
+                mode="lines",
+                line=dict(width=0),
+                name=f"{label} range",
+                legendgroup=label,
+                showlegend=False,
+                hoverinfo="skip",
+                yaxis=yaxis,
+            )
+        )
+        traces.append(
+            go.Scatter(
+                x=x,
+                y=b.hi * scale,
+                mode="lines",
+                line=dict(width=0),
+                fill="tonexty",
+                fillcolor=_rgba(color, 0.18 * opacity + 0.05),
+                name=f"{label} range",
+                legendgroup=label,
+                showlegend=False,
+                hoverinfo="skip",
+                yaxis=yaxis,
+            )
+        )
     y = np.where(np.isfinite(b.last), b.last, np.nan) * scale
-    traces.append(go.Scatter(x=x, y=y, mode="lines", name=label, legendgroup=label,
-                             line=dict(color=color, width=width, shape=shape), opacity=opacity,
-                             connectgaps=True, yaxis=yaxis))
+    traces.append(
+        go.Scatter(
+            x=x,
+            y=y,
+            mode="lines",
+            name=label,
+            legendgroup=label,
+            line=dict(color=color, width=width, shape=shape),
+            opacity=opacity,
+            connectgaps=True,
+            yaxis=yaxis,
+        )
+    )
     nx, ny, nc = nonfinite_positions(b, scale)
     if len(nx):
-        traces.append(go.Scatter(
-            x=nx, y=ny, mode="markers", name=f"{label} non-finite", yaxis=yaxis,
-            marker=dict(symbol="x", size=10, color="#d62728", line=dict(width=2)),
-            text=[f"{int(c)} non-finite value(s)" for c in nc], hovertemplate="%{text}"))
+        traces.append(
+            go.Scatter(
+                x=nx,
+                y=ny,
+                mode="markers",
+                name=f"{label} non-finite",
+                yaxis=yaxis,
+                marker=dict(symbol="x", size=10, color="#d62728", line=dict(width=2)),
+                text=[f"{int(c)} non-finite value(s)" for c in nc],
+                hovertemplate="%{text}",
+            )
+        )
     return traces
 
 
-def add_raw_and_smoothed(fig: go.Figure, b: Buckets, raw: str, smoothed: str, color: str,
-                         weight: float) -> None:
+def add_raw_and_smoothed(
+    fig: go.Figure, b: Buckets, raw: str, smoothed: str, color: str, weight: float
+) -> None:
     """A noisy series as its faint raw traces under a debiased EMA line (each bucket decays the
     average by the finite steps it holds)."""
     for tr in series_traces(b, raw, color, opacity=0.35, width=1):
         fig.add_trace(tr)
     smooth = debiased_ema(b.last, weight, counts=np.maximum(b.n - b.nonfinite, 1))
-    fig.add_trace(go.Scatter(x=b.steps, y=smooth, mode="lines", name=smoothed,
-                             line=dict(color=color, width=2.2)))
+    fig.add_trace(
+        go.Scatter(
+            x=b.steps, y=smooth, mode="lines", name=smoothed, line=dict(color=color, width=2.2)
+        )
+    )
 
 
 def add_events(fig: go.Figure, events: Sequence[Mapping]) -> int:
     """Vertical line per event (shape 'event:<kind>') and one hover trace 'events'; returns count."""
     pts = [e for e in events if e.get("step") is not None]
-    shapes = [dict(type="line", x0=e["step"], x1=e["step"], xref="x", yref="paper", y0=0, y1=1,
-                   name=f"event:{e.get('kind')}", layer="below",
-                   line=dict(color=EVENT_COLORS.get(str(e.get("kind")), "#7f7f7f"), width=1.5,
-                             dash="solid" if e.get("kind") in ("ramp", "oom") else "dot"))
-              for e in pts]
+    shapes = [
+        dict(
+            type="line",
+            x0=e["step"],
+            x1=e["step"],
+            xref="x",
+            yref="paper",
+            y0=0,
+            y1=1,
+            name=f"event:{e.get('kind')}",
+            layer="below",
+            line=dict(
+                color=EVENT_COLORS.get(str(e.get("kind")), "#7f7f7f"),
+                width=1.5,
+                dash="solid" if e.get("kind") in ("ramp", "oom") else "dot",
+            ),
+        )
+        for e in pts
+    ]
     if shapes:  # one layout update: add_shape per event re-validates the layout each time
         fig.update_layout(shapes=list(fig.layout.shapes) + shapes)
     if pts:
-        fig.add_trace(go.Scatter(
-            x=[e["step"] for e in pts], y=[1.0] * len(pts), yaxis="y9", mode="markers",
-            name="events", showlegend=False,
-            marker=dict(symbol="triangle-down", size=9,
-                        color=[EVENT_COLORS.get(str(e.get("kind")), "#7f7f7f") for e in pts]),
-            text=[f"{e.get('kind')} @ {e['step']}: {str(e.get('message') or '')[:160]}" for e in pts],
-            hovertemplate="%{text}<extra></extra>"))
-        fig.update_layout(yaxis9=dict(overlaying="y", range=[0, 1.04], visible=False, fixedrange=True))
+        fig.add_trace(
+            go.Scatter(
+                x=[e["step"] for e in pts],
+                y=[1.0] * len(pts),
+                yaxis="y9",
+                mode="markers",
+                name="events",
+                showlegend=False,
+                marker=dict(
+                    symbol="triangle-down",
+                    size=9,
+                    color=[EVENT_COLORS.get(str(e.get("kind")), "#7f7f7f") for e in pts],
+                ),
+                text=[
+                    f"{e.get('kind')} @ {e['step']}: {str(e.get('message') or '')[:160]}"
+                    for e in pts
+                ],
+                hovertemplate="%{text}<extra></extra>",
+            )
+        )
+        fig.update_layout(
+            yaxis9=dict(overlaying="y", range=[0, 1.04], visible=False, fixedrange=True)
+        )
     return len(pts)
 
 
-def loss_figure(loss: Buckets | None, val: Buckets | None, smoothing: float,
-                events: Sequence[Mapping] = ()) -> go.Figure:
+def loss_figure(
+    loss: Buckets | None, val: Buckets | None, smoothing: float, events: Sequence[Mapping] = ()
+) -> go.Figure:
     """Raw loss faint (band + last), the debiased EMA of it, validation loss, events."""
     if (loss is None or not len(loss)) and (val is None or not len(val)):
         return empty_figure("Loss", "no loss logged yet")
@@ -157,8 +263,12 @@ def grad_norm_figure(gn: Buckets | None, events: Sequence[Mapping] = ()) -> go.F
     return fig
 
 
-def noise_figure(gns: Buckets | None, batch: Buckets | None, events: Sequence[Mapping] = (),
-                 lower: Buckets | None = None) -> go.Figure:
+def noise_figure(
+    gns: Buckets | None,
+    batch: Buckets | None,
+    events: Sequence[Mapping] = (),
+    lower: Buckets | None = None,
+) -> go.Figure:
     """Windowed noise scale B_simple and its one-sided 95% lower bound against the effective
     batch, all in sequences. A step logs an estimate only when it has a fresh one, so a stretch
     without estimates is a jump in steps: the lines break there instead of joining across it."""
@@ -174,15 +284,25 @@ def noise_figure(gns: Buckets | None, batch: Buckets | None, events: Sequence[Ma
     if lower is not None and len(lower):
         bound = np.where(lower.last > 0, lower.last, np.nan)  # 0 = no lower bound: not drawn
         x, y = break_gaps(lower.steps, bound, _max_gap(lower))
-        fig.add_trace(go.Scatter(x=x, y=y, mode="lines", connectgaps=False,
-                                 name="95% lower bound", line=dict(color=PALETTE[2], width=1,
-                                                                   dash="dot")))
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=y,
+                mode="lines",
+                connectgaps=False,
+                name="95% lower bound",
+                line=dict(color=PALETTE[2], width=1, dash="dot"),
+            )
+        )
     if batch is not None and len(batch):
         for tr in series_traces(batch, "batch (sequences)", PALETTE[7], band=False, shape="hv"):
             fig.add_trace(tr)
     ticks = _ticks_125(gns, batch)
-    fig.update_yaxes(type="log", tickvals=ticks,
-                     ticktext=None if ticks is None else [plain_number(v) for v in ticks])
+    fig.update_yaxes(
+        type="log",
+        tickvals=ticks,
+        ticktext=None if ticks is None else [plain_number(v) for v in ticks],
+    )
     add_events(fig, events)
     return fig
 
@@ -210,8 +330,9 @@ def plain_number(v: float) -> str:
 
 def _ticks_125(*series: Buckets | None) -> list[float] | None:
     """1-2-5 ticks spanning the data, for a readable log axis."""
-    vals = np.concatenate([np.r_[b.lo, b.hi, b.last] for b in series if b is not None and len(b)]
-                          or [np.zeros(0)])
+    vals = np.concatenate(
+        [np.r_[b.lo, b.hi, b.last] for b in series if b is not None and len(b)] or [np.zeros(0)]
+    )
     vals = vals[np.isfinite(vals) & (vals > 0)]
     if not vals.size:
         return None
@@ -219,8 +340,13 @@ def _ticks_125(*series: Buckets | None) -> list[float] | None:
     return [m * 10.0**e for e in range(lo, hi + 1) for m in (1, 2, 5)]
 
 
-def memory_figure(peak: Buckets | None, capacity: Buckets | None, tiers: Sequence[Mapping] = (),
-                  events: Sequence[Mapping] = (), usable_bytes: float | None = None) -> go.Figure:
+def memory_figure(
+    peak: Buckets | None,
+    capacity: Buckets | None,
+    tiers: Sequence[Mapping] = (),
+    events: Sequence[Mapping] = (),
+    usable_bytes: float | None = None,
+) -> go.Figure:
     """Peak memory against capacity (GB); each tier's predicted peak as a horizontal line.
 
     tiers: mappings with 'label', 'predicted_bytes' and 'fits' (dashboard/recommend.py TierView).
@@ -234,17 +360,32 @@ def memory_figure(peak: Buckets | None, capacity: Buckets | None, tiers: Sequenc
         for tr in series_traces(peak, "peak memory", PALETTE[0], scale=1 / GB):
             fig.add_trace(tr)
     if capacity is not None and len(capacity):
-        for tr in series_traces(capacity, "capacity", "#000000", scale=1 / GB, band=False, shape="hv"):
+        for tr in series_traces(
+            capacity, "capacity", "#000000", scale=1 / GB, band=False, shape="hv"
+        ):
             fig.add_trace(tr)
     if usable_bytes:
-        fig.add_trace(go.Scatter(x=xs, y=[usable_bytes / GB] * 2, mode="lines", name="usable",
-                                 line=dict(color="#555555", dash="dot", width=1)))
+        fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=[usable_bytes / GB] * 2,
+                mode="lines",
+                name="usable",
+                line=dict(color="#555555", dash="dot", width=1),
+            )
+        )
     for t in tiers:
         if t.get("predicted_bytes") is None:
             continue
-        fig.add_trace(go.Scatter(
-            x=xs, y=[t["predicted_bytes"] / GB] * 2, mode="lines", name=str(t["label"]),
-            line=dict(color="#2ca02c" if t.get("fits") else "#d62728", dash="dash", width=1.2)))
+        fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=[t["predicted_bytes"] / GB] * 2,
+                mode="lines",
+                name=str(t["label"]),
+                line=dict(color="#2ca02c" if t.get("fits") else "#d62728", dash="dash", width=1.2),
+            )
+        )
     _scale_to_data(fig, peak, capacity, tiers, usable_bytes)
     add_events(fig, events)
     return fig
@@ -253,37 +394,60 @@ def memory_figure(peak: Buckets | None, capacity: Buckets | None, tiers: Sequenc
 CAPACITY_OFF_CHART = 4.0  # capacity this many times the data's top: the axis follows the data
 
 
-def _scale_to_data(fig: go.Figure, peak: Buckets | None, capacity: Buckets | None,
-                   tiers: Sequence[Mapping], usable_bytes: float | None) -> None:
+def _scale_to_data(
+    fig: go.Figure,
+    peak: Buckets | None,
+    capacity: Buckets | None,
+    tiers: Sequence[Mapping],
+    usable_bytes: float | None,
+) -> None:
     """On a CPU the capacity is the host's RAM, far above the run: then the axis follows the
     run's peak and the tiers, and the capacity is said in a note instead of a line up top."""
-    data = [float(np.nanmax(peak.hi)) if peak is not None and len(peak) and
-            np.isfinite(peak.hi).any() else 0.0]
+    data = [
+        float(np.nanmax(peak.hi))
+        if peak is not None and len(peak) and np.isfinite(peak.hi).any()
+        else 0.0
+    ]
     data += [float(t["predicted_bytes"]) for t in tiers if t.get("predicted_bytes")]
-    cap = (float(np.nanmax(capacity.last)) if capacity is not None and len(capacity)
-           and np.isfinite(capacity.last).any() else None)
+    cap = (
+        float(np.nanmax(capacity.last))
+        if capacity is not None and len(capacity) and np.isfinite(capacity.last).any()
+        else None
+    )
     top = max(data)
     if cap is None or top <= 0 or cap < CAPACITY_OFF_CHART * top:
         return
     fig.update_yaxes(range=[0, 1.25 * top / GB])
     usable = f", usable {usable_bytes / GB:.1f} GB" if usable_bytes else ""
-    fig.add_annotation(text=f"capacity {cap / GB:.1f} GB{usable}: far above this run, off the "
-                            "chart", xref="paper", yref="paper", x=0.99, y=0.98,
-                       xanchor="right", showarrow=False, font=dict(size=11, color="#555555"))
+    fig.add_annotation(
+        text=f"capacity {cap / GB:.1f} GB{usable}: far above this run, off the chart",
+        xref="paper",
+        yref="paper",
+        x=0.99,
+        y=0.98,
+        xanchor="right",
+        showarrow=False,
+        font=dict(size=11, color="#555555"),
+    )
 
 
-def throughput_figure(tps: Buckets | None, mfu: Buckets | None, events: Sequence[Mapping] = ()) -> go.Figure:
+def throughput_figure(
+    tps: Buckets | None, mfu: Buckets | None, events: Sequence[Mapping] = ()
+) -> go.Figure:
     """Tokens per second (left axis) and MFU in percent (right axis)."""
     if (tps is None or not len(tps)) and (mfu is None or not len(mfu)):
         return empty_figure("Throughput", "no throughput logged yet")
     fig = _base("Throughput", "tokens/s")
     if tps is not None and len(tps):
-        add_raw_and_smoothed(fig, tps, "tokens/s", "tokens/s (smoothed)", PALETTE[5],
-                             THROUGHPUT_SMOOTHING)
+        add_raw_and_smoothed(
+            fig, tps, "tokens/s", "tokens/s (smoothed)", PALETTE[5], THROUGHPUT_SMOOTHING
+        )
     if mfu is not None and len(mfu):
         for tr in series_traces(mfu, "MFU (%)", PALETTE[9], scale=100.0, band=False, yaxis="y2"):
             fig.add_trace(tr)
-        fig.update_layout(yaxis2=dict(title="MFU %", overlaying="y", side="right", rangemode="tozero"))
+        fig.update_layout(
+            yaxis2=dict(title="MFU %", overlaying="y", side="right", rangemode="tozero")
+        )
     add_events(fig, events)
     return fig
 
@@ -296,10 +460,25 @@ def overlay_figure(curves: Sequence[Mapping], metric: str, x_title: str) -> go.F
     fig.update_layout(height=420)
     for i, c in enumerate(curves):
         color = PALETTE[i % len(PALETTE)]
-        fig.add_trace(go.Scatter(x=c["x"], y=c["y"], mode="lines", name=str(c["name"]),
-                                 line=dict(color=color, width=1.8), connectgaps=True))
+        fig.add_trace(
+            go.Scatter(
+                x=c["x"],
+                y=c["y"],
+                mode="lines",
+                name=str(c["name"]),
+                line=dict(color=color, width=1.8),
+                connectgaps=True,
+            )
+        )
         if len(c.get("nonfinite_x", ())):
-            fig.add_trace(go.Scatter(x=c["nonfinite_x"], y=c["nonfinite_y"], mode="markers",
-                                     name=f"{c['name']} non-finite", showlegend=False,
-                                     marker=dict(symbol="x", size=9, color=color)))
+            fig.add_trace(
+                go.Scatter(
+                    x=c["nonfinite_x"],
+                    y=c["nonfinite_y"],
+                    mode="markers",
+                    name=f"{c['name']} non-finite",
+                    showlegend=False,
+                    marker=dict(symbol="x", size=9, color=color),
+                )
+            )
     return fig

@@ -6,6 +6,7 @@ loss is <= target); whether a run's batch stayed constant; and the critical-batc
 S = S_min(1 + B_crit/B) over runs at >= 3 different constant batches
 (advisor.gns.fit_critical_batch).
 """
+
 from __future__ import annotations
 
 import json
@@ -45,7 +46,9 @@ def config_diff(configs: Mapping[str, Mapping | None]) -> list[dict]:
     for k in keys:
         vals = [f.get(k, MISSING) for f in flat.values()]
         if len({json.dumps(v, sort_keys=True, default=str) for v in vals}) > 1:
-            rows.append({"key": k, **{label: _cell(f.get(k, MISSING)) for label, f in flat.items()}})
+            rows.append(
+                {"key": k, **{label: _cell(f.get(k, MISSING)) for label, f in flat.items()}}
+            )
     return rows
 
 
@@ -70,8 +73,9 @@ def tokens_at(steps, tokens: Buckets | None) -> np.ndarray | None:
     return np.interp(np.asarray(steps, np.float64), *xy)
 
 
-def elapsed_at(steps, step_time: Buckets | None, wall: Buckets | None = None,
-               t0: float | None = None) -> tuple[np.ndarray | None, str]:
+def elapsed_at(
+    steps, step_time: Buckets | None, wall: Buckets | None = None, t0: float | None = None
+) -> tuple[np.ndarray | None, str]:
     """Seconds since the start at the given steps, and how they were obtained.
 
     With per-bucket wall time (Buckets.t, when the store provides it) it is t − t0. Otherwise the
@@ -80,13 +84,18 @@ def elapsed_at(steps, step_time: Buckets | None, wall: Buckets | None = None,
     """
     if wall is not None and len(wall) and np.isfinite(wall.t).any() and t0 is not None:
         ok = np.isfinite(wall.t)
-        return np.interp(np.asarray(steps, np.float64), wall.steps[ok], wall.t[ok] - t0), "wall clock"
+        return np.interp(
+            np.asarray(steps, np.float64), wall.steps[ok], wall.t[ok] - t0
+        ), "wall clock"
     if step_time is None or not len(step_time):
         return None, "no step_time logged"
-    per = np.where(np.isfinite(step_time.last), step_time.last, 0.0) * (step_time.n - step_time.nonfinite)
+    per = np.where(np.isfinite(step_time.last), step_time.last, 0.0) * (
+        step_time.n - step_time.nonfinite
+    )
     cum = np.cumsum(per)
-    return np.interp(np.asarray(steps, np.float64), step_time.steps.astype(np.float64), cum), \
-        "training time (cumulative step_time)"
+    return np.interp(
+        np.asarray(steps, np.float64), step_time.steps.astype(np.float64), cum
+    ), "training time (cumulative step_time)"
 
 
 def constant_batch(batch: Buckets | None, config: Mapping | None = None) -> float | None:
@@ -126,9 +135,16 @@ class ToTarget:
         return self.step is not None
 
 
-def to_target(label: str, loss: Buckets | None, target: float, smoothing: float,
-              tokens: Buckets | None = None, step_time: Buckets | None = None,
-              batch: Buckets | None = None, config: Mapping | None = None) -> ToTarget:
+def to_target(
+    label: str,
+    loss: Buckets | None,
+    target: float,
+    smoothing: float,
+    tokens: Buckets | None = None,
+    step_time: Buckets | None = None,
+    batch: Buckets | None = None,
+    config: Mapping | None = None,
+) -> ToTarget:
     """First step whose smoothed loss <= target, with the tokens and time it took."""
     const, text = constant_batch(batch, config), batch_label(batch, config)
     if loss is None or not len(loss):
@@ -141,8 +157,15 @@ def to_target(label: str, loss: Buckets | None, target: float, smoothing: float,
     step = int(loss.steps[i])
     tok = tokens_at([step], tokens)
     secs, _ = elapsed_at([step], step_time)
-    return ToTarget(label, const, text, step, None if tok is None else float(tok[0]),
-                    None if secs is None else float(secs[0]), best)
+    return ToTarget(
+        label,
+        const,
+        text,
+        step,
+        None if tok is None else float(tok[0]),
+        None if secs is None else float(secs[0]),
+        best,
+    )
 
 
 @dataclass(frozen=True)
@@ -160,8 +183,11 @@ def critical_batch(rows: Sequence[ToTarget], target: float) -> CriticalBatch:
     if len(distinct) < 3:
         ramped = [r.label for r in rows if r.reached and r.batch is None]
         short = [r.label for r in rows if not r.reached]
-        bits = [f"needs runs at >= 3 different constant batch sizes that reached loss {target:g}; "
-                f"have {len(distinct)}" + (f" ({', '.join(f'{b:g}' for b in distinct)})" if distinct else "")]
+        bits = [
+            f"needs runs at >= 3 different constant batch sizes that reached loss {target:g}; "
+            f"have {len(distinct)}"
+            + (f" ({', '.join(f'{b:g}' for b in distinct)})" if distinct else "")
+        ]
         if short:
             bits.append(f"not reached by: {', '.join(short)}")
         if ramped:
@@ -171,8 +197,12 @@ def critical_batch(rows: Sequence[ToTarget], target: float) -> CriticalBatch:
         s_min, b_crit = fit_critical_batch([r.batch for r in used], [r.step for r in used])
     except ValueError as e:
         return CriticalBatch(None, None, used, str(e))
-    return CriticalBatch(s_min, b_crit, used,
-                         f"fit over {len(used)} runs at batches {', '.join(f'{b:g}' for b in distinct)}")
+    return CriticalBatch(
+        s_min,
+        b_crit,
+        used,
+        f"fit over {len(used)} runs at batches {', '.join(f'{b:g}' for b in distinct)}",
+    )
 
 
 def default_target(bests: Sequence[float | None]) -> float | None:

@@ -9,6 +9,7 @@ refresh (`live_snapshot`), which keeps each chart's buckets in session state and
 the last partial bucket on, all inside one read connection; and the command calls.
 Pages never call store/ directly.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -73,8 +74,9 @@ def parse_options(argv: list[str] | None = None, env: dict | None = None) -> Opt
     if args.db:
         return Options(Path(args.db).expanduser().absolute(), read_only, "--db", unknown)
     if env.get("RAMPWATCH_DB"):
-        return Options(Path(env["RAMPWATCH_DB"]).expanduser().absolute(), read_only,
-                       "RAMPWATCH_DB", unknown)
+        return Options(
+            Path(env["RAMPWATCH_DB"]).expanduser().absolute(), read_only, "RAMPWATCH_DB", unknown
+        )
     return Options(None, read_only, "", unknown)
 
 
@@ -104,8 +106,10 @@ def page_context(need_run: bool = True) -> tuple[Path, str | None, bool]:
         ids = [r.run_id for r in list_runs(db)]
         if run_id not in ids:
             if run_id is not None:
-                st.warning(f"Run {run_id} is no longer in the database (it was deleted). Pick "
-                           "another run in the sidebar.")
+                st.warning(
+                    f"Run {run_id} is no longer in the database (it was deleted). Pick "
+                    "another run in the sidebar."
+                )
             else:
                 st.info("Pick a run in the sidebar.")
             st.stop()
@@ -117,7 +121,9 @@ def page_context(need_run: bool = True) -> tuple[Path, str | None, bool]:
 
 @dataclass(frozen=True)
 class Problem:
-    kind: str  # 'usage', 'unset', 'missing', 'empty', 'foreign', 'newer', 'busy', 'error', 'no-runs'
+    kind: (
+        str  # 'usage', 'unset', 'missing', 'empty', 'foreign', 'newer', 'busy', 'error', 'no-runs'
+    )
     message: str
     fatal: bool = True  # False: the database is fine, it just has nothing to show yet
 
@@ -138,25 +144,41 @@ def options_problem(opts: Options) -> Problem | None:
     """Arguments the dashboard does not take are an error, not silently ignored."""
     if not opts.unknown:
         return None
-    return Problem("usage", f"Unknown dashboard argument(s): {' '.join(opts.unknown)}. The "
-                   "dashboard takes --db PATH and --read-only (`rampwatch dashboard --help`).")
+    return Problem(
+        "usage",
+        f"Unknown dashboard argument(s): {' '.join(opts.unknown)}. The "
+        "dashboard takes --db PATH and --read-only (`rampwatch dashboard --help`).",
+    )
 
 
 def db_problem(db: Path | None) -> Problem | None:
     """None when the database opens and has runs; otherwise what is wrong and what to do."""
     if db is None:
-        return Problem("unset", "No database given. Start the dashboard with "
-                       "`rampwatch dashboard --db PATH` (or set RAMPWATCH_DB=PATH).")
+        return Problem(
+            "unset",
+            "No database given. Start the dashboard with "
+            "`rampwatch dashboard --db PATH` (or set RAMPWATCH_DB=PATH).",
+        )
     if db.is_dir():
-        return Problem("foreign", f"{db} is a directory, not a database file. Pass the path of the "
-                       "`.duckdb` file the trainer writes (its --db).")
+        return Problem(
+            "foreign",
+            f"{db} is a directory, not a database file. Pass the path of the "
+            "`.duckdb` file the trainer writes (its --db).",
+        )
     if not db.exists():
-        return Problem("missing", f"No database at {db}: the file does not exist yet. Start a "
-                       f"training run with `--db {db}` (it creates the file), or check the path; "
-                       "this page refreshes when it appears.", fatal=False)
+        return Problem(
+            "missing",
+            f"No database at {db}: the file does not exist yet. Start a "
+            f"training run with `--db {db}` (it creates the file), or check the path; "
+            "this page refreshes when it appears.",
+            fatal=False,
+        )
     if db.stat().st_size == 0:
-        return Problem("empty", f"{db} is an empty file (0 bytes), not a Rampwatch database. Delete "
-                       "it and let a training run create the database, or point --db elsewhere.")
+        return Problem(
+            "empty",
+            f"{db} is an empty file (0 bytes), not a Rampwatch database. Delete "
+            "it and let a training run create the database, or point --db elsewhere.",
+        )
     try:
         runs = list_runs(db)
     except StoreError as e:
@@ -164,8 +186,12 @@ def db_problem(db: Path | None) -> Problem | None:
     except Exception as e:  # noqa: BLE001 - never a traceback on the page
         return Problem("error", f"Could not read {db}: {type(e).__name__}: {e}")
     if not runs:
-        return Problem("no-runs", f"{db} is a Rampwatch database with no runs yet. Start a training "
-                       f"run with `--db {db}`; this page refreshes when it appears.", fatal=False)
+        return Problem(
+            "no-runs",
+            f"{db} is a Rampwatch database with no runs yet. Start a training "
+            f"run with `--db {db}`; this page refreshes when it appears.",
+            fatal=False,
+        )
     return None
 
 
@@ -208,9 +234,16 @@ def buckets_from(series) -> Buckets:
     w = int(series.width)
     t = getattr(series, "t", None)
     return Buckets.from_columns(
-        w, bucket=np.asarray(series.step, np.int64) // w, last_step=series.last_step,
-        lo=series.min, hi=series.max, last=series.last, n=series.count,
-        nonfinite=series.nonfinite, t=t)
+        w,
+        bucket=np.asarray(series.step, np.int64) // w,
+        last_step=series.last_step,
+        lo=series.min,
+        hi=series.max,
+        last=series.last,
+        n=series.count,
+        nonfinite=series.nonfinite,
+        t=t,
+    )
 
 
 @st.cache_data(ttl=300, max_entries=512, show_spinner=False)
@@ -272,8 +305,9 @@ ALERT_HOLDS_STEPS = 200  # an alert is a banner until the run is this many steps
 MEASUREMENT_OFF = "noise scale not measured"
 
 
-def active_alerts(events: list[dict], last_step: int | None,
-                  newest_estimate_step: int | None) -> list[dict]:
+def active_alerts(
+    events: list[dict], last_step: int | None, newest_estimate_step: int | None
+) -> list[dict]:
     """The alerts and OOM recoveries that still hold, newest of each sort, for banners: recent
     ones (within ALERT_HOLDS_STEPS of the run's last step), and 'noise scale not measured' for
     as long as no estimate is fresh. Lost records have their own banner (lost_records)."""
@@ -303,9 +337,16 @@ def event_dict(e) -> dict:
 
 
 def plan_dict(p) -> dict:
-    return {"step": p.step, "per_device_batch": p.per_device_batch, "variant": p.variant,
-            "predicted_bytes": p.predicted_bytes, "measured_bytes": p.measured_bytes,
-            "source": p.source, "feasible": p.feasible, "breakdown": p.breakdown}
+    return {
+        "step": p.step,
+        "per_device_batch": p.per_device_batch,
+        "variant": p.variant,
+        "predicted_bytes": p.predicted_bytes,
+        "measured_bytes": p.measured_bytes,
+        "source": p.source,
+        "feasible": p.feasible,
+        "breakdown": p.breakdown,
+    }
 
 
 def export_bytes(db: Path, run_id: str, fmt: str) -> bytes:
@@ -336,8 +377,21 @@ class Snapshot:
     gns_lower: np.ndarray | None = None  # one-sided 95% lower bound at each of gns_steps
 
 
-LIVE_METRICS = (M.LOSS, M.VAL_LOSS, M.GRAD_NORM, M.GNS, M.GNS_LOW, M.BATCH_SEQS, M.MEM_PEAK, M.MEM_CAPACITY,
-                M.TOKENS_PER_S, M.MFU, M.PER_DEVICE_BATCH, M.ACCUM, M.TOKENS_SEEN)
+LIVE_METRICS = (
+    M.LOSS,
+    M.VAL_LOSS,
+    M.GRAD_NORM,
+    M.GNS,
+    M.GNS_LOW,
+    M.BATCH_SEQS,
+    M.MEM_PEAK,
+    M.MEM_CAPACITY,
+    M.TOKENS_PER_S,
+    M.MFU,
+    M.PER_DEVICE_BATCH,
+    M.ACCUM,
+    M.TOKENS_SEEN,
+)
 COMMANDS_EVERY = 6  # ticks between command reads while none is open (an open one: every tick)
 
 
@@ -365,17 +419,24 @@ class LiveState:
         self.last: Snapshot | None = None
 
     def commands_due(self, n_events: int) -> bool:
-        due = (self.commands is None or self.commands_dirty or n_events != self._events_seen
-               or any(c.status in ("pending", "claimed") for c in self.commands)
-               or self._since_commands + 1 >= COMMANDS_EVERY)
+        due = (
+            self.commands is None
+            or self.commands_dirty
+            or n_events != self._events_seen
+            or any(c.status in ("pending", "claimed") for c in self.commands)
+            or self._since_commands + 1 >= COMMANDS_EVERY
+        )
         self._events_seen = n_events
         return due
 
     def update_commands(self, db, run_id: str, n_events: int) -> list:
         """The run's ramp commands, read from the store only when due (see the class doc)."""
         if self.commands_due(n_events):
-            self.commands = [c for c in store_commands.list_commands(db, run_id, timeout=TIMEOUT)
-                             if c.kind == "ramp"]
+            self.commands = [
+                c
+                for c in store_commands.list_commands(db, run_id, timeout=TIMEOUT)
+                if c.kind == "ramp"
+            ]
             self.commands_dirty = False
             self._since_commands = 0
         else:
@@ -389,9 +450,11 @@ class LiveState:
             epoch = sum(1 for e in evs if e["kind"] == M.EVENT_RESUME)
             out = {}
             for name, cache in self.caches.items():
+
                 def fetch(since, width, name=name):
                     self.fetches += 1
                     return buckets_from(reader.series(run_id, name, width=width, since_step=since))
+
                 out[name] = cache.refresh(fetch, run.last_step, epoch)
             gsteps, gvals, glower = self._gns_window(reader, run_id, run.last_step, epoch)
             plan = [plan_dict(p) for p in reader.memory_plan(run_id)]
@@ -415,7 +478,11 @@ class LiveState:
             since = lo if old is None or not len(old) else max(lo, int(old.last_step[-1]))
             self.fetches += 1
             fresh = buckets_from(reader.series(run_id, name, width=1, since_step=since))
-            kept = Buckets(1) if old is None else old.take((old.last_step >= lo) & (old.last_step < since))
+            kept = (
+                Buckets(1)
+                if old is None
+                else old.take((old.last_step >= lo) & (old.last_step < since))
+            )
             self._gns[name] = kept.concat(fresh)
         self._gns_key = (int(last_step), epoch)
         points, bounds = self._gns[M.GNS], self._gns[M.GNS_LOW]
@@ -480,19 +547,29 @@ def agent_api_enabled() -> bool:
         return False
 
 
-AGENT_API_REFUSAL = ("Streamlit's agent API is on (server.enableAgentApi), another way to drive "
-                     "this page: the dashboard writes nothing while it is. Turn it off, or serve "
-                     "with --read-only.")
+AGENT_API_REFUSAL = (
+    "Streamlit's agent API is on (server.enableAgentApi), another way to drive "
+    "this page: the dashboard writes nothing while it is. Turn it off, or serve "
+    "with --read-only."
+)
 
 
-def submit_ramp(db: Path, run_id: str, payload: dict, *, operator: str | None,
-                token: str | None, key: str | None = None) -> int:
+def submit_ramp(
+    db: Path,
+    run_id: str,
+    payload: dict,
+    *,
+    operator: str | None,
+    token: str | None,
+    key: str | None = None,
+) -> int:
     """Queue an approved ramp for `operator`, if the token is this server's (store validates
     and refuses a second open one); the same key makes one command however often it is sent."""
     actor = _writable(operator, token)
     try:
-        return store_commands.submit(db, run_id, "ramp", payload, actor=actor, timeout=TIMEOUT,
-                                     key=key)
+        return store_commands.submit(
+            db, run_id, "ramp", payload, actor=actor, timeout=TIMEOUT, key=key
+        )
     finally:
         mark_commands_dirty()
 
@@ -505,7 +582,29 @@ def cancel_command(db: Path, command_id: int, *, operator: str | None, token: st
         mark_commands_dirty()
 
 
-__all__ = ["Options", "Problem", "parse_options", "options", "page_context", "options_problem", "db_problem", "list_runs",
-           "metric_names", "series", "run_summary", "events", "export_bytes", "Snapshot",
-           "LiveState", "live_snapshot", "submit_ramp", "cancel_command", "agent_api_enabled", "lost_records", "active_alerts", "CommandError",
-           "RunNotFoundError", "StoreError"]
+__all__ = [
+    "Options",
+    "Problem",
+    "parse_options",
+    "options",
+    "page_context",
+    "options_problem",
+    "db_problem",
+    "list_runs",
+    "metric_names",
+    "series",
+    "run_summary",
+    "events",
+    "export_bytes",
+    "Snapshot",
+    "LiveState",
+    "live_snapshot",
+    "submit_ramp",
+    "cancel_command",
+    "agent_api_enabled",
+    "lost_records",
+    "active_alerts",
+    "CommandError",
+    "RunNotFoundError",
+    "StoreError",
+]

@@ -8,6 +8,7 @@ constant time, plus a typed operator name that goes into the command log. A shar
 an identity: for real identity put the dashboard behind `st.login` or a proxy that sets a user
 header, and TLS. Streamlit-free, so the command line and the tests share it.
 """
+
 from __future__ import annotations
 
 import hmac
@@ -42,16 +43,20 @@ def is_loopback(host: str) -> bool:
 def refusal(presented: str | None, operator: str | None, expected: str | None) -> str | None:
     """Why a write with this token and operator name is refused, or None when it may go ahead."""
     if expected is None:
-        return ("this dashboard has no operator token, so it cannot write: start it with "
-                "`rampwatch dashboard` (which prints one) or set RAMPWATCH_TOKEN")
+        return (
+            "this dashboard has no operator token, so it cannot write: start it with "
+            "`rampwatch dashboard` (which prints one) or set RAMPWATCH_TOKEN"
+        )
     name = (operator or "").strip()
     if not name:
         return "type your name as operator: it is recorded with the command"
     if len(name) > MAX_OPERATOR_CHARS or not name.isprintable():
         return f"the operator name must be printable and at most {MAX_OPERATOR_CHARS} characters"
     if not presented or not hmac.compare_digest(presented.strip().encode(), expected.encode()):
-        return ("the operator token is missing or wrong: use the one `rampwatch dashboard` "
-                "printed at start (or RAMPWATCH_TOKEN)")
+        return (
+            "the operator token is missing or wrong: use the one `rampwatch dashboard` "
+            "printed at start (or RAMPWATCH_TOKEN)"
+        )
     return None
 
 

@@ -8,6 +8,7 @@ the tiers (advisor.ramp.candidate_tiers) with their new base LR (RampPolicy.new_
 predicted effect (advisor.ramp.predicted_effect); and what the latest ramp command says.
 dashboard/card.py draws it; tests build it from seeded databases.
 """
+
 from __future__ import annotations
 
 import math
@@ -42,8 +43,10 @@ class Current:
 
     def describe(self) -> str:
         tok = f" = {self.batch * self.seq_len:,} tokens" if self.seq_len else ""
-        return (f"{self.per_device_batch} per device × {self.accum} accumulation × "
-                f"{self.world_size} device(s) = {self.batch} sequences{tok}")
+        return (
+            f"{self.per_device_batch} per device × {self.accum} accumulation × "
+            f"{self.world_size} device(s) = {self.batch} sequences{tok}"
+        )
 
 
 @dataclass(frozen=True)
@@ -64,8 +67,11 @@ class TierView:
 
     def payload(self) -> dict:
         """The ramp command's payload (store.commands.validate)."""
-        return {"per_device_batch": self.tier.per_device_batch, "accum": self.tier.accum,
-                "lr_multiplier": float(self.tier.lr_multiplier)}
+        return {
+            "per_device_batch": self.tier.per_device_batch,
+            "accum": self.tier.accum,
+            "lr_multiplier": float(self.tier.lr_multiplier),
+        }
 
     def chart_line(self) -> dict:
         return {"label": self.label, "predicted_bytes": self.predicted_bytes, "fits": self.fits}
@@ -115,7 +121,9 @@ class Card:
     @property
     def suggested(self) -> TierView | None:
         """The ×2 tier (the advisor's next ramp point doubles the batch)."""
-        return next((t for t in self.tiers if t.tier.factor == 2), self.tiers[0] if self.tiers else None)
+        return next(
+            (t for t in self.tiers if t.tier.factor == 2), self.tiers[0] if self.tiers else None
+        )
 
     @property
     def key(self) -> str:
@@ -144,8 +152,9 @@ def _pos_int(v) -> int | None:
     return int(f)
 
 
-def current_tier(config: Mapping | None, latest: Mapping[str, float], world_size=None,
-                 capacity_bytes=None) -> Current | None:
+def current_tier(
+    config: Mapping | None, latest: Mapping[str, float], world_size=None, capacity_bytes=None
+) -> Current | None:
     """The running tier from the latest metrics, falling back on the run config."""
     pdb = _pos_int(latest.get(M.PER_DEVICE_BATCH)) or _pos_int(_get(config, "per_device_batch"))
     acc = _pos_int(latest.get(M.ACCUM)) or _pos_int(_get(config, "accum"))
@@ -161,24 +170,31 @@ def current_tier(config: Mapping | None, latest: Mapping[str, float], world_size
 
 
 def running_variant(config: Mapping | None) -> str:
-    return "chunked" if _get(config, "model", "chunked_ce") or _get(config, "chunked_ce") else "plain"
+    return (
+        "chunked" if _get(config, "model", "chunked_ce") or _get(config, "chunked_ce") else "plain"
+    )
 
 
 def infeasible_batches(plan_rows: Sequence[Mapping], events: Sequence[Mapping] = ()) -> set[int]:
     """Per-device batches that ran out of memory (plan rows marked infeasible, OOM events)."""
-    bad = {int(r["per_device_batch"]) for r in plan_rows
-           if r.get("feasible") is False and _pos_int(r.get("per_device_batch"))}
+    bad = {
+        int(r["per_device_batch"])
+        for r in plan_rows
+        if r.get("feasible") is False and _pos_int(r.get("per_device_batch"))
+    }
     for e in events:
         if e.get("kind") == M.EVENT_OOM:
-            b = _pos_int(_get(e.get("data"), "per_device_batch")) or \
-                _pos_int(_get(e.get("data"), "before", "per_device_batch"))
+            b = _pos_int(_get(e.get("data"), "per_device_batch")) or _pos_int(
+                _get(e.get("data"), "before", "per_device_batch")
+            )
             if b:
                 bad.add(b)
     return bad
 
 
-def memory_points(plan_rows: Sequence[Mapping], variant: str, infeasible: set[int]
-                  ) -> tuple[dict[int, int], dict[int, int]]:
+def memory_points(
+    plan_rows: Sequence[Mapping], variant: str, infeasible: set[int]
+) -> tuple[dict[int, int], dict[int, int]]:
     """(measured, planned) peaks by per-device batch: the largest measurement per batch, and the
     latest plan's prediction of the running variant (a later plan replaces an earlier one)."""
     measured: dict[int, int] = {}
@@ -216,10 +232,16 @@ def command_view(cmd) -> CommandView:
     return CommandView(cid, status, text, payload, step, reason)
 
 
-def build_card(run: Mapping, latest: Mapping[str, float], gns_steps: Sequence[int],
-               gns_values: Sequence[float | None], events: Sequence[Mapping],
-               plan_rows: Sequence[Mapping], commands: Sequence = (),
-               gns_lower: Sequence[float | None] | None = None) -> Card:
+def build_card(
+    run: Mapping,
+    latest: Mapping[str, float],
+    gns_steps: Sequence[int],
+    gns_values: Sequence[float | None],
+    events: Sequence[Mapping],
+    plan_rows: Sequence[Mapping],
+    commands: Sequence = (),
+    gns_lower: Sequence[float | None] | None = None,
+) -> Card:
     """Everything the recommendation card shows, from one run's store rows.
 
     run: mapping with run_id, config (dict), world_size, capacity_bytes; latest: the latest value
@@ -232,14 +254,24 @@ def build_card(run: Mapping, latest: Mapping[str, float], gns_steps: Sequence[in
     config = run.get("config") or {}
     problems: list[str] = []
     notes: list[str] = []
-    ramp_steps = [int(e["step"]) for e in events if e.get("kind") == M.EVENT_RAMP and e.get("step") is not None]
+    ramp_steps = [
+        int(e["step"])
+        for e in events
+        if e.get("kind") == M.EVENT_RAMP and e.get("step") is not None
+    ]
     last_ramp = max(ramp_steps) if ramp_steps else None
-    cmds = [c for c in commands if (c.get("kind") if isinstance(c, Mapping) else getattr(c, "kind", "ramp")) == "ramp"]
+    cmds = [
+        c
+        for c in commands
+        if (c.get("kind") if isinstance(c, Mapping) else getattr(c, "kind", "ramp")) == "ramp"
+    ]
     cmd = command_view(cmds[-1]) if cmds else None
     cur = current_tier(config, latest, run.get("world_size"), run.get("capacity_bytes"))
     if cur is None:
-        problems.append("the run has not logged per_device_batch and accum yet (and its config "
-                        "does not name them): no tier can be computed")
+        problems.append(
+            "the run has not logged per_device_batch and accum yet (and its config "
+            "does not name them): no tier can be computed"
+        )
         return Card(run_id, None, None, last_ramp_step=last_ramp, command=cmd, problems=problems)
     knows_lr = True  # the config names the original batch and LR the new base LR scales from
     try:
@@ -252,8 +284,10 @@ def build_card(run: Mapping, latest: Mapping[str, float], gns_steps: Sequence[in
         try:
             rule_for(optimizer)
         except ValueError:
-            notes.append(f"no learning-rate rule known for optimizer {optimizer!r}: the "
-                         f"{policy.lr_rule} rule is assumed")
+            notes.append(
+                f"no learning-rate rule known for optimizer {optimizer!r}: the "
+                f"{policy.lr_rule} rule is assumed"
+            )
     decision = policy.decide(gns_steps, gns_values, gns_lower, cur.batch, since_step=last_ramp)
     b_noise = decision.evidence.noise_scale
 
@@ -267,27 +301,64 @@ def build_card(run: Mapping, latest: Mapping[str, float], gns_steps: Sequence[in
         memory_note = f"no memory model yet: {e}"
     usable = usable_bytes(cur.capacity_bytes, policy.margin) if cur.capacity_bytes else None
     if cur.capacity_bytes is None:
-        problems.append("the run's device capacity is unknown (no capacity_bytes, no mem_capacity): "
-                        "only accumulation-only ramps can be judged")
+        problems.append(
+            "the run's device capacity is unknown (no capacity_bytes, no mem_capacity): "
+            "only accumulation-only ramps can be judged"
+        )
 
     seq = cur.seq_len or 1
     if model is not None and cur.capacity_bytes:
-        tiers = candidate_tiers(cur.per_device_batch, cur.accum, cur.world_size, seq, model,
-                                cur.capacity_bytes, policy.margin, policy.offered_factors,
-                                infeasible=bad, rule=policy.lr_rule,
-                                keep_noise_scale=policy.keep_noise_scale)
+        tiers = candidate_tiers(
+            cur.per_device_batch,
+            cur.accum,
+            cur.world_size,
+            seq,
+            model,
+            cur.capacity_bytes,
+            policy.margin,
+            policy.offered_factors,
+            infeasible=bad,
+            rule=policy.lr_rule,
+            keep_noise_scale=policy.keep_noise_scale,
+        )
     else:
-        tiers = accumulation_tiers(cur.per_device_batch, cur.accum, cur.world_size, seq,
-                                   policy.offered_factors, bad, policy.lr_rule)
+        tiers = accumulation_tiers(
+            cur.per_device_batch,
+            cur.accum,
+            cur.world_size,
+            seq,
+            policy.offered_factors,
+            bad,
+            policy.lr_rule,
+        )
     views = []
     for t in tiers:
         new_lr = policy.new_base_lr(t.effective_batch) if knows_lr else None
         warning = noise_scale_warning(t.effective_batch, b_noise) if b_noise else None
-        effect = predicted_effect(cur.batch, t.effective_batch, b_noise) if b_noise and b_noise > 0 else None
-        label = (f"×{t.factor}: {t.per_device_batch} × {t.accum}"
-                 + (f" ({format_gb(t.predicted_peak_bytes)})" if t.predicted_peak_bytes else ""))
+        effect = (
+            predicted_effect(cur.batch, t.effective_batch, b_noise)
+            if b_noise and b_noise > 0
+            else None
+        )
+        label = f"×{t.factor}: {t.per_device_batch} × {t.accum}" + (
+            f" ({format_gb(t.predicted_peak_bytes)})" if t.predicted_peak_bytes else ""
+        )
         views.append(TierView(t, label, new_lr, warning, effect))
     newest = int(gns_steps[-1]) if len(gns_steps) else None
     last_step = _pos_int(run.get("last_step"))
-    return Card(run_id, cur, decision, views, model, memory_note, usable, last_ramp, cmd,
-                problems, notes, policy, newest, last_step)
+    return Card(
+        run_id,
+        cur,
+        decision,
+        views,
+        model,
+        memory_note,
+        usable,
+        last_ramp,
+        cmd,
+        problems,
+        notes,
+        policy,
+        newest,
+        last_step,
+    )

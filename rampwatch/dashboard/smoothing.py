@@ -4,6 +4,7 @@ step at which a smoothed curve reaches a target.
 Owns: `debiased_ema` (TensorBoard-style smoothing, decayed per *step* so a downsampled curve
 smooths like the full one) and `first_crossing`. Plain numpy, no Streamlit: unit-testable.
 """
+
 from __future__ import annotations
 
 import math

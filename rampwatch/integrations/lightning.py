@@ -51,6 +51,7 @@ Manual optimization: telemetry only (each optimizer.step() is a step; ramps are
 refused: the module owns its accumulation). A short last batch of an epoch (drop_last=False) is
 counted as a full per-device batch.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -78,8 +79,10 @@ except ImportError:  # the standalone package of the same 2.x API
             lightning_setattr,
         )
     except ImportError as e:
-        raise ImportError("rampwatch.integrations.lightning needs Lightning 2.x: "
-                          "pip install 'rampwatch[lightning]'") from e
+        raise ImportError(
+            "rampwatch.integrations.lightning needs Lightning 2.x: "
+            "pip install 'rampwatch[lightning]'"
+        ) from e
 
 from rampwatch.advisor.policy import CONFIG_KEY as POLICY_KEY
 from rampwatch.advisor.policy import RampPolicy
@@ -100,10 +103,20 @@ class RampwatchCallback(pl.Callback):
     <default_root_dir>/rampwatch/before-ramp-step<N>.ckpt before switching. Other keyword
     arguments go to Monitor.start (lr_rule, capacity_bytes, flops_per_token, echo, ...)."""
 
-    def __init__(self, db, *, name: str = "lightning", seq_len: int = 1, ramp: str = "manual",
-                 per_device_batch: int | None = None, config: Mapping[str, Any] | None = None,
-                 policy: RampPolicy | None = None, checkpoint_before_ramp: bool = False,
-                 batch_attr: str = "batch_size", **monitor_kwargs):
+    def __init__(
+        self,
+        db,
+        *,
+        name: str = "lightning",
+        seq_len: int = 1,
+        ramp: str = "manual",
+        per_device_batch: int | None = None,
+        config: Mapping[str, Any] | None = None,
+        policy: RampPolicy | None = None,
+        checkpoint_before_ramp: bool = False,
+        batch_attr: str = "batch_size",
+        **monitor_kwargs,
+    ):
         if ramp not in MODES:
             raise ValueError(f"ramp={ramp!r}: one of {', '.join(MODES)}")
         self.db, self.name, self.seq_len, self.ramp = db, name, seq_len, ramp
@@ -128,8 +141,12 @@ class RampwatchCallback(pl.Callback):
         mon = self.monitor  # after the fit (trainer.save_checkpoint at the end): its last state
         if mon is None:
             return dict(self._restored)
-        return {"run_id": mon.run_id, "per_device_batch": mon.per_device_batch,
-                "accum": mon.accum, POLICY_KEY: mon.ramps.policy.to_config()}
+        return {
+            "run_id": mon.run_id,
+            "per_device_batch": mon.per_device_batch,
+            "accum": mon.accum,
+            POLICY_KEY: mon.ramps.policy.to_config(),
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """A checkpoint resumes the tier it was saved with: Lightning restores neither
@@ -147,27 +164,44 @@ class RampwatchCallback(pl.Callback):
         if self.monitor is not None:
             return
         if getattr(trainer.strategy, "_ddp_comm_hook", None) is not None:
-            raise ValueError("RampwatchCallback: DDP takes one communication hook and the "
-                             "monitor's per-rank norm hook needs it; drop ddp_comm_hook")
+            raise ValueError(
+                "RampwatchCallback: DDP takes one communication hook and the "
+                "monitor's per-rank norm hook needs it; drop ddp_comm_hook"
+            )
         batch = self.per_device_batch or _loader_batch(trainer)
         if batch is None and lightning_hasattr(pl_module, self.batch_attr):
             batch = lightning_getattr(pl_module, self.batch_attr)
         if not isinstance(batch, int) or batch < 1:
-            raise ValueError("RampwatchCallback: cannot read the per-device batch from the train "
-                             "DataLoader; pass per_device_batch=")
-        config = {"integration": "lightning", "lightning": pl.__version__,
-                  "precision": str(trainer.precision), **dict(self.config or {})}
-        start = dict(self.monitor_kwargs, name=self.name, config=config, model=trainer.model,
-                     optimizer=trainer.optimizers[0], per_device_batch=batch,
-                     accum=trainer.accumulate_grad_batches, seq_len=self.seq_len,
-                     ramp=self.ramp, policy=self.policy)
+            raise ValueError(
+                "RampwatchCallback: cannot read the per-device batch from the train "
+                "DataLoader; pass per_device_batch="
+            )
+        config = {
+            "integration": "lightning",
+            "lightning": pl.__version__,
+            "precision": str(trainer.precision),
+            **dict(self.config or {}),
+        }
+        start = dict(
+            self.monitor_kwargs,
+            name=self.name,
+            config=config,
+            model=trainer.model,
+            optimizer=trainer.optimizers[0],
+            per_device_batch=batch,
+            accum=trainer.accumulate_grad_batches,
+            seq_len=self.seq_len,
+            ramp=self.ramp,
+            policy=self.policy,
+        )
         run_id = self._restored.get("run_id")
         if run_id and trainer.global_step > 0:  # resumed from a checkpoint: continue its run
             if self.policy is None and POLICY_KEY in self._restored:  # its original batch and LR
                 start["policy"] = RampPolicy.from_config(self._restored)
             try:
-                self.monitor = Monitor.start(self.db, run_id=run_id,
-                                             resume_step=trainer.global_step, **start)
+                self.monitor = Monitor.start(
+                    self.db, run_id=run_id, resume_step=trainer.global_step, **start
+                )
             except RunNotFoundError:  # another database: a new run
                 pass
         if self.monitor is None:
@@ -231,10 +265,13 @@ class RampwatchCallback(pl.Callback):
         # the loader this epoch runs on (reloaded or not), unless the batch was given explicitly
         batch = _loader_batch(trainer) if self.per_device_batch is None else None
         if batch is not None and batch != mon.per_device_batch:
-            mon.event(trainer.global_step, M.EVENT_ALERT,
-                      f"the train DataLoader's batch size is {batch}, not "
-                      f"{mon.per_device_batch}: the telemetry follows the loader",
-                      {"per_device_batch": batch})
+            mon.event(
+                trainer.global_step,
+                M.EVENT_ALERT,
+                f"the train DataLoader's batch size is {batch}, not "
+                f"{mon.per_device_batch}: the telemetry follows the loader",
+                {"per_device_batch": batch},
+            )
             mon.set_tier(batch, trainer.accumulate_grad_batches)
 
     def on_validation_start(self, trainer, pl_module) -> None:
@@ -269,8 +306,12 @@ class RampwatchCallback(pl.Callback):
                 self._held = ramp
         held = self._held
         ready = trainer.fit_loop.epoch_loop.batch_progress.current.ready  # Lightning's counter
-        if (held is not None and held.per_device_batch == mon.per_device_batch
-                and ready % held.accum == 0 and not _stopping(trainer)):
+        if (
+            held is not None
+            and held.per_device_batch == mon.per_device_batch
+            and ready % held.accum == 0
+            and not _stopping(trainer)
+        ):
             self._apply(trainer, pl_module, step)
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
@@ -283,25 +324,35 @@ class RampwatchCallback(pl.Callback):
         if not pl_module.automatic_optimization:
             return "manual optimization: the LightningModule owns its steps and accumulation"
         if trainer.strategy.handles_gradient_accumulation:
-            return (f"{type(trainer.strategy).__name__} fixes gradient accumulation at setup; "
-                    "Lightning cannot change it during the fit")
+            return (
+                f"{type(trainer.strategy).__name__} fixes gradient accumulation at setup; "
+                "Lightning cannot change it during the fit"
+            )
         if any(isinstance(c, GradientAccumulationScheduler) for c in trainer.callbacks):
-            return ("GradientAccumulationScheduler sets accumulate_grad_batches at every epoch "
-                    "start and would undo the ramp")
+            return (
+                "GradientAccumulationScheduler sets accumulate_grad_batches at every epoch "
+                "start and would undo the ramp"
+            )
         b, new_b, attr = self.monitor.per_device_batch, ramp.per_device_batch, self.batch_attr
         if new_b == b:
             return None
         why = f"per-device batch {b} -> {new_b} needs a new DataLoader, and "
         if trainer.reload_dataloaders_every_n_epochs != 1:
-            return why + ("this Trainer does not rebuild it: use Trainer(reload_dataloaders_"
-                          f"every_n_epochs=1) and a train_dataloader() that reads `{attr}`; "
-                          "ramps by accumulation alone need neither")
+            return why + (
+                "this Trainer does not rebuild it: use Trainer(reload_dataloaders_"
+                f"every_n_epochs=1) and a train_dataloader() that reads `{attr}`; "
+                "ramps by accumulation alone need neither"
+            )
         if not lightning_hasattr(pl_module, attr):
-            return why + (f"neither the LightningModule, its hparams nor the datamodule has a "
-                          f"`{attr}` attribute for train_dataloader() to read")
+            return why + (
+                f"neither the LightningModule, its hparams nor the datamodule has a "
+                f"`{attr}` attribute for train_dataloader() to read"
+            )
         if lightning_getattr(pl_module, attr) != _loader_batch(trainer):
-            return why + (f"the train DataLoader's batch size is not the `{attr}` attribute, so "
-                          "setting it would change nothing")
+            return why + (
+                f"the train DataLoader's batch size is not the `{attr}` attribute, so "
+                "setting it would change nothing"
+            )
         return None
 
     def _apply(self, trainer, pl_module, step: int) -> None:
@@ -310,8 +361,9 @@ class RampwatchCallback(pl.Callback):
             ramp = dataclasses.replace(ramp, step=step)
         mon = self.monitor
         if self.checkpoint_before_ramp:  # every rank calls it; the strategy writes on rank 0
-            path = os.path.join(trainer.default_root_dir, "rampwatch",
-                                f"before-ramp-step{step}.ckpt")
+            path = os.path.join(
+                trainer.default_root_dir, "rampwatch", f"before-ramp-step{step}.ckpt"
+            )
             with mon.untimed():
                 trainer.save_checkpoint(path)
         if ramp.per_device_batch != mon.per_device_batch:  # the next epoch's loader reads it

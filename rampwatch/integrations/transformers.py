@@ -34,6 +34,7 @@ accelerate 1.15.0 data_loader.py.
   data_loader.py:1332-1352). From a ramp on the epochs are one stream (a batch may span an
   epoch's end); no sample is skipped or repeated.
 """
+
 from __future__ import annotations
 
 import json
@@ -49,8 +50,10 @@ try:
     from transformers.trainer import TRAINER_STATE_NAME
     from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint, has_length
 except ImportError as e:
-    raise ImportError("rampwatch.integrations.transformers needs transformers and accelerate: "
-                      "pip install 'rampwatch[transformers]'") from e
+    raise ImportError(
+        "rampwatch.integrations.transformers needs transformers and accelerate: "
+        "pip install 'rampwatch[transformers]'"
+    ) from e
 
 from rampwatch.advisor.gns_window import NoiseScaleWindow
 from rampwatch.advisor.policy import CONFIG_KEY, RampPolicy
@@ -80,14 +83,18 @@ def read_state(checkpoint: str | None) -> dict | None:
     return json.loads(Path(path).read_text()) if checkpoint and os.path.isfile(path) else None
 
 
-def resume_args(output_dir: str, *, per_device_train_batch_size: int,
-                gradient_accumulation_steps: int) -> dict:
+def resume_args(
+    output_dir: str, *, per_device_train_batch_size: int, gradient_accumulation_steps: int
+) -> dict:
     """TrainingArguments keywords that start a run, or continue it from the newest checkpoint in
     output_dir at the tier that checkpoint names (the new one after a ramp). RampwatchTrainer.train
     resumes from `resume_from_checkpoint` and continues the same run id in the database."""
-    out = {"output_dir": output_dir, "per_device_train_batch_size": per_device_train_batch_size,
-           "gradient_accumulation_steps": gradient_accumulation_steps,
-           "resume_from_checkpoint": None}
+    out = {
+        "output_dir": output_dir,
+        "per_device_train_batch_size": per_device_train_batch_size,
+        "gradient_accumulation_steps": gradient_accumulation_steps,
+        "resume_from_checkpoint": None,
+    }
     last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
     if last is not None:
         out["resume_from_checkpoint"] = last
@@ -105,9 +112,18 @@ class RampwatchTrainer(Trainer):
     first sample's input_ids length), run_config (more JSON values for the run's config) and
     monitor_kwargs (to Monitor.start, e.g. flops_per_token). One process only."""
 
-    def __init__(self, *args, db, name: str | None = None, ramp: str = "manual",
-                 policy: RampPolicy | None = None, seq_len: int | None = None,
-                 run_config: dict | None = None, monitor_kwargs: dict | None = None, **kwargs):
+    def __init__(
+        self,
+        *args,
+        db,
+        name: str | None = None,
+        ramp: str = "manual",
+        policy: RampPolicy | None = None,
+        seq_len: int | None = None,
+        run_config: dict | None = None,
+        monitor_kwargs: dict | None = None,
+        **kwargs,
+    ):
         super().__init__(*args, **kwargs)
         if ramp not in ("manual", "auto", "off"):
             raise ValueError(f"ramp={ramp!r}: one of manual, auto, off")
@@ -129,23 +145,30 @@ class RampwatchTrainer(Trainer):
         if ckpt is True:
             ckpt = get_last_checkpoint(self.args.output_dir) or True  # True: HF says none
         if self.args.world_size > 1 or self.args.n_gpu > 1:  # per-rank weights: not handled
-            raise ValueError("RampwatchTrainer supports one process on one device, not "
-                             f"world size {self.args.world_size} / {self.args.n_gpu} GPUs")
+            raise ValueError(
+                "RampwatchTrainer supports one process on one device, not "
+                f"world size {self.args.world_size} / {self.args.n_gpu} GPUs"
+            )
         self._resume = read_state(ckpt) if isinstance(ckpt, str) else None
-        self._ckpt_step = (TrainerState.load_from_json(os.path.join(ckpt, TRAINER_STATE_NAME))
-                           .global_step if isinstance(ckpt, str) else None)
+        self._ckpt_step = (
+            TrainerState.load_from_json(os.path.join(ckpt, TRAINER_STATE_NAME)).global_step
+            if isinstance(ckpt, str)
+            else None
+        )
         st, b, a = self._resume, self._train_batch_size, self.args.gradient_accumulation_steps
         if st is not None and (st["per_device_batch"], st["accum"]) != (b, a):
             raise ValueError(
                 f"{ckpt} continues at per-device batch {st['per_device_batch']} x accumulation "
                 f"{st['accum']}, not {b} x {a}: build the TrainingArguments with "
-                "rampwatch.integrations.transformers.resume_args(output_dir, ...)")
+                "rampwatch.integrations.transformers.resume_args(output_dir, ...)"
+            )
         self._pending = self._restart = self._untimed = None
         self._samples_seen, self._step_loss, self._stream = 0, None, bool(st and st["stream"])
         self._order_name = None
         try:
-            out = super().train(resume_from_checkpoint=ckpt, trial=trial,
-                                ignore_keys_for_eval=ignore_keys_for_eval)
+            out = super().train(
+                resume_from_checkpoint=ckpt, trial=trial, ignore_keys_for_eval=ignore_keys_for_eval
+            )
         except KeyboardInterrupt:
             self._close("killed", "interrupted")
             raise
@@ -154,10 +177,12 @@ class RampwatchTrainer(Trainer):
             raise
         if self._restart is not None:
             ramp, path = self._restart
-            msg = (f"rampwatch: stopped after step {ramp.step} to ramp to per-device batch "
-                   f"{ramp.per_device_batch} x accumulation {ramp.accum} (base LR "
-                   f"{ramp.base_lr:.4g}); saved {path}. Run the same command again: "
-                   "resume_args() continues this run at the new tier")
+            msg = (
+                f"rampwatch: stopped after step {ramp.step} to ramp to per-device batch "
+                f"{ramp.per_device_batch} x accumulation {ramp.accum} (base LR "
+                f"{ramp.base_lr:.4g}); saved {path}. Run the same command again: "
+                "resume_args() continues this run at the new tier"
+            )
             self._close("finished", msg)
             print(msg, file=sys.stderr, flush=True)
             raise RampRestart(msg, path, ramp.per_device_batch, ramp.accum)
@@ -175,8 +200,10 @@ class RampwatchTrainer(Trainer):
         if mon is None:
             return
         if self._pending is not None:  # decided, never saved: the card must not wait on it
-            mon.ramp_refused(self._pending, f"the run stopped ({status}) before the checkpoint "
-                                            "for the new tier was saved")
+            mon.ramp_refused(
+                self._pending,
+                f"the run stopped ({status}) before the checkpoint for the new tier was saved",
+            )
         mon.finish(status, message)
 
     # -- the data: a resumed ramp continues the sample stream exactly ---------------------------
@@ -187,8 +214,9 @@ class RampwatchTrainer(Trainer):
             return self._stream_loader(loader, st)
         if step and has_length(loader):  # HF's own resume, exact at the same tier: where it is
             steps, skipped = self._skip(loader, step)
-            self._samples_seen = (step // steps * len(loader.dataset)
-                                  + skipped * self._train_batch_size)
+            self._samples_seen = (
+                step // steps * len(loader.dataset) + skipped * self._train_batch_size
+            )
         return loader
 
     def _skip(self, loader, step: int) -> tuple[int, int]:
@@ -202,19 +230,30 @@ class RampwatchTrainer(Trainer):
         order = _index_sampler(loader)
         self._order_name = type(order).__name__
         if self._order_name not in _ORDERED_SAMPLERS:
-            raise ValueError(f"cannot continue {STATE_FILE}'s sample stream with a "
-                             f"{self._order_name}: its order is not the run's")
+            raise ValueError(
+                f"cannot continue {STATE_FILE}'s sample stream with a "
+                f"{self._order_name}: its order is not the run's"
+            )
         self._samples_seen = st["samples_seen"]
-        sampler = _StreamBatchSampler(order, len(loader.dataset), self._train_batch_size,
-                                      st["samples_seen"], len(loader),
-                                      self._skip(loader, st["step"])[1])
+        sampler = _StreamBatchSampler(
+            order,
+            len(loader.dataset),
+            self._train_batch_size,
+            st["samples_seen"],
+            len(loader),
+            self._skip(loader, st["step"])[1],
+        )
         workers = loader.num_workers
         stream = torch.utils.data.DataLoader(
-            loader.dataset, batch_sampler=sampler, collate_fn=loader.collate_fn,
-            num_workers=workers, pin_memory=loader.pin_memory,
+            loader.dataset,
+            batch_sampler=sampler,
+            collate_fn=loader.collate_fn,
+            num_workers=workers,
+            pin_memory=loader.pin_memory,
             worker_init_fn=loader.worker_init_fn,
             persistent_workers=loader.persistent_workers if workers else False,
-            prefetch_factor=loader.prefetch_factor if workers else None)
+            prefetch_factor=loader.prefetch_factor if workers else None,
+        )
         return self.accelerator.prepare(stream)
 
     # -- each micro-batch ---------------------------------------------------------------------
@@ -229,8 +268,11 @@ class RampwatchTrainer(Trainer):
         self._step_loss = loss if self._step_loss is None else self._step_loss + loss
         if self.accelerator.sync_gradients:  # the step's last backward; clipping comes next
             scaler = self.accelerator.scaler  # fp16: .grad holds the loss scale until the step
-            mon.step(self.state.global_step + 1, loss=self._step_loss,
-                     grad_scale=scaler.get_scale() if scaler is not None else 1.0)
+            mon.step(
+                self.state.global_step + 1,
+                loss=self._step_loss,
+                grad_scale=scaler.get_scale() if scaler is not None else 1.0,
+            )
             self._step_loss = None
         return loss
 
@@ -238,11 +280,13 @@ class RampwatchTrainer(Trainer):
         """What this micro-batch's mean loss is multiplied by (see the module docstring)."""
         scaled = getattr(self, "loss_is_scaled_for_ga", None)  # training_step's own rule
         if scaled is None:
-            scaled = ((self.model_accepts_loss_kwargs and num_items_in_batch is not None)
-                      or self.compute_loss_func is not None)
+            scaled = (
+                self.model_accepts_loss_kwargs and num_items_in_batch is not None
+            ) or self.compute_loss_func is not None
         if not scaled:
-            return 1.0 / getattr(self, "current_gradient_accumulation_steps",
-                                 self.args.gradient_accumulation_steps)
+            return 1.0 / getattr(
+                self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps
+            )
         if num_items_in_batch is None:
             return 1.0  # a loss already scaled, with no count: each micro-batch's as it is
         count = self._counted(inputs)
@@ -268,9 +312,11 @@ class RampwatchTrainer(Trainer):
             model = self.accelerator.unwrap_model(self.model)
             config = getattr(model, "config", None)
             loss = getattr(model, "loss_function", None) if hasattr(model, "loss_type") else None
-            self._shifts = (loss is ForCausalLMLoss if loss is not None
-                            else bool(getattr(self, "_loss_shifts_labels", False))) and not \
-                getattr(config, "is_encoder_decoder", False)
+            self._shifts = (
+                loss is ForCausalLMLoss
+                if loss is not None
+                else bool(getattr(self, "_loss_shifts_labels", False))
+            ) and not getattr(config, "is_encoder_decoder", False)
         return self._shifts
 
     # -- the monitor and the step boundary (called by _Hooks) ---------------------------------
@@ -280,21 +326,39 @@ class RampwatchTrainer(Trainer):
         mode = "off" if blocker else self._ramp_mode
         optimizer = getattr(self.optimizer, "optimizer", self.optimizer)  # AcceleratedOptimizer
         a = self.args
-        config = {"framework": f"transformers {sys.modules['transformers'].__version__}",
-                  "lr": a.learning_rate, "max_steps": a.max_steps, "seed": a.seed,
-                  "lr_scheduler_type": _plain(a.lr_scheduler_type), "optim": _plain(a.optim),
-                  "max_grad_norm": a.max_grad_norm, "output_dir": a.output_dir,
-                  **({"ramp_note": blocker} if blocker else {}), **self._run_config}
+        config = {
+            "framework": f"transformers {sys.modules['transformers'].__version__}",
+            "lr": a.learning_rate,
+            "max_steps": a.max_steps,
+            "seed": a.seed,
+            "lr_scheduler_type": _plain(a.lr_scheduler_type),
+            "optim": _plain(a.optim),
+            "max_grad_norm": a.max_grad_norm,
+            "output_dir": a.output_dir,
+            **({"ramp_note": blocker} if blocker else {}),
+            **self._run_config,
+        }
         policy = RampPolicy.from_config({CONFIG_KEY: st["policy"]}) if st else self._policy
         kw = {"echo": sys.stderr, **self._monitor_kwargs}  # events as lines on stderr
         if st:
-            kw.update(base_lr=st["base_lr"], noise_window=NoiseScaleWindow.from_dict(
-                st["noise_window"]))
+            kw.update(
+                base_lr=st["base_lr"], noise_window=NoiseScaleWindow.from_dict(st["noise_window"])
+            )
         self._mon = mon = Monitor.start(
-            self._db, name=self._name or a.run_name or "hf-trainer", config=config,
-            model=self.model, optimizer=optimizer, per_device_batch=self._train_batch_size,
-            accum=a.gradient_accumulation_steps, seq_len=self._seq_len or _seq_len(self),
-            run_id=st.get("run_id"), resume_step=st.get("step"), ramp=mode, policy=policy, **kw)
+            self._db,
+            name=self._name or a.run_name or "hf-trainer",
+            config=config,
+            model=self.model,
+            optimizer=optimizer,
+            per_device_batch=self._train_batch_size,
+            accum=a.gradient_accumulation_steps,
+            seq_len=self._seq_len or _seq_len(self),
+            run_id=st.get("run_id"),
+            resume_step=st.get("step"),
+            ramp=mode,
+            policy=policy,
+            **kw,
+        )
         if st:
             mon.tokens_seen, mon.last_step = st["tokens_seen"], st["step"]
             mon.ramps.infeasible = set(st["infeasible"])
@@ -304,8 +368,10 @@ class RampwatchTrainer(Trainer):
         """Why this run cannot be ramped by save-and-restart (the card says it), or None."""
         a = self.args
         if a.max_steps is None or a.max_steps <= 0:
-            return ("its length is set in epochs, and the LR schedule's length in steps would "
-                    "change with the batch; set max_steps to let Rampwatch ramp it")
+            return (
+                "its length is set in epochs, and the LR schedule's length in steps would "
+                "change with the batch; set max_steps to let Rampwatch ramp it"
+            )
         if a.save_only_model:
             return "save_only_model=True: checkpoints lack the optimizer and scheduler"
         if a.auto_find_batch_size or a.dataloader_drop_last:
@@ -313,12 +379,15 @@ class RampwatchTrainer(Trainer):
         if self.is_deepspeed_enabled or self.is_fsdp_enabled:
             return "DeepSpeed and FSDP checkpoints are not handled by this integration"
         if isinstance(self.train_dataset, torch.utils.data.IterableDataset) or not has_length(
-                self.train_dataset):
+            self.train_dataset
+        ):
             return "an iterable dataset's position cannot be carried to another batch size"
         name = self._order_name or type(_index_sampler(loader)).__name__
         if name not in _ORDERED_SAMPLERS:
-            return (f"its {name} orders samples by the batch (or the global RNG), so the "
-                    "position cannot be carried to another batch size")
+            return (
+                f"its {name} orders samples by the batch (or the global RNG), so the "
+                "position cannot be carried to another batch size"
+            )
         return None
 
     def _boundary(self, state, control) -> None:
@@ -326,9 +395,12 @@ class RampwatchTrainer(Trainer):
         if ramp is None:
             return
         if state.global_step >= state.max_steps or control.should_training_stop:
-            self._mon.ramp_refused(ramp, f"the run ends at step {state.global_step} "
-                                         "(max_steps or a callback): no step is left for the new "
-                                         "tier")
+            self._mon.ramp_refused(
+                ramp,
+                f"the run ends at step {state.global_step} "
+                "(max_steps or a callback): no step is left for the new "
+                "tier",
+            )
             return
         ramp.scale_lr(self.optimizer, self.lr_scheduler)  # saved with them, on the new base
         self._pending = ramp
@@ -342,18 +414,33 @@ class RampwatchTrainer(Trainer):
         if not os.path.isdir(path):
             return  # a hyperparameter-search trial's folder: not ours to continue
         self._stream = self._stream or ramp is not None
-        b, a = ((ramp.per_device_batch, ramp.accum) if ramp else
-                (self._train_batch_size, self.args.gradient_accumulation_steps))
+        b, a = (
+            (ramp.per_device_batch, ramp.accum)
+            if ramp
+            else (self._train_batch_size, self.args.gradient_accumulation_steps)
+        )
         state_doc = {
-            "version": 1, "run_id": mon.run_id, "step": state.global_step,
-            "per_device_batch": b, "accum": a, "samples_seen": self._samples_seen,
-            "stream": self._stream, "tokens_seen": mon.tokens_seen,
+            "version": 1,
+            "run_id": mon.run_id,
+            "step": state.global_step,
+            "per_device_batch": b,
+            "accum": a,
+            "samples_seen": self._samples_seen,
+            "stream": self._stream,
+            "tokens_seen": mon.tokens_seen,
             "base_lr": ramp.base_lr if ramp else mon.ramps.base_lr,
-            "policy": mon.ramps.policy.to_config(), "noise_window": mon.noise.to_dict(),
+            "policy": mon.ramps.policy.to_config(),
+            "noise_window": mon.noise.to_dict(),
             "infeasible": sorted(mon.ramps.infeasible),
             "measured": {str(k): v for k, v in mon.ramps.measured.items()},
-            "ramp": None if ramp is None else {"before": list(ramp.before), "source": ramp.source,
-                                              "command_id": ramp.command_id}}
+            "ramp": None
+            if ramp is None
+            else {
+                "before": list(ramp.before),
+                "source": ramp.source,
+                "command_id": ramp.command_id,
+            },
+        }
         tmp = os.path.join(path, STATE_FILE + ".tmp")
         with open(tmp, "w") as f:
             json.dump(state_doc, f)
@@ -440,5 +527,6 @@ def _plain(value):
 
 
 def _batch_len(inputs) -> int:
-    return next((int(v.shape[0]) for v in inputs.values()
-                 if isinstance(v, torch.Tensor) and v.dim() > 0), 0)
+    return next(
+        (int(v.shape[0]) for v in inputs.values() if isinstance(v, torch.Tensor) and v.dim() > 0), 0
+    )

@@ -24,6 +24,7 @@ token-weighted means over the tokens behind them (under DDP, each rank's weights
 micro-batches). Sharded gradients (FSDP's flat or DTensor parameters, ZeRO's missing .grad) set
 `sharded`: their local norm is not the gradient's, so nothing is measured.
 """
+
 from __future__ import annotations
 
 import math
@@ -85,8 +86,9 @@ def _is_sharded_tensor(t: torch.Tensor) -> bool:
 def _sharded(params) -> bool:
     """No .grad after a backward (ZeRO-2/3 keep gradients in their own partitioned buffers) or
     FSDP1's flat parameters: the norm of .grad would not be the gradient's norm."""
-    return any(type(p).__name__ == "FlatParameter" or getattr(p, "ds_id", None) is not None
-               for p in params) or all(p.grad is None for p in params)
+    return any(
+        type(p).__name__ == "FlatParameter" or getattr(p, "ds_id", None) is not None for p in params
+    ) or all(p.grad is None for p in params)
 
 
 def _squared_norm(grads: list[torch.Tensor]) -> torch.Tensor:
@@ -150,16 +152,31 @@ class AccumulationStats:
         if self._weights and all(w is not None for w in self._weights):
             # device tensors (token counts the loop never synced) arrive in one transfer
             dev = next((w.device for w in self._weights if isinstance(w, torch.Tensor)), "cpu")
-            return torch.stack([torch.as_tensor(w, dtype=torch.float64, device=dev).reshape(())
-                                for w in self._weights]).cpu().tolist()
+            return (
+                torch.stack(
+                    [
+                        torch.as_tensor(w, dtype=torch.float64, device=dev).reshape(())
+                        for w in self._weights
+                    ]
+                )
+                .cpu()
+                .tolist()
+            )
         return [1.0 / k if self.loss_divided_by_accum else 1.0] * k
 
     @property
     def count(self) -> int:
         return len(self._sq_norms)
 
-    def collect(self, micro_batch: int, grad_scale: float = 1.0, world_size: int = 1, *,
-                rank_mean=(), rank_max=()) -> StepGradStats:
+    def collect(
+        self,
+        micro_batch: int,
+        grad_scale: float = 1.0,
+        world_size: int = 1,
+        *,
+        rank_mean=(),
+        rank_max=(),
+    ) -> StepGradStats:
         """End of an optimizer step: one device-to-host copy, then per-point |S_j/j|^2.
 
         micro_batch: sequences per micro-batch on this rank; grad_scale: a loss scaler's current
@@ -168,15 +185,18 @@ class AccumulationStats:
         come back averaged / maxed over ranks in StepGradStats.rank_means / rank_maxes.
         """
         if not self._sq_norms:
-            raise RuntimeError("collect() called before any backward: call after_backward() "
-                               "after each micro-batch's loss.backward()")
+            raise RuntimeError(
+                "collect() called before any backward: call after_backward() "
+                "after each micro-batch's loss.backward()"
+            )
         if world_size > 1:
             return self._collect_ddp(micro_batch, grad_scale, world_size, rank_mean, rank_max)
         raw = torch.stack(self._sq_norms).double().cpu().tolist()
         sq_norms, sizes = self._points(raw, self._take_weights(), micro_batch, grad_scale)
         # the norm the clipper sees: .grad itself, loss scale undone
-        return StepGradStats(grad_norm=math.sqrt(raw[-1]) / grad_scale, batch_sizes=sizes,
-                             sq_norms=sq_norms)
+        return StepGradStats(
+            grad_norm=math.sqrt(raw[-1]) / grad_scale, batch_sizes=sizes, sq_norms=sq_norms
+        )
 
     def _take_weights(self) -> list[float]:
         weights = self._step_weights(len(self._sq_norms))
@@ -185,8 +205,9 @@ class AccumulationStats:
         return weights
 
     @staticmethod
-    def _points(raw: list[float], weights: list[float], micro_batch: int, grad_scale: float
-                ) -> tuple[list[float], list[float]]:
+    def _points(
+        raw: list[float], weights: list[float], micro_batch: int, grad_scale: float
+    ) -> tuple[list[float], list[float]]:
         """(|mean gradient|², sequences behind it) after each backward of the step.
 
         .grad after backward j = Σ_{i<=j} w_i·g_i (g_i: micro-batch i's mean gradient), so
@@ -201,12 +222,15 @@ class AccumulationStats:
                 sizes.append(micro_batch * total / mean_w)
         return sq_norms, sizes
 
-    def _collect_ddp(self, micro_batch: int, grad_scale: float, world: int, rank_mean,
-                     rank_max) -> StepGradStats:
+    def _collect_ddp(
+        self, micro_batch: int, grad_scale: float, world: int, rank_mean, rank_max
+    ) -> StepGradStats:
         local_full = self.rank_hook.take() if self.rank_hook is not None else None
         if local_full is None:
-            raise RuntimeError("collect(world_size > 1) needs the per-rank norm hook: call "
-                               "attach_ddp(ddp_model) before the first backward")
+            raise RuntimeError(
+                "collect(world_size > 1) needs the per-rank norm hook: call "
+                "attach_ddp(ddp_model) before the first backward"
+            )
         dev, f64 = local_full.device, torch.float64
         k, n_max = len(self._sq_norms), len(rank_max)
         # One SUM all-reduce: the local points (averaged below), the values to average, and one
@@ -216,8 +240,9 @@ class AccumulationStats:
         slots = torch.zeros(world * n_max, dtype=f64, device=dev)
         if n_max:
             rank = torch_dist.get_rank()
-            slots[rank * n_max:(rank + 1) * n_max] = torch.tensor(
-                [float(v) for v in rank_max], dtype=f64).to(dev)
+            slots[rank * n_max : (rank + 1) * n_max] = torch.tensor(
+                [float(v) for v in rank_max], dtype=f64
+            ).to(dev)
         vec = torch.cat([local, *means, slots])
         torch_dist.all_reduce(vec, group=self.rank_hook.process_group)
         # the last backward's .grad is already the global mean: same on every rank
@@ -226,14 +251,19 @@ class AccumulationStats:
         weights = self._take_weights()
         # rank averages of the local points; the all-reduced .grad adds the point at k·b·W: the
         # ranks' mean of their local full gradients, weighted as the last local point
-        sq_norms, sizes = self._points([v / world for v in host[:k]], weights, micro_batch,
-                                       grad_scale)
+        sq_norms, sizes = self._points(
+            [v / world for v in host[:k]], weights, micro_batch, grad_scale
+        )
         global_sq, inv_scale2 = host[-1], 1.0 / (grad_scale * grad_scale)
         sq_norms.append(global_sq / sum(weights) ** 2 * inv_scale2)
         sizes.append(sizes[-1] * world)
-        slot_values = host[k + n_mean:k + n_mean + world * n_max]
+        slot_values = host[k + n_mean : k + n_mean + world * n_max]
         return StepGradStats(
-            grad_norm=math.sqrt(global_sq * inv_scale2), batch_sizes=sizes, sq_norms=sq_norms,
-            rank_means=[v / world for v in host[k:k + n_mean]],
-            rank_maxes=[max(slot_values[r * n_max + i] for r in range(world))
-                        for i in range(n_max)])
+            grad_norm=math.sqrt(global_sq * inv_scale2),
+            batch_sizes=sizes,
+            sq_norms=sq_norms,
+            rank_means=[v / world for v in host[k : k + n_mean]],
+            rank_maxes=[
+                max(slot_values[r * n_max + i] for r in range(world)) for i in range(n_max)
+            ],
+        )

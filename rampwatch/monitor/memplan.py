@@ -36,6 +36,7 @@ reads them (.item(), .tolist(), a tensor in an `if`), makes data-dependent shape
 boolean masks) or calls kernels without a fake implementation gets an error row that says so and
 names `probe`; the plan never guesses.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,18 +61,34 @@ from rampwatch.monitor.planproc import (
     resolve_setup,
 )
 
-__all__ = ["COMPONENTS", "PlanHandle", "calibrate", "plan_in_process", "plan_points", "probe",
-           "start_plan", "trace_step"]
+__all__ = [
+    "COMPONENTS",
+    "PlanHandle",
+    "calibrate",
+    "plan_in_process",
+    "plan_points",
+    "probe",
+    "start_plan",
+    "trace_step",
+]
 
 COMPONENTS = ("parameters", "gradients", "optimizer", "activations")
 HEAD = "logits"  # the extra component of a traced head (trainer/memplan.py's loss head)
 # MemTracker keys snapshots by its _MemRefType enum; we read them by value so a renamed member
 # (private API) fails loudly in _breakdown instead of silently landing in the wrong component.
-_CATEGORY = {"Parameter": "parameters", "Buffer": "parameters", "Gradient": "gradients",
-             "Optstate": "optimizer", "Activation": "activations", "Temp": "activations",
-             "Other": "activations"}
-PROBE_HINT = ("measure it instead with rampwatch.monitor.memplan.probe(setup, batches), which "
-              "runs real steps on the device and stops at the first out-of-memory")
+_CATEGORY = {
+    "Parameter": "parameters",
+    "Buffer": "parameters",
+    "Gradient": "gradients",
+    "Optstate": "optimizer",
+    "Activation": "activations",
+    "Temp": "activations",
+    "Other": "activations",
+}
+PROBE_HINT = (
+    "measure it instead with rampwatch.monitor.memplan.probe(setup, batches), which "
+    "runs real steps on the device and stops at the first out-of-memory"
+)
 
 
 @functools.lru_cache(maxsize=None)
@@ -95,19 +112,22 @@ def _tracker_class():
             self.phase = "setup"
             self.peak_total = -1
             self.peak: dict[str, Any] = {}
-            self.tagging = False           # inside the head's region
-            self._pending = 0              # head inputs whose gradient has not arrived yet
+            self.tagging = False  # inside the head's region
+            self._pending = 0  # head inputs whose gradient has not arrived yet
             self._tagged: dict[int, tuple[Any, int]] = {}
             self.tagged_bytes = 0
             self._handles = []
             if head is None:
                 return
-            self._handles += [head.register_forward_pre_hook(self._head_pre),
-                              head.register_forward_hook(self._head_post)]
+            self._handles += [
+                head.register_forward_pre_hook(self._head_pre),
+                head.register_forward_hook(self._head_post),
+            ]
             for p in params:  # a parameter's gradient is "gradients", never the head's
                 self._handles.append(p.register_hook(self._untag))
-                self._handles.append(p.register_post_accumulate_grad_hook(
-                    lambda p: self._untag(p.grad)))
+                self._handles.append(
+                    p.register_post_accumulate_grad_hook(lambda p: self._untag(p.grad))
+                )
 
         def remove_hooks(self):
             for h in self._handles:
@@ -123,7 +143,7 @@ def _tracker_class():
                 self.phase = "backward"
                 self.tagging = self._pending > 0  # backward runs through the head first
             elif not in_backward and self.phase == "backward":
-                self.phase = "optimizer"          # clipping, the step, anything after backward
+                self.phase = "optimizer"  # clipping, the step, anything after backward
                 self.tagging, self._pending = False, 0
 
         # -- region of the head ------------------------------------------------------------
@@ -158,8 +178,12 @@ def _tracker_class():
                 self.tagged_bytes -= entry[1]
 
         def _tag_new_outputs(self, args, kwargs, res):
-            seen = {id(st) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)
-                    for st in get_untyped_storages(t)}
+            seen = {
+                id(st)
+                for t in tree_flatten((args, kwargs))[0]
+                if isinstance(t, torch.Tensor)
+                for st in get_untyped_storages(t)
+            }
             for t in tree_flatten(res)[0]:
                 if not isinstance(t, torch.Tensor):
                     continue
@@ -181,8 +205,9 @@ def _tracker_class():
             if func in self._workspace and args and isinstance(args[0], torch.Tensor):
                 # The op allocates an input-sized temporary inside its kernel, which a fake
                 # kernel never does: allocate it where MemTracker sees it, for the op's duration.
-                scratch = super().__torch_dispatch__(torch.ops.aten.empty_like.default, types,
-                                                     (args[0],), {})
+                scratch = super().__torch_dispatch__(
+                    torch.ops.aten.empty_like.default, types, (args[0],), {}
+                )
                 if self.tagging:
                     self._tag_new_outputs((), {}, scratch)
             res = super().__torch_dispatch__(func, types, args, kwargs)
@@ -195,8 +220,7 @@ def _tracker_class():
                 total = sum(d["Total"] for d in snap.values())
                 if total > self.peak_total:  # strict: the first moment of the peak, as MemTracker
                     self.peak_total = total
-                    self.peak = {"snapshot": snap, "head": self.tagged_bytes,
-                                 "phase": self.phase}
+                    self.peak = {"snapshot": snap, "head": self.tagged_bytes, "phase": self.phase}
             del scratch
             return res
 
@@ -237,8 +261,12 @@ def _breakdown(snapshot: dict, head_alive: int | None) -> tuple[int, dict[str, i
 def amp_dtype(amp: str | None):
     if amp in (None, "", "none", "fp32"):
         return None
-    return {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-            "fp16": torch.float16, "float16": torch.float16}[amp]
+    return {
+        "bf16": torch.bfloat16,
+        "bfloat16": torch.bfloat16,
+        "fp16": torch.float16,
+        "float16": torch.float16,
+    }[amp]
 
 
 def fake_device(device_type: str) -> torch.device:
@@ -249,9 +277,15 @@ def fake_device(device_type: str) -> torch.device:
     return dev
 
 
-def trace_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Any,
-               train_step: Callable[[], Any], *, head: torch.nn.Module | None = None,
-               accum_steps: int = 1) -> dict:
+def trace_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: Any,
+    train_step: Callable[[], Any],
+    *,
+    head: torch.nn.Module | None = None,
+    accum_steps: int = 1,
+) -> dict:
     """Two iterations of train_step() on fake tensors (the caller's FakeTensorMode) under the
     tracker: {"predicted_bytes", "breakdown", "steady_bytes", "peak_phase"} of the second.
     accum_steps > 1 keeps the first iteration's gradients, so the second backward adds to them
@@ -259,8 +293,9 @@ def trace_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: 
     params = [p for p in model.parameters() if p.requires_grad]
     tracker = _tracker_class()(head, params)
     # The batch counts too (as 'Other', i.e. activations): the real step holds it.
-    tracker.track_external(model, optimizer,
-                           *[t for t in tree_flatten(batch)[0] if isinstance(t, torch.Tensor)])
+    tracker.track_external(
+        model, optimizer, *[t for t in tree_flatten(batch)[0] if isinstance(t, torch.Tensor)]
+    )
     zero_grad, asked, own = optimizer.zero_grad, [], optimizer.__dict__.get("zero_grad")
     optimizer.zero_grad = lambda *a, **k: asked.append((a, k))  # deferred to between iterations
     steady = 0
@@ -284,8 +319,12 @@ def trace_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: 
     if not tracker.peak:
         raise RuntimeError("train_step ran no tensor operation")
     total, parts = _breakdown(tracker.peak["snapshot"], tracker.peak["head"] if head else None)
-    return {"predicted_bytes": int(total), "breakdown": parts, "steady_bytes": int(steady),
-            "peak_phase": tracker.peak["phase"]}
+    return {
+        "predicted_bytes": int(total),
+        "breakdown": parts,
+        "steady_bytes": int(steady),
+        "peak_phase": tracker.peak["phase"],
+    }
 
 
 def _autocast_forward(model: torch.nn.Module, device_type: str, dtype) -> None:
@@ -296,6 +335,7 @@ def _autocast_forward(model: torch.nn.Module, device_type: str, dtype) -> None:
     def autocast_forward(*args, **kwargs):
         with torch.autocast(device_type, dtype=dtype):
             return forward(*args, **kwargs)
+
     model.forward = autocast_forward
 
 
@@ -303,19 +343,33 @@ def _fake_failure(e: BaseException, stage: str, b: int) -> str:
     from torch._subclasses import fake_tensor as ft
 
     what = f"{type(e).__name__}: {e}".strip().splitlines()[0][:400]
-    beyond = (ft.DataDependentOutputException, ft.DynamicOutputShapeException,
-              ft.UnsupportedOperatorException, ft.UnsupportedFakeTensorException)
+    beyond = (
+        ft.DataDependentOutputException,
+        ft.DynamicOutputShapeException,
+        ft.UnsupportedOperatorException,
+        ft.UnsupportedFakeTensorException,
+    )
     if isinstance(e, beyond) or "tensor subclass" in str(e):
-        return (f"fake tensors cannot run this model ({stage} at per-device batch {b}: {what}): "
-                "it reads tensor values (.item(), .tolist(), a tensor in an if), makes "
-                "data-dependent shapes (nonzero, boolean masks) or calls a kernel without a "
-                f"fake implementation, so there is no plan; {PROBE_HINT}")
-    return (f"the fake-tensor plan failed in {stage} at per-device batch {b}: {what}. If this "
-            f"setup runs on real tensors, fake tensors cannot follow the model: {PROBE_HINT}")
+        return (
+            f"fake tensors cannot run this model ({stage} at per-device batch {b}: {what}): "
+            "it reads tensor values (.item(), .tolist(), a tensor in an if), makes "
+            "data-dependent shapes (nonzero, boolean masks) or calls a kernel without a "
+            f"fake implementation, so there is no plan; {PROBE_HINT}"
+        )
+    return (
+        f"the fake-tensor plan failed in {stage} at per-device batch {b}: {what}. If this "
+        f"setup runs on real tensors, fake tensors cannot follow the model: {PROBE_HINT}"
+    )
 
 
-def plan_one(setup: str | Callable, per_device_batch: int, *, device_type: str = "cpu",
-             amp: str | None = None, accum_steps: int = 1) -> dict:
+def plan_one(
+    setup: str | Callable,
+    per_device_batch: int,
+    *,
+    device_type: str = "cpu",
+    amp: str | None = None,
+    accum_steps: int = 1,
+) -> dict:
     """Plan setup at one per-device batch: a row (see the module docstring); raises on error
     (a message already saying what failed, for the row)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -336,24 +390,41 @@ def plan_one(setup: str | Callable, per_device_batch: int, *, device_type: str =
         if dt is not None:
             _autocast_forward(model, dev.type, dt)
         try:
-            fig = trace_step(model, opt, batch, lambda: step(model, opt, batch),
-                             accum_steps=accum_steps)
+            fig = trace_step(
+                model, opt, batch, lambda: step(model, opt, batch), accum_steps=accum_steps
+            )
         except Exception as e:  # noqa: BLE001 - reworded for the row
             raise RuntimeError(_fake_failure(e, "train_step", b)) from e
-    return {"per_device_batch": b, "variant": "plain", **fig, "device_type": dev.type,
-            "amp": amp, "accum_steps": int(accum_steps),
-            "seconds": round(time.perf_counter() - t0, 3), "source": "plan", "error": None}
+    return {
+        "per_device_batch": b,
+        "variant": "plain",
+        **fig,
+        "device_type": dev.type,
+        "amp": amp,
+        "accum_steps": int(accum_steps),
+        "seconds": round(time.perf_counter() - t0, 3),
+        "source": "plan",
+        "error": None,
+    }
 
 
-def iter_plan(setup: str | Callable, batches: Sequence[int], *, device_type: str = "cpu",
-              amp: str | None = None, accum_steps: int = 1) -> Iterator[dict]:
+def iter_plan(
+    setup: str | Callable,
+    batches: Sequence[int],
+    *,
+    device_type: str = "cpu",
+    amp: str | None = None,
+    accum_steps: int = 1,
+) -> Iterator[dict]:
     """plan_in_process's rows, one at a time (the child writes each as it is ready)."""
     try:
         fn = resolve_setup(setup)
     except Exception as e:  # noqa: BLE001 - surfaced as data, never raised
-        msg = (f"cannot import setup {setup!r} in the planner's process: {type(e).__name__}: "
-               f"{e} (setup must be a module-level function of an importable module, or of "
-               "the running script, or a 'package.module:function' string)")
+        msg = (
+            f"cannot import setup {setup!r} in the planner's process: {type(e).__name__}: "
+            f"{e} (setup must be a module-level function of an importable module, or of "
+            "the running script, or a 'package.module:function' string)"
+        )
         for b in batches:
             yield error_row(b, "plain", device_type, msg, source="plan")
         return
@@ -365,40 +436,62 @@ def iter_plan(setup: str | Callable, batches: Sequence[int], *, device_type: str
             yield error_row(b, "plain", device_type, msg, source="plan")
 
 
-def plan_in_process(setup: str | Callable, batches: Sequence[int], *, device_type: str = "cpu",
-                    amp: str | None = None, accum_steps: int = 1) -> list[dict]:
+def plan_in_process(
+    setup: str | Callable,
+    batches: Sequence[int],
+    *,
+    device_type: str = "cpu",
+    amp: str | None = None,
+    accum_steps: int = 1,
+) -> list[dict]:
     """Rows for every per-device batch, in this process (seconds per batch for a large model).
     A failing batch becomes an error row; nothing is raised. setup is a module-level function
     or a "package.module:function" string (module docstring)."""
-    return list(iter_plan(setup, batches, device_type=device_type, amp=amp,
-                          accum_steps=accum_steps))
+    return list(
+        iter_plan(setup, batches, device_type=device_type, amp=amp, accum_steps=accum_steps)
+    )
 
 
-def start_plan(setup: str | Callable, batches: Sequence[int], *, device_type: str = "cpu",
-               amp: str | None = None, accum_steps: int = 1, timeout_s: float = 900.0
-               ) -> PlanHandle:
+def start_plan(
+    setup: str | Callable,
+    batches: Sequence[int],
+    *,
+    device_type: str = "cpu",
+    amp: str | None = None,
+    accum_steps: int = 1,
+    timeout_s: float = 900.0,
+) -> PlanHandle:
     """The same in a child process while the loop runs on: handle.done(), handle.result()."""
     try:
         request = request_base(setup, batches, device_type)
     except (TypeError, ValueError) as e:
-        return PlanHandle({"batches": list(batches), "device_type": device_type}, timeout_s,
-                          error=f"{type(e).__name__}: {e}")
+        return PlanHandle(
+            {"batches": list(batches), "device_type": device_type},
+            timeout_s,
+            error=f"{type(e).__name__}: {e}",
+        )
     request.update(amp=amp, accum_steps=int(accum_steps))
     return PlanHandle(request, timeout_s, "rampwatch.monitor.memplan")
 
 
 # -- rows -> advisor ------------------------------------------------------------------------
 
+
 def plan_points(rows: Sequence[Mapping], variant: str = "plain") -> dict[int, int]:
     """{per-device batch: predicted peak bytes} of one variant, error rows skipped: the
     `planned` argument of advisor.memory.fit_memory_model."""
-    return {int(r["per_device_batch"]): int(r["predicted_bytes"]) for r in rows
-            if r.get("variant") == variant and r.get("error") is None
-            and r.get("predicted_bytes") is not None}
+    return {
+        int(r["per_device_batch"]): int(r["predicted_bytes"])
+        for r in rows
+        if r.get("variant") == variant
+        and r.get("error") is None
+        and r.get("predicted_bytes") is not None
+    }
 
 
-def calibrate(rows: Sequence[Mapping], measured: Mapping[int, int], variant: str = "plain"
-              ) -> list[dict]:
+def calibrate(
+    rows: Sequence[Mapping], measured: Mapping[int, int], variant: str = "plain"
+) -> list[dict]:
     """Copies of rows with "calibrated_bytes": advisor.memory's fit (one measured peak + plan
     slope, or the measured line) for the running `variant`; another variant keeps the plan's
     difference to it at the same batch (what switching would save is a plan figure).
@@ -423,9 +516,15 @@ def calibrate(rows: Sequence[Mapping], measured: Mapping[int, int], variant: str
 
 # -- command line (and the child of start_plan) ---------------------------------------------
 
+
 def _run_request(req: dict) -> Iterator[dict]:
-    return iter_plan(req["setup"], req["batches"], device_type=req["device_type"],
-                     amp=req.get("amp"), accum_steps=req.get("accum_steps", 1))
+    return iter_plan(
+        req["setup"],
+        req["batches"],
+        device_type=req["device_type"],
+        amp=req.get("amp"),
+        accum_steps=req.get("accum_steps", 1),
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -440,8 +539,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     def from_args(a):
         if not a.setup:
             ap.error("a setup reference or --request is required")
-        return {"setup": a.setup, "batches": [int(x) for x in a.batches.split(",")],
-                "device_type": a.device, "amp": a.amp, "accum_steps": a.accum, "sys_path": [""]}
+        return {
+            "setup": a.setup,
+            "batches": [int(x) for x in a.batches.split(",")],
+            "device_type": a.device,
+            "amp": a.amp,
+            "accum_steps": a.accum,
+            "sys_path": [""],
+        }
+
     return child_main(argv, prog, _run_request, ap, from_args)
 
 

@@ -17,6 +17,7 @@ measured - steady is what the step adds (the plan's predicted - steady). The fir
 runs out of memory gets feasible False and ends the probe (larger batches get no row); a child
 killed outright (the kernel's OOM killer) marks the batch it was running the same way.
 """
+
 from __future__ import annotations
 
 import gc
@@ -40,10 +41,17 @@ MMAP_THRESHOLD = 16384  # bytes: every tensor of at least this size is its own m
 
 
 def _row(b: int, device_type: str, t0: float, **kw) -> dict:
-    row = {"per_device_batch": b, "variant": "plain", "measured_bytes": None,
-           "steady_bytes": None, "feasible": None, "source": "probe",
-           "device_type": device_type, "seconds": round(time.perf_counter() - t0, 3),
-           "error": None}
+    row = {
+        "per_device_batch": b,
+        "variant": "plain",
+        "measured_bytes": None,
+        "steady_bytes": None,
+        "feasible": None,
+        "source": "probe",
+        "device_type": device_type,
+        "seconds": round(time.perf_counter() - t0, 3),
+        "error": None,
+    }
     row.update(kw)
     return row
 
@@ -51,8 +59,11 @@ def _row(b: int, device_type: str, t0: float, **kw) -> dict:
 def _is_oom(e: BaseException) -> bool:
     oom = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
     text = str(e)
-    return isinstance(e, (oom, MemoryError)) or "can't allocate memory" in text \
+    return (
+        isinstance(e, (oom, MemoryError))
+        or "can't allocate memory" in text
         or "out of memory" in text.lower()
+    )
 
 
 def _complete(request: dict, rows: list[dict], error: str) -> list[dict]:
@@ -66,15 +77,24 @@ def _complete(request: dict, rows: list[dict], error: str) -> list[dict]:
     out = list(rows)
     for i, b in enumerate(missing):
         if i == 0 and "killed by signal" in error:
-            out.append(_row(b, dev, time.perf_counter(), feasible=False, seconds=None,
-                            error=f"{error} (at per-device batch {b}: most likely out of memory)"))
+            out.append(
+                _row(
+                    b,
+                    dev,
+                    time.perf_counter(),
+                    feasible=False,
+                    seconds=None,
+                    error=f"{error} (at per-device batch {b}: most likely out of memory)",
+                )
+            )
             break
         out.append(_row(b, dev, time.perf_counter(), seconds=None, error=error))
     return out
 
 
-def probe(setup: str | Callable, batches: Sequence[int], *, device: str = "cpu",
-          timeout_s: float = 600.0) -> list[dict]:
+def probe(
+    setup: str | Callable, batches: Sequence[int], *, device: str = "cpu", timeout_s: float = 600.0
+) -> list[dict]:
     """Measured rows for the batches (ascending) on `device` ("cpu" | "cuda": the current
     CUDA device), in a child process; never raises. Blocks until done (or timeout_s)."""
     bs = sorted({int(b) for b in batches})
@@ -87,12 +107,14 @@ def probe(setup: str | Callable, batches: Sequence[int], *, device: str = "cpu",
         return _complete({"batches": bs, "device_type": dev}, [], f"{type(e).__name__}: {e}")
     env = child_env(dev)
     env.update(MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD), MALLOC_ARENA_MAX="1")
-    handle = PlanHandle(request, timeout_s, "rampwatch.monitor.memprobe", env=env,
-                        complete=_complete)
+    handle = PlanHandle(
+        request, timeout_s, "rampwatch.monitor.memprobe", env=env, complete=_complete
+    )
     return handle.result()
 
 
 # -- the child ------------------------------------------------------------------------------
+
 
 def _probe_one(fn: Callable, b: int, dev: torch.device, cpu_peak) -> dict:
     t0 = time.perf_counter()
@@ -116,13 +138,19 @@ def _probe_one(fn: Callable, b: int, dev: torch.device, cpu_peak) -> dict:
             peak = torch.cuda.max_memory_reserved(dev)
         else:
             _, peak = cpu_peak.read_and_reset()
-        return _row(b, dev.type, t0, measured_bytes=int(peak), steady_bytes=int(steady),
-                    feasible=True)
+        return _row(
+            b, dev.type, t0, measured_bytes=int(peak), steady_bytes=int(steady), feasible=True
+        )
     except Exception as e:  # noqa: BLE001 - surfaced as data, never raised
         what = f"{type(e).__name__}: {e}".strip().splitlines()[0][:400]
         if _is_oom(e):
-            return _row(b, dev.type, t0, feasible=False,
-                        error=f"out of memory at per-device batch {b}: {what}")
+            return _row(
+                b,
+                dev.type,
+                t0,
+                feasible=False,
+                error=f"out of memory at per-device batch {b}: {what}",
+            )
         return _row(b, dev.type, t0, error=f"the probe failed at per-device batch {b}: {what}")
     finally:
         del model, opt, batch, step
@@ -138,8 +166,9 @@ def _run_request(req: dict) -> Iterator[dict]:
     try:
         fn = resolve_setup(req["setup"])
     except Exception as e:  # noqa: BLE001
-        error = (f"cannot import setup {req['setup']!r} in the probe's process: "
-                 f"{type(e).__name__}: {e}")
+        error = (
+            f"cannot import setup {req['setup']!r} in the probe's process: {type(e).__name__}: {e}"
+        )
     if error is None and dev.type == "cuda" and not torch.cuda.is_available():
         error = "probe on 'cuda' needs a CUDA build of torch and a visible GPU"
     if error is None and dev.type == "cpu" and not os.path.exists("/proc/self/clear_refs"):

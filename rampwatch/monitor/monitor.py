@@ -19,6 +19,7 @@ Everything is written through store.RunWriter, whose log() only appends to a spo
 monitor never raises into the loop: an error inside it becomes one `alert` event and the
 telemetry it could not take is left out.
 """
+
 from __future__ import annotations
 
 import collections
@@ -101,8 +102,10 @@ def default_policy(optimizer, batch: int, lr_rule: str | None = None) -> RampPol
     try:
         rule = rule_for(type(optimizer).__name__, lr_rule)
     except ValueError as e:
-        raise ValueError(f"{e}. Name the rule a ramp moves the LR by: Monitor.start(..., "
-                         "lr_rule='sqrt' (Adam-type), 'linear' (SGD) or 'none')") from None
+        raise ValueError(
+            f"{e}. Name the rule a ramp moves the LR by: Monitor.start(..., "
+            "lr_rule='sqrt' (Adam-type), 'linear' (SGD) or 'none')"
+        ) from None
     lr = _base_lr(optimizer)
     # an LR of 0 (frozen weights, a schedule that owns the LR) has no scale: ramps then move a
     # unit LR, so their multipliers are still the rule's
@@ -114,14 +117,28 @@ class Monitor:
     calls it (step() all-reduces a few values, ramp_due() hears rank 0's decision); rank 0 has
     the writer, other ranks have writer=None."""
 
-    def __init__(self, writer: RunWriter | None, *, model: torch.nn.Module, optimizer,
-                 per_device_batch: int, accum: int, seq_len: int, world_size: int | None = None,
-                 device: torch.device | None = None, flops_per_token: float | None = None,
-                 gns_window_steps: int = 200, loss_divided_by_accum: bool = True,
-                 noise_window: NoiseScaleWindow | None = None, echo: TextIO | None = None,
-                 ramp: str = "manual", policy: RampPolicy | None = None,
-                 lr_rule: str | None = None, base_lr: float | None = None,
-                 control_group=None):
+    def __init__(
+        self,
+        writer: RunWriter | None,
+        *,
+        model: torch.nn.Module,
+        optimizer,
+        per_device_batch: int,
+        accum: int,
+        seq_len: int,
+        world_size: int | None = None,
+        device: torch.device | None = None,
+        flops_per_token: float | None = None,
+        gns_window_steps: int = 200,
+        loss_divided_by_accum: bool = True,
+        noise_window: NoiseScaleWindow | None = None,
+        echo: TextIO | None = None,
+        ramp: str = "manual",
+        policy: RampPolicy | None = None,
+        lr_rule: str | None = None,
+        base_lr: float | None = None,
+        control_group=None,
+    ):
         self.writer = writer
         self.echo = echo  # each event is also one line here (the trainer passes stderr)
         self.optimizer = optimizer
@@ -146,19 +163,35 @@ class Monitor:
         self._excluded = 0.0
         self._alerted: set[str] = set()  # alerts said once per run
         self._norms: collections.deque[float] = collections.deque(maxlen=SPIKE_WINDOW)
-        policy = policy or default_policy(optimizer, per_device_batch * accum * self.world_size,
-                                          lr_rule)
+        policy = policy or default_policy(
+            optimizer, per_device_batch * accum * self.world_size, lr_rule
+        )
         channel = RampChannel(control_group) if self.world_size > 1 else None
-        self.ramps = RampProtocol(self, policy, mode=ramp, base_lr=base_lr or _base_lr(optimizer),
-                                  channel=channel)
+        self.ramps = RampProtocol(
+            self, policy, mode=ramp, base_lr=base_lr or _base_lr(optimizer), channel=channel
+        )
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
-    def start(cls, db_path, *, name: str, config: Mapping[str, Any], model: torch.nn.Module,
-              optimizer, per_device_batch: int, accum: int, seq_len: int,
-              world_size: int | None = None, capacity_bytes: int | None = None,
-              run_id: str | None = None, resume_step: int | None = None,
-              ramp: str = "manual", lr_rule: str | None = None, **kwargs) -> "Monitor":
+    def start(
+        cls,
+        db_path,
+        *,
+        name: str,
+        config: Mapping[str, Any],
+        model: torch.nn.Module,
+        optimizer,
+        per_device_batch: int,
+        accum: int,
+        seq_len: int,
+        world_size: int | None = None,
+        capacity_bytes: int | None = None,
+        run_id: str | None = None,
+        resume_step: int | None = None,
+        ramp: str = "manual",
+        lr_rule: str | None = None,
+        **kwargs,
+    ) -> "Monitor":
         """Open (or resume) a run in the database at db_path and return its monitor.
 
         Under torch.distributed every rank calls it; only rank 0 opens the database. The run
@@ -176,17 +209,41 @@ class Monitor:
         policy = policy or default_policy(optimizer, per_device_batch * accum * world, lr_rule)
         writer = None
         if rank == 0:
-            recorded = {"per_device_batch": per_device_batch, "accum": accum,
-                        "world_size": world, "seq_len": seq_len, "ramp": ramp,
-                        "optimizer": type(optimizer).__name__, "lr": policy.original_lr,
-                        **dict(config), POLICY_KEY: policy.to_config()}
-            writer = RunWriter.start(db_path, name, config=recorded, device=device_name(device),
-                                     capacity_bytes=capacity, world_size=world, run_id=run_id,
-                                     resume_step=resume_step)
+            recorded = {
+                "per_device_batch": per_device_batch,
+                "accum": accum,
+                "world_size": world,
+                "seq_len": seq_len,
+                "ramp": ramp,
+                "optimizer": type(optimizer).__name__,
+                "lr": policy.original_lr,
+                **dict(config),
+                POLICY_KEY: policy.to_config(),
+            }
+            writer = RunWriter.start(
+                db_path,
+                name,
+                config=recorded,
+                device=device_name(device),
+                capacity_bytes=capacity,
+                world_size=world,
+                run_id=run_id,
+                resume_step=resume_step,
+            )
         try:
-            mon = cls(writer, model=model, optimizer=optimizer,
-                      per_device_batch=per_device_batch, accum=accum, seq_len=seq_len,
-                      world_size=world, device=device, ramp=ramp, policy=policy, **kwargs)
+            mon = cls(
+                writer,
+                model=model,
+                optimizer=optimizer,
+                per_device_batch=per_device_batch,
+                accum=accum,
+                seq_len=seq_len,
+                world_size=world,
+                device=device,
+                ramp=ramp,
+                policy=policy,
+                **kwargs,
+            )
         except BaseException as e:  # e.g. a second DDP comm hook: the run must not stay running
             if writer is not None:
                 writer.close("failed", f"the monitor could not start: {type(e).__name__}: {e}")
@@ -229,8 +286,14 @@ class Monitor:
             self._excluded += time.perf_counter() - t0
 
     # -- per optimizer step -------------------------------------------------------------------
-    def step(self, step: int, loss: float, *, grad_scale: float = 1.0,
-             extra: Mapping[str, float] | None = None) -> dict[str, float]:
+    def step(
+        self,
+        step: int,
+        loss: float,
+        *,
+        grad_scale: float = 1.0,
+        extra: Mapping[str, float] | None = None,
+    ) -> dict[str, float]:
         """Record one optimizer step. Call after the last backward, before clipping. Returns
         what was logged ({} when the monitor itself failed: said once as an alert)."""
         try:
@@ -244,10 +307,13 @@ class Monitor:
         if where in self._alerted:
             return
         self._alerted.add(where)
-        self.event(self.last_step if step is None else step, M.EVENT_ALERT,
-                   f"rampwatch could not take this step's telemetry in {where}: "
-                   f"{type(error).__name__}: {error}; training goes on without it",
-                   {"where": where, "error": repr(error)})
+        self.event(
+            self.last_step if step is None else step,
+            M.EVENT_ALERT,
+            f"rampwatch could not take this step's telemetry in {where}: "
+            f"{type(error).__name__}: {error}; training goes on without it",
+            {"where": where, "error": repr(error)},
+        )
 
     def _step(self, step: int, loss, grad_scale: float, extra) -> dict[str, float]:
         self.last_step = step
@@ -281,8 +347,9 @@ class Monitor:
             m[M.STEP_TIME] = dt
             m[M.TOKENS_PER_S] = batch_tokens / dt
             if self.flops_per_token and self.peak_flops:
-                m[M.MFU] = flops_math.mfu(m[M.TOKENS_PER_S], self.flops_per_token,
-                                          self.peak_flops, self.world_size)
+                m[M.MFU] = flops_math.mfu(
+                    m[M.TOKENS_PER_S], self.flops_per_token, self.peak_flops, self.world_size
+                )
         self._last_step_t, self._excluded = now, 0.0
         m.update(mem if mem is not None else self._memory_metrics())
         if extra:
@@ -301,18 +368,26 @@ class Monitor:
             return
         median = statistics.median(history) if len(history) >= SPIKE_MIN_STEPS else math.inf
         if grad_norm > SPIKE_FACTOR * median:
-            self.event(step, M.EVENT_ALERT,
-                       f"gradient-norm spike: {grad_norm:.3g} is {grad_norm / median:.0f}× the "
-                       f"median of the last {len(history)} steps ({median:.3g}); check this "
-                       "step's data and the LR (clipping bounds the update, not the cause)",
-                       {"grad_norm": grad_norm, "median": median})
+            self.event(
+                step,
+                M.EVENT_ALERT,
+                f"gradient-norm spike: {grad_norm:.3g} is {grad_norm / median:.0f}× the "
+                f"median of the last {len(history)} steps ({median:.3g}); check this "
+                "step's data and the LR (clipping bounds the update, not the cause)",
+                {"grad_norm": grad_norm, "median": median},
+            )
         history.append(grad_norm)
 
     def _say_sharded(self, step: int) -> None:
         if "sharded" not in self._alerted:
             self._alerted.add("sharded")
-            self.event(step, M.EVENT_ALERT, "noise scale not measured: sharded gradients (FSDP "
-                       "or ZeRO keep a shard of .grad per rank, or none)", {"sharded": True})
+            self.event(
+                step,
+                M.EVENT_ALERT,
+                "noise scale not measured: sharded gradients (FSDP "
+                "or ZeRO keep a shard of .grad per rank, or none)",
+                {"sharded": True},
+            )
 
     # -- at each step boundary: the ramp protocol (monitor/ramp.py) ---------------------------
     def ramp_due(self, step: int | None = None) -> Ramp | None:
@@ -340,13 +415,18 @@ class Monitor:
         """The loop could not apply it: the card shows 'refused: reason'."""
         self.ramps.refused(ramp, reason)
 
-    def report_oom(self, per_device_batch: int, step: int | None = None,
-                   message: str = "out of memory") -> None:
+    def report_oom(
+        self, per_device_batch: int, step: int | None = None, message: str = "out of memory"
+    ) -> None:
         """The loop ran out of memory at this per-device batch: no tier uses it again."""
         step = self.last_step if step is None else step
         self.ramps.mark_infeasible(per_device_batch, step)
-        self.event(step, M.EVENT_OOM, f"out of memory at per-device batch {per_device_batch}: "
-                   f"{message}", {"per_device_batch": int(per_device_batch), "error": message})
+        self.event(
+            step,
+            M.EVENT_OOM,
+            f"out of memory at per-device batch {per_device_batch}: {message}",
+            {"per_device_batch": int(per_device_batch), "error": message},
+        )
         self.grads.reset()
 
     def plan_memory(self, setup, per_device_batches=None, *, amp: str | None = None) -> None:
@@ -355,18 +435,23 @@ class Monitor:
         function or "module:function"); the rows reach the card and the ramp checks at a later
         ramp_due(). A model fake tensors cannot run gets an alert naming probe_memory()."""
         from rampwatch.monitor import memplan  # torch.distributed._tools: only when planning
+
         if self.writer is None:
             return
         b = self.per_device_batch
         batches = per_device_batches or sorted({max(1, b // 2), b, 2 * b, 4 * b, 8 * b})
-        self.ramps.start_plan(memplan.start_plan(setup, batches, device_type=self.device.type,
-                                                 amp=amp, accum_steps=self.accum))
+        self.ramps.start_plan(
+            memplan.start_plan(
+                setup, batches, device_type=self.device.type, amp=amp, accum_steps=self.accum
+            )
+        )
 
     def probe_memory(self, setup, per_device_batches) -> list[dict]:
         """Measure the peak of real training steps at these per-device batches, in a child
         process on this device, up to the first out-of-memory (monitor/memprobe.py; blocks).
         For models the fake-tensor plan cannot run: what Lightning's BatchSizeFinder does."""
         from rampwatch.monitor.memprobe import probe
+
         rows = probe(setup, per_device_batches, device=self.device.type)
         self.add_memory_plan(rows, "probe")
         return rows
@@ -380,8 +465,13 @@ class Monitor:
         """DDP: the loss averaged over ranks and the peak memory maxed over ranks ride on the
         noise-scale statistics' all-reduce (other memory figures stay this rank's)."""
         mem = self._memory_metrics()
-        stats = self.grads.collect(self.per_device_batch, grad_scale, self.world_size,
-                                   rank_mean=[loss], rank_max=[mem[M.MEM_PEAK]])
+        stats = self.grads.collect(
+            self.per_device_batch,
+            grad_scale,
+            self.world_size,
+            rank_mean=[loss],
+            rank_max=[mem[M.MEM_PEAK]],
+        )
         mem[M.MEM_PEAK] = stats.rank_maxes[0]
         return stats, stats.rank_means[0], mem
 
@@ -389,8 +479,12 @@ class Monitor:
         out: dict[str, float] = {}
         if not stats.finite:
             self._nonfinite_steps += 1
-            self.event(step, M.EVENT_ALERT, "non-finite gradient: step left out of the noise scale",
-                       {"nonfinite_steps": self._nonfinite_steps})
+            self.event(
+                step,
+                M.EVENT_ALERT,
+                "non-finite gradient: step left out of the noise scale",
+                {"nonfinite_steps": self._nonfinite_steps},
+            )
         elif len(stats.sq_norms) >= 2:
             # least squares of |S_j/j|^2 on 1/(batch behind it): intercept |G|^2, slope tr(Sigma)
             g2, trace = line_estimates(stats.batch_sizes, stats.sq_norms)
@@ -400,11 +494,17 @@ class Monitor:
             out.update(self._smoothed(self.noise.update(g2, trace)))
         elif not self._one_size_alerted:  # one point per step: nothing to fit, say so once
             self._one_size_alerted = True
-            self.event(step, M.EVENT_ALERT,
-                       "noise scale not measured: accumulation 1 on one device gives one batch "
-                       "size per step; use accumulation ≥ 2 (or --split-micro)",
-                       {"batch_sizes": stats.batch_sizes, "accum": self.accum,
-                        "world_size": self.world_size})
+            self.event(
+                step,
+                M.EVENT_ALERT,
+                "noise scale not measured: accumulation 1 on one device gives one batch "
+                "size per step; use accumulation ≥ 2 (or --split-micro)",
+                {
+                    "batch_sizes": stats.batch_sizes,
+                    "accum": self.accum,
+                    "world_size": self.world_size,
+                },
+            )
         return out
 
     def _smoothed(self, est) -> dict[str, float]:
@@ -421,9 +521,11 @@ class Monitor:
 
     def _memory_metrics(self) -> dict[str, float]:
         if self.device.type == "cuda":
-            out = {M.MEM_ALLOCATED: torch.cuda.memory_allocated(self.device),
-                   M.MEM_RESERVED: torch.cuda.memory_reserved(self.device),
-                   M.MEM_PEAK: torch.cuda.max_memory_reserved(self.device)}
+            out = {
+                M.MEM_ALLOCATED: torch.cuda.memory_allocated(self.device),
+                M.MEM_RESERVED: torch.cuda.memory_reserved(self.device),
+                M.MEM_PEAK: torch.cuda.max_memory_reserved(self.device),
+            }
             torch.cuda.reset_peak_memory_stats(self.device)
         else:
             rss, peak = self._cpu_peak.read_and_reset()
@@ -460,5 +562,7 @@ class Monitor:
 def _sharded_model(model: torch.nn.Module) -> bool:
     """FSDP (1: the wrapper class; 2: fully_shard's FSDP<Module> classes) or DeepSpeed."""
     names = {type(m).__name__ for m in (model, getattr(model, "module", model))}
-    return any(n == "FullyShardedDataParallel" or n.startswith("FSDP")
-               or n == "DeepSpeedEngine" for n in names)
+    return any(
+        n == "FullyShardedDataParallel" or n.startswith("FSDP") or n == "DeepSpeedEngine"
+        for n in names
+    )

@@ -13,6 +13,7 @@ on its standard output, as each row is ready; whatever the user's code prints go
 child's stderr instead. Rows that never came (a crash, a kill, a timeout, a cancel) become error
 rows naming the reason, so the rows done before a failure are kept.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,6 +40,7 @@ _SCRIPT_MODULE = "__rampwatch_main__"  # the running script, loaded in the child
 
 # -- setup references -----------------------------------------------------------------------
 
+
 def setup_ref(setup: str | Callable) -> str:
     """The reference of `setup` that the child resolves: a "module:function" string is taken
     as it is; a function must be reachable by name from its module (pickle's rule: no lambda,
@@ -50,20 +52,26 @@ def setup_ref(setup: str | Callable) -> str:
     mod, qual = getattr(setup, "__module__", None), getattr(setup, "__qualname__", None)
     bound = inspect.ismethod(setup) and not isinstance(setup.__self__, type)
     if not callable(setup) or not mod or not qual or "<" in qual or bound:
-        raise ValueError(f"setup {setup!r} cannot cross a process boundary: pass a module-level "
-                         "function (not a lambda, a closure, a partial or an instance's method) "
-                         "or a 'package.module:function' string")
+        raise ValueError(
+            f"setup {setup!r} cannot cross a process boundary: pass a module-level "
+            "function (not a lambda, a closure, a partial or an instance's method) "
+            "or a 'package.module:function' string"
+        )
     if mod == "__main__":
         path = getattr(sys.modules["__main__"], "__file__", None)
         if not path:
-            raise ValueError(f"setup {qual} is defined in an interactive session, which a child "
-                             "process cannot import: put it in a module (a .py file)")
+            raise ValueError(
+                f"setup {qual} is defined in an interactive session, which a child "
+                "process cannot import: put it in a module (a .py file)"
+            )
         owner, ref = sys.modules["__main__"], f"{os.path.abspath(path)}:{qual}"
     else:
         owner, ref = sys.modules.get(mod), f"{mod}:{qual}"
     if owner is not None and _lookup(owner, qual) is not setup:
-        raise ValueError(f"setup {ref} names another object in its module (rebound or "
-                         "decorated): pass the module-level name itself")
+        raise ValueError(
+            f"setup {ref} names another object in its module (rebound or "
+            "decorated): pass the module-level name itself"
+        )
     return ref
 
 
@@ -94,32 +102,54 @@ def resolve_setup(ref: str | Callable) -> Callable:
         module = importlib.import_module(mod)
     fn = _lookup(module, qual)
     if not callable(fn):
-        raise ImportError(f"{mod} has no function {qual}" + (
-            " (what a script defines under `if __name__ == \"__main__\":` is not there for a "
-            "child)" if mod.endswith(".py") else ""))
+        raise ImportError(
+            f"{mod} has no function {qual}"
+            + (
+                ' (what a script defines under `if __name__ == "__main__":` is not there for a '
+                "child)"
+                if mod.endswith(".py")
+                else ""
+            )
+        )
     return fn
 
 
 def check_setup(built: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer, Any, Callable]:
     """setup(per_device_batch)'s result, checked: (model, optimizer, batch, train_step)."""
-    ok = (isinstance(built, (tuple, list)) and len(built) == 4
-          and isinstance(built[0], torch.nn.Module)
-          and isinstance(built[1], torch.optim.Optimizer) and callable(built[3]))
+    ok = (
+        isinstance(built, (tuple, list))
+        and len(built) == 4
+        and isinstance(built[0], torch.nn.Module)
+        and isinstance(built[1], torch.optim.Optimizer)
+        and callable(built[3])
+    )
     if not ok:
-        raise TypeError("setup(per_device_batch) must return (model, optimizer, batch, "
-                        "train_step), with an nn.Module, a torch.optim.Optimizer and "
-                        f"train_step(model, optimizer, batch); got {type(built).__name__}")
+        raise TypeError(
+            "setup(per_device_batch) must return (model, optimizer, batch, "
+            "train_step), with an nn.Module, a torch.optim.Optimizer and "
+            f"train_step(model, optimizer, batch); got {type(built).__name__}"
+        )
     return built[0], built[1], built[2], built[3]
 
 
 def error_row(b, variant: str, device_type: str, msg: str, **extra) -> dict:
     """A row with no figures and the reason (the row format of monitor/memplan.py)."""
-    return {"per_device_batch": b, "variant": variant, "predicted_bytes": None, "breakdown": None,
-            "steady_bytes": None, "peak_phase": None, "device_type": device_type,
-            "seconds": None, "error": msg, **extra}
+    return {
+        "per_device_batch": b,
+        "variant": variant,
+        "predicted_bytes": None,
+        "breakdown": None,
+        "steady_bytes": None,
+        "peak_phase": None,
+        "device_type": device_type,
+        "seconds": None,
+        "error": msg,
+        **extra,
+    }
 
 
 # -- parent side ----------------------------------------------------------------------------
+
 
 def child_env(device_type: str) -> dict[str, str]:
     env = dict(os.environ)
@@ -139,9 +169,12 @@ def child_env(device_type: str) -> dict[str, str]:
 def _missing_as_errors(request: dict, rows: list[dict], error: str) -> list[dict]:
     """Default completion: every (batch, variant) asked for and not answered is an error row."""
     have = {(r.get("per_device_batch"), r.get("variant")) for r in rows}
-    return rows + [error_row(b, v, request["device_type"], error)
-                   for b in request["batches"] for v in request.get("variants", ["plain"])
-                   if (b, v) not in have]
+    return rows + [
+        error_row(b, v, request["device_type"], error)
+        for b in request["batches"]
+        for v in request.get("variants", ["plain"])
+        if (b, v) not in have
+    ]
 
 
 class PlanHandle:
@@ -149,9 +182,16 @@ class PlanHandle:
     (error rows for what the child did not answer: failed, timed out or cancelled) and never
     raises. `error` starts no child at all: result() reports it for every row."""
 
-    def __init__(self, request: dict, timeout_s: float, module: str = "rampwatch.monitor.memplan",
-                 *, env: dict[str, str] | None = None, error: str | None = None,
-                 complete: Callable[[dict, list[dict], str], list[dict]] = _missing_as_errors):
+    def __init__(
+        self,
+        request: dict,
+        timeout_s: float,
+        module: str = "rampwatch.monitor.memplan",
+        *,
+        env: dict[str, str] | None = None,
+        error: str | None = None,
+        complete: Callable[[dict, list[dict], str], list[dict]] = _missing_as_errors,
+    ):
         self.request, self.timeout_s, self._complete = request, timeout_s, complete
         self.what = "probe" if module.endswith("memprobe") else "planner"  # for the messages
         self.started = time.monotonic()
@@ -164,10 +204,21 @@ class PlanHandle:
             return
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", module, "--request", json.dumps(request),
-                 "--watch-parent", str(os.getpid())],
-                env=env or child_env(request["device_type"]), stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                [
+                    sys.executable,
+                    "-m",
+                    module,
+                    "--request",
+                    json.dumps(request),
+                    "--watch-parent",
+                    str(os.getpid()),
+                ],
+                env=env or child_env(request["device_type"]),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
         except Exception as e:  # noqa: BLE001
             self._error = f"could not start the {self.what}: {type(e).__name__}: {e}"
             self._done.set()
@@ -213,8 +264,11 @@ class PlanHandle:
         """Rows, or None if still running after `timeout` seconds (None: wait until done)."""
         if not self._done.wait(timeout):
             return None
-        return self._complete(self.request, list(self._rows),
-                              self._error or f"the {self.what} finished without this row")
+        return self._complete(
+            self.request,
+            list(self._rows),
+            self._error or f"the {self.what} finished without this row",
+        )
 
     def cancel(self) -> None:
         """Kill the child (and anything it started); result() then reports an error."""
@@ -226,11 +280,16 @@ class PlanHandle:
 
 def request_base(setup: str | Callable, batches: Sequence[int], device_type: str) -> dict:
     """The part of a plan or probe request naming the user's setup (setup_ref may raise)."""
-    return {"setup": setup_ref(setup), "batches": [int(b) for b in batches],
-            "device_type": device_type, "sys_path": [p for p in sys.path if isinstance(p, str)]}
+    return {
+        "setup": setup_ref(setup),
+        "batches": [int(b) for b in batches],
+        "device_type": device_type,
+        "sys_path": [p for p in sys.path if isinstance(p, str)],
+    }
 
 
 # -- child side -----------------------------------------------------------------------------
+
 
 def _watch_parent(pid: int) -> None:
     # An orphaned child would hold memory (and on CUDA, a context) for nothing.
@@ -239,12 +298,17 @@ def _watch_parent(pid: int) -> None:
             time.sleep(1.0)
             if os.getppid() != pid:
                 os._exit(3)
+
     threading.Thread(target=loop, name="memplan-parent", daemon=True).start()
 
 
-def child_main(argv: Sequence[str] | None, prog: str, run: Callable[[dict], Iterable[dict]],
-               parser: argparse.ArgumentParser | None = None,
-               from_args: Callable[[argparse.Namespace], dict] | None = None) -> int:
+def child_main(
+    argv: Sequence[str] | None,
+    prog: str,
+    run: Callable[[dict], Iterable[dict]],
+    parser: argparse.ArgumentParser | None = None,
+    from_args: Callable[[argparse.Namespace], dict] | None = None,
+) -> int:
     """The child's side: read the request (`--request`, or `from_args` for a person at a
     terminal), write each row of run(request) as one JSON line on the real stdout."""
     ap = parser or argparse.ArgumentParser(prog=prog)

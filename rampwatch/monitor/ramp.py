@@ -16,6 +16,7 @@ Why the checks live here and not in the dashboard: the memory picture may have c
 a new measurement) since the operator clicked, so a command is checked again at the boundary.
 Every command ends exactly once: applied at step N, or refused with a reason.
 """
+
 from __future__ import annotations
 
 import math
@@ -115,8 +116,9 @@ class RampChannel:
         """Rank 0 has a proposal in flight (it reaches every rank at the next boundary)."""
         return self._inflight is not None and self._inflight[2] is not None
 
-    def exchange(self, proposal: _Proposal | None, stop: bool = False
-                 ) -> tuple[_Proposal | None, _Proposal | None]:
+    def exchange(
+        self, proposal: _Proposal | None, stop: bool = False
+    ) -> tuple[_Proposal | None, _Proposal | None]:
         """(the proposal every rank applies now, or None; the one sent with it on rank 0).
         stop: rank 0 asks every rank to stop; `stopping` says so one boundary later."""
         received = self._receive()
@@ -124,9 +126,17 @@ class RampChannel:
         if self.rank == 0:
             buf[6] = float(stop)
         if self.rank == 0 and proposal is not None:
-            buf[:6] = torch.tensor([1.0, proposal.per_device_batch, proposal.accum,
-                                    proposal.base_lr, proposal.command_id or -1,
-                                    proposal.source.startswith("auto")], dtype=torch.float64)
+            buf[:6] = torch.tensor(
+                [
+                    1.0,
+                    proposal.per_device_batch,
+                    proposal.accum,
+                    proposal.base_lr,
+                    proposal.command_id or -1,
+                    proposal.source.startswith("auto"),
+                ],
+                dtype=torch.float64,
+            )
         work = torch_dist.broadcast(buf, src=0, group=self.group, async_op=True)
         self._inflight = (work, buf, proposal if self.rank == 0 else None)
         return received
@@ -206,8 +216,9 @@ class RampProtocol:
         if peak is None or not math.isfinite(peak) or b in self.infeasible:
             return
         if peak > self.measured.get(b, 0) * 1.01:  # new information only
-            self.write_plan_rows([{"per_device_batch": b, "measured_bytes": int(peak)}],
-                                 "measured", step)
+            self.write_plan_rows(
+                [{"per_device_batch": b, "measured_bytes": int(peak)}], "measured", step
+            )
 
     def write_plan_rows(self, rows, source: str, step: int | None = None) -> None:
         """Memory rows of any source: what they say is what the checks know (a measured peak,
@@ -227,10 +238,15 @@ class RampProtocol:
             return
         for r in rows:
             writer.memory_plan(
-                r["per_device_batch"], variant=r.get("variant", self.variant),
-                predicted_bytes=r.get("predicted_bytes"), measured_bytes=r.get("measured_bytes"),
-                source=source, feasible=r.get("feasible"), step=step,
-                breakdown=r.get("breakdown") or ({"error": r["error"]} if r.get("error") else None))
+                r["per_device_batch"],
+                variant=r.get("variant", self.variant),
+                predicted_bytes=r.get("predicted_bytes"),
+                measured_bytes=r.get("measured_bytes"),
+                source=source,
+                feasible=r.get("feasible"),
+                step=step,
+                breakdown=r.get("breakdown") or ({"error": r["error"]} if r.get("error") else None),
+            )
 
     def start_plan(self, handle) -> None:
         """A plan running in a child process (memplan.PlanHandle): polled at each boundary, its
@@ -247,20 +263,27 @@ class RampProtocol:
         self.plan_pending = False
         failed = [r for r in rows if r.get("error")]
         if failed:  # said, never guessed: the card keeps to what was measured
-            self.mon.event(step, M.EVENT_ALERT,
-                           f"memory plan failed at per-device batch "
-                           f"{', '.join(str(r['per_device_batch']) for r in failed)}: "
-                           f"{failed[0]['error']}",
-                           {"errors": {str(r["per_device_batch"]): r["error"] for r in failed}})
+            self.mon.event(
+                step,
+                M.EVENT_ALERT,
+                f"memory plan failed at per-device batch "
+                f"{', '.join(str(r['per_device_batch']) for r in failed)}: "
+                f"{failed[0]['error']}",
+                {"errors": {str(r["per_device_batch"]): r["error"] for r in failed}},
+            )
 
     def mark_infeasible(self, per_device_batch: int, step: int) -> None:
-        self.write_plan_rows([{"per_device_batch": per_device_batch, "feasible": False}], "oom",
-                             step)
+        self.write_plan_rows(
+            [{"per_device_batch": per_device_batch, "feasible": False}], "oom", step
+        )
 
     def memory_model(self):
-        planned = {int(r["per_device_batch"]): int(r["predicted_bytes"]) for r in self.plan_rows
-                   if r.get("variant", self.variant) == self.variant
-                   and r.get("predicted_bytes") is not None}
+        planned = {
+            int(r["per_device_batch"]): int(r["predicted_bytes"])
+            for r in self.plan_rows
+            if r.get("variant", self.variant) == self.variant
+            and r.get("predicted_bytes") is not None
+        }
         measured = {b: v for b, v in self.measured.items() if b not in self.infeasible}
         if not planned and len(measured) < 2:
             return None
@@ -281,10 +304,16 @@ class RampProtocol:
         if proposal is None:
             return None
         cur_b, cur_a = self.mon.per_device_batch, self.mon.accum
-        return Ramp(proposal.per_device_batch, proposal.accum,
-                    lr_multiplier=proposal.base_lr / self.base_lr, base_lr=proposal.base_lr,
-                    step=step, source=(sent or proposal).source,
-                    command_id=(sent or proposal).command_id, before=(cur_b, cur_a))
+        return Ramp(
+            proposal.per_device_batch,
+            proposal.accum,
+            lr_multiplier=proposal.base_lr / self.base_lr,
+            base_lr=proposal.base_lr,
+            step=step,
+            source=(sent or proposal).source,
+            command_id=(sent or proposal).command_id,
+            before=(cur_b, cur_a),
+        )
 
     def _decide(self, step: int) -> _Proposal | None:
         if self.channel is not None and self.channel.sending:
@@ -298,8 +327,9 @@ class RampProtocol:
                 continue
             self._handled.add(cmd.command_id)
             if chosen is not None:
-                self._refuse(cmd.command_id, step, "another ramp was applied at this boundary",
-                             cmd.payload)
+                self._refuse(
+                    cmd.command_id, step, "another ramp was applied at this boundary", cmd.payload
+                )
                 continue
             chosen = self._command(cmd, step)
         if chosen is None and self.mode == "auto":
@@ -310,8 +340,9 @@ class RampProtocol:
 
     def _command(self, cmd, step: int) -> _Proposal | None:
         if cmd.kind != "ramp":
-            self.mon.writer.command_refused(cmd.command_id, f"the loop does not know command "
-                                                            f"kind {cmd.kind!r}")
+            self.mon.writer.command_refused(
+                cmd.command_id, f"the loop does not know command kind {cmd.kind!r}"
+            )
             return None
         payload = cmd.payload or {}
         reason = self.check(payload)
@@ -323,8 +354,11 @@ class RampProtocol:
         mult = payload.get("lr_multiplier")
         # the operator's multiplier wins only where it disagrees with the rule; otherwise the
         # rule's value from the original LR, so a ramp and its reverse restore it bit for bit
-        base = by_rule if mult is None or math.isclose(self.base_lr * mult, by_rule,
-                                                       rel_tol=1e-9) else self.base_lr * mult
+        base = (
+            by_rule
+            if mult is None or math.isclose(self.base_lr * mult, by_rule, rel_tol=1e-9)
+            else self.base_lr * mult
+        )
         return _Proposal(b, a, base, f"command {cmd.command_id}", cmd.command_id)
 
     def check(self, payload: dict) -> str | None:
@@ -342,35 +376,59 @@ class RampProtocol:
         if b > cur and b not in self.measured:
             model = self.memory_model()
             if model is None:
-                return (f"per-device batch {b} is larger than any measured and no memory plan "
-                        "is in yet; try again in a few steps")
+                return (
+                    f"per-device batch {b} is larger than any measured and no memory plan "
+                    "is in yet; try again in a few steps"
+                )
             capacity, margin = self.mon.capacity, self.policy.margin
             need, usable = model.predict(b), usable_bytes(capacity, margin)
             if need > usable:
-                return (f"per-device batch {b} needs about {format_gb(need)} > "
-                        f"{format_gb(usable)} usable ({format_gb(capacity)} capacity, "
-                        f"{margin:.0%} margin)")
+                return (
+                    f"per-device batch {b} needs about {format_gb(need)} > "
+                    f"{format_gb(usable)} usable ({format_gb(capacity)} capacity, "
+                    f"{margin:.0%} margin)"
+                )
         return None
 
     def _auto(self, step: int) -> _Proposal | None:
         mon, policy = self.mon, self.policy
         world, seq = mon.world_size, mon.seq_len
-        rec = policy.decide(self._gns_steps, self._gns_values, self._gns_lower,
-                            mon.per_device_batch * mon.accum * world,
-                            since_step=self.last_ramp_step)
+        rec = policy.decide(
+            self._gns_steps,
+            self._gns_values,
+            self._gns_lower,
+            mon.per_device_batch * mon.accum * world,
+            since_step=self.last_ramp_step,
+        )
         if not rec.ready:
             return None
         model = self.memory_model()
         if model is None and self.plan_pending:
             return None  # the plan is still running: judge the per-device batch when it is in
         if model is None:
-            tiers = accumulation_tiers(mon.per_device_batch, mon.accum, world, seq,
-                                       (policy.factor,), self.infeasible, policy.lr_rule)
+            tiers = accumulation_tiers(
+                mon.per_device_batch,
+                mon.accum,
+                world,
+                seq,
+                (policy.factor,),
+                self.infeasible,
+                policy.lr_rule,
+            )
         else:
-            tiers = candidate_tiers(mon.per_device_batch, mon.accum, world, seq, model,
-                                    mon.capacity, policy.margin, factors=(policy.factor,),
-                                    infeasible=self.infeasible, rule=policy.lr_rule,
-                                    keep_noise_scale=policy.keep_noise_scale)
+            tiers = candidate_tiers(
+                mon.per_device_batch,
+                mon.accum,
+                world,
+                seq,
+                model,
+                mon.capacity,
+                policy.margin,
+                factors=(policy.factor,),
+                infeasible=self.infeasible,
+                rule=policy.lr_rule,
+                keep_noise_scale=policy.keep_noise_scale,
+            )
         tier = next((x for x in tiers if x.fits), None)
         if tier is None:
             return None
@@ -378,8 +436,13 @@ class RampProtocol:
         if self.check(payload) is not None:
             return None
         new_batch = tier.per_device_batch * tier.accum * world
-        return _Proposal(tier.per_device_batch, tier.accum, policy.new_base_lr(new_batch),
-                         f"auto: {rec.reason}", None)
+        return _Proposal(
+            tier.per_device_batch,
+            tier.accum,
+            policy.new_base_lr(new_batch),
+            f"auto: {rec.reason}",
+            None,
+        )
 
     # -- the loop's answer --------------------------------------------------------------------
     def applied(self, ramp: Ramp) -> None:
@@ -390,17 +453,31 @@ class RampProtocol:
         self.base_lr = ramp.base_lr
         mon.set_tier(ramp.per_device_batch, ramp.accum)
         self.last_ramp_step = ramp.step
-        mon.event(ramp.step, M.EVENT_RAMP,
-                  f"ramp ({ramp.source}): {b0} x {a0} -> {ramp.per_device_batch} x {ramp.accum} "
-                  f"per device; batch {old_batch} -> {new_batch} sequences; base lr "
-                  f"{old_lr:.3g} -> {ramp.base_lr:.3g}",
-                  {"source": ramp.source,
-                   "before": {"per_device_batch": b0, "accum": a0, "batch": old_batch,
-                              "tokens": old_batch * seq, "base_lr": old_lr},
-                   "after": {"per_device_batch": ramp.per_device_batch, "accum": ramp.accum,
-                             "batch": new_batch, "tokens": new_batch * seq,
-                             "base_lr": ramp.base_lr},
-                   "rule": self.policy.lr_rule})
+        mon.event(
+            ramp.step,
+            M.EVENT_RAMP,
+            f"ramp ({ramp.source}): {b0} x {a0} -> {ramp.per_device_batch} x {ramp.accum} "
+            f"per device; batch {old_batch} -> {new_batch} sequences; base lr "
+            f"{old_lr:.3g} -> {ramp.base_lr:.3g}",
+            {
+                "source": ramp.source,
+                "before": {
+                    "per_device_batch": b0,
+                    "accum": a0,
+                    "batch": old_batch,
+                    "tokens": old_batch * seq,
+                    "base_lr": old_lr,
+                },
+                "after": {
+                    "per_device_batch": ramp.per_device_batch,
+                    "accum": ramp.accum,
+                    "batch": new_batch,
+                    "tokens": new_batch * seq,
+                    "base_lr": ramp.base_lr,
+                },
+                "rule": self.policy.lr_rule,
+            },
+        )
         if ramp.command_id is not None and mon.writer is not None:
             self._in_flight.discard(ramp.command_id)
             mon.writer.command_applied(ramp.command_id, ramp.step)
@@ -411,15 +488,23 @@ class RampProtocol:
         if ramp.command_id is not None:
             self._refuse(ramp.command_id, ramp.step, reason, payload)
         else:
-            self.mon.event(ramp.step, M.EVENT_REFUSED, f"ramp ({ramp.source}) refused: {reason}",
-                           {"payload": payload})
+            self.mon.event(
+                ramp.step,
+                M.EVENT_REFUSED,
+                f"ramp ({ramp.source}) refused: {reason}",
+                {"payload": payload},
+            )
 
     def _refuse(self, command_id: int, step: int, reason: str, payload) -> None:
         self._in_flight.discard(command_id)
         if self.mon.writer is not None:
             self.mon.writer.command_refused(command_id, reason)
-        self.mon.event(step, M.EVENT_REFUSED, f"ramp command {command_id} refused: {reason}",
-                       {"command_id": command_id, "payload": dict(payload or {})})
+        self.mon.event(
+            step,
+            M.EVENT_REFUSED,
+            f"ramp command {command_id} refused: {reason}",
+            {"command_id": command_id, "payload": dict(payload or {})},
+        )
 
     def close(self, status: str) -> None:
         """A command decided but never reported is refused, never left claimed."""
@@ -430,6 +515,7 @@ class RampProtocol:
         writer = self.mon.writer
         for command_id in sorted(self._in_flight):
             if writer is not None:
-                writer.command_refused(command_id, f"the run stopped ({status}) before the "
-                                                   "tier change took effect")
+                writer.command_refused(
+                    command_id, f"the run stopped ({status}) before the tier change took effect"
+                )
         self._in_flight.clear()

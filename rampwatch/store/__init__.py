@@ -14,6 +14,7 @@ Public API (see each module's docstring for the why):
   mode; reads also pass read_only=True one by one).
 No torch, streamlit or pandas here: stdlib, duckdb, numpy, pyarrow only.
 """
+
 from __future__ import annotations
 
 from rampwatch.store import commands
@@ -64,13 +65,17 @@ def delete_run(db, run_id: str, timeout: float = 60.0) -> None:
     from rampwatch.store.db import transaction
     from rampwatch.store.recovery import live_spools
     from rampwatch.store.schema import RUN_TABLES
+
     with write_connection(db, timeout) as con:
         recover_dead(con, db)  # else a dead writer's spool could bring the run back later
         if live_spools(con, db, run_id):
             raise StoreError(f"run {run_id!r} has a live writer; stop it before deleting the run")
         with transaction(con):
-            con.execute("DELETE FROM command_log WHERE command_id IN "
-                        "(SELECT command_id FROM commands WHERE run_id = ?)", [run_id])
+            con.execute(
+                "DELETE FROM command_log WHERE command_id IN "
+                "(SELECT command_id FROM commands WHERE run_id = ?)",
+                [run_id],
+            )
             for table in RUN_TABLES:  # our constants, never input
                 con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
 
@@ -84,13 +89,41 @@ def schema_version(db, timeout: float = 10.0, read_only: bool | None = None) -> 
 
 
 __all__ = [
-    "RunWriter", "Reader", "Run", "Series", "Event", "PlanRow", "Command", "LogEntry",
-    "RecoveryReport", "list_runs", "get_run", "metric_names", "series", "latest", "events",
-    "memory_plan", "export", "commands", "recover", "delete_run", "schema_version",
+    "RunWriter",
+    "Reader",
+    "Run",
+    "Series",
+    "Event",
+    "PlanRow",
+    "Command",
+    "LogEntry",
+    "RecoveryReport",
+    "list_runs",
+    "get_run",
+    "metric_names",
+    "series",
+    "latest",
+    "events",
+    "memory_plan",
+    "export",
+    "commands",
+    "recover",
+    "delete_run",
+    "schema_version",
     "CURRENT_VERSION",
-    "StoreError", "StoreBusyError", "DatabaseMissingError", "NotRampwatchError",
-    "SchemaTooNewError", "RunNotFoundError", "CommandError", "SpoolCorruptError",
+    "StoreError",
+    "StoreBusyError",
+    "DatabaseMissingError",
+    "NotRampwatchError",
+    "SchemaTooNewError",
+    "RunNotFoundError",
+    "CommandError",
+    "SpoolCorruptError",
     "SpoolOffsetsError",
-    "DatabaseCorruptError", "SchemaUpgradeNeededError", "DuckDBVersionError",
-    "read_connection", "write_connection", "set_read_only",
+    "DatabaseCorruptError",
+    "SchemaUpgradeNeededError",
+    "DuckDBVersionError",
+    "read_connection",
+    "write_connection",
+    "set_read_only",
 ]

@@ -5,6 +5,7 @@ that stops it (usage, a missing, foreign, too-new, too-old-to-read or damaged fi
 cannot be read), always with a one-line message naming the file and what to do, never a
 traceback. `info` only reads: it changes nothing in or beside the file, whatever its schema.
 """
+
 from __future__ import annotations
 
 import os
@@ -29,15 +30,18 @@ def _info(db: str) -> None:
     runs = store.list_runs(db, read_only=True)
     print(f"database {db}: Rampwatch schema version {version}, {len(runs)} run(s)")
     if version < store.CURRENT_VERSION:
-        print(f"(read as it is; this Rampwatch writes version {store.CURRENT_VERSION} and "
-              f"upgrades the file when it next opens it for writing, or now with "
-              f"`rampwatch upgrade {db}`)")
+        print(
+            f"(read as it is; this Rampwatch writes version {store.CURRENT_VERSION} and "
+            f"upgrades the file when it next opens it for writing, or now with "
+            f"`rampwatch upgrade {db}`)"
+        )
     if runs:
         print(f"{'run_id':<28} {'status':<9} {'last_step':>10} {'heartbeat':>12}  name")
         for r in runs:
             last = "-" if r.last_step is None else str(r.last_step)
-            print(f"{r.run_id:<28} {r.status:<9} {last:>10} {_age(r.heartbeat):>12}  "
-                  f"{r.name or ''}")
+            print(
+                f"{r.run_id:<28} {r.status:<9} {last:>10} {_age(r.heartbeat):>12}  {r.name or ''}"
+            )
 
 
 def _recover(db: str) -> None:
@@ -55,15 +59,22 @@ def _recover(db: str) -> None:
 
 def _upgrade(db: str) -> None:
     if not os.path.exists(db):  # write_connection would create a new database there
-        raise store.DatabaseMissingError(f"no Rampwatch database at {db}: the file does not "
-                                         "exist; check the path")
+        raise store.DatabaseMissingError(
+            f"no Rampwatch database at {db}: the file does not exist; check the path"
+        )
     t0 = time.time()
     with store.write_connection(db) as con:  # opening it for writing upgrades it
-        now = [v for (v,) in con.execute("SELECT version FROM rampwatch_schema "
-                                         "WHERE applied_at >= ? ORDER BY 1", [t0]).fetchall()]
+        now = [
+            v
+            for (v,) in con.execute(
+                "SELECT version FROM rampwatch_schema WHERE applied_at >= ? ORDER BY 1", [t0]
+            ).fetchall()
+        ]
         [(version,)] = con.execute("SELECT max(version) FROM rampwatch_schema").fetchall()
-    print(f"database {db}: Rampwatch schema version {version}"
-          + (f" (applied now: {', '.join(map(str, now))})" if now else " (already current)"))
+    print(
+        f"database {db}: Rampwatch schema version {version}"
+        + (f" (applied now: {', '.join(map(str, now))})" if now else " (already current)")
+    )
 
 
 def _export(db: str, run_id: str | None, fmt: str, out: str | None) -> None:
@@ -71,12 +82,14 @@ def _export(db: str, run_id: str | None, fmt: str, out: str | None) -> None:
     if run_id is None:
         if len(runs) != 1:
             names = ", ".join(r.run_id for r in runs) or "none"
-            raise store.StoreError(f"{db} holds {len(runs)} runs ({names}): name the one to "
-                                   "export after the database")
+            raise store.StoreError(
+                f"{db} holds {len(runs)} runs ({names}): name the one to export after the database"
+            )
         run_id = runs[0].run_id
     elif run_id not in {r.run_id for r in runs}:
-        raise store.RunNotFoundError(f"no run {run_id!r} in {db}; `rampwatch info {db}` lists "
-                                     "the runs")
+        raise store.RunNotFoundError(
+            f"no run {run_id!r} in {db}; `rampwatch info {db}` lists the runs"
+        )
     table = store.export(db, run_id, read_only=True)
     if out is None:
         if fmt == "parquet" and sys.stdout.isatty():
@@ -130,8 +143,12 @@ def run(args) -> int:
     except StoreError as e:
         return _fail(args, e, 2)
     except (duckdb.Error, OSError, pa.ArrowException) as e:  # not foreseen: still one line
-        return _fail(args, f"could not read {args.db}: {e}. If the file is damaged, restore it "
-                           "from a backup or start a new database at another path.", 2)
+        return _fail(
+            args,
+            f"could not read {args.db}: {e}. If the file is damaged, restore it "
+            "from a backup or start a new database at another path.",
+            2,
+        )
     return 0
 
 

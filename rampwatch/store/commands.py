@@ -15,6 +15,7 @@ know it owns the command before acting on it), then reports the result either sy
 trainer in its background flusher (`claim_pending`, handed over by take_claimed_commands), so
 that no step boundary waits on the database.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,14 +41,16 @@ LEGAL = {"pending": ("claimed", "cancelled", "refused"), "claimed": ("applied", 
 OPEN = ("pending", "claimed")
 _RAMP_FIELDS = ("per_device_batch", "accum", "lr_multiplier", "note")
 MAX_PER_DEVICE_BATCH = 1 << 20  # sequences per micro-batch
-MAX_ACCUM = 4096                # micro-batches per optimizer step
-MAX_LR_MULTIPLIER = 64.0        # more is a typo or a unit mistake, never a ramp
-MAX_NOTE = 1000                 # characters
+MAX_ACCUM = 4096  # micro-batches per optimizer step
+MAX_LR_MULTIPLIER = 64.0  # more is a typo or a unit mistake, never a ramp
+MAX_NOTE = 1000  # characters
 MAX_KEY = 200
-RAMP_MAX_FACTOR = 8             # effective-batch growth per command
+RAMP_MAX_FACTOR = 8  # effective-batch growth per command
 
-_SELECT = ("SELECT command_id, run_id, kind, payload, status, actor, created_at, updated_at, "
-           "applied_step, reason FROM commands")
+_SELECT = (
+    "SELECT command_id, run_id, kind, payload, status, actor, created_at, updated_at, "
+    "applied_step, reason FROM commands"
+)
 
 
 @dataclass(frozen=True)
@@ -81,8 +84,10 @@ def _command(row) -> Command:
 def _bounded_int(payload: dict, key: str, hi: int) -> int:
     v = payload.get(key)
     if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= hi:
-        raise CommandError(f"ramp payload {key} must be an integer in 1 .. {hi}, got "
-                           f"{_short(v)} ({type(v).__name__})")
+        raise CommandError(
+            f"ramp payload {key} must be an integer in 1 .. {hi}, got "
+            f"{_short(v)} ({type(v).__name__})"
+        )
     return v
 
 
@@ -96,8 +101,10 @@ def _lr_multiplier(m) -> float:
     if ok and isinstance(m, float):
         ok = math.isfinite(m)
     if not ok or not 0 < m <= MAX_LR_MULTIPLIER:  # an int compares without float overflow
-        raise CommandError(f"ramp payload lr_multiplier must be a finite number in (0, "
-                           f"{MAX_LR_MULTIPLIER:g}], got {_short(m)} ({type(m).__name__})")
+        raise CommandError(
+            f"ramp payload lr_multiplier must be a finite number in (0, "
+            f"{MAX_LR_MULTIPLIER:g}], got {_short(m)} ({type(m).__name__})"
+        )
     return float(m)
 
 
@@ -106,24 +113,31 @@ def validate(kind: str, payload) -> dict:
     if kind not in KINDS:
         raise CommandError(f"unknown command kind {kind!r}; known kinds: {', '.join(KINDS)}")
     if not isinstance(payload, dict):
-        raise CommandError(f"ramp payload must be a dict with per_device_batch and accum, got "
-                           f"{type(payload).__name__}")
+        raise CommandError(
+            f"ramp payload must be a dict with per_device_batch and accum, got "
+            f"{type(payload).__name__}"
+        )
     unknown = sorted(str(k) for k in payload if k not in _RAMP_FIELDS)
     if unknown:
-        raise CommandError(f"ramp payload has unknown field(s) {', '.join(map(repr, unknown))}; "
-                           f"allowed: {', '.join(_RAMP_FIELDS)}")
-    out = {"per_device_batch": _bounded_int(payload, "per_device_batch", MAX_PER_DEVICE_BATCH),
-           "accum": _bounded_int(payload, "accum", MAX_ACCUM)}
+        raise CommandError(
+            f"ramp payload has unknown field(s) {', '.join(map(repr, unknown))}; "
+            f"allowed: {', '.join(_RAMP_FIELDS)}"
+        )
+    out = {
+        "per_device_batch": _bounded_int(payload, "per_device_batch", MAX_PER_DEVICE_BATCH),
+        "accum": _bounded_int(payload, "accum", MAX_ACCUM),
+    }
     if payload.get("lr_multiplier") is not None:
         out["lr_multiplier"] = _lr_multiplier(payload["lr_multiplier"])
     if payload.get("note") is not None:
         note = payload["note"]
         if not isinstance(note, str):
-            raise CommandError(f"ramp payload note must be a string, got "
-                               f"{type(note).__name__}")
+            raise CommandError(f"ramp payload note must be a string, got {type(note).__name__}")
         if len(note) > MAX_NOTE:
-            raise CommandError(f"ramp payload note must be at most {MAX_NOTE} characters, got "
-                               f"{len(note)}; shorten it")
+            raise CommandError(
+                f"ramp payload note must be at most {MAX_NOTE} characters, got "
+                f"{len(note)}; shorten it"
+            )
         out["note"] = note
     return out
 
@@ -135,8 +149,10 @@ def as_command_id(value) -> int:
     try:
         cid = operator.index(value)
     except TypeError:
-        raise CommandError(f"a command id must be an integer (as submit() returned), got "
-                           f"{value!r} ({type(value).__name__})") from None
+        raise CommandError(
+            f"a command id must be an integer (as submit() returned), got "
+            f"{value!r} ({type(value).__name__})"
+        ) from None
     if not 0 < cid < 1 << 63:
         raise CommandError(f"a command id must be a positive integer, got {cid}")
     return cid
@@ -144,12 +160,22 @@ def as_command_id(value) -> int:
 
 def _check_actor(actor) -> None:
     if not isinstance(actor, str) or not actor.strip():
-        raise CommandError("every command change needs an actor: a non-empty string naming who "
-                           "made it (e.g. 'dashboard:alice', 'trainer')")
+        raise CommandError(
+            "every command change needs an actor: a non-empty string naming who "
+            "made it (e.g. 'dashboard:alice', 'trainer')"
+        )
 
 
-def transition(con, command_id: int, to: str, actor: str, *, step: int | None = None,
-               reason: str | None = None, t: float | None = None) -> None:
+def transition(
+    con,
+    command_id: int,
+    to: str,
+    actor: str,
+    *,
+    step: int | None = None,
+    reason: str | None = None,
+    t: float | None = None,
+) -> None:
     """Change a command's status inside the caller's transaction, or raise CommandError."""
     _check_actor(actor)
     row = first(con.execute("SELECT status FROM commands WHERE command_id = ?", [command_id]))
@@ -160,23 +186,28 @@ def transition(con, command_id: int, to: str, actor: str, *, step: int | None = 
         legal = LEGAL.get(frm)
         raise CommandError(
             f"command #{command_id} is {frm}; it cannot become {to} "
-            + (f"(from {frm} only: {', '.join(legal)})" if legal else f"({frm} is final)"))
+            + (f"(from {frm} only: {', '.join(legal)})" if legal else f"({frm} is final)")
+        )
     if to == "applied" and (isinstance(step, bool) or not isinstance(step, int)):
         raise CommandError(f"applying command #{command_id} needs the step it took effect at")
     if to == "refused" and (not isinstance(reason, str) or not reason.strip()):
         raise CommandError(f"refusing command #{command_id} needs a reason")
     t = time.time() if t is None else t
-    con.execute("UPDATE commands SET status = ?, updated_at = ?, applied_step = ?, reason = ? "
-                "WHERE command_id = ?",
-                [to, t, step if to == "applied" else None, reason, command_id])
-    detail = (f"at step {step}" if to == "applied" else reason)
-    con.execute("INSERT INTO command_log VALUES (?, ?, ?, ?, ?, ?)",
-                [command_id, t, frm, to, actor, detail])
+    con.execute(
+        "UPDATE commands SET status = ?, updated_at = ?, applied_step = ?, reason = ? "
+        "WHERE command_id = ?",
+        [to, t, step if to == "applied" else None, reason, command_id],
+    )
+    detail = f"at step {step}" if to == "applied" else reason
+    con.execute(
+        "INSERT INTO command_log VALUES (?, ?, ?, ?, ?, ?)", [command_id, t, frm, to, actor, detail]
+    )
 
 
 def pending(con, run_id: str) -> list[Command]:
-    rows = con.execute(_SELECT + " WHERE run_id = ? AND status = 'pending' ORDER BY command_id",
-                       [run_id]).fetchall()
+    rows = con.execute(
+        _SELECT + " WHERE run_id = ? AND status = 'pending' ORDER BY command_id", [run_id]
+    ).fetchall()
     return [_command(r) for r in rows]
 
 
@@ -189,27 +220,33 @@ def claim_pending(con, run_id: str, actor: str) -> list[Command]:
             transition(con, cid, "claimed", actor)
         if not ids:
             return []
-        rows = con.execute(_SELECT + " WHERE command_id IN (SELECT unnest(?::BIGINT[])) "
-                           "ORDER BY command_id", [ids]).fetchall()
+        rows = con.execute(
+            _SELECT + " WHERE command_id IN (SELECT unnest(?::BIGINT[])) ORDER BY command_id", [ids]
+        ).fetchall()
     return [_command(r) for r in rows]
 
 
 def refuse_open(con, run_id: str, reason: str, actor: str) -> int:
     """Refuse every pending or claimed command of a run (it died); returns how many."""
-    ids = [r[0] for r in con.execute(
-        "SELECT command_id FROM commands WHERE run_id = ? AND status IN ('pending', 'claimed')",
-        [run_id]).fetchall()]
+    ids = [
+        r[0]
+        for r in con.execute(
+            "SELECT command_id FROM commands WHERE run_id = ? AND status IN ('pending', 'claimed')",
+            [run_id],
+        ).fetchall()
+    ]
     for cid in ids:
         transition(con, cid, "refused", actor, reason=reason)
     return len(ids)
 
 
 def _check_key(key) -> None:
-    if key is not None and (not isinstance(key, str) or not key.strip()
-                            or len(key) > MAX_KEY):
-        raise CommandError(f"an idempotency key must be a non-empty string of at most {MAX_KEY} "
-                           f"characters (e.g. a UUID made when the button was drawn), got "
-                           f"{_short(key)}")
+    if key is not None and (not isinstance(key, str) or not key.strip() or len(key) > MAX_KEY):
+        raise CommandError(
+            f"an idempotency key must be a non-empty string of at most {MAX_KEY} "
+            f"characters (e.g. a UUID made when the button was drawn), got "
+            f"{_short(key)}"
+        )
 
 
 def _positive(x) -> int | None:
@@ -234,7 +271,8 @@ def _tiers(con, run_id: str, config, world_size) -> tuple[int | None, int | None
                     AND name IN ($b, $a)
                 UNION ALL SELECT name, last_step, last_value FROM {complete} WHERE run_id = $r
                     AND name IN ($b, $a)) GROUP BY name""",
-        {"r": run_id, "b": M.PER_DEVICE_BATCH, "a": M.ACCUM}).fetchall()
+        {"r": run_id, "b": M.PER_DEVICE_BATCH, "a": M.ACCUM},
+    ).fetchall()
     latest = {n: _positive(v) for n, v in rows}
     b, a = latest.get(M.PER_DEVICE_BATCH), latest.get(M.ACCUM)
     current = b * a * ws if b and a else start
@@ -247,8 +285,11 @@ def ramp_refusal(config) -> str | None:
     if not isinstance(config, dict) or config.get("ramp") != "off":
         return None
     why = config.get("ramp_note")
-    return ("takes no ramps from the dashboard" + (f": {why}" if why else
-            " (its loop started the monitor with ramp='off')") + "; change its batch by hand")
+    return (
+        "takes no ramps from the dashboard"
+        + (f": {why}" if why else " (its loop started the monitor with ramp='off')")
+        + "; change its batch by hand"
+    )
 
 
 def _check_tier(con, run_id: str, payload: dict, config, world_size) -> None:
@@ -257,16 +298,27 @@ def _check_tier(con, run_id: str, payload: dict, config, world_size) -> None:
     new = b * a * ws
     what = f"a ramp to {b} x {a} on {ws} rank(s) (effective batch {new})"
     if start is not None and new < start:
-        raise CommandError(f"{what} is below the run's starting tier {start} (per_device_batch "
-                           "x accum x world_size of its config); ramps grow the batch")
+        raise CommandError(
+            f"{what} is below the run's starting tier {start} (per_device_batch "
+            "x accum x world_size of its config); ramps grow the batch"
+        )
     if current is not None and new > RAMP_MAX_FACTOR * current:
-        raise CommandError(f"{what} grows the batch more than x{RAMP_MAX_FACTOR} in one "
-                           f"command (from {current} to {new}; at most "
-                           f"{RAMP_MAX_FACTOR * current}); ramp in smaller steps")
+        raise CommandError(
+            f"{what} grows the batch more than x{RAMP_MAX_FACTOR} in one "
+            f"command (from {current} to {new}; at most "
+            f"{RAMP_MAX_FACTOR * current}); ramp in smaller steps"
+        )
 
 
-def submit(db, run_id: str, kind: str, payload, actor: str,
-           timeout: float = DEFAULT_TIMEOUT, key: str | None = None) -> int:
+def submit(
+    db,
+    run_id: str,
+    kind: str,
+    payload,
+    actor: str,
+    timeout: float = DEFAULT_TIMEOUT,
+    key: str | None = None,
+) -> int:
     """Queue a command for a running run; returns its id. Dead writers are recovered first.
 
     key: an idempotency key (say, a UUID the dashboard made when it drew the button). A second
@@ -274,6 +326,7 @@ def submit(db, run_id: str, kind: str, payload, actor: str,
     of that command since; the same key with a different command is a CommandError.
     """
     from rampwatch.store.recovery import recover_dead  # late: recovery → ingest → this module
+
     payload = validate(kind, payload)
     _check_actor(actor)
     _check_key(key)
@@ -282,31 +335,45 @@ def submit(db, run_id: str, kind: str, payload, actor: str,
         recover_dead(con, db)
         with transaction(con):
             if key is not None:
-                same = first(con.execute("SELECT command_id, run_id, kind, payload FROM commands "
-                                         "WHERE idempotency_key = ?", [key]))
+                same = first(
+                    con.execute(
+                        "SELECT command_id, run_id, kind, payload FROM commands "
+                        "WHERE idempotency_key = ?",
+                        [key],
+                    )
+                )
                 if same is not None:
                     if (same[1], same[2], same[3]) == (run_id, kind, text):
                         return int(same[0])
                     raise CommandError(
                         f"idempotency key {key!r} was used for command #{same[0]} (run "
                         f"{same[1]!r}, {same[2]} {same[3]}); a different command needs a new "
-                        "key")
-            row = first(con.execute("SELECT status, config, world_size FROM runs "
-                                    "WHERE run_id = ?", [run_id]))
+                        "key"
+                    )
+            row = first(
+                con.execute(
+                    "SELECT status, config, world_size FROM runs WHERE run_id = ?", [run_id]
+                )
+            )
             if row is None:
                 raise CommandError(f"no run {run_id!r} in {db}; commands go to existing runs")
             if row[0] != "running":
-                raise CommandError(f"run {run_id!r} is {row[0]}, not running; commands go only "
-                                   "to running runs")
+                raise CommandError(
+                    f"run {run_id!r} is {row[0]}, not running; commands go only to running runs"
+                )
             if kind == "ramp":
-                open_ = first(con.execute(
-                    "SELECT command_id, status FROM commands WHERE run_id = ? AND kind = 'ramp' "
-                    "AND status IN ('pending', 'claimed') ORDER BY command_id LIMIT 1",
-                    [run_id]))
+                open_ = first(
+                    con.execute(
+                        "SELECT command_id, status FROM commands WHERE run_id = ? AND kind = 'ramp' "
+                        "AND status IN ('pending', 'claimed') ORDER BY command_id LIMIT 1",
+                        [run_id],
+                    )
+                )
                 if open_ is not None:
                     raise CommandError(
                         f"run {run_id!r} already has ramp command #{open_[0]} {open_[1]}; cancel "
-                        "it or wait until it is applied or refused before submitting another")
+                        "it or wait until it is applied or refused before submitting another"
+                    )
                 config = _json_or_none(row[1])
                 refusal = ramp_refusal(config)
                 if refusal:
@@ -314,12 +381,16 @@ def submit(db, run_id: str, kind: str, payload, actor: str,
                 _check_tier(con, run_id, payload, config, row[2])
             [(cid,)] = con.execute("SELECT nextval('command_ids')").fetchall()
             now = time.time()
-            con.execute("INSERT INTO commands (command_id, run_id, kind, payload, status, actor, "
-                        "created_at, updated_at, applied_step, reason, idempotency_key) "
-                        "VALUES (?, ?, ?, ?, 'pending', ?, ?, ?, NULL, NULL, ?)",
-                        [cid, run_id, kind, text, actor, now, now, key])
-            con.execute("INSERT INTO command_log VALUES (?, ?, NULL, 'pending', ?, ?)",
-                        [cid, now, actor, "submitted"])
+            con.execute(
+                "INSERT INTO commands (command_id, run_id, kind, payload, status, actor, "
+                "created_at, updated_at, applied_step, reason, idempotency_key) "
+                "VALUES (?, ?, ?, ?, 'pending', ?, ?, ?, NULL, NULL, ?)",
+                [cid, run_id, kind, text, actor, now, now, key],
+            )
+            con.execute(
+                "INSERT INTO command_log VALUES (?, ?, NULL, 'pending', ?, ?)",
+                [cid, now, actor, "submitted"],
+            )
     return int(cid)
 
 
@@ -348,8 +419,9 @@ def apply(db, command_id: int, step: int, actor: str, timeout: float = DEFAULT_T
     return _change(db, command_id, "applied", actor, timeout, step=step)
 
 
-def refuse(db, command_id: int, reason: str, actor: str,
-           timeout: float = DEFAULT_TIMEOUT) -> Command:
+def refuse(
+    db, command_id: int, reason: str, actor: str, timeout: float = DEFAULT_TIMEOUT
+) -> Command:
     """pending or claimed → refused, with the reason shown to the operator."""
     return _change(db, command_id, "refused", actor, timeout, reason=reason)
 
@@ -359,13 +431,16 @@ def cancel(db, command_id: int, actor: str, timeout: float = DEFAULT_TIMEOUT) ->
     return _change(db, command_id, "cancelled", actor, timeout)
 
 
-def list_commands(db, run_id: str | None = None, status: str | None = None,
-                  timeout: float = DEFAULT_TIMEOUT) -> list[Command]:
+def list_commands(
+    db, run_id: str | None = None, status: str | None = None, timeout: float = DEFAULT_TIMEOUT
+) -> list[Command]:
     """Commands, oldest first, optionally of one run and/or one status."""
     with read_connection(db, timeout) as con:
-        rows = con.execute(_SELECT + " WHERE (?::VARCHAR IS NULL OR run_id = ?) AND "
-                           "(?::VARCHAR IS NULL OR status = ?) ORDER BY command_id",
-                           [run_id, run_id, status, status]).fetchall()
+        rows = con.execute(
+            _SELECT + " WHERE (?::VARCHAR IS NULL OR run_id = ?) AND "
+            "(?::VARCHAR IS NULL OR status = ?) ORDER BY command_id",
+            [run_id, run_id, status, status],
+        ).fetchall()
     return [_command(r) for r in rows]
 
 
@@ -383,12 +458,34 @@ def log(db, command_id: int | None = None, timeout: float = DEFAULT_TIMEOUT) -> 
     if command_id is not None:
         command_id = as_command_id(command_id)
     with read_connection(db, timeout) as con:
-        rows = con.execute("SELECT * FROM command_log WHERE (?::BIGINT IS NULL OR command_id = ?) "
-                           "ORDER BY t, rowid", [command_id, command_id]).fetchall()
+        rows = con.execute(
+            "SELECT * FROM command_log WHERE (?::BIGINT IS NULL OR command_id = ?) "
+            "ORDER BY t, rowid",
+            [command_id, command_id],
+        ).fetchall()
     return [LogEntry(int(r[0]), *r[1:]) for r in rows]
 
 
-__all__ = ["Command", "LogEntry", "CommandError", "submit", "claim", "apply",
-           "refuse", "cancel", "list_commands", "get", "log", "validate", "as_command_id",
-           "claim_pending", "KINDS", "STATUSES", "MAX_PER_DEVICE_BATCH", "MAX_ACCUM",
-           "MAX_LR_MULTIPLIER", "MAX_NOTE", "RAMP_MAX_FACTOR"]
+__all__ = [
+    "Command",
+    "LogEntry",
+    "CommandError",
+    "submit",
+    "claim",
+    "apply",
+    "refuse",
+    "cancel",
+    "list_commands",
+    "get",
+    "log",
+    "validate",
+    "as_command_id",
+    "claim_pending",
+    "KINDS",
+    "STATUSES",
+    "MAX_PER_DEVICE_BATCH",
+    "MAX_ACCUM",
+    "MAX_LR_MULTIPLIER",
+    "MAX_NOTE",
+    "RAMP_MAX_FACTOR",
+]

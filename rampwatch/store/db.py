@@ -23,6 +23,7 @@ else that opens and closes it) happens only under the per-process thread lock, n
 another thread of the process has a connection open, or a program that relies on DuckDB's lock
 (the read-only first-contact check below, a duckdb shell) could open the file mid-write.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -143,12 +144,14 @@ def _lock_byte(fd: int, mode: int, byte: int, deadline: float, busy) -> None:
 def _busy(db: Path, what: str, timeout: float) -> StoreBusyError:
     return StoreBusyError(
         f"database {db} is busy: could not get {what} within {timeout:.1f} s. Another process "
-        f"is holding it; retry later or pass a longer timeout.")
+        f"is holding it; retry later or pass a longer timeout."
+    )
 
 
 @contextlib.contextmanager
-def _locked(db: Path, exclusive: bool, timeout: float, create_lock_file: bool = True,
-            first_look=None):
+def _locked(
+    db: Path, exclusive: bool, timeout: float, create_lock_file: bool = True, first_look=None
+):
     """Hold this process's thread lock and the cross-process fcntl lock on `<db>.lock`.
 
     first_look(pl), if given, runs under the thread lock before the lock file is opened (or
@@ -158,8 +161,10 @@ def _locked(db: Path, exclusive: bool, timeout: float, create_lock_file: bool = 
     """
     pl = _path_lock(db)
     if pl.owner == threading.get_ident():
-        raise RuntimeError(f"store access to {db} re-entered from the thread that holds it; "
-                           "finish the first access (close its connection) before the next")
+        raise RuntimeError(
+            f"store access to {db} re-entered from the thread that holds it; "
+            "finish the first access (close its connection) before the next"
+        )
     deadline = time.monotonic() + timeout
     if not pl.thread_lock.acquire(timeout=max(0.0, timeout)):
         raise _busy(db, "this process's lock (another thread is using the database)", timeout)
@@ -175,8 +180,10 @@ def _locked(db: Path, exclusive: bool, timeout: float, create_lock_file: bool = 
                 pl.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
             except OSError as e:  # EACCES, EPERM, EROFS (read-only media)
                 if exclusive:
-                    raise StoreError(f"cannot write {db}: its lock file {path} cannot be "
-                                     f"opened for writing ({e.strerror or e})") from None
+                    raise StoreError(
+                        f"cannot write {db}: its lock file {path} cannot be "
+                        f"opened for writing ({e.strerror or e})"
+                    ) from None
                 try:
                     pl.fd = os.open(path, os.O_RDONLY)  # a shared lock needs only reading
                 except FileNotFoundError:
@@ -220,7 +227,8 @@ def _connect(db: Path, read_only: bool, deadline: float, timeout: float, threads
                 if "lock" in msg.lower():
                     raise StoreBusyError(
                         f"database {db} is locked by a program that does not use Rampwatch's "
-                        f"lock file (a duckdb shell?) for over {timeout:.1f} s: {msg}") from None
+                        f"lock file (a duckdb shell?) for over {timeout:.1f} s: {msg}"
+                    ) from None
                 raise
         _sleep_jittered(attempt, deadline)
         attempt += 1
@@ -247,16 +255,20 @@ def _duckdb_version_message(db: Path) -> str:
     writer = found.group(1).decode() if found else None
     wrote = f"DuckDB {writer}" if writer else "a newer DuckDB"
     pin = f"duckdb=={writer}" if writer else "a newer duckdb"
-    return (f"{db} was written by {wrote}, which this environment's duckdb "
-            f"{duckdb.__version__} cannot read (the training and the dashboard environments "
-            f"differ). Install the same DuckDB here (`pip install '{pin}'`), or open the file "
-            "where it was written.")
+    return (
+        f"{db} was written by {wrote}, which this environment's duckdb "
+        f"{duckdb.__version__} cannot read (the training and the dashboard environments "
+        f"differ). Install the same DuckDB here (`pip install '{pin}'`), or open the file "
+        "where it was written."
+    )
 
 
 def _not_duckdb_message(db: Path) -> str:
-    return (f"{db} is not a DuckDB database (its header lacks DuckDB's magic bytes); Rampwatch "
-            "will not touch it. Point Rampwatch at a database it created, or at a path that "
-            "does not exist yet.")
+    return (
+        f"{db} is not a DuckDB database (its header lacks DuckDB's magic bytes); Rampwatch "
+        "will not touch it. Point Rampwatch at a database it created, or at a path that "
+        "does not exist yet."
+    )
 
 
 def _check_header(db: Path) -> bool:
@@ -271,8 +283,10 @@ def _check_header(db: Path) -> bool:
     except FileNotFoundError:
         return False
     except IsADirectoryError:
-        raise NotRampwatchError(f"{db} is a directory, not a database file: pass the path of "
-                                "the .duckdb file a training run writes (its --db)") from None
+        raise NotRampwatchError(
+            f"{db} is a directory, not a database file: pass the path of "
+            "the .duckdb file a training run writes (its --db)"
+        ) from None
     if len(head) < 12 or head[8:12] != _DUCKDB_MAGIC:
         raise NotRampwatchError(_not_duckdb_message(db))
     return True
@@ -330,16 +344,16 @@ def _corruption_named(db: Path):
 
 
 @contextlib.contextmanager
-def write_connection(db: str | os.PathLike, timeout: float = DEFAULT_TIMEOUT,
-                     threads: int | None = 1):
+def write_connection(
+    db: str | os.PathLike, timeout: float = DEFAULT_TIMEOUT, threads: int | None = 1
+):
     """A read-write connection under the exclusive lock; creates or upgrades the schema.
 
     The connection is closed on exit. Keep the work inside short: every other process waits.
     """
     db = resolve(db)
     if not db.parent.is_dir():
-        raise StoreError(f"cannot create the database {db}: directory {db.parent} does not "
-                         "exist")
+        raise StoreError(f"cannot create the database {db}: directory {db.parent} does not exist")
 
     def first_look(pl: _PathLock) -> None:
         if _check_header(db):
@@ -370,12 +384,17 @@ def _upgrade_needed(db: Path, version: int) -> SchemaUpgradeNeededError:
         f"mode, or a file or folder that cannot be written) reads versions "
         f"{schema.MIN_READABLE_VERSION}..{schema.CURRENT_VERSION} as they are, and this one "
         f"needs an upgrade first. Run `rampwatch upgrade {db}` where the file can be "
-        "written (a copy, if the media is read-only), then view that.")
+        "written (a copy, if the media is read-only), then view that."
+    )
 
 
 @contextlib.contextmanager
-def read_connection(db: str | os.PathLike, timeout: float = DEFAULT_TIMEOUT,
-                    threads: int | None = None, read_only: bool | None = None):
+def read_connection(
+    db: str | os.PathLike,
+    timeout: float = DEFAULT_TIMEOUT,
+    threads: int | None = None,
+    read_only: bool | None = None,
+):
     """A read-only connection under the shared lock.
 
     An older schema is upgraded first, unless read_only (default: the process setting, see
@@ -390,20 +409,23 @@ def read_connection(db: str | os.PathLike, timeout: float = DEFAULT_TIMEOUT,
             raise DatabaseMissingError(
                 f"no Rampwatch database at {db}: the file does not exist. Check the path, or "
                 "start a training run with `--db` set to it (rampwatch train, or Monitor.start "
-                "in your own loop): that creates it.")
+                "in your own loop): that creates it."
+            )
         _precheck(db, pl)
 
     create = not never_write
     for _ in range(2):
-        with _locked(db, exclusive=False, timeout=timeout, create_lock_file=create,
-                     first_look=first_look) as deadline:
+        with _locked(
+            db, exclusive=False, timeout=timeout, create_lock_file=create, first_look=first_look
+        ) as deadline:
             con = _connect(db, True, deadline, timeout, threads)
             try:
                 with _corruption_named(db):
                     version = schema.read_version(con, db)
                     schema.check_not_newer(version, db)
                     readable = version == schema.CURRENT_VERSION or (
-                        never_write and version >= schema.MIN_READABLE_VERSION)
+                        never_write and version >= schema.MIN_READABLE_VERSION
+                    )
                     if readable:
                         yield con
                         return

@@ -1,4 +1,5 @@
 """The store's error classes: each names a problem a caller can act on (see the messages)."""
+
 from __future__ import annotations
 
 

@@ -11,6 +11,7 @@ Detection reads /proc/mounts (Linux) and takes the mount whose mount point is th
 path prefix of the database's folder (after resolving symlinks), so a local disk mounted
 inside a network tree, or the reverse, is judged by the mount that holds the file.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,11 +20,41 @@ from dataclasses import dataclass
 
 MOUNTS_FILE = "/proc/mounts"
 # fstype as /proc/mounts spells it; "fuse.X" for FUSE filesystems
-SHARED = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "ncpfs", "afs", "9p", "lustre", "gpfs",
-          "beegfs", "ceph", "glusterfs", "ocfs2", "gfs2", "orangefs", "pvfs2", "panfs",
-          "davfs", "fuse.sshfs", "fuse.ceph", "fuse.cephfs", "fuse.glusterfs", "fuse.s3fs",
-          "fuse.gcsfuse", "fuse.rclone", "fuse.juicefs", "fuse.beegfs", "fuse.lustre",
-          "fuse.davfs2", "fuse.goofys", "fuse.blobfuse", "fuse.blobfuse2"}
+SHARED = {
+    "nfs",
+    "nfs4",
+    "cifs",
+    "smb3",
+    "smbfs",
+    "ncpfs",
+    "afs",
+    "9p",
+    "lustre",
+    "gpfs",
+    "beegfs",
+    "ceph",
+    "glusterfs",
+    "ocfs2",
+    "gfs2",
+    "orangefs",
+    "pvfs2",
+    "panfs",
+    "davfs",
+    "fuse.sshfs",
+    "fuse.ceph",
+    "fuse.cephfs",
+    "fuse.glusterfs",
+    "fuse.s3fs",
+    "fuse.gcsfuse",
+    "fuse.rclone",
+    "fuse.juicefs",
+    "fuse.beegfs",
+    "fuse.lustre",
+    "fuse.davfs2",
+    "fuse.goofys",
+    "fuse.blobfuse",
+    "fuse.blobfuse2",
+}
 _OCTAL = re.compile(r"\\([0-7]{3})")
 
 
@@ -83,9 +114,11 @@ def shared_mount(folder, mounts_text: str | None = None) -> Mount | None:
 
 
 def warning_text(db, m: Mount) -> str:
-    return (f"the Rampwatch database {db} is on a shared filesystem ({m.fstype} from "
-            f"{m.source}, mounted at {m.point}): its file locks are unreliable there, so two "
-            "processes can corrupt it or read it half written. Put the database on a local "
-            "disk of the training machine (e.g. --db /local/scratch/runs.duckdb), and view it "
-            "from elsewhere through the dashboard over an SSH tunnel (ssh -L 8501:localhost:8501 "
-            "HOST) rather than by opening the file over the network.")
+    return (
+        f"the Rampwatch database {db} is on a shared filesystem ({m.fstype} from "
+        f"{m.source}, mounted at {m.point}): its file locks are unreliable there, so two "
+        "processes can corrupt it or read it half written. Put the database on a local "
+        "disk of the training machine (e.g. --db /local/scratch/runs.duckdb), and view it "
+        "from elsewhere through the dashboard over an SSH tunnel (ssh -L 8501:localhost:8501 "
+        "HOST) rather than by opening the file over the network."
+    )

@@ -13,6 +13,7 @@ it committed last and an ingest that reads older ones (or none) refuses instead 
 again, and the UPDATE must change exactly the row that was read, with the offsets that were
 read (compare-and-set). Any of these failing rolls the transaction back (SpoolOffsetsError).
 """
+
 from __future__ import annotations
 
 import json
@@ -30,29 +31,45 @@ from rampwatch.store.errors import CommandError, SpoolOffsetsError
 
 MAX_RECORDS = 1 << 18  # per transaction (8 MB of spool, ~0.1 s): bounds lock hold and memory
 
-_EVENT_SCHEMA = pa.schema([("step", pa.int64()), ("t", pa.float64()), ("kind", pa.string()),
-                           ("message", pa.string()), ("data", pa.string())])
-_PLAN_SCHEMA = pa.schema([
-    ("step", pa.int64()), ("t", pa.float64()), ("per_device_batch", pa.int64()),
-    ("variant", pa.string()), ("predicted_bytes", pa.int64()), ("measured_bytes", pa.int64()),
-    ("source", pa.string()), ("feasible", pa.bool_()), ("breakdown", pa.string())])
+_EVENT_SCHEMA = pa.schema(
+    [
+        ("step", pa.int64()),
+        ("t", pa.float64()),
+        ("kind", pa.string()),
+        ("message", pa.string()),
+        ("data", pa.string()),
+    ]
+)
+_PLAN_SCHEMA = pa.schema(
+    [
+        ("step", pa.int64()),
+        ("t", pa.float64()),
+        ("per_device_batch", pa.int64()),
+        ("variant", pa.string()),
+        ("predicted_bytes", pa.int64()),
+        ("measured_bytes", pa.int64()),
+        ("source", pa.string()),
+        ("feasible", pa.bool_()),
+        ("breakdown", pa.string()),
+    ]
+)
 
 
 @dataclass
 class IngestResult:
     run_id: str | None
-    records: int = 0        # metric rows inserted
-    json_records: int = 0   # rare records applied
+    records: int = 0  # metric rows inserted
+    json_records: int = 0  # rare records applied
     max_step: int | None = None
     max_t: float | None = None
-    more: bool = False      # the per-transaction cap was hit: call again
-    bin_offset: int = 0     # offsets reached (committed with the rows)
+    more: bool = False  # the per-transaction cap was hit: call again
+    bin_offset: int = 0  # offsets reached (committed with the rows)
     jsonl_offset: int = 0
-    stored: bool = False    # the spool's offsets row holds (bin_offset, jsonl_offset) now
+    stored: bool = False  # the spool's offsets row holds (bin_offset, jsonl_offset) now
     damaged_bytes: int = 0  # stepped over in the records and rare-records files
-    lost_records: int = 0   # metric records lost to damage (estimated from the bytes) or names
-    torn_bytes: int = 0     # a dead writer's cut-short last write, never acknowledged
-    unusable: int = 0       # records that passed their check but could not be applied
+    lost_records: int = 0  # metric records lost to damage (estimated from the bytes) or names
+    torn_bytes: int = 0  # a dead writer's cut-short last write, never acknowledged
+    unusable: int = 0  # records that passed their check but could not be applied
 
     @property
     def damaged(self) -> bool:
@@ -88,36 +105,61 @@ class _Apply:
     def _start(self, r: dict) -> None:
         con, run_id = self.con, r["run_id"]
         self.run_id, self.pid, self.host = run_id, r.get("pid"), r.get("host")
-        row = first(con.execute("SELECT status, last_step FROM runs WHERE run_id = ?",
-                                [run_id]))
+        row = first(con.execute("SELECT status, last_step FROM runs WHERE run_id = ?", [run_id]))
         if row is None:
             con.execute(
                 """INSERT INTO runs (run_id, name, status, config, created_at, ended_at, device,
                                      capacity_bytes, world_size, heartbeat, last_step)
                    VALUES (?, ?, 'running', ?, ?, NULL, ?, ?, ?, ?, ?)""",
-                [run_id, r.get("name"), _json_or_none(r.get("config")), r["t"], r.get("device"),
-                 r.get("capacity_bytes"), r.get("world_size"), r["t"], r.get("resume_step")])
+                [
+                    run_id,
+                    r.get("name"),
+                    _json_or_none(r.get("config")),
+                    r["t"],
+                    r.get("device"),
+                    r.get("capacity_bytes"),
+                    r.get("world_size"),
+                    r["t"],
+                    r.get("resume_step"),
+                ],
+            )
         self._run_fields(r)
         s = r.get("resume_step")
         if s is None:
             return
         # Resume (TensorBoard's purge_step = s + 1): drop the discarded future of the run.
-        [(n_metrics,)] = con.execute("DELETE FROM metrics WHERE run_id = ? AND step > ?",
-                                     [run_id, s]).fetchall()
-        [(n_events,)] = con.execute("DELETE FROM events WHERE run_id = ? AND step > ?",
-                                    [run_id, s]).fetchall()
+        [(n_metrics,)] = con.execute(
+            "DELETE FROM metrics WHERE run_id = ? AND step > ?", [run_id, s]
+        ).fetchall()
+        [(n_events,)] = con.execute(
+            "DELETE FROM events WHERE run_id = ? AND step > ?", [run_id, s]
+        ).fetchall()
         rollup.truncate(con, run_id, s)
-        con.execute("UPDATE runs SET status = 'running', ended_at = NULL, last_step = ?, "
-                    "heartbeat = ? WHERE run_id = ?", [s, r["t"], run_id])
-        prev_status, prev_last = (row if row is not None else (None, None))
-        self.events.append(dict(
-            step=s, t=r["t"], kind="resume",
-            message=f"resumed from step {s}; removed {n_metrics} metric rows and {n_events} "
-                    f"events with step > {s}",
-            data=_json_or_none({"resume_step": s, "purge_step": s + 1,
-                                "deleted_metric_rows": n_metrics, "deleted_events": n_events,
-                                "previous_status": prev_status,
-                                "previous_last_step": prev_last})))
+        con.execute(
+            "UPDATE runs SET status = 'running', ended_at = NULL, last_step = ?, "
+            "heartbeat = ? WHERE run_id = ?",
+            [s, r["t"], run_id],
+        )
+        prev_status, prev_last = row if row is not None else (None, None)
+        self.events.append(
+            dict(
+                step=s,
+                t=r["t"],
+                kind="resume",
+                message=f"resumed from step {s}; removed {n_metrics} metric rows and {n_events} "
+                f"events with step > {s}",
+                data=_json_or_none(
+                    {
+                        "resume_step": s,
+                        "purge_step": s + 1,
+                        "deleted_metric_rows": n_metrics,
+                        "deleted_events": n_events,
+                        "previous_status": prev_status,
+                        "previous_last_step": prev_last,
+                    }
+                ),
+            )
+        )
 
     def _segment(self, r: dict) -> None:
         # The first record of a spool the writer rotated to: the run already exists.
@@ -131,45 +173,89 @@ class _Apply:
             """UPDATE runs SET name = coalesce(?, name), config = coalesce(?, config),
                    device = coalesce(?, device), capacity_bytes = coalesce(?, capacity_bytes),
                    world_size = coalesce(?, world_size) WHERE run_id = ?""",
-            [r.get("name"), _json_or_none(r.get("config")), r.get("device"),
-             r.get("capacity_bytes"), r.get("world_size"), r["run_id"]])
+            [
+                r.get("name"),
+                _json_or_none(r.get("config")),
+                r.get("device"),
+                r.get("capacity_bytes"),
+                r.get("world_size"),
+                r["run_id"],
+            ],
+        )
 
     def _event(self, r: dict) -> None:
-        self.events.append(dict(step=r.get("step"), t=r["t"], kind=r["kind"],
-                                message=r.get("message"), data=_json_or_none(r.get("data"))))
+        self.events.append(
+            dict(
+                step=r.get("step"),
+                t=r["t"],
+                kind=r["kind"],
+                message=r.get("message"),
+                data=_json_or_none(r.get("data")),
+            )
+        )
 
     def _plan(self, r: dict) -> None:
-        self.plans.append(dict(
-            step=r.get("step"), t=r["t"], per_device_batch=r["per_device_batch"],
-            variant=r["variant"], predicted_bytes=r.get("predicted_bytes"),
-            measured_bytes=r.get("measured_bytes"), source=r["source"],
-            feasible=r.get("feasible"), breakdown=_json_or_none(r.get("breakdown"))))
+        self.plans.append(
+            dict(
+                step=r.get("step"),
+                t=r["t"],
+                per_device_batch=r["per_device_batch"],
+                variant=r["variant"],
+                predicted_bytes=r.get("predicted_bytes"),
+                measured_bytes=r.get("measured_bytes"),
+                source=r["source"],
+                feasible=r.get("feasible"),
+                breakdown=_json_or_none(r.get("breakdown")),
+            )
+        )
 
     def _status(self, r: dict) -> None:
         ended = r["t"] if r["status"] != "running" else None
-        self.con.execute("UPDATE runs SET status = ?, ended_at = ? WHERE run_id = ?",
-                         [r["status"], ended, self.run_id])
+        self.con.execute(
+            "UPDATE runs SET status = ?, ended_at = ? WHERE run_id = ?",
+            [r["status"], ended, self.run_id],
+        )
         if r.get("message"):
-            self.events.append(dict(step=r.get("step"), t=r["t"], kind=r["status"],
-                                    message=r["message"], data=None))
+            self.events.append(
+                dict(
+                    step=r.get("step"), t=r["t"], kind=r["status"], message=r["message"], data=None
+                )
+            )
 
     def _cmd(self, r: dict) -> None:
         # The trainer resolved a command it had claimed; the writer spooled it so the training
         # loop never waits. An illegal change becomes a visible error event, not a crash.
         try:
-            commands.transition(self.con, r["command_id"], r["to"], r["actor"],
-                                step=r.get("step"), reason=r.get("reason"), t=r["t"])
+            commands.transition(
+                self.con,
+                r["command_id"],
+                r["to"],
+                r["actor"],
+                step=r.get("step"),
+                reason=r.get("reason"),
+                t=r["t"],
+            )
         except CommandError as e:
-            self.events.append(dict(step=r.get("step"), t=r["t"], kind="error",
-                                    message=f"command result not recorded: {e}", data=None))
+            self.events.append(
+                dict(
+                    step=r.get("step"),
+                    t=r["t"],
+                    kind="error",
+                    message=f"command result not recorded: {e}",
+                    data=None,
+                )
+            )
 
     def flush_rows(self) -> None:
         con = self.con
         if self.events:
             con.register("rw_events", pa.Table.from_pylist(self.events, schema=_EVENT_SCHEMA))
             try:
-                con.execute("INSERT INTO events (run_id, step, t, kind, message, data) "
-                            "SELECT ?, step, t, kind, message, data FROM rw_events", [self.run_id])
+                con.execute(
+                    "INSERT INTO events (run_id, step, t, kind, message, data) "
+                    "SELECT ?, step, t, kind, message, data FROM rw_events",
+                    [self.run_id],
+                )
             finally:
                 con.unregister("rw_events")
         if self.plans:
@@ -180,7 +266,8 @@ class _Apply:
                            predicted_bytes, measured_bytes, source, feasible, breakdown)
                        SELECT ?, step, t, per_device_batch, variant, predicted_bytes,
                               measured_bytes, source, feasible, breakdown FROM rw_plans""",
-                    [self.run_id])
+                    [self.run_id],
+                )
             finally:
                 con.unregister("rw_plans")
 
@@ -188,17 +275,22 @@ class _Apply:
 def _insert_metrics(con, run_id: str, recs: np.ndarray, names: list[str]) -> None:
     ids = np.ascontiguousarray(recs["name_id"])
     step, value = np.ascontiguousarray(recs["step"]), np.ascontiguousarray(recs["value"])
-    table = pa.table({
-        "step": step,
-        "t": np.ascontiguousarray(recs["t"]),
-        # A dictionary column: the names list is shared, not repeated per row.
-        "name": pa.DictionaryArray.from_arrays(pa.array(ids), pa.array(names, pa.string())),
-        "value": value,
-    })
+    table = pa.table(
+        {
+            "step": step,
+            "t": np.ascontiguousarray(recs["t"]),
+            # A dictionary column: the names list is shared, not repeated per row.
+            "name": pa.DictionaryArray.from_arrays(pa.array(ids), pa.array(names, pa.string())),
+            "value": value,
+        }
+    )
     con.register("rw_batch", table)
     try:
-        con.execute("INSERT INTO metrics (run_id, step, t, name, value) "
-                    "SELECT ?, step, t, name, value FROM rw_batch", [run_id])
+        con.execute(
+            "INSERT INTO metrics (run_id, step, t, name, value) "
+            "SELECT ?, step, t, name, value FROM rw_batch",
+            [run_id],
+        )
     finally:
         con.unregister("rw_batch")
     rollup.add_batch(con, run_id, step, value, ids, names)
@@ -214,7 +306,9 @@ def _check_expected(path: Path, row, expect: tuple[int, int] | None) -> None:
             f"{'missing' if stored is None else stored}, behind the {expect} this writer "
             "committed before: the database lost an update or returned a stale row. Nothing "
             "was ingested (that would insert rows a second time); the records wait in "
-            f"{path}.", path.name)
+            f"{path}.",
+            path.name,
+        )
 
 
 def _names_for(path: Path, recs: np.ndarray, offs: np.ndarray, final: bool):
@@ -239,34 +333,56 @@ def _names_for(path: Path, recs: np.ndarray, offs: np.ndarray, final: bool):
     return recs[known], table, int((~known).sum()), None
 
 
-def _alert(result: IngestResult, path: Path, bin_damage: fmt.Damage, js_damage: fmt.Damage,
-           lost_names: int, unusable: list[str], t: float) -> dict:
+def _alert(
+    result: IngestResult,
+    path: Path,
+    bin_damage: fmt.Damage,
+    js_damage: fmt.Damage,
+    lost_names: int,
+    unusable: list[str],
+    t: float,
+) -> dict:
     about = bin_damage.records
     parts = []
     if bin_damage:
-        parts.append(f"{bin_damage.nbytes} damaged bytes of metric records skipped (about "
-                     f"{about} records)")
+        parts.append(
+            f"{bin_damage.nbytes} damaged bytes of metric records skipped (about {about} records)"
+        )
     if lost_names:
         parts.append(f"{lost_names} metric records whose name line was damaged")
     if js_damage:
-        parts.append(f"{js_damage.lines} damaged event/command lines ({js_damage.nbytes} "
-                     "bytes) skipped")
+        parts.append(
+            f"{js_damage.lines} damaged event/command lines ({js_damage.nbytes} bytes) skipped"
+        )
     if unusable:
         parts.append(f"{len(unusable)} records that cannot be applied ({unusable[0]})")
-    message = (f"spool {path.name} was damaged: " + "; ".join(parts) + ". Every record that "
-               "passed its check was kept; the damaged spool is kept for inspection.")
-    data = {"spool": path.name, "damaged_bytes": bin_damage.nbytes + js_damage.nbytes,
-            "lost_metric_records": about + lost_names, "damaged_metric_bytes": bin_damage.nbytes,
-            "metric_ranges": bin_damage.ranges, "lost_name_records": lost_names,
-            "damaged_lines": js_damage.lines, "line_ranges": js_damage.ranges,
-            "unusable_records": len(unusable)}
-    return dict(step=result.max_step, t=t, kind="alert", message=message,
-                data=json.dumps(data))
+    message = (
+        f"spool {path.name} was damaged: " + "; ".join(parts) + ". Every record that "
+        "passed its check was kept; the damaged spool is kept for inspection."
+    )
+    data = {
+        "spool": path.name,
+        "damaged_bytes": bin_damage.nbytes + js_damage.nbytes,
+        "lost_metric_records": about + lost_names,
+        "damaged_metric_bytes": bin_damage.nbytes,
+        "metric_ranges": bin_damage.ranges,
+        "lost_name_records": lost_names,
+        "damaged_lines": js_damage.lines,
+        "line_ranges": js_damage.ranges,
+        "unusable_records": len(unusable),
+    }
+    return dict(step=result.max_step, t=t, kind="alert", message=message, data=json.dumps(data))
 
 
-def ingest_spool(con, path: Path, *, heartbeat: float | None = None,
-                 max_records: int = MAX_RECORDS,
-                 expect: tuple[int, int] | None = None, final: bool = False) -> IngestResult:
+def ingest_spool(
+    con,
+    path: Path,
+    *,
+    heartbeat: float | None = None,
+    max_records: int = MAX_RECORDS,
+    expect: tuple[int, int] | None = None,
+    final: bool = False,
+) -> IngestResult:
     """Ingest what `path` (one spool directory) holds beyond its stored offsets; one transaction.
 
     heartbeat: the live writer passes the time to record as the run's heartbeat; recovery
@@ -278,8 +394,13 @@ def ingest_spool(con, path: Path, *, heartbeat: float | None = None,
     """
     name = path.name
     with transaction(con):
-        row = first(con.execute("SELECT run_id, bin_offset, jsonl_offset, count(*) OVER () "
-                                "FROM spool_offsets WHERE spool = ?", [name]))
+        row = first(
+            con.execute(
+                "SELECT run_id, bin_offset, jsonl_offset, count(*) OVER () "
+                "FROM spool_offsets WHERE spool = ?",
+                [name],
+            )
+        )
         if row is not None:
             if row[3] != 1:  # the primary key forbids it; never pick one row by chance
                 raise SpoolOffsetsError(f"spool {name} has {row[3]} offsets rows", name)
@@ -291,14 +412,16 @@ def ingest_spool(con, path: Path, *, heartbeat: float | None = None,
         for r in records:
             apply.record(r)
         run_id = apply.run_id
-        result = IngestResult(run_id, json_records=len(records), bin_offset=bin_off,
-                              jsonl_offset=js_new)
+        result = IngestResult(
+            run_id, json_records=len(records), bin_offset=bin_off, jsonl_offset=js_new
+        )
         if run_id is None:  # not even a start record yet: the writer died while creating it
             result.jsonl_offset = js_off  # nothing is stored
             result.damaged_bytes = js_damage.nbytes
             return result
-        recs, offs, bin_new, bin_damage, more = spool.read_records(path, bin_off, max_records,
-                                                                   final)
+        recs, offs, bin_new, bin_damage, more = spool.read_records(
+            path, bin_off, max_records, final
+        )
         lost_names = 0
         if len(recs):
             recs, names, lost_names, stop = _names_for(path, recs, offs, final)
@@ -316,30 +439,37 @@ def ingest_spool(con, path: Path, *, heartbeat: float | None = None,
         result.torn_bytes = bin_damage.torn + js_damage.torn
         result.unusable = len(apply.unusable)
         if bin_damage or js_damage or lost_names or apply.unusable:
-            apply.events.append(_alert(result, path, bin_damage, js_damage, lost_names,
-                                       apply.unusable, time.time()))
+            apply.events.append(
+                _alert(result, path, bin_damage, js_damage, lost_names, apply.unusable, time.time())
+            )
         apply.flush_rows()
         con.execute(
             """UPDATE runs SET last_step = CASE WHEN ?::BIGINT IS NULL THEN last_step
                                    ELSE greatest(coalesce(last_step, ?::BIGINT), ?::BIGINT) END,
                                heartbeat = coalesce(?, heartbeat)
                WHERE run_id = ?""",
-            [result.max_step, result.max_step, result.max_step, heartbeat, run_id])
+            [result.max_step, result.max_step, result.max_step, heartbeat, run_id],
+        )
         now = time.time()
         if row is None:  # a second row for the spool fails here: primary key
-            con.execute("INSERT INTO spool_offsets VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        [name, run_id, bin_new, js_new, apply.pid, apply.host, now])
+            con.execute(
+                "INSERT INTO spool_offsets VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [name, run_id, bin_new, js_new, apply.pid, apply.host, now],
+            )
         elif bin_new != bin_off or js_new != js_off:
             # Compare-and-set: exactly the row read above, still at the offsets read above.
             [(changed,)] = con.execute(
                 "UPDATE spool_offsets SET bin_offset = ?, jsonl_offset = ?, updated_at = ? "
                 "WHERE spool = ? AND bin_offset = ? AND jsonl_offset = ?",
-                [bin_new, js_new, now, name, bin_off, js_off]).fetchall()
+                [bin_new, js_new, now, name, bin_off, js_off],
+            ).fetchall()
             if changed != 1:
                 raise SpoolOffsetsError(
                     f"spool {name}: storing offsets ({bin_new}, {js_new}) changed {changed} "
                     f"rows, not the one row read at ({bin_off}, {js_off}); rolled back so that "
-                    "nothing is ingested twice", name)
+                    "nothing is ingested twice",
+                    name,
+                )
         result.stored = True
     return result
 

@@ -6,6 +6,7 @@ when SIGTERM would kill the process, is closed as killed before the default acti
 handler the program installed first is chained and decides); in a forked child the writers
 refuse to log. The SIGTERM handler is installed once, from the main thread only.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -40,8 +41,11 @@ def register(w: RunWriter, handle_sigterm: bool) -> None:
             atexit.register(_at_exit)
             _atexit_done = True
         # Python runs signal handlers in the main thread only, and only it may install one.
-        if (handle_sigterm and not _sigterm_installed
-                and threading.current_thread() is threading.main_thread()):
+        if (
+            handle_sigterm
+            and not _sigterm_installed
+            and threading.current_thread() is threading.main_thread()
+        ):
             _sigterm_prev = signal.getsignal(signal.SIGTERM)
             signal.signal(signal.SIGTERM, _on_sigterm)
             _sigterm_installed = True

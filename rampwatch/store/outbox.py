@@ -7,6 +7,7 @@ writes the counts not yet reported as one alert event at its next visit (and at 
 into the database, since the usual reason for drops, a full disk, also stops the spool. Records
 wait here, in memory, until a visit commits them; OUTBOX_LIMIT bounds that memory.
 """
+
 from __future__ import annotations
 
 import threading
@@ -48,20 +49,31 @@ class Outbox:
     def alert(self, drops: dict[str, int], step: int | None, t: float) -> dict | None:
         """The event record reporting drops not yet reported, or None."""
         with self._lock:
-            new = {r: n - self._reported.get(r, 0) for r, n in drops.items()
-                   if n > self._reported.get(r, 0)}
+            new = {
+                r: n - self._reported.get(r, 0)
+                for r, n in drops.items()
+                if n > self._reported.get(r, 0)
+            }
             detail = self.last_detail
         if not new:
             return None
         count, total = sum(new.values()), sum(drops.values())
         why = "; ".join(f"{n} × {r}" for r, n in sorted(new.items(), key=lambda x: -x[1]))
-        message = (f"{count} record{'s' if count != 1 else ''} dropped by the writer since the "
-                   f"last report ({total} in "
-                   f"this session): {why}. They are not in the database.")
+        message = (
+            f"{count} record{'s' if count != 1 else ''} dropped by the writer since the "
+            f"last report ({total} in "
+            f"this session): {why}. They are not in the database."
+        )
         if detail:
             message += f" Last: {detail}"
-        return {"k": "event", "kind": "alert", "message": message, "step": step, "t": t,
-                "data": {"dropped": count, "dropped_total": total, "reasons": new}}
+        return {
+            "k": "event",
+            "kind": "alert",
+            "message": message,
+            "step": step,
+            "t": t,
+            "data": {"dropped": count, "dropped_total": total, "reasons": new},
+        }
 
     def committed(self, n_records: int, drops: dict[str, int]) -> None:
         """The first n_records held and the drops counted up to `drops` are in the database."""
@@ -72,4 +84,3 @@ class Outbox:
     def pending_drops(self) -> bool:
         with self._lock:
             return any(n > self._reported.get(r, 0) for r, n in self.dropped.items())
-

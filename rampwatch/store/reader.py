@@ -14,6 +14,7 @@ the writer for seconds while it sorts a chunk, while rollups fold in on each ing
 (store/rollup.py); the 8-step level keeps raw reads to runs of at most 8K steps. The README's
 "Store layout" has the measurements behind the choice.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -47,28 +48,35 @@ def _rolled(lv: Level) -> str:
     """One metric's buckets at one rollup level, complete and open (table names: constants)."""
     cols = "bucket, vmin, vmax, last_step, last_value, n, n_nonfinite"
     where = "run_id = $run AND name = $name AND bucket >= $start"
-    return (f"SELECT {cols} FROM {lv.complete} WHERE {where} "
-            f"UNION ALL SELECT {cols} FROM {lv.partial} WHERE {where}")
+    return (
+        f"SELECT {cols} FROM {lv.complete} WHERE {where} "
+        f"UNION ALL SELECT {cols} FROM {lv.partial} WHERE {where}"
+    )
 
 
-_BUCKETS_ROLLUP = {lv.shift: f"""
+_BUCKETS_ROLLUP = {
+    lv.shift: f"""
     SELECT bucket >> $k AS b,
            coalesce(min(vmin), 'NaN'::DOUBLE) AS min, coalesce(max(vmax), 'NaN'::DOUBLE) AS max,
            arg_max(last_value, last_step) AS last, max(last_step) AS last_step,
            sum(n)::BIGINT AS count, sum(n_nonfinite)::BIGINT AS nonfinite
-    FROM ({_rolled(lv)}) GROUP BY b ORDER BY b""" for lv in LEVELS}
+    FROM ({_rolled(lv)}) GROUP BY b ORDER BY b"""
+    for lv in LEVELS
+}
 _COARSE = LEVELS[-1]  # the fewest rows: extents, names and latest values come from it
 _EXTENT = f"SELECT min(bucket), max(last_step) FROM ({_rolled(_COARSE)})"
-_RUN_COLUMNS = ("run_id, name, status, config, device, capacity_bytes, world_size, created_at, "
-                "ended_at, heartbeat, last_step")
+_RUN_COLUMNS = (
+    "run_id, name, status, config, device, capacity_bytes, world_size, created_at, "
+    "ended_at, heartbeat, last_step"
+)
 
 
 @dataclass(frozen=True)
 class Run:
     run_id: str
     name: str | None
-    status: str          # as shown: 'stale' replaces 'running' when its writer looks gone
-    stored_status: str   # as stored: running, finished, failed, killed
+    status: str  # as shown: 'stale' replaces 'running' when its writer looks gone
+    stored_status: str  # as stored: running, finished, failed, killed
     config: dict | None
     device: str | None
     capacity_bytes: int | None
@@ -82,16 +90,17 @@ class Run:
 @dataclass(frozen=True)
 class Series:
     """One metric downsampled to buckets of `width` steps; bucket i covers step[i] .. +width-1."""
+
     run_id: str
     name: str
     width: int
-    start: int | None      # first step this fetch covered (None: the whole history)
-    step: np.ndarray       # int64 bucket start
-    min: np.ndarray        # float64, over finite values; NaN if the bucket has none
+    start: int | None  # first step this fetch covered (None: the whole history)
+    step: np.ndarray  # int64 bucket start
+    min: np.ndarray  # float64, over finite values; NaN if the bucket has none
     max: np.ndarray
-    last: np.ndarray       # value at the bucket's largest step
+    last: np.ndarray  # value at the bucket's largest step
     last_step: np.ndarray  # int64
-    count: np.ndarray      # int64 values in the bucket
+    count: np.ndarray  # int64 values in the bucket
     nonfinite: np.ndarray  # int64 NaN/±inf values in the bucket
 
     @property
@@ -106,13 +115,17 @@ class Series:
     def merge(self, newer: "Series") -> "Series":
         """This series updated with a refresh fetched from since_step=self.since."""
         if newer.width != self.width:
-            raise ValueError(f"cannot merge series of width {newer.width} into width "
-                             f"{self.width}; refetch the whole history")
+            raise ValueError(
+                f"cannot merge series of width {newer.width} into width "
+                f"{self.width}; refetch the whole history"
+            )
         if newer.start is None:
             return newer
         keep = self.step < newer.start
-        cols = {f: np.concatenate([getattr(self, f)[keep], getattr(newer, f)])
-                for f in ("step", "min", "max", "last", "last_step", "count", "nonfinite")}
+        cols = {
+            f: np.concatenate([getattr(self, f)[keep], getattr(newer, f)])
+            for f in ("step", "min", "max", "last", "last_step", "count", "nonfinite")
+        }
         return replace(self, **cols)
 
 
@@ -173,8 +186,13 @@ def width_for(lo: int, hi: int, buckets: int) -> int:
 class Reader:
     """Read queries on one database; each call connects and closes unless inside session()."""
 
-    def __init__(self, db, timeout: float = DEFAULT_TIMEOUT, stale_after: float = STALE_AFTER,
-                 read_only: bool | None = None):
+    def __init__(
+        self,
+        db,
+        timeout: float = DEFAULT_TIMEOUT,
+        stale_after: float = STALE_AFTER,
+        read_only: bool | None = None,
+    ):
         """read_only: write nothing, not even a schema upgrade or a lock file (None: the
         process setting, store.set_read_only)."""
         self.db, self.timeout, self.stale_after = db, timeout, stale_after
@@ -205,8 +223,9 @@ class Reader:
         status = stored
         if stored == "running":
             quiet = heartbeat is None or now - heartbeat > self.stale_after
-            spools = con.execute("SELECT spool FROM spool_offsets WHERE run_id = ?",
-                                 [run_id]).fetchall()
+            spools = con.execute(
+                "SELECT spool FROM spool_offsets WHERE run_id = ?", [run_id]
+            ).fetchall()
             root = spool_root(self.db)
             if quiet or not any(spool.is_live(root / s) for (s,) in spools):
                 status = "stale"
@@ -215,18 +234,19 @@ class Reader:
     def list_runs(self) -> list[Run]:
         """Every run, newest first."""
         with self._connection() as con:
-            rows = con.execute(f"SELECT {_RUN_COLUMNS} FROM runs ORDER BY created_at DESC, "
-                               "run_id").fetchall()
+            rows = con.execute(
+                f"SELECT {_RUN_COLUMNS} FROM runs ORDER BY created_at DESC, run_id"
+            ).fetchall()
             now = time.time()
             return [self._run(con, r, now) for r in rows]
 
     def get_run(self, run_id: str) -> Run:
         with self._connection() as con:
-            row = first(con.execute(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = ?",
-                                    [run_id]))
+            row = first(con.execute(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = ?", [run_id]))
             if row is None:
-                raise RunNotFoundError(f"no run {run_id!r} in {self.db}; `rampwatch info "
-                                       f"{self.db}` lists the runs")
+                raise RunNotFoundError(
+                    f"no run {run_id!r} in {self.db}; `rampwatch info {self.db}` lists the runs"
+                )
             return self._run(con, row, time.time())
 
     def metric_names(self, run_id: str) -> list[str]:
@@ -234,25 +254,32 @@ class Reader:
             rows = con.execute(
                 f"SELECT DISTINCT name FROM (SELECT name FROM {_COARSE.partial} WHERE run_id = $r "
                 f"UNION ALL SELECT name FROM {_COARSE.complete} WHERE run_id = $r) ORDER BY name",
-                {"r": run_id}).fetchall()
+                {"r": run_id},
+            ).fetchall()
         return [r[0] for r in rows]
 
-    def series(self, run_id: str, name: str, buckets: int = 2000, width: int | None = None,
-               since_step: int | None = None) -> Series:
+    def series(
+        self,
+        run_id: str,
+        name: str,
+        buckets: int = 2000,
+        width: int | None = None,
+        since_step: int | None = None,
+    ) -> Series:
         """One metric in at most ~`buckets` buckets (or of the given power-of-two `width`).
 
         since_step: fetch only buckets from the one holding since_step on (live refresh:
         pass the previous result's `.since` and its `width`, then `.merge` the two).
         """
-        if width is not None and (not isinstance(width, int) or width < 1
-                                  or width & (width - 1)):
+        if width is not None and (not isinstance(width, int) or width < 1 or width & (width - 1)):
             raise ValueError(f"width must be a power of two >= 1, got {width!r}")
         if isinstance(buckets, bool) or not isinstance(buckets, int) or buckets < 1:
             raise ValueError(f"buckets must be an integer >= 1, got {buckets!r}")
         with self._connection() as con:
             if width is None:
-                [(lo, hi)] = con.execute(_EXTENT, {"run": run_id, "name": name,
-                                                   "start": _NO_START}).fetchall()
+                [(lo, hi)] = con.execute(
+                    _EXTENT, {"run": run_id, "name": name, "start": _NO_START}
+                ).fetchall()
                 if lo is None:
                     return _empty_series(run_id, name, 1, since_step)
                 k = width_for(lo << _COARSE.shift, hi, buckets)
@@ -261,18 +288,30 @@ class Reader:
             start = None if since_step is None else (int(since_step) >> k) << k
             lv = next((lv for lv in reversed(LEVELS) if lv.shift <= k), None)  # the coarsest
             if lv is not None:
-                params = {"run": run_id, "name": name, "k": k - lv.shift,
-                          "start": _NO_START if start is None else start >> lv.shift}
+                params = {
+                    "run": run_id,
+                    "name": name,
+                    "k": k - lv.shift,
+                    "start": _NO_START if start is None else start >> lv.shift,
+                }
                 cols = con.execute(_BUCKETS_ROLLUP[lv.shift], params).fetchnumpy()
             else:
-                params = {"run": run_id, "name": name, "k": k,
-                          "start": _NO_START if start is None else start}
+                params = {
+                    "run": run_id,
+                    "name": name,
+                    "k": k,
+                    "start": _NO_START if start is None else start,
+                }
                 cols = con.execute(_BUCKETS_RAW, params).fetchnumpy()
-        return Series(run_id, name, 1 << k, start,
-                      np.asarray(cols["b"], np.int64) << k,
-                      *(np.asarray(cols[c], np.float64) for c in ("min", "max", "last")),
-                      *(np.asarray(cols[c], np.int64) for c in ("last_step", "count",
-                                                                "nonfinite")))
+        return Series(
+            run_id,
+            name,
+            1 << k,
+            start,
+            np.asarray(cols["b"], np.int64) << k,
+            *(np.asarray(cols[c], np.float64) for c in ("min", "max", "last")),
+            *(np.asarray(cols[c], np.int64) for c in ("last_step", "count", "nonfinite")),
+        )
 
     def latest(self, run_id: str, names: list[str] | None = None) -> dict[str, tuple[int, float]]:
         """{name: (step, value)} at each metric's largest step (all metrics, or `names`)."""
@@ -285,11 +324,14 @@ class Reader:
                        SELECT name, last_step, last_value FROM {_COARSE.complete}
                        WHERE run_id = $r)
                    WHERE $names::VARCHAR[] IS NULL OR list_contains($names::VARCHAR[], name)
-                   GROUP BY name""", {"r": run_id, "names": names}).fetchall()
+                   GROUP BY name""",
+                {"r": run_id, "names": names},
+            ).fetchall()
         return {n: (int(s), float(v)) for n, s, v in rows}
 
-    def events(self, run_id: str, since_step: int | None = None,
-               kinds: list[str] | None = None) -> list[Event]:
+    def events(
+        self, run_id: str, since_step: int | None = None, kinds: list[str] | None = None
+    ) -> list[Event]:
         """Events in step order (those with step >= since_step; of the given kinds)."""
         with self._connection() as con:
             rows = con.execute(
@@ -297,7 +339,8 @@ class Reader:
                    WHERE run_id = $r AND ($s::BIGINT IS NULL OR step >= $s)
                      AND ($k::VARCHAR[] IS NULL OR list_contains($k::VARCHAR[], kind))
                    ORDER BY step NULLS FIRST, t""",
-                {"r": run_id, "s": since_step, "k": kinds}).fetchall()
+                {"r": run_id, "s": since_step, "k": kinds},
+            ).fetchall()
         return [Event(*r[:5], _loads(r[5])) for r in rows]
 
     def memory_plan(self, run_id: str) -> list[PlanRow]:
@@ -305,14 +348,19 @@ class Reader:
             rows = con.execute(
                 """SELECT run_id, step, t, per_device_batch, variant, predicted_bytes,
                           measured_bytes, source, feasible, breakdown
-                   FROM memory_plan WHERE run_id = ? ORDER BY t""", [run_id]).fetchall()
+                   FROM memory_plan WHERE run_id = ? ORDER BY t""",
+                [run_id],
+            ).fetchall()
         return [PlanRow(*r[:9], _loads(r[9])) for r in rows]
 
     def export(self, run_id: str) -> pa.Table:
         """Every raw metric row of a run (run_id, step, t, name, value), for CSV/Parquet."""
         with self._connection() as con:
-            return con.sql("SELECT run_id, step, t, name, value FROM metrics WHERE run_id = ? "
-                           "ORDER BY step, name", params=[run_id]).to_arrow_table()
+            return con.sql(
+                "SELECT run_id, step, t, name, value FROM metrics WHERE run_id = ? "
+                "ORDER BY step, name",
+                params=[run_id],
+            ).to_arrow_table()
 
 
 def list_runs(db, **kw) -> list[Run]:
@@ -327,8 +375,15 @@ def metric_names(db, run_id: str, **kw) -> list[str]:
     return Reader(db, **kw).metric_names(run_id)
 
 
-def series(db, run_id: str, name: str, buckets: int = 2000, width: int | None = None,
-           since_step: int | None = None, **kw) -> Series:
+def series(
+    db,
+    run_id: str,
+    name: str,
+    buckets: int = 2000,
+    width: int | None = None,
+    since_step: int | None = None,
+    **kw,
+) -> Series:
     return Reader(db, **kw).series(run_id, name, buckets, width, since_step)
 
 
@@ -336,8 +391,9 @@ def latest(db, run_id: str, names: list[str] | None = None, **kw) -> dict[str, t
     return Reader(db, **kw).latest(run_id, names)
 
 
-def events(db, run_id: str, since_step: int | None = None, kinds: list[str] | None = None,
-           **kw) -> list[Event]:
+def events(
+    db, run_id: str, since_step: int | None = None, kinds: list[str] | None = None, **kw
+) -> list[Event]:
     return Reader(db, **kw).events(run_id, since_step, kinds)
 
 

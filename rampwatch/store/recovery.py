@@ -7,6 +7,7 @@ start), deletes the fully ingested spool, and marks any run that is still 'runni
 live spool left as 'killed' at its last step, refusing its open commands ('run killed'). A
 spool that cannot be parsed is renamed `<session>.corrupt` and reported, not deleted.
 """
+
 from __future__ import annotations
 
 import os
@@ -47,8 +48,11 @@ def _recover_spool(con, path: Path, fd: int) -> tuple[RecoveredSpool, float | No
         res = ingest.ingest_spool(con, path, final=True)
         run_id = res.run_id or run_id
         total += res.records
-        damaged, lost, unusable = (damaged + res.damaged_bytes, lost + res.lost_records,
-                                   unusable + res.unusable)
+        damaged, lost, unusable = (
+            damaged + res.damaged_bytes,
+            lost + res.lost_records,
+            unusable + res.unusable,
+        )
         if res.max_t is not None:
             max_t = res.max_t if max_t is None else max(max_t, res.max_t)
         if not res.more:
@@ -57,10 +61,12 @@ def _recover_spool(con, path: Path, fd: int) -> tuple[RecoveredSpool, float | No
     unread = (sizes[0] - res.bin_offset) + (sizes[1] - res.jsonl_offset)
     why = None
     if run_id is None and unread:
-        why = (f"{unread} bytes but no readable start record: they cannot be tied to a run")
+        why = f"{unread} bytes but no readable start record: they cannot be tied to a run"
     elif damaged or lost or unusable:
-        why = (f"damaged: {damaged} bytes stepped over, about {lost} metric records lost, "
-               f"{unusable} unusable records (an alert event on run {run_id} has the details)")
+        why = (
+            f"damaged: {damaged} bytes stepped over, about {lost} metric records lost, "
+            f"{unusable} unusable records (an alert event on run {run_id} has the details)"
+        )
     elif unread > 0:
         why = f"{unread} bytes could not be read"
     out = RecoveredSpool(path.name, run_id, total, damaged_bytes=damaged, lost_records=lost)
@@ -74,22 +80,36 @@ def _recover_spool(con, path: Path, fd: int) -> tuple[RecoveredSpool, float | No
 def _mark_killed(con, db, run_id: str, recovered: int, ended: float | None) -> int | None:
     """Mark a running run without a live writer as killed; returns refused commands or None."""
     with transaction(con):
-        row = first(con.execute("SELECT status, last_step, heartbeat FROM runs WHERE run_id = ?",
-                                [run_id]))
+        row = first(
+            con.execute("SELECT status, last_step, heartbeat FROM runs WHERE run_id = ?", [run_id])
+        )
         if row is None or row[0] != "running" or live_spools(con, db, run_id):
             return None
         _, last_step, heartbeat = row
         ended = max(x for x in (ended, heartbeat, 0.0) if x is not None) or time.time()
-        con.execute("UPDATE runs SET status = 'killed', ended_at = ? WHERE run_id = ?",
-                    [ended, run_id])
-        who = first(con.execute("SELECT pid, host FROM spool_offsets WHERE run_id = ? "
-                                "ORDER BY updated_at DESC LIMIT 1", [run_id]))
+        con.execute(
+            "UPDATE runs SET status = 'killed', ended_at = ? WHERE run_id = ?", [ended, run_id]
+        )
+        who = first(
+            con.execute(
+                "SELECT pid, host FROM spool_offsets WHERE run_id = ? "
+                "ORDER BY updated_at DESC LIMIT 1",
+                [run_id],
+            )
+        )
         writer = f"pid {who[0]} on {who[1]}" if who and who[0] is not None else "unknown"
         con.execute(
             "INSERT INTO events (run_id, step, t, kind, message, data) VALUES (?, ?, ?, ?, ?, ?)",
-            [run_id, last_step, time.time(), "killed",
-             f"the writer ({writer}) died without closing the run; {recovered} records were "
-             f"recovered from its spool; marked killed at step {last_step}", None])
+            [
+                run_id,
+                last_step,
+                time.time(),
+                "killed",
+                f"the writer ({writer}) died without closing the run; {recovered} records were "
+                f"recovered from its spool; marked killed at step {last_step}",
+                None,
+            ],
+        )
         return commands.refuse_open(con, run_id, "run killed", "recovery")
 
 
@@ -109,15 +129,18 @@ def recover_dead(con, db) -> RecoveryReport:
         report.spools.append(done)
         if done.run_id is not None:
             n, t = recovered.get(done.run_id, (0, None))
-            recovered[done.run_id] = (n + done.records,
-                                      max_t if t is None else max(t, max_t or t))
+            recovered[done.run_id] = (n + done.records, max_t if t is None else max(t, max_t or t))
     for tmp in spool.stale_tmp_dirs(root):
         fd = spool.lock_if_dead(tmp)
         if fd is not None:  # a writer killed while creating its spool: nothing was logged yet
             spool.remove_dir(tmp)
             os.close(fd)
-    running = [r[0] for r in con.execute(
-        "SELECT run_id FROM runs WHERE status = 'running' ORDER BY created_at").fetchall()]
+    running = [
+        r[0]
+        for r in con.execute(
+            "SELECT run_id FROM runs WHERE status = 'running' ORDER BY created_at"
+        ).fetchall()
+    ]
     for run_id in running:
         n, t = recovered.get(run_id, (0, None))
         refused = _mark_killed(con, db, run_id, n, t)

@@ -14,6 +14,7 @@ query planning per level and visit, which the trainer's flusher thread would pay
 No finite value in a bucket is stored as NULL min/max (NaN would sort above every number).
 Why rollups, and why these levels: store/reader.py says what was measured.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ _COLS = "name, bucket, vmin, vmax, last_step, last_value, n, n_nonfinite"
 @dataclass(frozen=True)
 class Level:
     """One rollup level. Table names come from schema constants, never from input."""
+
     shift: int
     complete: str
     partial: str
@@ -40,6 +42,7 @@ LEVELS = tuple(Level(*lv) for lv in ROLLUP_LEVELS)
 @dataclass
 class _Rows:
     """Aggregate rows as numpy columns; key indexes a names list, src orders ties (later wins)."""
+
     key: np.ndarray
     bucket: np.ndarray
     vmin: np.ndarray
@@ -55,8 +58,9 @@ class _Rows:
 
     @staticmethod
     def concat(parts: list["_Rows"]) -> "_Rows":
-        return _Rows(*(np.concatenate([getattr(p, f) for p in parts])
-                       for f in _Rows.__dataclass_fields__))
+        return _Rows(
+            *(np.concatenate([getattr(p, f) for p in parts]) for f in _Rows.__dataclass_fields__)
+        )
 
 
 def _combine(r: _Rows) -> _Rows:
@@ -67,18 +71,34 @@ def _combine(r: _Rows) -> _Rows:
     new[1:] = (r.key[1:] != r.key[:-1]) | (r.bucket[1:] != r.bucket[:-1])
     starts = np.flatnonzero(new)
     last = np.r_[starts[1:], len(r.key)] - 1  # the largest step (latest arrival on a tie)
-    return _Rows(r.key[starts], r.bucket[starts], np.fmin.reduceat(r.vmin, starts),
-                 np.fmax.reduceat(r.vmax, starts), r.last_step[last], r.last_value[last],
-                 np.add.reduceat(r.n, starts), np.add.reduceat(r.nnf, starts),
-                 r.src[last])
+    return _Rows(
+        r.key[starts],
+        r.bucket[starts],
+        np.fmin.reduceat(r.vmin, starts),
+        np.fmax.reduceat(r.vmax, starts),
+        r.last_step[last],
+        r.last_value[last],
+        np.add.reduceat(r.n, starts),
+        np.add.reduceat(r.nnf, starts),
+        r.src[last],
+    )
 
 
 def _raw_rows(step: np.ndarray, value: np.ndarray, key: np.ndarray, shift: int) -> _Rows:
     finite = np.isfinite(value)
     fv = np.where(finite, value, np.nan)
     ones = np.ones(len(step), np.int64)
-    return _Rows(key.astype(np.int64), step >> shift, fv, fv, step, value, ones,
-                 (~finite).astype(np.int64), np.arange(1, len(step) + 1, dtype=np.int64))
+    return _Rows(
+        key.astype(np.int64),
+        step >> shift,
+        fv,
+        fv,
+        step,
+        value,
+        ones,
+        (~finite).astype(np.int64),
+        np.arange(1, len(step) + 1, dtype=np.int64),
+    )
 
 
 def _stored_rows(con, sql: str, params: list, index: dict[str, int], names: list[str]) -> _Rows:
@@ -90,52 +110,84 @@ def _stored_rows(con, sql: str, params: list, index: dict[str, int], names: list
             names.append(name)
         keys[i] = index[name]
     f64 = {c: np.ma.filled(np.ma.asarray(cols[c], np.float64), np.nan) for c in ("vmin", "vmax")}
-    return _Rows(keys, np.asarray(cols["bucket"], np.int64), f64["vmin"], f64["vmax"],
-                 np.asarray(cols["last_step"], np.int64),
-                 np.asarray(cols["last_value"], np.float64), np.asarray(cols["n"], np.int64),
-                 np.asarray(cols["n_nonfinite"], np.int64), np.zeros(len(keys), np.int64))
+    return _Rows(
+        keys,
+        np.asarray(cols["bucket"], np.int64),
+        f64["vmin"],
+        f64["vmax"],
+        np.asarray(cols["last_step"], np.int64),
+        np.asarray(cols["last_value"], np.float64),
+        np.asarray(cols["n"], np.int64),
+        np.asarray(cols["n_nonfinite"], np.int64),
+        np.zeros(len(keys), np.int64),
+    )
 
 
 def _arrow(r: _Rows, names: list[str]) -> pa.Table:
-    return pa.table({
-        "name": pa.array(np.asarray(names, dtype=object)[r.key], pa.string()),
-        "bucket": r.bucket,
-        "vmin": pa.array(r.vmin, mask=np.isnan(r.vmin)),
-        "vmax": pa.array(r.vmax, mask=np.isnan(r.vmax)),
-        "last_step": r.last_step, "last_value": r.last_value, "n": r.n, "n_nonfinite": r.nnf})
+    return pa.table(
+        {
+            "name": pa.array(np.asarray(names, dtype=object)[r.key], pa.string()),
+            "bucket": r.bucket,
+            "vmin": pa.array(r.vmin, mask=np.isnan(r.vmin)),
+            "vmax": pa.array(r.vmax, mask=np.isnan(r.vmax)),
+            "last_step": r.last_step,
+            "last_value": r.last_value,
+            "n": r.n,
+            "n_nonfinite": r.nnf,
+        }
+    )
 
 
-def add_batch(con, run_id: str, step: np.ndarray, value: np.ndarray, key: np.ndarray,
-              names: list[str]) -> None:
+def add_batch(
+    con, run_id: str, step: np.ndarray, value: np.ndarray, key: np.ndarray, names: list[str]
+) -> None:
     """Fold new raw rows (names[key[i]] = value[i] at step[i]) into the run's rollups."""
-    state = dict(con.execute("SELECT shift, through FROM rollup_state WHERE run_id = ?",
-                             [run_id]).fetchall())
+    state = dict(
+        con.execute("SELECT shift, through FROM rollup_state WHERE run_id = ?", [run_id]).fetchall()
+    )
     names = list(names)
     index = {n: i for i, n in enumerate(names)}
     for lv in LEVELS:
-        _add(con, run_id, lv, state.get(lv.shift), _raw_rows(step, value, key, lv.shift),
-             names, index)
+        _add(
+            con,
+            run_id,
+            lv,
+            state.get(lv.shift),
+            _raw_rows(step, value, key, lv.shift),
+            names,
+            index,
+        )
 
 
 def _add(con, run_id, lv: Level, old: int | None, fresh: _Rows, names, index) -> None:
     new = int(fresh.bucket.max()) if old is None else max(old, int(fresh.bucket.max()))
-    parts = [fresh, _stored_rows(con, f"SELECT {_COLS} FROM {lv.partial} WHERE run_id = ?",
-                                 [run_id], index, names)]
+    parts = [
+        fresh,
+        _stored_rows(
+            con, f"SELECT {_COLS} FROM {lv.partial} WHERE run_id = ?", [run_id], index, names
+        ),
+    ]
     late = fresh.bucket < old if old is not None else np.zeros(len(fresh.bucket), bool)
     if late.any():  # merge into the complete rows of those buckets, which are then replaced
         lo = int(fresh.bucket[late].min())
         stored = _stored_rows(
-            con, f"SELECT {_COLS} FROM {lv.complete} WHERE run_id = ? AND bucket >= ? "
-                 "AND bucket < ?", [run_id, lo, old], index, names)
+            con,
+            f"SELECT {_COLS} FROM {lv.complete} WHERE run_id = ? AND bucket >= ? AND bucket < ?",
+            [run_id, lo, old],
+            index,
+            names,
+        )
         pairs = set(zip(fresh.key[late].tolist(), fresh.bucket[late].tolist()))
-        hit = np.array([p in pairs for p in zip(stored.key.tolist(), stored.bucket.tolist())],
-                       bool)
+        hit = np.array([p in pairs for p in zip(stored.key.tolist(), stored.bucket.tolist())], bool)
         parts.append(stored.take(hit))
         con.register("rw_late", _arrow(stored.take(hit), names))
         try:
-            con.execute(f"""DELETE FROM {lv.complete} USING rw_late m
+            con.execute(
+                f"""DELETE FROM {lv.complete} USING rw_late m
                             WHERE {lv.complete}.run_id = ? AND {lv.complete}.name = m.name
-                              AND {lv.complete}.bucket = m.bucket""", [run_id])
+                              AND {lv.complete}.bucket = m.bucket""",
+                [run_id],
+            )
         finally:
             con.unregister("rw_late")
     merged = _combine(_Rows.concat(parts))
@@ -143,8 +195,9 @@ def _add(con, run_id, lv: Level, old: int | None, fresh: _Rows, names, index) ->
     con.execute(f"DELETE FROM {lv.partial} WHERE run_id = ?", [run_id])
     for table, sel in ((lv.complete, done), (lv.partial, ~done)):
         if sel.any():
-            rows = merged.take(np.flatnonzero(sel)[np.lexsort((merged.key[sel],
-                                                               merged.bucket[sel]))])
+            rows = merged.take(
+                np.flatnonzero(sel)[np.lexsort((merged.key[sel], merged.bucket[sel]))]
+            )
             con.register("rw_rows", _arrow(rows, names))
             try:
                 con.execute(f"INSERT INTO {table} SELECT ?, {_COLS} FROM rw_rows", [run_id])
@@ -153,27 +206,32 @@ def _add(con, run_id, lv: Level, old: int | None, fresh: _Rows, names, index) ->
     if old is None:
         con.execute("INSERT INTO rollup_state VALUES (?, ?, ?)", [run_id, lv.shift, new])
     elif new != old:
-        con.execute("UPDATE rollup_state SET through = ? WHERE run_id = ? AND shift = ?",
-                    [new, run_id, lv.shift])
+        con.execute(
+            "UPDATE rollup_state SET through = ? WHERE run_id = ? AND shift = ?",
+            [new, run_id, lv.shift],
+        )
 
 
 def truncate(con, run_id: str, last_kept_step: int) -> None:
     """After raw rows with step > last_kept_step were deleted: drop and rebuild what they fed."""
-    state = dict(con.execute("SELECT shift, through FROM rollup_state WHERE run_id = ?",
-                             [run_id]).fetchall())
+    state = dict(
+        con.execute("SELECT shift, through FROM rollup_state WHERE run_id = ?", [run_id]).fetchall()
+    )
     for lv in LEVELS:
         old = state.get(lv.shift)
         if old is None:
             continue
         lo = min(old, last_kept_step >> lv.shift)  # from bucket lo on: open again, rebuilt
-        con.execute(f"DELETE FROM {lv.complete} WHERE run_id = ? AND bucket >= ?",
-                    [run_id, lo])
+        con.execute(f"DELETE FROM {lv.complete} WHERE run_id = ? AND bucket >= ?", [run_id, lo])
         con.execute(f"DELETE FROM {lv.partial} WHERE run_id = ?", [run_id])
         con.execute(
             f"""INSERT INTO {lv.partial}
                 SELECT ?, name, step >> {lv.shift} AS bucket, {RAW_AGGREGATES}
                 FROM metrics WHERE run_id = ? AND step >= ? AND step <= ?
                 GROUP BY name, bucket""",
-            [run_id, run_id, lo << lv.shift, last_kept_step])
-        con.execute("UPDATE rollup_state SET through = ? WHERE run_id = ? AND shift = ?",
-                    [lo, run_id, lv.shift])
+            [run_id, run_id, lo << lv.shift, last_kept_step],
+        )
+        con.execute(
+            "UPDATE rollup_state SET through = ? WHERE run_id = ? AND shift = ?",
+            [lo, run_id, lv.shift],
+        )

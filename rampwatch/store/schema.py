@@ -19,6 +19,7 @@ metrics table several-fold and make a whole append fail on one duplicate). spool
 exception: one small row per writer session, and the one row exactly-once ingest hangs on, so a
 second row for a spool must fail its transaction rather than be read back by chance.
 """
+
 from __future__ import annotations
 
 import time
@@ -34,8 +35,10 @@ MIN_READABLE_VERSION = 3
 VERSION_TABLE = "rampwatch_schema"
 # (shift, complete-buckets table, open-buckets table): rollups at 2**shift steps per bucket,
 # finest first. Measured choice: store/reader.py.
-ROLLUP_LEVELS = ((3, "metrics_rollup_fine", "rollup_partial_fine"),
-                 (6, "metrics_rollup", "rollup_partial"))
+ROLLUP_LEVELS = (
+    (3, "metrics_rollup_fine", "rollup_partial_fine"),
+    (6, "metrics_rollup", "rollup_partial"),
+)
 ROLLUP_SHIFT = ROLLUP_LEVELS[-1][0]  # the coarsest level: run extents, names, latest values
 
 _ROLLUP_COLUMNS = """(
@@ -95,12 +98,14 @@ _V2 = [
 
 
 def _v3() -> list[str]:
-    stmts = ["CREATE TABLE rollup_state (run_id VARCHAR NOT NULL, shift INTEGER NOT NULL, "
-             "through BIGINT NOT NULL)"]
+    stmts = [
+        "CREATE TABLE rollup_state (run_id VARCHAR NOT NULL, shift INTEGER NOT NULL, "
+        "through BIGINT NOT NULL)"
+    ]
     for shift, complete, partial in ROLLUP_LEVELS:  # identifiers: our constants, never input
         stmts += [
             f"CREATE TABLE {complete} {_ROLLUP_COLUMNS}",  # complete buckets, append-only
-            f"CREATE TABLE {partial} {_ROLLUP_COLUMNS}",   # each run's open buckets (small)
+            f"CREATE TABLE {partial} {_ROLLUP_COLUMNS}",  # each run's open buckets (small)
             # Backfill: buckets below the one holding a run's last step are complete.
             f"""INSERT INTO rollup_state
                 SELECT run_id, {shift}, max(step) >> {shift} FROM metrics GROUP BY run_id""",
@@ -138,8 +143,16 @@ _V4 = [
 _V5 = ["ALTER TABLE commands ADD COLUMN idempotency_key VARCHAR"]
 
 # Every table with a run_id column, children first (commands' log goes with its commands).
-RUN_TABLES = ("metrics", *(t for _, c, p in ROLLUP_LEVELS for t in (c, p)), "rollup_state",
-              "events", "memory_plan", "spool_offsets", "commands", "runs")
+RUN_TABLES = (
+    "metrics",
+    *(t for _, c, p in ROLLUP_LEVELS for t in (c, p)),
+    "rollup_state",
+    "events",
+    "memory_plan",
+    "spool_offsets",
+    "commands",
+    "runs",
+)
 
 MIGRATIONS: list[tuple[int, str, list[str]]] = [
     (1, "runs and tall metrics", _V1),
@@ -154,7 +167,8 @@ assert [v for v, _, _ in MIGRATIONS] == list(range(1, CURRENT_VERSION + 1))
 def _tables(con) -> list[str]:
     rows = con.execute(
         "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main' "
-        "AND table_catalog = current_database() ORDER BY table_name").fetchall()
+        "AND table_catalog = current_database() ORDER BY table_name"
+    ).fetchall()
     return [r[0] for r in rows]
 
 
@@ -172,12 +186,18 @@ def read_version(con, db, allow_empty: bool = False) -> int:
     if VERSION_TABLE not in tables:
         if not tables and allow_empty:
             return 0
-        what = ("it has no tables" if not tables else
-                "it has other tables (" + ", ".join(tables[:8]) +
-                (", …" if len(tables) > 8 else "") + ")")
+        what = (
+            "it has no tables"
+            if not tables
+            else "it has other tables ("
+            + ", ".join(tables[:8])
+            + (", …" if len(tables) > 8 else "")
+            + ")"
+        )
         raise NotRampwatchError(
             f"{db} is a DuckDB database but not a Rampwatch one: {what} and no "
-            f"{VERSION_TABLE} table. Rampwatch will not write to it; use another path.")
+            f"{VERSION_TABLE} table. Rampwatch will not write to it; use another path."
+        )
     [(version,)] = con.execute(f"SELECT max(version) FROM {VERSION_TABLE}").fetchall()
     return int(version or 0)
 
@@ -186,7 +206,8 @@ def check_not_newer(version: int, db) -> None:
     if version > CURRENT_VERSION:
         raise SchemaTooNewError(
             f"{db} has Rampwatch schema version {version}, newer than this Rampwatch "
-            f"understands ({CURRENT_VERSION}); nothing was written. Upgrade Rampwatch to open it.")
+            f"understands ({CURRENT_VERSION}); nothing was written. Upgrade Rampwatch to open it."
+        )
 
 
 def upgrade(con, version: int, target: int = CURRENT_VERSION) -> list[int]:
@@ -212,8 +233,10 @@ def upgrade(con, version: int, target: int = CURRENT_VERSION) -> list[int]:
 
 def create_at_version(path, target: int) -> None:
     """Create a new database at an older schema version (for migration tests and tooling)."""
-    con = duckdb.connect(str(path), config={"autoinstall_known_extensions": False,
-                                            "autoload_known_extensions": False})
+    con = duckdb.connect(
+        str(path),
+        config={"autoinstall_known_extensions": False, "autoload_known_extensions": False},
+    )
     try:
         if _tables(con):
             raise ValueError(f"{path} already has tables; create_at_version wants a new file")

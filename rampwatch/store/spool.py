@@ -21,6 +21,7 @@ and the writer's own flusher opens and closes the records file to read it. A dir
 as `<session>.tmp` and renamed only once locked, so recovery never mistakes a spool being
 created for a dead one.
 """
+
 from __future__ import annotations
 
 import errno
@@ -91,8 +92,11 @@ class SpoolFiles:
     def __init__(self, path: Path, lock_fd: int, bin_fd: int, names_fd: int, rec_fd: int):
         self.path = path
         self.lock_fd, self.bin_fd, self.names_fd, self.rec_fd = lock_fd, bin_fd, names_fd, rec_fd
-        self._bin, self._names, self._rec = (_File(bin_fd, False), _File(names_fd, True),
-                                             _File(rec_fd, True))
+        self._bin, self._names, self._rec = (
+            _File(bin_fd, False),
+            _File(names_fd, True),
+            _File(rec_fd, True),
+        )
         self.name_ids: dict[str, int] = {}
 
     @classmethod
@@ -199,8 +203,11 @@ def stale_tmp_dirs(root: Path, older_than: float = 600.0) -> list[Path]:
     except FileNotFoundError:
         return []
     now = time.time()
-    return [p for p in entries if p.name.endswith(_TMP) and p.is_dir()
-            and now - p.stat().st_mtime > older_than]
+    return [
+        p
+        for p in entries
+        if p.name.endswith(_TMP) and p.is_dir() and now - p.stat().st_mtime > older_than
+    ]
 
 
 def remove_dir(path: Path) -> None:
@@ -236,7 +243,7 @@ def file_sizes(path: Path) -> tuple[int, int]:
     """(records file, rare-records file) sizes in bytes; 0 for a missing file."""
     legacy = is_legacy(path)
     out = []
-    for name in ((LEGACY_FILES[0], LEGACY_FILES[2]) if legacy else (BIN, RECORDS)):
+    for name in (LEGACY_FILES[0], LEGACY_FILES[2]) if legacy else (BIN, RECORDS):
         try:
             out.append((path / name).stat().st_size)
         except FileNotFoundError:
@@ -244,8 +251,9 @@ def file_sizes(path: Path) -> tuple[int, int]:
     return out[0], out[1]
 
 
-def read_records(path: Path, offset: int, max_records: int, final: bool = False
-                 ) -> tuple[np.ndarray, np.ndarray, int, fmt.Damage, bool]:
+def read_records(
+    path: Path, offset: int, max_records: int, final: bool = False
+) -> tuple[np.ndarray, np.ndarray, int, fmt.Damage, bool]:
     """Valid metric records from byte `offset` on (at most max_records), their offsets, the
     offset reached, the damage stepped over (spool_format.decode_records), and whether more
     may follow."""
@@ -267,8 +275,9 @@ def read_names(path: Path) -> tuple[dict[int, str], fmt.Damage, bool]:
     return fmt.decode_names(data, legacy)
 
 
-def read_json_records(path: Path, offset: int, max_bytes: int = 16 << 20, final: bool = False
-                      ) -> tuple[list, int, fmt.Damage]:
+def read_json_records(
+    path: Path, offset: int, max_bytes: int = 16 << 20, final: bool = False
+) -> tuple[list, int, fmt.Damage]:
     """Valid rare records from byte `offset` on, the offset after the last line read, damage."""
     legacy = is_legacy(path)
     data = _read_from(path / (LEGACY_FILES[2] if legacy else RECORDS), offset, max_bytes)

@@ -23,6 +23,7 @@ the caller says the file is final (its writer is gone).
 Format 1 (32-byte records without a check, plain JSON lines; Rampwatch before schema 5) is still
 read, for spools that an older writer left behind.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,21 +35,31 @@ from dataclasses import dataclass, field
 import numpy as np
 
 MAGIC = 0x52570002  # 'RW' + format 2
-RECORD = np.dtype([("magic", "<u4"), ("name_id", "<i4"), ("step", "<i8"), ("t", "<f8"),
-                   ("value", "<f8"), ("check", "<u8")])
+RECORD = np.dtype(
+    [
+        ("magic", "<u4"),
+        ("name_id", "<i4"),
+        ("step", "<i8"),
+        ("t", "<f8"),
+        ("value", "<f8"),
+        ("check", "<u8"),
+    ]
+)
 SIZE = RECORD.itemsize
 assert SIZE == 40
 _MAGIC_BYTES = struct.pack("<I", MAGIC)
-_K = np.array([0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9,
-               0xD6E8FEB86659FD93], np.uint64)
+_K = np.array(
+    [0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93], np.uint64
+)
 _KI = [int(k) for k in _K]
 _MASK = (1 << 64) - 1
 _S32 = np.array(32, np.uint64)
 _K3 = np.array(_K[3])
 
 LEGACY_MAGIC = 0x52570001
-LEGACY_RECORD = np.dtype([("step", "<i8"), ("t", "<f8"), ("value", "<f8"),
-                          ("name_id", "<i4"), ("magic", "<i4")])
+LEGACY_RECORD = np.dtype(
+    [("step", "<i8"), ("t", "<f8"), ("value", "<f8"), ("name_id", "<i4"), ("magic", "<i4")]
+)
 _HEX8 = re.compile(rb"[0-9a-f]{8}")  # int(x, 16) would also take "+", "_" and spaces
 MAX_DAMAGE_RANGES = 20  # kept per report: the counts are exact, the list is a sample
 
@@ -99,7 +110,12 @@ def encode_one(step: int, t: float, value: float, name_id: int) -> bytes:
     """One record, for the writer's slow path (values that need float() one by one)."""
     rec = np.zeros(1, RECORD)
     rec["magic"], rec["name_id"], rec["step"], rec["t"], rec["value"] = (
-        MAGIC, name_id, step, t, value)
+        MAGIC,
+        name_id,
+        step,
+        t,
+        value,
+    )
     rec["check"] = checks(rec)
     return rec.tobytes()
 
@@ -107,10 +123,11 @@ def encode_one(step: int, t: float, value: float, name_id: int) -> bytes:
 @dataclass
 class Damage:
     """What decoding stepped over: exact counts, and the first few (offset, length) ranges."""
+
     nbytes: int = 0
     ranges: list = field(default_factory=list)
     lines: int = 0  # text lines whose check failed
-    torn: int = 0   # final tail bytes cut short by the writer's death (never acknowledged)
+    torn: int = 0  # final tail bytes cut short by the writer's death (never acknowledged)
     records: int = 0  # records lost, estimated per range: a flipped one is 40 bytes, one with
     #                   bytes inserted or deleted a few more or less
 
@@ -143,8 +160,9 @@ def _resync(data, pos: int) -> int | None:
         pos += 1
 
 
-def decode_records(data: bytes, base: int, final: bool
-                   ) -> tuple[np.ndarray, np.ndarray, int, Damage]:
+def decode_records(
+    data: bytes, base: int, final: bool
+) -> tuple[np.ndarray, np.ndarray, int, Damage]:
     """Valid records of `data` (file bytes from offset `base`), each one's file offset, the
     offset reached, and the damage stepped over.
 
@@ -181,8 +199,7 @@ def decode_records(data: bytes, base: int, final: bool
     return np.concatenate(parts), np.concatenate(offs), base + pos, damage
 
 
-def decode_legacy_records(data: bytes, base: int
-                          ) -> tuple[np.ndarray, np.ndarray, int, Damage]:
+def decode_legacy_records(data: bytes, base: int) -> tuple[np.ndarray, np.ndarray, int, Damage]:
     """Format 1 (no check value): whole records up to the first without the magic, which with
     all that follows is reported as damage only when nothing valid could be read before it."""
     whole = len(data) - len(data) % LEGACY_RECORD.itemsize
@@ -191,7 +208,7 @@ def decode_legacy_records(data: bytes, base: int
     damage = Damage()
     if len(bad):
         cut = int(bad[0]) * LEGACY_RECORD.itemsize
-        recs = recs[:bad[0]]
+        recs = recs[: bad[0]]
         if cut == 0:  # format 1 cannot resynchronise: the rest is lost, and reported
             damage.add(base, len(data))
             return np.zeros(0, RECORD), np.zeros(0, np.int64), base + len(data), damage
@@ -217,8 +234,9 @@ def _check_line(line: bytes):
     return json.loads(text)
 
 
-def decode_lines(data: bytes, base: int, final: bool, legacy: bool = False
-                 ) -> tuple[list, int, Damage]:
+def decode_lines(
+    data: bytes, base: int, final: bool, legacy: bool = False
+) -> tuple[list, int, Damage]:
     """Payloads of the whole, valid lines of `data`, the offset reached, and the damage.
 
     A line that fails its check (or, in format 1, is not JSON) is skipped and reported; the
@@ -247,8 +265,13 @@ def decode_names(data: bytes, legacy: bool = False) -> tuple[dict[int, str], Dam
     else:
         names = {}
         for item in lines:
-            if (isinstance(item, list) and len(item) == 2 and type(item[0]) is int
-                    and 0 <= item[0] < 1 << 31 and isinstance(item[1], str)):
+            if (
+                isinstance(item, list)
+                and len(item) == 2
+                and type(item[0]) is int
+                and 0 <= item[0] < 1 << 31
+                and isinstance(item[1], str)
+            ):
                 names[item[0]] = item[1]
             else:
                 damage.lines += 1

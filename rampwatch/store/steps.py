@@ -8,6 +8,7 @@ bucket-width choices. int, numpy integers and 0-d integer tensors are accepted (
 __index__); everything else is refused with the reason, which RunWriter.log() counts (it never
 raises into the training loop) and the other entry points raise as ValueError.
 """
+
 from __future__ import annotations
 
 import operator
@@ -27,8 +28,11 @@ def step_problem(step) -> tuple[int | None, str | None]:
         try:
             value = operator.index(step)  # int subclasses, numpy integers, 0-d int tensors
         except TypeError:
-            kind = "float" if isinstance(step, float) or "float" in str(
-                getattr(step, "dtype", "")) else type(step).__name__
+            kind = (
+                "float"
+                if isinstance(step, float) or "float" in str(getattr(step, "dtype", ""))
+                else type(step).__name__
+            )
             return None, f"step is a {kind}"
     if value < 0:
         return None, "step is negative"
@@ -41,6 +45,8 @@ def as_step(step, what: str = "step") -> int:
     """The step as an int, or ValueError saying what is wrong and what to pass."""
     value, problem = step_problem(step)
     if problem is not None:
-        raise ValueError(f"{what} must be a non-negative integer (an optimizer step count, "
-                         f"0 .. {MAX_STEP}); got {step!r}: {problem}")
+        raise ValueError(
+            f"{what} must be a non-negative integer (an optimizer step count, "
+            f"0 .. {MAX_STEP}); got {step!r}: {problem}"
+        )
     return value

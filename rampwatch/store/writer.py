@@ -20,6 +20,7 @@ refuses to ingest (SpoolOffsetsError, in `errors`/`last_error` and logged as an 
 than insert rows twice, and at close sets that spool aside as `<session>.corrupt` instead of
 leaving it to recovery, which would trust the stale offsets.
 """
+
 from __future__ import annotations
 
 import collections
@@ -56,8 +57,17 @@ ROTATE_BYTES = 64 << 20  # a fully ingested spool this big is replaced by a fres
 class RunWriter(RareRecords):
     """Logs one run into a Rampwatch database. Create with RunWriter.start(...)."""
 
-    def __init__(self, db: Path, run_id: str, files: spool.SpoolFiles, *, flush_interval: float,
-                 lock_timeout: float, actor: str, rotate_bytes: int = ROTATE_BYTES):
+    def __init__(
+        self,
+        db: Path,
+        run_id: str,
+        files: spool.SpoolFiles,
+        *,
+        flush_interval: float,
+        lock_timeout: float,
+        actor: str,
+        rotate_bytes: int = ROTATE_BYTES,
+    ):
         self.db, self.run_id, self._files = db, run_id, files
         self._retired: list[spool.SpoolFiles] = []  # rotated out, tail not yet ingested
         # spool name -> the (bin, jsonl) offsets this writer last committed for it: an ingest
@@ -67,7 +77,7 @@ class RunWriter(RareRecords):
         self._refused: set[str] = set()  # spools whose last ingest raised SpoolOffsetsError
         self._rotate_bytes = rotate_bytes
         self._interval, self._lock_timeout, self._actor = flush_interval, lock_timeout, actor
-        self._lock = threading.RLock()        # spool appends (RLock: the SIGTERM handler may
+        self._lock = threading.RLock()  # spool appends (RLock: the SIGTERM handler may
         self._visit_lock = threading.RLock()  # interrupt log() or flush() in the main thread)
         self._templates: dict[tuple, fmt.Template] = {}
         self._pid = os.getpid()
@@ -94,12 +104,23 @@ class RunWriter(RareRecords):
 
     # ---- starting -----------------------------------------------------------------------
     @classmethod
-    def start(cls, db, name: str | None = None, *, config: dict | None = None,
-              device: str | None = None, capacity_bytes: int | None = None,
-              world_size: int | None = None, run_id: str | None = None,
-              resume_step: int | None = None, flush_interval: float = 1.0,
-              lock_timeout: float = DEFAULT_TIMEOUT, actor: str = "trainer",
-              handle_sigterm: bool = True, rotate_bytes: int = ROTATE_BYTES) -> "RunWriter":
+    def start(
+        cls,
+        db,
+        name: str | None = None,
+        *,
+        config: dict | None = None,
+        device: str | None = None,
+        capacity_bytes: int | None = None,
+        world_size: int | None = None,
+        run_id: str | None = None,
+        resume_step: int | None = None,
+        flush_interval: float = 1.0,
+        lock_timeout: float = DEFAULT_TIMEOUT,
+        actor: str = "trainer",
+        handle_sigterm: bool = True,
+        rotate_bytes: int = ROTATE_BYTES,
+    ) -> "RunWriter":
         """Start a new run (run_id=None, or a new id), or resume one from its checkpoint step.
 
         Resuming (run_id=existing, resume_step=S) deletes the run's metrics and events with
@@ -119,22 +140,37 @@ class RunWriter(RareRecords):
         # Random from the first character: DuckDB's zone maps keep an 8-byte prefix of strings,
         # so ids that differ early let a query skip other runs' row groups.
         run_id = run_id or uuid.uuid4().hex[:12]
-        start = {"k": "start", "run_id": run_id, "name": name, "config": config,
-                 "device": device, "capacity_bytes": capacity_bytes, "world_size": world_size,
-                 "t": _now(), "resume_step": resume_step, "pid": os.getpid(),
-                 "host": socket.gethostname()}
+        start = {
+            "k": "start",
+            "run_id": run_id,
+            "name": name,
+            "config": config,
+            "device": device,
+            "capacity_bytes": capacity_bytes,
+            "world_size": world_size,
+            "t": _now(),
+            "resume_step": resume_step,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+        }
         with write_connection(db, lock_timeout) as con:
             recovery.recover_dead(con, db)
             row = first(con.execute("SELECT status FROM runs WHERE run_id = ?", [run_id]))
             if resume_step is None and row is not None:
-                raise StoreError(f"run {run_id!r} already exists in {db} ({row[0]}); pass "
-                                 "resume_step=S to resume it, or omit run_id for a new run")
+                raise StoreError(
+                    f"run {run_id!r} already exists in {db} ({row[0]}); pass "
+                    "resume_step=S to resume it, or omit run_id for a new run"
+                )
             if resume_step is not None and row is None:
-                raise RunNotFoundError(f"cannot resume run {run_id!r}: {db} has no such run; "
-                                       f"`rampwatch info {db}` lists the runs")
+                raise RunNotFoundError(
+                    f"cannot resume run {run_id!r}: {db} has no such run; "
+                    f"`rampwatch info {db}` lists the runs"
+                )
             if resume_step is not None and recovery.live_spools(con, db, run_id):
-                raise StoreError(f"run {run_id!r} is still being written by a live process; "
-                                 "stop it before resuming the run")
+                raise StoreError(
+                    f"run {run_id!r} is still being written by a live process; "
+                    "stop it before resuming the run"
+                )
             files = spool.SpoolFiles.create(spool_root(db), uuid.uuid4().hex)
             try:
                 files.append_json(start)
@@ -143,14 +179,22 @@ class RunWriter(RareRecords):
             except BaseException:
                 files.close(remove=True)
                 raise
-        w = cls(db, run_id, files, flush_interval=flush_interval, lock_timeout=lock_timeout,
-                actor=actor, rotate_bytes=rotate_bytes)
+        w = cls(
+            db,
+            run_id,
+            files,
+            flush_interval=flush_interval,
+            lock_timeout=lock_timeout,
+            actor=actor,
+            rotate_bytes=rotate_bytes,
+        )
         w._note_committed(files, res)
         w._pending = pending
         w._last_step = resume_step
         lifecycle.register(w, handle_sigterm)
-        w._thread = threading.Thread(target=w._flusher, name=f"rampwatch-flush-{run_id}",
-                                     daemon=True)
+        w._thread = threading.Thread(
+            target=w._flusher, name=f"rampwatch-flush-{run_id}", daemon=True
+        )
         w._thread.start()
         w._warn_if_shared()
         return w
@@ -161,8 +205,11 @@ class RunWriter(RareRecords):
         if m is not None:
             text = fs.warning_text(self.db, m)
             warnings.warn(text, fs.SharedFilesystemWarning, stacklevel=3)
-            self.event("alert", text, data={"filesystem": m.fstype, "mount_point": m.point,
-                                            "source": m.source})
+            self.event(
+                "alert",
+                text,
+                data={"filesystem": m.fstype, "mount_point": m.point, "source": m.source},
+            )
 
     # ---- the hot path -------------------------------------------------------------------
     def log(self, step, metrics: dict) -> None:
@@ -180,8 +227,10 @@ class RunWriter(RareRecords):
                     return self._drop(_count(metrics), problem, f"log() dropped: {problem}")
             with self._lock:
                 if not self._usable:
-                    raise RuntimeError("log() on a closed writer, or in a forked child process "
-                                       "(only the process that started the writer may log)")
+                    raise RuntimeError(
+                        "log() on a closed writer, or in a forked child process "
+                        "(only the process that started the writer may log)"
+                    )
                 keys = tuple(metrics)
                 tpl = self._templates.get(keys)
                 if tpl is None:
@@ -190,8 +239,11 @@ class RunWriter(RareRecords):
                 try:
                     self._files.append_records(rec)
                 except OSError as e:  # cut back to the last whole record by the spool
-                    return self._drop(len(keys), _write_reason(e),
-                                      f"log(step={step}) lost: spool write failed: {e!r}")
+                    return self._drop(
+                        len(keys),
+                        _write_reason(e),
+                        f"log(step={step}) lost: spool write failed: {e!r}",
+                    )
                 self._last_step = step
                 self.logged_records += len(keys)
         except Exception as e:  # never into the training loop
@@ -208,14 +260,20 @@ class RunWriter(RareRecords):
         """Per-item path after the fast one failed: keep every value that can be kept."""
         with self._lock:
             if not self._usable:
-                return self._drop(_count(metrics), "writer closed or in a forked child",
-                                  f"log(step={step!r}) dropped: {first_error}")
+                return self._drop(
+                    _count(metrics),
+                    "writer closed or in a forked child",
+                    f"log(step={step!r}) dropped: {first_error}",
+                )
             try:
                 items = list(metrics.items())
             except Exception:
-                return self._drop(1, "metrics is not a dict",
-                                  f"log(step={step}) dropped: metrics must be a dict of "
-                                  f"name: value, got {type(metrics).__name__}")
+                return self._drop(
+                    1,
+                    "metrics is not a dict",
+                    f"log(step={step}) dropped: metrics must be a dict of "
+                    f"name: value, got {type(metrics).__name__}",
+                )
             t, parts, bad = _now(), [], []
             for k, v in items:
                 try:
@@ -223,8 +281,9 @@ class RunWriter(RareRecords):
                 except OSError as e:  # a new name could not be written: its record waits never
                     bad.append((_write_reason(e), f"{k!r}: {e!r}"))
                 except Exception as e:
-                    reason = ("name is not a str" if not isinstance(k, str) else
-                              "value is not a number")
+                    reason = (
+                        "name is not a str" if not isinstance(k, str) else "value is not a number"
+                    )
                     bad.append((reason, f"{k!r}: {e}"))
             try:
                 if parts:
@@ -232,8 +291,11 @@ class RunWriter(RareRecords):
                     self._last_step = step
                     self.logged_records += len(parts)
             except OSError as e:
-                return self._drop(len(parts) + len(bad), _write_reason(e),
-                                  f"log(step={step}) lost: spool write failed: {e!r}")
+                return self._drop(
+                    len(parts) + len(bad),
+                    _write_reason(e),
+                    f"log(step={step}) lost: spool write failed: {e!r}",
+                )
             if not bad:
                 return self._note_error(f"log(step={step}) slow path after: {first_error!r}")
             for reason, _ in bad:
@@ -248,8 +310,9 @@ class RunWriter(RareRecords):
         self.errors += 1
         self.last_error = message
         if self.errors == 1 or self.errors % 1000 == 0:
-            _log.warning("rampwatch writer %s: %s (%d errors so far)", self.run_id, message,
-                         self.errors)
+            _log.warning(
+                "rampwatch writer %s: %s (%d errors so far)", self.run_id, message, self.errors
+            )
 
     # ---- flushing -----------------------------------------------------------------------
     def _flusher(self) -> None:
@@ -267,11 +330,17 @@ class RunWriter(RareRecords):
             self._committed[files.path.name] = (res.bin_offset, res.jsonl_offset)
         self._refused.discard(files.path.name)
 
-    def _ingest_all(self, con, files: spool.SpoolFiles, drain: bool = True,
-                    final: bool = False) -> ingest.IngestResult:
+    def _ingest_all(
+        self, con, files: spool.SpoolFiles, drain: bool = True, final: bool = False
+    ) -> ingest.IngestResult:
         while True:
-            res = ingest.ingest_spool(con, files.path, heartbeat=_now(), final=final,
-                                      expect=self._committed.get(files.path.name))
+            res = ingest.ingest_spool(
+                con,
+                files.path,
+                heartbeat=_now(),
+                final=final,
+                expect=self._committed.get(files.path.name),
+            )
             self._note_committed(files, res)
             self.ingested_records += res.records
             self._backlog = res.more
@@ -284,8 +353,15 @@ class RunWriter(RareRecords):
         """Continue in a new spool so a long run's spool stops growing; drop the old one."""
         new = spool.SpoolFiles.create(spool_root(self.db), uuid.uuid4().hex)
         try:
-            new.append_json({"k": "segment", "run_id": self.run_id, "pid": os.getpid(),
-                             "host": socket.gethostname(), "t": _now()})
+            new.append_json(
+                {
+                    "k": "segment",
+                    "run_id": self.run_id,
+                    "pid": os.getpid(),
+                    "host": socket.gethostname(),
+                    "t": _now(),
+                }
+            )
             with self._lock:  # log() waits for the swap only
                 old = self._files
                 for name in sorted(old.name_ids, key=old.name_ids.get):
@@ -295,7 +371,7 @@ class RunWriter(RareRecords):
             new.close(remove=True)
             raise
         self._retired.append(old)
-        self._drain_retired(con)    # the old tail first: rows reach the tables in step order
+        self._drain_retired(con)  # the old tail first: rows reach the tables in step order
         self._ingest_all(con, new)  # and the new spool's offsets row ties it to the run at once
 
     def _drain_retired(self, con) -> None:
@@ -343,8 +419,7 @@ class RunWriter(RareRecords):
                 self._drain_retired(con)
                 res = self._ingest_all(con, self._files, drain, final)
                 # done: less than one whole record is left (a torn or damaged tail waits)
-                done = (res.bin_offset + fmt.SIZE > target[0]
-                        and res.jsonl_offset >= target[1])
+                done = res.bin_offset + fmt.SIZE > target[0] and res.jsonl_offset >= target[1]
                 if done and target[0] >= self._rotate_bytes and not self._closed:
                     self._rotate(con)
                 done = self._write_outbox(con) and done
@@ -377,8 +452,9 @@ class RunWriter(RareRecords):
         """Ingest everything logged so far now; False if the database stayed busy or failed."""
         return self._visit(self._lock_timeout if timeout is None else timeout)
 
-    def close(self, status: str = "finished", message: str | None = None,
-              timeout: float | None = None) -> bool:
+    def close(
+        self, status: str = "finished", message: str | None = None, timeout: float | None = None
+    ) -> bool:
         """Final status, final flush, spool removed once fully ingested. True if all ingested.
 
         If the database stays busy, the spool stays: recovery ingests it later, final status
@@ -398,12 +474,28 @@ class RunWriter(RareRecords):
         with self._lock:
             while self._claimed:
                 cmd = self._claimed.popleft()
-                self._append({"k": "cmd", "command_id": cmd.command_id, "to": "refused",
-                              "reason": f"the run ended ({status}) before the trainer took "
-                                        "the command", "actor": self._actor, "t": _now(),
-                              "step": self._last_step}, after_close=True)
-            self._append({"k": "status", "status": status, "message": message, "t": _now(),
-                          "step": self._last_step}, after_close=True)
+                self._append(
+                    {
+                        "k": "cmd",
+                        "command_id": cmd.command_id,
+                        "to": "refused",
+                        "reason": f"the run ended ({status}) before the trainer took the command",
+                        "actor": self._actor,
+                        "t": _now(),
+                        "step": self._last_step,
+                    },
+                    after_close=True,
+                )
+            self._append(
+                {
+                    "k": "status",
+                    "status": status,
+                    "message": message,
+                    "t": _now(),
+                    "step": self._last_step,
+                },
+                after_close=True,
+            )
         deadline = time.monotonic() + (self._lock_timeout if timeout is None else timeout)
         ok = self._visit(max(0.1, deadline - time.monotonic()), final=True)
         while not ok and time.monotonic() < deadline:
@@ -429,16 +521,22 @@ class RunWriter(RareRecords):
         want = self._committed.get(name)
         try:
             with read_connection(self.db, self._lock_timeout) as con:
-                row = first(con.execute("SELECT bin_offset, jsonl_offset FROM spool_offsets "
-                                        "WHERE spool = ?", [name]))
-                con.execute("SELECT count(*), max(step) FROM metrics WHERE run_id = ?",
-                            [self.run_id]).fetchall()
+                row = first(
+                    con.execute(
+                        "SELECT bin_offset, jsonl_offset FROM spool_offsets WHERE spool = ?", [name]
+                    )
+                )
+                con.execute(
+                    "SELECT count(*), max(step) FROM metrics WHERE run_id = ?", [self.run_id]
+                ).fetchall()
         except StoreError as e:  # damaged, busy, gone: the spool stays for recovery
             self._note_error(f"the database could not be read back, the spool is kept: {e}")
             return False
         if want is not None and (row is None or (int(row[0]), int(row[1])) != want):
-            self._note_error(f"the database reads back offsets {row} for spool {name}, not the "
-                             f"{want} committed; the spool is kept")
+            self._note_error(
+                f"the database reads back offsets {row} for spool {name}, not the "
+                f"{want} committed; the spool is kept"
+            )
             return False
         return True
 
@@ -451,8 +549,9 @@ class RunWriter(RareRecords):
             try:
                 self._files.append_json(rec)
             except OSError as e:
-                _log.error("rampwatch writer %s: %s record lost at close: %r", self.run_id,
-                           rec.get("k"), e)
+                _log.error(
+                    "rampwatch writer %s: %s record lost at close: %r", self.run_id, rec.get("k"), e
+                )
 
     def _set_aside(self, files: spool.SpoolFiles, why: str) -> None:
         if not files.path.exists():
@@ -460,11 +559,17 @@ class RunWriter(RareRecords):
         try:
             dest = spool.set_aside(files.path)
         except OSError as e:
-            _log.error("rampwatch writer %s: could not set spool %s aside: %r", self.run_id,
-                       files.path, e)
+            _log.error(
+                "rampwatch writer %s: could not set spool %s aside: %r", self.run_id, files.path, e
+            )
             return
-        _log.error("rampwatch writer %s: %s, so its spool is kept at %s for inspection and "
-                   "not left for recovery", self.run_id, why, dest)
+        _log.error(
+            "rampwatch writer %s: %s, so its spool is kept at %s for inspection and "
+            "not left for recovery",
+            self.run_id,
+            why,
+            dest,
+        )
 
     def __enter__(self) -> "RunWriter":
         return self
@@ -476,12 +581,21 @@ class RunWriter(RareRecords):
             self.close(*lifecycle.status_for(exc))
 
     def stats(self) -> dict:
-        return {"run_id": self.run_id, "logged_records": self.logged_records,
-                "ingested_records": self.ingested_records, "flushes": self.flushes,
-                "busy": self.busy, "last_busy": self.last_busy, "errors": self.errors,
-                "last_error": self.last_error, "dropped": dict(self._outbox.dropped),
-                "held_in_memory": len(self._outbox), "claimed_not_taken": len(self._claimed),
-                "last_flush": self.last_flush, "closed": self._closed}
+        return {
+            "run_id": self.run_id,
+            "logged_records": self.logged_records,
+            "ingested_records": self.ingested_records,
+            "flushes": self.flushes,
+            "busy": self.busy,
+            "last_busy": self.last_busy,
+            "errors": self.errors,
+            "last_error": self.last_error,
+            "dropped": dict(self._outbox.dropped),
+            "held_in_memory": len(self._outbox),
+            "claimed_not_taken": len(self._claimed),
+            "last_flush": self.last_flush,
+            "closed": self._closed,
+        }
 
 
 def _count(metrics) -> int:

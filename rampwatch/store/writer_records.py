@@ -6,6 +6,7 @@ A mixin of RunWriter (store/writer.py), which owns the state these methods use: 
 its flusher claimed, and `_note_error`. Kept apart so that each file keeps to one concern: this
 one is everything a training loop sends besides metric values.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,9 @@ def json_ready(obj, what: str):
     try:
         json.dumps(obj)
     except (TypeError, ValueError) as e:
-        raise TypeError(f"{what} must be JSON-serializable (dicts, lists, str, numbers): {e}") \
-            from None
+        raise TypeError(
+            f"{what} must be JSON-serializable (dicts, lists, str, numbers): {e}"
+        ) from None
     return obj
 
 
@@ -40,42 +42,83 @@ class RareRecords:
                     self._files.append_json(rec)
                 except OSError as e:  # disk full: held in memory, written by the next visit
                     if self._outbox.add(rec):
-                        self._note_error(f"{rec.get('k')} record not spooled ({e!r}); it waits "
-                                         "in memory for the next flush")
+                        self._note_error(
+                            f"{rec.get('k')} record not spooled ({e!r}); it waits "
+                            "in memory for the next flush"
+                        )
         except Exception as e:
             self._note_error(f"{rec.get('k')} record lost: {e!r}")
 
-    def event(self, kind: str, message: str = "", *, step: int | None = None,
-              data: dict | None = None) -> None:
+    def event(
+        self, kind: str, message: str = "", *, step: int | None = None, data: dict | None = None
+    ) -> None:
         """An event (ramp, oom, checkpoint, alert …) at `step` (default: the last logged)."""
         if not isinstance(kind, str) or not kind:
             raise ValueError(f"event kind must be a non-empty string, got {kind!r}")
-        self._append({"k": "event", "run_id": self.run_id, "kind": kind, "message": str(message),
-                      "step": self._last_step if step is None else as_step(step), "t": _now(),
-                      "data": json_ready(data, "event data")})
+        self._append(
+            {
+                "k": "event",
+                "run_id": self.run_id,
+                "kind": kind,
+                "message": str(message),
+                "step": self._last_step if step is None else as_step(step),
+                "t": _now(),
+                "data": json_ready(data, "event data"),
+            }
+        )
 
-    def memory_plan(self, per_device_batch: int, *, variant: str = "plain",
-                    predicted_bytes: int | None = None, measured_bytes: int | None = None,
-                    source: str = "plan", feasible: bool | None = None,
-                    breakdown: dict | None = None, step: int | None = None) -> None:
+    def memory_plan(
+        self,
+        per_device_batch: int,
+        *,
+        variant: str = "plain",
+        predicted_bytes: int | None = None,
+        measured_bytes: int | None = None,
+        source: str = "plan",
+        feasible: bool | None = None,
+        breakdown: dict | None = None,
+        step: int | None = None,
+    ) -> None:
         """A memory-plan row: predicted and/or measured peak bytes at a per-device batch."""
         if source not in PLAN_SOURCES:
             raise ValueError(f"memory_plan source must be one of {PLAN_SOURCES}, got {source!r}")
-        self._append({"k": "plan", "run_id": self.run_id, "per_device_batch":
-                      operator.index(per_device_batch), "variant": str(variant),
-                      "predicted_bytes": None if predicted_bytes is None else int(predicted_bytes),
-                      "measured_bytes": None if measured_bytes is None else int(measured_bytes),
-                      "source": source, "feasible": None if feasible is None else bool(feasible),
-                      "breakdown": json_ready(breakdown, "breakdown"),
-                      "step": self._last_step if step is None else as_step(step), "t": _now()})
+        self._append(
+            {
+                "k": "plan",
+                "run_id": self.run_id,
+                "per_device_batch": operator.index(per_device_batch),
+                "variant": str(variant),
+                "predicted_bytes": None if predicted_bytes is None else int(predicted_bytes),
+                "measured_bytes": None if measured_bytes is None else int(measured_bytes),
+                "source": source,
+                "feasible": None if feasible is None else bool(feasible),
+                "breakdown": json_ready(breakdown, "breakdown"),
+                "step": self._last_step if step is None else as_step(step),
+                "t": _now(),
+            }
+        )
 
-    def update_run(self, *, name: str | None = None, config: dict | None = None,
-                   device: str | None = None, capacity_bytes: int | None = None,
-                   world_size: int | None = None) -> None:
+    def update_run(
+        self,
+        *,
+        name: str | None = None,
+        config: dict | None = None,
+        device: str | None = None,
+        capacity_bytes: int | None = None,
+        world_size: int | None = None,
+    ) -> None:
         """Change run details known only after start (device, capacity …); None keeps a field."""
-        self._append({"k": "run", "run_id": self.run_id, "name": name,
-                      "config": json_ready(config, "config"), "device": device,
-                      "capacity_bytes": capacity_bytes, "world_size": world_size})
+        self._append(
+            {
+                "k": "run",
+                "run_id": self.run_id,
+                "name": name,
+                "config": json_ready(config, "config"),
+                "device": device,
+                "capacity_bytes": capacity_bytes,
+                "world_size": world_size,
+            }
+        )
 
     # ---- commands -----------------------------------------------------------------------
     def take_claimed_commands(self) -> list[commands.Command]:
@@ -113,12 +156,27 @@ class RareRecords:
 
         Queued (spooled, or held in memory when the disk is full) and written by the flusher at
         its next visit, retried until written, and at close."""
-        self._append({"k": "cmd", "command_id": commands.as_command_id(command_id),
-                      "to": "applied", "step": as_step(step), "actor": self._actor, "t": _now()})
+        self._append(
+            {
+                "k": "cmd",
+                "command_id": commands.as_command_id(command_id),
+                "to": "applied",
+                "step": as_step(step),
+                "actor": self._actor,
+                "t": _now(),
+            }
+        )
 
     def command_refused(self, command_id: int, reason: str) -> None:
         """Record, without waiting, that a command was refused, and why (queued as above)."""
-        self._append({"k": "cmd", "command_id": commands.as_command_id(command_id),
-                      "to": "refused", "reason": str(reason), "actor": self._actor,
-                      "t": _now(), "step": self._last_step})
-
+        self._append(
+            {
+                "k": "cmd",
+                "command_id": commands.as_command_id(command_id),
+                "to": "refused",
+                "reason": str(reason),
+                "actor": self._actor,
+                "t": _now(),
+                "step": self._last_step,
+            }
+        )

@@ -5,6 +5,7 @@ during a save leaves the previous checkpoint whole. The temporary name is per pr
 DDP a rank that ran out of memory may write while rank 0 saves (the last rename wins, and
 either file is a whole checkpoint).
 """
+
 from __future__ import annotations
 
 import os
@@ -41,13 +42,24 @@ def _tmp(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.tmp")
 
 
-def save(path: Path, *, state: TrainState, model: torch.nn.Module, optimizer,
-         config: dict[str, Any], note: dict[str, Any] | None = None) -> None:
+def save(
+    path: Path,
+    *,
+    state: TrainState,
+    model: torch.nn.Module,
+    optimizer,
+    config: dict[str, Any],
+    note: dict[str, Any] | None = None,
+) -> None:
     """note: what the next resume should record as an event (e.g. why the tier changed)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _tmp(path)
-    blob = {"state": state.to_dict(), "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(), "config": config}
+    blob = {
+        "state": state.to_dict(),
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "config": config,
+    }
     if note is not None:
         blob["note"] = note
     torch.save(blob, tmp)
@@ -56,8 +68,10 @@ def save(path: Path, *, state: TrainState, model: torch.nn.Module, optimizer,
 
 def load(path: Path) -> dict[str, Any]:
     if not path.exists():
-        raise FileNotFoundError(f"no checkpoint at {path}: check --checkpoint-dir and the run id, "
-                                "or start a new run without --resume")
+        raise FileNotFoundError(
+            f"no checkpoint at {path}: check --checkpoint-dir and the run id, "
+            "or start a new run without --resume"
+        )
     blob = torch.load(path, map_location="cpu", weights_only=False)
     state = dict(blob["state"])
     state.pop("noise_ema", None)  # the EMA of older checkpoints: the window refills instead
@@ -65,8 +79,13 @@ def load(path: Path) -> dict[str, Any]:
     return blob
 
 
-def retier(path: Path, per_device_batch: int, accum: int, infeasible: int,
-           note: dict[str, Any] | None = None) -> None:
+def retier(
+    path: Path,
+    per_device_batch: int,
+    accum: int,
+    infeasible: int,
+    note: dict[str, Any] | None = None,
+) -> None:
     """Rewrite a checkpoint's tier (after an OOM that stopped the run) so resume uses it."""
     blob = torch.load(path, map_location="cpu", weights_only=False)
     blob["state"]["per_device_batch"] = per_device_batch

@@ -1,5 +1,6 @@
 """`rampwatch train …`: the reference trainer's command line (run config as argparse), and
 `rampwatch train --make-shards OUT --data TEXT…` (text → token shards, trainer/shards.py)."""
+
 from __future__ import annotations
 
 import argparse
@@ -10,8 +11,11 @@ from rampwatch.trainer.config import PRESET_RUN_DEFAULTS, PRESETS
 
 def add_arguments(t: argparse.ArgumentParser) -> None:
     """The run config of `rampwatch train`."""
-    t.add_argument("--db", default=os.environ.get("RAMPWATCH_DB", "runs.duckdb"),
-                   help="DuckDB file (default $RAMPWATCH_DB or runs.duckdb)")
+    t.add_argument(
+        "--db",
+        default=os.environ.get("RAMPWATCH_DB", "runs.duckdb"),
+        help="DuckDB file (default $RAMPWATCH_DB or runs.duckdb)",
+    )
     t.add_argument("--preset", default="cpu-tiny", choices=sorted(PRESETS))
     t.add_argument("--name", help="run name shown on the dashboard (default: the run id)")
     t.add_argument("--run-id", help="id for a new run (default: random)")
@@ -23,9 +27,12 @@ def add_arguments(t: argparse.ArgumentParser) -> None:
     batch = t.add_argument_group("batch and schedule (defaults: the preset's)")
     batch.add_argument("--per-device-batch", type=int)
     batch.add_argument("--accum", type=int)
-    batch.add_argument("--split-micro", action="store_true",
-                       help="with accumulation 1: run each step as two half micro-batches, so "
-                            "the noise scale has a second batch size")
+    batch.add_argument(
+        "--split-micro",
+        action="store_true",
+        help="with accumulation 1: run each step as two half micro-batches, so "
+        "the noise scale has a second batch size",
+    )
     batch.add_argument("--lr", type=float)
     batch.add_argument("--optimizer", choices=("adamw", "sgd"))
     batch.add_argument("--weight-decay", type=float)
@@ -35,30 +42,57 @@ def add_arguments(t: argparse.ArgumentParser) -> None:
     batch.add_argument("--total-tokens", type=int)
     batch.add_argument("--steps", type=int, help="stop after this many optimizer steps")
     t.add_argument("--val-every", type=int, default=50)
-    t.add_argument("--target-val-loss", type=float,
-                   help="stop once the validation loss is at or below this (a sweep's target)")
+    t.add_argument(
+        "--target-val-loss",
+        type=float,
+        help="stop once the validation loss is at or below this (a sweep's target)",
+    )
     t.add_argument("--val-batch", type=int, default=16, help="sequences in the fixed val batch")
-    t.add_argument("--capacity-bytes", type=int,
-                   help="device capacity to report and plan against (default: the device's)")
+    t.add_argument(
+        "--capacity-bytes",
+        type=int,
+        help="device capacity to report and plan against (default: the device's)",
+    )
     t.add_argument("--chunked-ce", action="store_true", help="chunked lm_head + cross-entropy")
     t.add_argument("--compile", action="store_true", help="torch.compile the model")
-    t.add_argument("--gns-window", type=int, default=200,
-                   help="longest window of steps behind the smoothed noise scale")
+    t.add_argument(
+        "--gns-window",
+        type=int,
+        default=200,
+        help="longest window of steps behind the smoothed noise scale",
+    )
     ramp = t.add_argument_group("ramps")
     ramp.add_argument("--ramp", default="manual", choices=("manual", "auto", "off"))
-    ramp.add_argument("--ramp-hysteresis", type=int,
-                      help="estimates above the ramp point before a ramp (default: the policy's)")
-    ramp.add_argument("--ramp-min-samples", type=int,
-                      help="noise-scale estimates before any ramp (default: the policy's)")
-    ramp.add_argument("--ramp-at", type=float,
-                      help="ramp once the noise scale is >= this × the batch (default: the "
-                           "policy's 1, i.e. keep the batch within [B_noise, 2·B_noise])")
-    ramp.add_argument("--no-plan", dest="plan", action="store_false",
-                      help="skip the fake-tensor memory plan")
-    t.add_argument("--progress", default="auto", choices=("auto", "on", "off"),
-                   help="auto: a bar on a terminal, else a line every 50 steps (log files)")
-    t.add_argument("--inject-oom", metavar="STEP:MICRO:PHASE",
-                   help="testing aid: raise out-of-memory once (phase forward|backward|optimizer)")
+    ramp.add_argument(
+        "--ramp-hysteresis",
+        type=int,
+        help="estimates above the ramp point before a ramp (default: the policy's)",
+    )
+    ramp.add_argument(
+        "--ramp-min-samples",
+        type=int,
+        help="noise-scale estimates before any ramp (default: the policy's)",
+    )
+    ramp.add_argument(
+        "--ramp-at",
+        type=float,
+        help="ramp once the noise scale is >= this × the batch (default: the "
+        "policy's 1, i.e. keep the batch within [B_noise, 2·B_noise])",
+    )
+    ramp.add_argument(
+        "--no-plan", dest="plan", action="store_false", help="skip the fake-tensor memory plan"
+    )
+    t.add_argument(
+        "--progress",
+        default="auto",
+        choices=("auto", "on", "off"),
+        help="auto: a bar on a terminal, else a line every 50 steps (log files)",
+    )
+    t.add_argument(
+        "--inject-oom",
+        metavar="STEP:MICRO:PHASE",
+        help="testing aid: raise out-of-memory once (phase forward|backward|optimizer)",
+    )
     _add_data_arguments(t)
 
 
@@ -69,30 +103,64 @@ def _add_data_arguments(t: argparse.ArgumentParser) -> None:
         "(nanoGPT's train.bin; dtype from --data-dtype or FILE.json / meta.json beside them: "
         '{"dtype": "uint16", "vocab_size": 50257}), .npy. Text: .txt/.md (a file is a document), '
         ".jsonl, .parquet (--text-column), tokenized with the preset's tokenizer and cached. "
-        "Files are read in the order given as one stream; windows span file boundaries.")
-    d.add_argument("--data", action="append", metavar="PATH",
-                   help="a file, a directory (its token files, else its text files) or a glob; "
-                        "repeatable")
-    d.add_argument("--val-data", action="append", metavar="PATH",
-                   help="validation files (repeatable). Default: files named like val.bin or "
-                        "*_val_*.bin among --data, else the last --val-fraction of the tokens")
-    d.add_argument("--val-fraction", type=float, metavar="F",
-                   help="hold out the last F of the --data tokens for validation (default 0.05 "
-                        "when no file is named as validation)")
-    d.add_argument("--data-dtype", choices=("uint16", "uint32"),
-                   help="token dtype of raw token files without a sidecar")
-    d.add_argument("--data-vocab", type=int, metavar="N",
-                   help="vocabulary the token files were made with (for --vocab-from-data; "
-                        "default: the sidecar's vocab_size, else the largest id + 1)")
-    d.add_argument("--vocab-from-data", action="store_true",
-                   help="the model's vocab_size follows the data instead of the preset")
-    d.add_argument("--text-column", default="text", metavar="NAME",
-                   help="the JSONL field / Parquet column that holds the text (default: text)")
-    d.add_argument("--make-shards", metavar="OUT_DIR",
-                   help="do not train: tokenize the --data text with the preset's tokenizer into "
-                        "llm.c-layout shards (and meta.json) in OUT_DIR")
-    d.add_argument("--shard-tokens", type=int, default=100_000_000, metavar="N",
-                   help="tokens per shard for --make-shards (default 100M, as llm.c's)")
+        "Files are read in the order given as one stream; windows span file boundaries.",
+    )
+    d.add_argument(
+        "--data",
+        action="append",
+        metavar="PATH",
+        help="a file, a directory (its token files, else its text files) or a glob; repeatable",
+    )
+    d.add_argument(
+        "--val-data",
+        action="append",
+        metavar="PATH",
+        help="validation files (repeatable). Default: files named like val.bin or "
+        "*_val_*.bin among --data, else the last --val-fraction of the tokens",
+    )
+    d.add_argument(
+        "--val-fraction",
+        type=float,
+        metavar="F",
+        help="hold out the last F of the --data tokens for validation (default 0.05 "
+        "when no file is named as validation)",
+    )
+    d.add_argument(
+        "--data-dtype",
+        choices=("uint16", "uint32"),
+        help="token dtype of raw token files without a sidecar",
+    )
+    d.add_argument(
+        "--data-vocab",
+        type=int,
+        metavar="N",
+        help="vocabulary the token files were made with (for --vocab-from-data; "
+        "default: the sidecar's vocab_size, else the largest id + 1)",
+    )
+    d.add_argument(
+        "--vocab-from-data",
+        action="store_true",
+        help="the model's vocab_size follows the data instead of the preset",
+    )
+    d.add_argument(
+        "--text-column",
+        default="text",
+        metavar="NAME",
+        help="the JSONL field / Parquet column that holds the text (default: text)",
+    )
+    d.add_argument(
+        "--make-shards",
+        metavar="OUT_DIR",
+        help="do not train: tokenize the --data text with the preset's tokenizer into "
+        "llm.c-layout shards (and meta.json) in OUT_DIR",
+    )
+    d.add_argument(
+        "--shard-tokens",
+        type=int,
+        default=100_000_000,
+        metavar="N",
+        help="tokens per shard for --make-shards (default 100M, as llm.c's)",
+    )
 
 
 def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
@@ -107,7 +175,9 @@ def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
         args.per_device_batch, args.accum = args.per_device_batch // 2, 2
     for key in ("per_device_batch", "accum", "warmup_tokens", "total_tokens"):
         if getattr(args, key) <= 0:
-            raise ValueError(f"--{key.replace('_', '-')} must be positive, got {getattr(args, key)}")
+            raise ValueError(
+                f"--{key.replace('_', '-')} must be positive, got {getattr(args, key)}"
+            )
     _check_data_arguments(args)
     return args
 
@@ -115,10 +185,18 @@ def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
 def _check_data_arguments(args: argparse.Namespace) -> None:
     """What can be said before torch is imported: flags that need --data, and paths that name
     nothing. The files' contents are checked by data_files.prepare_files (still exit 2)."""
-    needs_data = [flag for flag, on in (
-        ("--val-data", args.val_data), ("--val-fraction", args.val_fraction is not None),
-        ("--data-dtype", args.data_dtype), ("--data-vocab", args.data_vocab),
-        ("--vocab-from-data", args.vocab_from_data), ("--make-shards", args.make_shards)) if on]
+    needs_data = [
+        flag
+        for flag, on in (
+            ("--val-data", args.val_data),
+            ("--val-fraction", args.val_fraction is not None),
+            ("--data-dtype", args.data_dtype),
+            ("--data-vocab", args.data_vocab),
+            ("--vocab-from-data", args.vocab_from_data),
+            ("--make-shards", args.make_shards),
+        )
+        if on
+    ]
     if needs_data and not args.data and not args.resume:
         raise ValueError(f"{needs_data[0]} needs --data")
     if args.val_data and args.val_fraction is not None:
@@ -128,10 +206,12 @@ def _check_data_arguments(args: argparse.Namespace) -> None:
     if args.data_vocab is not None and args.data_vocab <= 0:
         raise ValueError(f"--data-vocab must be positive, got {args.data_vocab}")
     if args.shard_tokens < 1 or args.shard_tokens >= 2**31:
-        raise ValueError(f"--shard-tokens must be 1 to 2^31-1 (llm.c's header), got "
-                         f"{args.shard_tokens}")
+        raise ValueError(
+            f"--shard-tokens must be 1 to 2^31-1 (llm.c's header), got {args.shard_tokens}"
+        )
     if args.data:
         from rampwatch.trainer.data_formats import expand  # numpy only: no torch yet
+
         expand(args.data + (args.val_data or []))  # DataError (a ValueError) names the path
 
 
@@ -139,11 +219,14 @@ def run(args: argparse.Namespace) -> int:
     """Train (or make shards); arguments are already checked (resolve_defaults). Bad data is one
     line naming the file and exit 2, like any other mistake on the command line."""
     from rampwatch.trainer.data_formats import DataError
+
     try:
         if args.make_shards:
             from rampwatch.trainer.shards import main as shards_main
+
             return shards_main(args)
         from rampwatch.trainer.loop import main as train_main  # torch only once arguments are good
+
         return train_main(args)
     except DataError as e:
         parser = getattr(args, "command_parser", None)

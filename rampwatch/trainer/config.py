@@ -9,6 +9,7 @@ embeddings), with V vocab, d d_model, L layers, T seq_len:
 N_matmul is the N of the "6N FLOPs per token" estimate (Kaplan et al. 2020, §2.1; PaLM App. B):
 every weight that multiplies an activation, i.e. everything but the embedding lookups.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -21,11 +22,11 @@ class ModelConfig:
     n_head: int = 4
     d_model: int = 128
     seq_len: int = 128
-    positions: str = "rotary"       # 'rotary' (RoPE, Su et al. 2021) | 'learned' (GPT-2)
-    tokenizer: str = "bytes"        # 'bytes' (vocab 256) | 'bpe' (byte-level BPE of vocab_size)
-    chunked_ce: bool = False        # lm_head + cross-entropy by token chunks, no full logits
-    ce_chunk_tokens: int = 4096     # tokens per chunk when chunked_ce
-    dropout: float = 0.0            # residual + attention dropout; 0 for pretraining
+    positions: str = "rotary"  # 'rotary' (RoPE, Su et al. 2021) | 'learned' (GPT-2)
+    tokenizer: str = "bytes"  # 'bytes' (vocab 256) | 'bpe' (byte-level BPE of vocab_size)
+    chunked_ce: bool = False  # lm_head + cross-entropy by token chunks, no full logits
+    ce_chunk_tokens: int = 4096  # tokens per chunk when chunked_ce
+    dropout: float = 0.0  # residual + attention dropout; 0 for pretraining
     # Embeddings are never tied to lm_head (nanochat unties them; the planner then counts
     # two V·d tables, which is what a 0.7B run really holds).
 
@@ -48,9 +49,10 @@ class ModelConfig:
 @dataclass(frozen=True)
 class RunDefaults:
     """What a run of a preset uses unless told otherwise (the loop's argparse defaults)."""
-    per_device_batch: int      # sequences per micro-batch
-    accum: int                 # micro-batches per optimizer step
-    lr: float                  # base (peak) learning rate at per_device_batch·accum·world 1
+
+    per_device_batch: int  # sequences per micro-batch
+    accum: int  # micro-batches per optimizer step
+    lr: float  # base (peak) learning rate at per_device_batch·accum·world 1
     warmup_tokens: int
     total_tokens: int
     optimizer: str = "adamw"
@@ -71,11 +73,13 @@ PRESETS: dict[str, ModelConfig] = {
     # The demo: bytes, ~1.9M parameters, loss falls visibly within minutes on 2 cores.
     "cpu-tiny": ModelConfig(vocab_size=256, n_layer=4, n_head=4, d_model=192, seq_len=256),
     # GPT-3 Small / GPT-2 124M shape with a 32k BPE and untied embeddings: ~136M.
-    "gpu-small": ModelConfig(vocab_size=32768, n_layer=12, n_head=12, d_model=768,
-                             seq_len=1024, tokenizer="bpe"),
+    "gpu-small": ModelConfig(
+        vocab_size=32768, n_layer=12, n_head=12, d_model=768, seq_len=1024, tokenizer="bpe"
+    ),
     # The design's reference run on one H200: ~0.67B.
-    "gpu-0.7b": ModelConfig(vocab_size=32768, n_layer=20, n_head=12, d_model=1536,
-                            seq_len=2048, tokenizer="bpe"),
+    "gpu-0.7b": ModelConfig(
+        vocab_size=32768, n_layer=20, n_head=12, d_model=1536, seq_len=2048, tokenizer="bpe"
+    ),
 }
 
 # GPU learning rates and warmup follow GPT-3 (Brown et al. 2020, Table 2.1: 125M → 6e-4,
@@ -83,16 +87,29 @@ PRESETS: dict[str, ModelConfig] = {
 # ~20 tokens per parameter (Hoffmann et al. 2022). Both GPU presets start at 0.5M tokens per
 # step, the first tier of a 0.5M → 1M → 2M → 4M ramp.
 PRESET_RUN_DEFAULTS: dict[str, RunDefaults] = {
-    "test-tiny": RunDefaults(per_device_batch=8, accum=2, lr=3e-3,
-                             warmup_tokens=10 * 2048, total_tokens=200 * 2048),
-    "bench-tiny": RunDefaults(per_device_batch=8, accum=2, lr=3e-3,
-                              warmup_tokens=10 * 1024, total_tokens=10**12),
-    "cpu-tiny": RunDefaults(per_device_batch=8, accum=4, lr=2e-3,
-                            warmup_tokens=20 * 8192, total_tokens=2000 * 8192),
-    "gpu-small": RunDefaults(per_device_batch=32, accum=16, lr=6e-4,
-                             warmup_tokens=375_000_000, total_tokens=2_700_000_000),
-    "gpu-0.7b": RunDefaults(per_device_batch=16, accum=16, lr=2.5e-4,
-                            warmup_tokens=375_000_000, total_tokens=13_300_000_000),
+    "test-tiny": RunDefaults(
+        per_device_batch=8, accum=2, lr=3e-3, warmup_tokens=10 * 2048, total_tokens=200 * 2048
+    ),
+    "bench-tiny": RunDefaults(
+        per_device_batch=8, accum=2, lr=3e-3, warmup_tokens=10 * 1024, total_tokens=10**12
+    ),
+    "cpu-tiny": RunDefaults(
+        per_device_batch=8, accum=4, lr=2e-3, warmup_tokens=20 * 8192, total_tokens=2000 * 8192
+    ),
+    "gpu-small": RunDefaults(
+        per_device_batch=32,
+        accum=16,
+        lr=6e-4,
+        warmup_tokens=375_000_000,
+        total_tokens=2_700_000_000,
+    ),
+    "gpu-0.7b": RunDefaults(
+        per_device_batch=16,
+        accum=16,
+        lr=2.5e-4,
+        warmup_tokens=375_000_000,
+        total_tokens=13_300_000_000,
+    ),
 }
 
 

@@ -13,6 +13,7 @@ permutation, so epochs see different token boundaries and orders.
 Your own files (`--data`: token shards, text) are data_files.py's (formats: data_formats.py);
 they end in a TokenDataset here too, so sampling by id is the same for both.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -46,15 +47,19 @@ def is_val(rel_path: str) -> bool:
 @dataclass
 class Corpus:
     root: str
-    files: list[tuple[str, bytes]]   # (path relative to root, content), sorted by path
-    sha256: str                      # over (relative path, content) of every file
+    files: list[tuple[str, bytes]]  # (path relative to root, content), sorted by path
+    sha256: str  # over (relative path, content) of every file
 
     @property
     def fingerprint(self) -> dict:
         """What goes into the run config: the same corpus gives the same dict on any machine
         (but for 'root')."""
-        return {"sha256": self.sha256, "files": len(self.files),
-                "bytes": sum(len(b) for _, b in self.files), "root": self.root}
+        return {
+            "sha256": self.sha256,
+            "files": len(self.files),
+            "bytes": sum(len(b) for _, b in self.files),
+            "root": self.root,
+        }
 
     def split(self) -> tuple[list[bytes], list[bytes]]:
         """(train contents, validation contents), in path order."""
@@ -83,8 +88,10 @@ def load_corpus(root: str | os.PathLike | None = None, suffix: str = ".py") -> C
 
 # ---------------------------------------------------------------- tokenizers
 
+
 class ByteTokenizer:
     """Raw bytes, vocab 256: nothing to train, nothing to cache."""
+
     vocab_size = 256
     name = "bytes"
 
@@ -105,11 +112,15 @@ class BPETokenizer:
     @staticmethod
     def train(docs: list[bytes], vocab_size: int):
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        )
         tok.train_from_iterator([d.decode("utf-8", errors="replace") for d in docs], trainer)
         return tok
 
@@ -138,6 +149,7 @@ def get_tokenizer(kind: str, vocab_size: int, corpus: Corpus, cache: Path | None
         return ByteTokenizer()
     assert kind == "bpe", kind
     from tokenizers import Tokenizer
+
     path = (cache or cache_dir()) / f"bpe-{corpus.sha256[:16]}-{vocab_size}.json"
     if not path.exists():
         tok = BPETokenizer.train(corpus.split()[0], vocab_size)
@@ -160,6 +172,7 @@ def tokenize(corpus: Corpus, tokenizer, cache: Path | None = None) -> tuple[np.n
         def write(p):
             with open(p, "wb") as f:
                 np.savez(f, train=train, val=val)
+
         _atomic_write(path, write)
         return train, val
     with np.load(path) as z:
@@ -168,13 +181,15 @@ def tokenize(corpus: Corpus, tokenizer, cache: Path | None = None) -> tuple[np.n
 
 # ---------------------------------------------------------------- sampling by id
 
+
 class TokenDataset:
     """Sample id → window of seq_len + 1 train tokens; batches are contiguous ranges of ids.
     train and val are arrays, or TokenStreams of files (data_files.py): the same ids, the same
     windows either way."""
 
-    def __init__(self, train, val, seq_len: int, seed: int = 0,
-                 meta: dict | None = None, tokenizer=None):
+    def __init__(
+        self, train, val, seq_len: int, seed: int = 0, meta: dict | None = None, tokenizer=None
+    ):
         T = seq_len
         self.train, self.val, self.seq_len, self.seed = train, val, T, seed
         self.meta, self.tokenizer = meta or {}, tokenizer
@@ -233,25 +248,46 @@ def rank_slice(first_id: int, n: int, rank: int, world: int) -> tuple[int, int]:
     return first_id + rank * per, per
 
 
-def prepare(cfg: ModelConfig, seed: int = 0, root: str | os.PathLike | None = None,
-            cache: Path | None = None) -> TokenDataset:
+def prepare(
+    cfg: ModelConfig,
+    seed: int = 0,
+    root: str | os.PathLike | None = None,
+    cache: Path | None = None,
+) -> TokenDataset:
     """Corpus → tokenizer → tokens → TokenDataset for cfg. dataset.meta holds what the run
     config records: corpus fingerprint, tokenizer name, token counts, seed."""
     corpus = load_corpus(root)
     tok = get_tokenizer(cfg.tokenizer, cfg.vocab_size, corpus, cache)
     assert tok.vocab_size <= cfg.vocab_size, (tok.vocab_size, cfg.vocab_size)
     train, val = tokenize(corpus, tok, cache)
-    meta = {"corpus": corpus.fingerprint, "tokenizer": tok.name, "tokenizer_vocab": tok.vocab_size,
-            "train_tokens": int(len(train)), "val_tokens": int(len(val)), "data_seed": seed}
+    meta = {
+        "corpus": corpus.fingerprint,
+        "tokenizer": tok.name,
+        "tokenizer_vocab": tok.vocab_size,
+        "train_tokens": int(len(train)),
+        "val_tokens": int(len(val)),
+        "data_seed": seed,
+    }
     return TokenDataset(train, val, cfg.seq_len, seed, meta, tok)
 
 
-if __name__ == "__main__":  # python -m rampwatch.trainer.data PRESET: build (and cache) a preset's data
+if (
+    __name__ == "__main__"
+):  # python -m rampwatch.trainer.data PRESET: build (and cache) a preset's data
     import sys
     import time
 
     from rampwatch.trainer.config import PRESETS
+
     t0 = time.perf_counter()
     ds = prepare(PRESETS[sys.argv[1] if len(sys.argv) > 1 else "cpu-tiny"])
-    print(json.dumps({**ds.meta, "epoch_samples": ds.epoch_samples,
-                      "seconds": round(time.perf_counter() - t0, 2)}, indent=1))
+    print(
+        json.dumps(
+            {
+                **ds.meta,
+                "epoch_samples": ds.epoch_samples,
+                "seconds": round(time.perf_counter() - t0, 2),
+            },
+            indent=1,
+        )
+    )

@@ -11,6 +11,7 @@ seeded order) and no token at a shard's end is lost. Validation: the --val-data 
 files named as validation (val.bin, *_val_*.bin); else, or with --val-fraction F, the last F of
 the tokens (default 5%), cut at a token (the one document across the cut is in both splits).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -43,14 +44,15 @@ from rampwatch.trainer.data_formats import (
 )
 
 DEFAULT_VAL_FRACTION = 0.05
-SAMPLE_BYTES = 4096     # per probe of the fingerprint: 5 probes, ≤ 20 KiB read per file
-SCAN_CHUNK = 1 << 24    # tokens per step of the one-time max-id scan (bounded memory)
+SAMPLE_BYTES = 4096  # per probe of the fingerprint: 5 probes, ≤ 20 KiB read per file
+SCAN_CHUNK = 1 << 24  # tokens per step of the one-time max-id scan (bounded memory)
 DOC_BATCH_BYTES = 8 << 20  # text handed to the tokenizer at a time
 
 
 @dataclass
 class DataSpec:
     """What --data and its flags said; recorded in the run config, so a resume needs no flags."""
+
     data: list[str]
     val_data: list[str] = field(default_factory=list)
     val_fraction: float | None = None
@@ -65,15 +67,23 @@ class DataSpec:
     def from_args(cls, args, cfg: ModelConfig, recorded: dict | None = None) -> DataSpec:
         absolute = [os.path.abspath(os.path.expanduser(p)) for p in args.data]
         tok = (recorded or {}).get("text_tokenizer") or [cfg.tokenizer, cfg.vocab_size]
-        return cls(absolute, [os.path.abspath(os.path.expanduser(p)) for p in args.val_data or []],
-                   args.val_fraction, args.data_dtype, args.data_vocab, args.text_column,
-                   bool(args.vocab_from_data), list(tok))
+        return cls(
+            absolute,
+            [os.path.abspath(os.path.expanduser(p)) for p in args.val_data or []],
+            args.val_fraction,
+            args.data_dtype,
+            args.data_vocab,
+            args.text_column,
+            bool(args.vocab_from_data),
+            list(tok),
+        )
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
 
 # ---------------------------------------------------------------- fingerprint and caches
+
 
 def sampled_hash(path: Path, size: int) -> str:
     """sha256 of 4 KiB at the start, the end and three points between: cheap at every start for
@@ -95,8 +105,9 @@ def _cached_json(kind: str, key: str) -> dict | None:
 
 
 def _store_json(kind: str, key: str, value: dict) -> None:
-    _atomic_write(cache_dir() / "data" / f"{kind}-{key}.json",
-                  lambda p: p.write_text(json.dumps(value)))
+    _atomic_write(
+        cache_dir() / "data" / f"{kind}-{key}.json", lambda p: p.write_text(json.dumps(value))
+    )
 
 
 def _key(*parts) -> str:
@@ -111,7 +122,7 @@ def token_max(tf: TokenFile, tokens: np.ndarray, stat_key: str) -> int:
         return int(hit["max_id"])
     top = 0
     for i in range(0, len(tokens), SCAN_CHUNK):
-        top = max(top, int(tokens[i:i + SCAN_CHUNK].max()))
+        top = max(top, int(tokens[i : i + SCAN_CHUNK].max()))
     _store_json("max", stat_key, {"max_id": top, "path": str(tf.path)})
     return top
 
@@ -145,9 +156,11 @@ def text_tokens(path: Path, kind: str, column: str, tok) -> np.ndarray:
         ids = np.concatenate(parts) if parts else np.zeros(0, np.uint16)
         if len(ids) == 0:
             raise DataError(f"{path}: no text in it (0 tokens)")
+
         def write(p):
             with open(p, "wb") as f:
                 np.save(f, ids)
+
         _atomic_write(out, write)
     return np.load(out, mmap_mode="r")
 
@@ -161,6 +174,7 @@ def text_tokenizer(kind: str, vocab: int):
 
 
 # ---------------------------------------------------------------- the stream
+
 
 class TokenStream:
     """Files end to end as one token sequence, without copying them: `pieces` are 1-D arrays
@@ -196,7 +210,7 @@ class TokenStream:
             while pos < length:  # more than one turn only for a window across a boundary
                 p = self.pieces[i]
                 take = min(length - pos, len(p) - off)
-                out[r, pos:pos + take] = p[off:off + take]
+                out[r, pos : pos + take] = p[off : off + take]
                 pos, off, i = pos + take, 0, i + 1
         return out
 
@@ -211,13 +225,14 @@ class TokenStream:
 
 # ---------------------------------------------------------------- preparing a run's data
 
+
 @dataclass
 class _Source:
     path: Path
     kind: str
     tokens: np.ndarray
-    max_id: int                  # largest id it holds (text: the tokenizer's vocab - 1)
-    declared: int | None         # the vocabulary a token file declares
+    max_id: int  # largest id it holds (text: the tokenizer's vocab - 1)
+    declared: int | None  # the vocabulary a token file declares
     tokenizer: str | None
     size: int
     mtime_ns: int
@@ -244,17 +259,31 @@ def _open_source(path: Path, kind: str, spec: DataSpec, seq_len: int, get_tok) -
     if kind == "tokens":
         tf = open_token_file(path, spec.dtype, spec.vocab)
         if tf.count < seq_len + 1:
-            raise DataError(f"{path}: {tf.count} tokens, shorter than one sequence "
-                            f"(seq_len {seq_len} + 1)")
+            raise DataError(
+                f"{path}: {tf.count} tokens, shorter than one sequence (seq_len {seq_len} + 1)"
+            )
         tokens = tf.open()
-        top = token_max(tf, tokens, _key(path.absolute(), st.st_size, st.st_mtime_ns, sample,
-                                         tf.layout, tf.dtype.str, tf.offset))
-        return _Source(path, tf.layout, tokens, top, tf.vocab, tf.tokenizer, st.st_size,
-                       st.st_mtime_ns, sample)
+        top = token_max(
+            tf,
+            tokens,
+            _key(
+                path.absolute(),
+                st.st_size,
+                st.st_mtime_ns,
+                sample,
+                tf.layout,
+                tf.dtype.str,
+                tf.offset,
+            ),
+        )
+        return _Source(
+            path, tf.layout, tokens, top, tf.vocab, tf.tokenizer, st.st_size, st.st_mtime_ns, sample
+        )
     tok = get_tok()
     tokens = text_tokens(path, kind, spec.text_column, tok)
-    return _Source(path, kind, tokens, tok.vocab_size - 1, None, tok.name, st.st_size,
-                   st.st_mtime_ns, sample)
+    return _Source(
+        path, kind, tokens, tok.vocab_size - 1, None, tok.name, st.st_size, st.st_mtime_ns, sample
+    )
 
 
 def _model_vocab(cfg: ModelConfig, spec: DataSpec, sources: list[_Source]) -> ModelConfig:
@@ -262,8 +291,10 @@ def _model_vocab(cfg: ModelConfig, spec: DataSpec, sources: list[_Source]) -> Mo
     following it: a declared vocab_size, else the largest id + 1."""
     for s in sources:
         if s.declared is not None and s.max_id >= s.declared:
-            raise DataError(f"{s.path}: holds token id {s.max_id}, but its declared vocabulary "
-                            f"(sidecar or --data-vocab) is {s.declared}")
+            raise DataError(
+                f"{s.path}: holds token id {s.max_id}, but its declared vocabulary "
+                f"(sidecar or --data-vocab) is {s.declared}"
+            )
     worst = max(sources, key=lambda s: s.max_id)
     if spec.vocab_from_data:
         vocab = max(max(s.max_id + 1, s.declared or 0) for s in sources)
@@ -271,21 +302,26 @@ def _model_vocab(cfg: ModelConfig, spec: DataSpec, sources: list[_Source]) -> Mo
         return dataclasses.replace(cfg, vocab_size=vocab, tokenizer=kind)
     if worst.max_id >= cfg.vocab_size:
         more = sum(s.max_id >= cfg.vocab_size for s in sources) - 1
-        raise DataError(f"{worst.path}: token id {worst.max_id} >= the model's vocabulary "
-                        f"{cfg.vocab_size}{f' (and {more} more files)' if more else ''}: pass "
-                        f"--vocab-from-data, or a preset whose vocab_size covers the data")
+        raise DataError(
+            f"{worst.path}: token id {worst.max_id} >= the model's vocabulary "
+            f"{cfg.vocab_size}{f' (and {more} more files)' if more else ''}: pass "
+            f"--vocab-from-data, or a preset whose vocab_size covers the data"
+        )
     return cfg
 
 
 def _tokens_check(what: str, stream: TokenStream, need: int, seq_len: int, files: list) -> None:
     if len(stream) < need:
         names = ", ".join(str(p) for p, _ in files[:3]) + (" …" if len(files) > 3 else "")
-        raise DataError(f"{names}: the {what} split holds {len(stream)} tokens, fewer than "
-                        f"{need} (seq_len {seq_len})")
+        raise DataError(
+            f"{names}: the {what} split holds {len(stream)} tokens, fewer than "
+            f"{need} (seq_len {seq_len})"
+        )
 
 
-def prepare_files(cfg: ModelConfig, spec: DataSpec, seed: int = 0
-                  ) -> tuple[TokenDataset, ModelConfig]:
+def prepare_files(
+    cfg: ModelConfig, spec: DataSpec, seed: int = 0
+) -> tuple[TokenDataset, ModelConfig]:
     """--data files → (TokenDataset, the model config with its vocabulary settled). Every check
     happens here, before a model exists; each problem is a DataError naming the file."""
     T = cfg.seq_len
@@ -305,18 +341,30 @@ def prepare_files(cfg: ModelConfig, spec: DataSpec, seed: int = 0
     names = [str(s.path) for s in train]
     stream = TokenStream([s.tokens for s in train], names)
     if val:
-        train_stream, val_stream = stream, TokenStream([s.tokens for s in val],
-                                                       [str(s.path) for s in val])
+        train_stream, val_stream = (
+            stream,
+            TokenStream([s.tokens for s in val], [str(s.path) for s in val]),
+        )
     else:
         frac = DEFAULT_VAL_FRACTION if spec.val_fraction is None else spec.val_fraction
         cut = len(stream) - int(round(frac * len(stream)))
         train_stream, val_stream = stream.view(0, cut), stream.view(cut, len(stream))
     _tokens_check("training", train_stream, 2 * T + 2, T, train_files)
     _tokens_check("validation", val_stream, T + 1, T, val_files or train_files)
-    meta = _meta(spec, train, val, how, cfg, train_stream, val_stream, seed,
-                 tok_cache[0] if tok_cache else None)
-    return TokenDataset(train_stream, val_stream, T, seed, meta,
-                        tok_cache[0] if tok_cache else None), cfg
+    meta = _meta(
+        spec,
+        train,
+        val,
+        how,
+        cfg,
+        train_stream,
+        val_stream,
+        seed,
+        tok_cache[0] if tok_cache else None,
+    )
+    return TokenDataset(
+        train_stream, val_stream, T, seed, meta, tok_cache[0] if tok_cache else None
+    ), cfg
 
 
 def _meta(spec, train, val, how, cfg, train_stream, val_stream, seed, tok) -> dict:
@@ -332,20 +380,32 @@ def _meta(spec, train, val, how, cfg, train_stream, val_stream, seed, tok) -> di
         kinds[s.kind] = kinds.get(s.kind, 0) + 1
     newest = max(s.mtime_ns for s in every) / 1e9
     tokenizers = sorted({s.tokenizer for s in every if s.tokenizer})
-    return {"source": "files", "spec": spec.to_dict(), "root": root,
-            "files": {"train": len(train), "val": len(val)}, "formats": kinds,
-            "bytes": sum(s.size for s in every), "fingerprint": h.hexdigest()[:32],
-            "newest_mtime": datetime.datetime.fromtimestamp(newest, datetime.timezone.utc)
-            .isoformat(timespec="seconds"),
-            "tokenizer": "+".join(tokenizers) or "unknown (token files)",
-            "tokenizer_vocab": tok.vocab_size if tok else None,
-            "max_token_id": max(s.max_id for s in every), "vocab_size": cfg.vocab_size,
-            "train_tokens": len(train_stream), "val_tokens": len(val_stream), "val_split": how,
-            "windows": "span file boundaries", "data_seed": seed}
+    return {
+        "source": "files",
+        "spec": spec.to_dict(),
+        "root": root,
+        "files": {"train": len(train), "val": len(val)},
+        "formats": kinds,
+        "bytes": sum(s.size for s in every),
+        "fingerprint": h.hexdigest()[:32],
+        "newest_mtime": datetime.datetime.fromtimestamp(newest, datetime.timezone.utc).isoformat(
+            timespec="seconds"
+        ),
+        "tokenizer": "+".join(tokenizers) or "unknown (token files)",
+        "tokenizer_vocab": tok.vocab_size if tok else None,
+        "max_token_id": max(s.max_id for s in every),
+        "vocab_size": cfg.vocab_size,
+        "train_tokens": len(train_stream),
+        "val_tokens": len(val_stream),
+        "val_split": how,
+        "windows": "span file boundaries",
+        "data_seed": seed,
+    }
 
 
-def prepare_for_run(cfg: ModelConfig, args, recorded: dict | None = None
-                    ) -> tuple[TokenDataset, ModelConfig]:
+def prepare_for_run(
+    cfg: ModelConfig, args, recorded: dict | None = None
+) -> tuple[TokenDataset, ModelConfig]:
     """The Trainer's data: --data files, or on a resume without --data the files the run
     recorded, else the standard-library corpus. A resumed run's data must be the data it
     started with (same fingerprint and token counts), or its sample ids would name other
@@ -362,7 +422,9 @@ def prepare_for_run(cfg: ModelConfig, args, recorded: dict | None = None
         keys = ("fingerprint", "train_tokens", "val_tokens")
         then, now = [recorded.get(k) for k in keys], [ds.meta[k] for k in keys]
         if then != now:
-            raise DataError(f"{spec.data[0]}: not the data this run started with (fingerprint, "
-                            f"train, val tokens {then} then, {now} now): its sample ids would "
-                            f"name other windows; resume with the original files")
+            raise DataError(
+                f"{spec.data[0]}: not the data this run started with (fingerprint, "
+                f"train, val tokens {then} then, {now} now): its sample ids would "
+                f"name other windows; resume with the original files"
+            )
     return ds, cfg

@@ -12,6 +12,7 @@ document). The llm.c layouts are llm.c's own (dev/data/data_common.py HEADERS_IN
 20240520 version 1 = uint16 (GPT-2), magic 20240801 version 7 = uint32 (LLaMA-3); no other
 magic or version is known to exist, so any other is refused rather than guessed.
 """
+
 from __future__ import annotations
 
 import glob
@@ -25,14 +26,23 @@ from typing import Iterator
 import numpy as np
 
 LLMC_HEADER_BYTES = 256 * 4
-LLMC_LAYOUTS = {20240520: (1, np.dtype(np.uint16), "GPT-2"),      # magic: version, dtype, name
-                20240801: (7, np.dtype(np.uint32), "LLaMA-3")}
+LLMC_LAYOUTS = {
+    20240520: (1, np.dtype(np.uint16), "GPT-2"),  # magic: version, dtype, name
+    20240801: (7, np.dtype(np.uint32), "LLaMA-3"),
+}
 LLMC_EVAL_MAGIC = 20240522  # llm.c's HellaSwag/MMLU eval files: not a token stream
 DTYPES = {"uint16": np.dtype(np.uint16), "uint32": np.dtype(np.uint32)}
 
 TOKEN_SUFFIXES = {".bin", ".npy"}
-TEXT_SUFFIXES = {".txt": "text", ".md": "text", ".text": "text", ".rst": "text",
-                 ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"}
+TEXT_SUFFIXES = {
+    ".txt": "text",
+    ".md": "text",
+    ".text": "text",
+    ".rst": "text",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".parquet": "parquet",
+}
 SIDECAR = "meta.json"  # beside raw token files: applies to every one in that directory
 # A file named like "val.bin", "fineweb_val_000000.bin" or "validation.jsonl" is validation data
 # when --val-data and --val-fraction are not given (llm.c's and nanoGPT's naming).
@@ -82,8 +92,10 @@ def expand(patterns: list[str]) -> list[tuple[Path, str]]:
         if p.is_dir():
             files = _scan_dir(p)
             if not files:
-                raise DataError(f"{pattern}: a directory without token files (.bin, .npy) or "
-                                f"text files ({', '.join(sorted(TEXT_SUFFIXES))})")
+                raise DataError(
+                    f"{pattern}: a directory without token files (.bin, .npy) or "
+                    f"text files ({', '.join(sorted(TEXT_SUFFIXES))})"
+                )
         elif p.is_file():
             files = [(p, kind_of(p, named=True))]
         elif glob.has_magic(pattern):
@@ -104,20 +116,22 @@ def is_val_name(path: Path) -> bool:
 
 # ---------------------------------------------------------------- token files
 
+
 @dataclass(frozen=True)
 class TokenFile:
     path: Path
-    layout: str            # 'raw' | 'llmc' | 'npy'
+    layout: str  # 'raw' | 'llmc' | 'npy'
     dtype: np.dtype
-    offset: int            # bytes before the first token
-    count: int             # tokens
-    vocab: int | None      # the vocabulary it declares (sidecar or --data-vocab), if any
+    offset: int  # bytes before the first token
+    count: int  # tokens
+    vocab: int | None  # the vocabulary it declares (sidecar or --data-vocab), if any
     tokenizer: str | None  # the sidecar's tokenizer name, if any
 
     def open(self) -> np.ndarray:
         """The tokens, memory-mapped read-only: nothing is read until a window is taken."""
-        return np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.offset,
-                         shape=(self.count,))
+        return np.memmap(
+            self.path, dtype=self.dtype, mode="r", offset=self.offset, shape=(self.count,)
+        )
 
 
 def sidecar(path: Path) -> dict:
@@ -151,8 +165,9 @@ def _declared(path: Path, side: dict, dtype_flag: str | None, vocab_flag: int | 
     return (dtype_flag or dtype), (vocab_flag or vocab), side.get("tokenizer")
 
 
-def open_token_file(path: Path, dtype_flag: str | None = None,
-                    vocab_flag: int | None = None) -> TokenFile:
+def open_token_file(
+    path: Path, dtype_flag: str | None = None, vocab_flag: int | None = None
+) -> TokenFile:
     """Reads the header (llm.c), the .npy header or the sidecar and checks the file's length
     against it; the tokens themselves stay on disk."""
     size = path.stat().st_size
@@ -164,34 +179,47 @@ def open_token_file(path: Path, dtype_flag: str | None = None,
         return _open_npy(path, dtype, vocab, tokenizer)
     with open(path, "rb") as f:
         head = f.read(LLMC_HEADER_BYTES)
-    magic, version, count = (np.frombuffer(head[:12], "<i4").tolist() if len(head) >= 12
-                             else (None, None, None))
+    magic, version, count = (
+        np.frombuffer(head[:12], "<i4").tolist() if len(head) >= 12 else (None, None, None)
+    )
     if magic in LLMC_LAYOUTS:
         want_version, ldtype, name = LLMC_LAYOUTS[magic]
         if version != want_version:
-            raise DataError(f"{path}: llm.c header magic {magic} with version {version}: only "
-                            f"version {want_version} ({name}, {ldtype.name} tokens) is known")
+            raise DataError(
+                f"{path}: llm.c header magic {magic} with version {version}: only "
+                f"version {want_version} ({name}, {ldtype.name} tokens) is known"
+            )
         if dtype and DTYPES[dtype] != ldtype:
-            raise DataError(f"{path}: an llm.c {name} shard holds {ldtype.name} tokens, not "
-                            f"{dtype} as --data-dtype or its sidecar says")
+            raise DataError(
+                f"{path}: an llm.c {name} shard holds {ldtype.name} tokens, not "
+                f"{dtype} as --data-dtype or its sidecar says"
+            )
         body = size - LLMC_HEADER_BYTES
         if count <= 0 or body != count * ldtype.itemsize:
-            raise DataError(f"{path}: llm.c header says {count} tokens ({count * ldtype.itemsize} "
-                            f"bytes) but {max(body, 0)} bytes follow it: a truncated or "
-                            f"damaged shard")
+            raise DataError(
+                f"{path}: llm.c header says {count} tokens ({count * ldtype.itemsize} "
+                f"bytes) but {max(body, 0)} bytes follow it: a truncated or "
+                f"damaged shard"
+            )
         return TokenFile(path, "llmc", ldtype, LLMC_HEADER_BYTES, count, vocab, tokenizer)
     if magic == LLMC_EVAL_MAGIC:
-        raise DataError(f"{path}: an llm.c eval file (magic {magic}: HellaSwag/MMLU examples), "
-                        f"not training tokens")
+        raise DataError(
+            f"{path}: an llm.c eval file (magic {magic}: HellaSwag/MMLU examples), "
+            f"not training tokens"
+        )
     if dtype is None:
-        raise DataError(f"{path}: not an llm.c shard (magic {magic}, expected "
-                        f"{' or '.join(map(str, LLMC_LAYOUTS))}) and no dtype for raw tokens: "
-                        f"pass --data-dtype uint16|uint32 or write {{\"dtype\": \"uint16\"}} "
-                        f"into {path.name}.json or {SIDECAR} beside it")
+        raise DataError(
+            f"{path}: not an llm.c shard (magic {magic}, expected "
+            f"{' or '.join(map(str, LLMC_LAYOUTS))}) and no dtype for raw tokens: "
+            f'pass --data-dtype uint16|uint32 or write {{"dtype": "uint16"}} '
+            f"into {path.name}.json or {SIDECAR} beside it"
+        )
     dt = DTYPES[dtype]
     if size % dt.itemsize:
-        raise DataError(f"{path}: {size} bytes is not a whole number of {dtype} tokens "
-                        f"({dt.itemsize} bytes each): wrong dtype, or a truncated file")
+        raise DataError(
+            f"{path}: {size} bytes is not a whole number of {dtype} tokens "
+            f"({dt.itemsize} bytes each): wrong dtype, or a truncated file"
+        )
     return TokenFile(path, "raw", dt, 0, size // dt.itemsize, vocab, tokenizer)
 
 
@@ -201,8 +229,10 @@ def _open_npy(path: Path, dtype: str | None, vocab, tokenizer) -> TokenFile:
     except (OSError, ValueError) as e:
         raise DataError(f"{path}: not a readable .npy array ({e})") from None
     if arr.ndim != 1 or arr.dtype not in (*DTYPES.values(), np.dtype(np.uint8)):
-        raise DataError(f"{path}: a .npy of token ids must be 1-D uint8/uint16/uint32, got "
-                        f"{arr.ndim}-D {arr.dtype}")
+        raise DataError(
+            f"{path}: a .npy of token ids must be 1-D uint8/uint16/uint32, got "
+            f"{arr.ndim}-D {arr.dtype}"
+        )
     if dtype and DTYPES[dtype] != arr.dtype:
         raise DataError(f"{path}: the array holds {arr.dtype}, not {dtype}")
     if len(arr) == 0:
@@ -211,6 +241,7 @@ def _open_npy(path: Path, dtype: str | None, vocab, tokenizer) -> TokenFile:
 
 
 # ---------------------------------------------------------------- text files
+
 
 def iter_docs(path: Path, kind: str, column: str = "text") -> Iterator[bytes]:
     """The file's documents as UTF-8 bytes, in file order."""
@@ -237,8 +268,10 @@ def _jsonl_docs(path: Path, column: str) -> Iterator[bytes]:
                 raise DataError(f"{path}:{n}: not a JSON line ({e})") from None
             if not isinstance(obj, dict) or column not in obj:
                 fields = ", ".join(map(str, obj)) if isinstance(obj, dict) else type(obj).__name__
-                raise DataError(f"{path}:{n}: no {column!r} field (has: {fields}); name the "
-                                f"text field with --text-column")
+                raise DataError(
+                    f"{path}:{n}: no {column!r} field (has: {fields}); name the "
+                    f"text field with --text-column"
+                )
             value = obj[column]
             if value is None:
                 continue
@@ -250,14 +283,17 @@ def _jsonl_docs(path: Path, column: str) -> Iterator[bytes]:
 def _parquet_docs(path: Path, column: str) -> Iterator[bytes]:
     import pyarrow as pa
     import pyarrow.parquet as pq
+
     try:
         pf = pq.ParquetFile(path)
     except (OSError, pa.ArrowException) as e:
         raise DataError(f"{path}: not a readable Parquet file ({e})") from None
     names = pf.schema_arrow.names
     if column not in names:
-        raise DataError(f"{path}: no column {column!r} (has: {', '.join(names)}); name the "
-                        f"text column with --text-column")
+        raise DataError(
+            f"{path}: no column {column!r} (has: {', '.join(names)}); name the "
+            f"text column with --text-column"
+        )
     field = pf.schema_arrow.field(column)
     if not (pa.types.is_string(field.type) or pa.types.is_large_string(field.type)):
         raise DataError(f"{path}: column {column!r} is {field.type}, not text")

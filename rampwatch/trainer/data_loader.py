@@ -8,6 +8,7 @@ for instead is made on demand, the same windows as TokenDataset.batch gives. One
 is the only caller of the dataset, so its epoch cache needs no lock. `wait_s` is the time the
 loop spent waiting for data (including the copy), the loader's share of each step.
 """
+
 from __future__ import annotations
 
 import time

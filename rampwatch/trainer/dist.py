@@ -31,6 +31,7 @@ until torchrun's agent kills it. Testing aids: $RAMPWATCH_INJECT_OOM_RANK limits
 to one rank (and no injection after a restart); $RAMPWATCH_DEBUG_RANKS prints one line per rank
 and step (tier, first sample id).
 """
+
 from __future__ import annotations
 
 import os
@@ -81,9 +82,12 @@ def setup(requested_device: str = "auto") -> DistInfo:
     side = None
     if world > 1:
         if not torch_dist.is_initialized():
-            torch_dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                          store=_attempt_store(world, rank),
-                                          rank=rank, world_size=world)
+            torch_dist.init_process_group(
+                "nccl" if device.type == "cuda" else "gloo",
+                store=_attempt_store(world, rank),
+                rank=rank,
+                world_size=world,
+            )
         # control traffic on its own gloo group: CPU tensors, never queued behind NCCL work
         side = torch_dist.new_group(backend="gloo")
     return DistInfo(rank, world, local_rank, device, side)
@@ -100,8 +104,13 @@ def _attempt_store(world: int, rank: int):
     env = os.environ
     if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "MASTER_ADDR" not in env:
         return None
-    store = torch_dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), world,
-                                is_master=False, timeout=default_pg_timeout)
+    store = torch_dist.TCPStore(
+        env["MASTER_ADDR"],
+        int(env["MASTER_PORT"]),
+        world,
+        is_master=False,
+        timeout=default_pg_timeout,
+    )
     return torch_dist.PrefixStore(f"rampwatch/attempt_{restart_count()}", store)
 
 
@@ -113,6 +122,7 @@ def wrap(model: torch.nn.Module, info: DistInfo) -> torch.nn.Module:
     if not info.enabled:
         return model
     from torch.nn.parallel import DistributedDataParallel
+
     ids = [info.local_rank] if info.device.type == "cuda" else None
     # The GPT's only buffers are rotary tables computed identically on every rank: broadcasting
     # them before every forward (the default) would add a collective per micro-batch.
@@ -136,8 +146,7 @@ def keep_effective_batch(state, old_world: int, new_world: int):
     total = state.per_device_batch * state.accum * old_world
     if total % new_world == 0:
         per_rank = total // new_world
-        b = max(d for d in range(1, min(state.per_device_batch, per_rank) + 1)
-                if per_rank % d == 0)
+        b = max(d for d in range(1, min(state.per_device_batch, per_rank) + 1) if per_rank % d == 0)
         state.per_device_batch, state.accum = b, per_rank // b
     else:
         state.accum = max(1, -(-total // (new_world * state.per_device_batch)))
@@ -152,8 +161,9 @@ def auto_resume(args) -> None:
     if ckpt.checkpoint_path(args.checkpoint_dir, args.run_id).exists():
         args.resume = args.run_id
         if int(os.environ.get("RANK", "0")) == 0:
-            print(f"rampwatch: restart {restart_count()}: resuming run {args.run_id}",
-                  file=sys.stderr)
+            print(
+                f"rampwatch: restart {restart_count()}: resuming run {args.run_id}", file=sys.stderr
+            )
 
 
 def agree_run_id(run_id: str, info: DistInfo) -> str:
@@ -177,11 +187,20 @@ def on_resume(t, blob: dict, state):
         after = Tier(state.per_device_batch, state.accum)
         b0 = before.per_device_batch * before.accum * old
         b1 = after.per_device_batch * after.accum * new
-        notes.append({"kind": M.EVENT_RESUME, "data": {"before": before.as_dict(),
-                      "after": after.as_dict(), "world_before": old, "world_after": new},
-                      "message": f"world size {old} -> {new}: tier {before.per_device_batch} x "
-                                 f"{before.accum} -> {after.per_device_batch} x {after.accum} per "
-                                 f"device; batch {b0} -> {b1} sequences"})
+        notes.append(
+            {
+                "kind": M.EVENT_RESUME,
+                "data": {
+                    "before": before.as_dict(),
+                    "after": after.as_dict(),
+                    "world_before": old,
+                    "world_after": new,
+                },
+                "message": f"world size {old} -> {new}: tier {before.per_device_batch} x "
+                f"{before.accum} -> {after.per_device_batch} x {after.accum} per "
+                f"device; batch {b0} -> {b1} sequences",
+            }
+        )
     t.dist_notes = notes
     return state
 
@@ -190,10 +209,15 @@ def after_setup(t) -> None:
     """Once the trainer's monitor and ramp controller exist."""
     if t.ddp.enabled:
         t.mon.grads.attach_ddp(getattr(t.train_model, "_orig_mod", t.train_model))
-        if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0 and not t.args.run_id \
-                and t.ddp.is_main:
-            print("rampwatch: pass --run-id so that a torchrun restart can resume this run",
-                  file=sys.stderr)
+        if (
+            int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0
+            and not t.args.run_id
+            and t.ddp.is_main
+        ):
+            print(
+                "rampwatch: pass --run-id so that a torchrun restart can resume this run",
+                file=sys.stderr,
+            )
     _limit_injection(t.oom, t.ddp)
     for note in getattr(t, "dist_notes", ()):
         t.mon.event(t.state.step, note["kind"], note["message"], note.get("data"))
@@ -221,18 +245,36 @@ def stop_after_oom(t, tier: Tier, message: str) -> None:
     st.infeasible_batches = sorted({*st.infeasible_batches, tier.per_device_batch})
     t.ramps.mark_infeasible(tier.per_device_batch, st.step)
     rank = t.ddp.rank
-    msg = (f"out of memory on rank {rank} at per-device batch {tier.per_device_batch} in step "
-           f"{st.step + 1}: all ranks stop; the checkpoint at step {st.step} holds tier "
-           f"{new.per_device_batch} x {new.accum}"
-           + ("" if exact else " (effective batch not kept exactly: odd per-device batch)")
-           + f"; torchrun --max-restarts resumes it (or --resume {st.run_id})")
-    data = {"before": tier.as_dict(), "after": new.as_dict(), "exact": exact, "rank": rank,
-            "error": message, "world_size": t.ddp.world_size}
+    msg = (
+        f"out of memory on rank {rank} at per-device batch {tier.per_device_batch} in step "
+        f"{st.step + 1}: all ranks stop; the checkpoint at step {st.step} holds tier "
+        f"{new.per_device_batch} x {new.accum}"
+        + ("" if exact else " (effective batch not kept exactly: odd per-device batch)")
+        + f"; torchrun --max-restarts resumes it (or --resume {st.run_id})"
+    )
+    data = {
+        "before": tier.as_dict(),
+        "after": new.as_dict(),
+        "exact": exact,
+        "rank": rank,
+        "error": message,
+        "world_size": t.ddp.world_size,
+    }
     note = None if t.ddp.is_main else {"kind": M.EVENT_OOM, "message": msg, "data": data}
-    saved = replace(st, per_device_batch=new.per_device_batch, accum=new.accum,
-                    noise_window=t.mon.noise.to_dict())
-    ckpt.save(ckpt.checkpoint_path(t.args.checkpoint_dir, st.run_id), state=saved,
-              model=t.model, optimizer=t.optimizer, config=t.run_config, note=note)
+    saved = replace(
+        st,
+        per_device_batch=new.per_device_batch,
+        accum=new.accum,
+        noise_window=t.mon.noise.to_dict(),
+    )
+    ckpt.save(
+        ckpt.checkpoint_path(t.args.checkpoint_dir, st.run_id),
+        state=saved,
+        model=t.model,
+        optimizer=t.optimizer,
+        config=t.run_config,
+        note=note,
+    )
     # at the checkpoint's step: a resume purges events after it. Rank 0 records it now, any
     # other rank through the note that the resumed rank 0 records.
     t.mon.event(st.step, M.EVENT_OOM, msg, data)
@@ -246,9 +288,11 @@ def debug_step(t, outcome) -> None:
     tier, w = outcome.tier, t.ddp.world_size
     n = tier.per_device_batch * tier.accum * w
     first, _ = rank_slice(t.state.next_sample - n, n, t.ddp.rank, w)
-    print(f"rampwatch-rank rank={t.ddp.rank} step={t.state.step} tier={tier.per_device_batch}x"
-          f"{tier.accum} first_sample={first} lr={t.optimizer.param_groups[0]['lr']:.6g}",
-          flush=True)
+    print(
+        f"rampwatch-rank rank={t.ddp.rank} step={t.state.step} tier={tier.per_device_batch}x"
+        f"{tier.accum} first_sample={first} lr={t.optimizer.param_groups[0]['lr']:.6g}",
+        flush=True,
+    )
 
 
 def teardown(info: DistInfo) -> None:

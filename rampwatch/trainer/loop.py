@@ -6,6 +6,7 @@ One optimizer step = `accum` micro-batches of `per_device_batch` sequences on ea
 position, so a change of tier never skips or repeats a sample. Step numbers are 1-based: the
 first optimizer step is step 1, and a checkpoint at step S holds S completed steps.
 """
+
 from __future__ import annotations
 
 import math
@@ -35,8 +36,9 @@ from rampwatch.trainer.model import GPT, configure_optimizer
 from rampwatch.trainer.ramp import OomInjector, RampController, StopTraining, Tier, halve_tier
 
 
-def lr_schedule(tokens_seen: int, warmup_tokens: int, total_tokens: int,
-                min_ratio: float = 0.1) -> float:
+def lr_schedule(
+    tokens_seen: int, warmup_tokens: int, total_tokens: int, min_ratio: float = 0.1
+) -> float:
     """Multiplier of the base lr: linear warmup, then cosine decay to min_ratio, all in tokens
     (so a batch ramp does not stretch or squeeze the schedule)."""
     if tokens_seen < warmup_tokens:
@@ -54,8 +56,19 @@ class StepOutcome:
 # What a resumed run takes from its own checkpoint rather than from this launch's flags: the
 # model, the optimizer and the schedule it started with (the tier and data position come with
 # the checkpoint's state).
-RESUMED_FROM_CONFIG = ("preset", "model", "optimizer", "lr", "weight_decay", "betas",
-                       "grad_clip", "warmup_tokens", "total_tokens", "seed", "gns_window")
+RESUMED_FROM_CONFIG = (
+    "preset",
+    "model",
+    "optimizer",
+    "lr",
+    "weight_decay",
+    "betas",
+    "grad_clip",
+    "warmup_tokens",
+    "total_tokens",
+    "seed",
+    "gns_window",
+)
 
 
 def adopt_run_config(args, config: dict) -> None:
@@ -71,13 +84,17 @@ class Trainer:
         self.ddp = dist.setup(args.device)
         self.device = self.ddp.device
         dist.auto_resume(args)  # a worker restarted by torchrun resumes --run-id
-        self.resume_blob = (ckpt.load(ckpt.checkpoint_path(args.checkpoint_dir, args.resume))
-                            if args.resume else None)
+        self.resume_blob = (
+            ckpt.load(ckpt.checkpoint_path(args.checkpoint_dir, args.resume))
+            if args.resume
+            else None
+        )
         if self.resume_blob is not None:
             adopt_run_config(args, self.resume_blob["config"])
         torch.manual_seed(args.seed)
-        self.cfg: ModelConfig = (ModelConfig(**args.model) if getattr(args, "model", None)
-                                 else PRESETS[args.preset])
+        self.cfg: ModelConfig = (
+            ModelConfig(**args.model) if getattr(args, "model", None) else PRESETS[args.preset]
+        )
         if args.chunked_ce:
             self.cfg = ModelConfig(**{**self.cfg.to_dict(), "chunked_ce": True})
         # --data files (or, resumed, the ones the run recorded) else the stdlib corpus; the
@@ -87,14 +104,18 @@ class Trainer:
         self.data, self.cfg = prepare_for_run(self.cfg, args, recorded)
         self.loader = Prefetcher(self.data, self.device)
         self.model = GPT(self.cfg).to(self.device)
-        self.optimizer = configure_optimizer(self.model, args.optimizer, args.lr,
-                                             args.weight_decay, tuple(args.betas))
+        self.optimizer = configure_optimizer(
+            self.model, args.optimizer, args.lr, args.weight_decay, tuple(args.betas)
+        )
         self.state, resumed = self._initial_state()
         self.train_model = dist.wrap(self.model, self.ddp)
         if args.compile:
             self.train_model = torch.compile(self.train_model)
-        self.amp = (torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda"
-                    else nullcontext())
+        self.amp = (
+            torch.autocast("cuda", dtype=torch.bfloat16)
+            if self.device.type == "cuda"
+            else nullcontext()
+        )
         self.run_config = self._run_config()
         # before the store's writer starts: its SIGTERM hook then flushes and chains to ours
         self.terminated = False
@@ -116,8 +137,9 @@ class Trainer:
             self.optimizer.load_state_dict(blob["optimizer"])
             return dist.on_resume(self, blob, blob["state"]), True
         run_id = dist.agree_run_id(args.run_id or uuid.uuid4().hex[:12], self.ddp)
-        return ckpt.TrainState(run_id=run_id, per_device_batch=args.per_device_batch,
-                               accum=args.accum, base_lr=args.lr), False
+        return ckpt.TrainState(
+            run_id=run_id, per_device_batch=args.per_device_batch, accum=args.accum, base_lr=args.lr
+        ), False
 
     def _run_config(self) -> dict:
         """What the store and checkpoints record. A resumed run keeps its original config (only
@@ -125,41 +147,80 @@ class Trainer:
         if self.resume_blob is not None:
             return {**self.resume_blob["config"], "world_size": self.ddp.world_size}
         a = self.args
-        return {"preset": a.preset, "model": self.cfg.to_dict(), "optimizer": a.optimizer,
-                "lr": a.lr, "weight_decay": a.weight_decay, "betas": list(a.betas),
-                "grad_clip": a.grad_clip, "warmup_tokens": a.warmup_tokens,
-                "total_tokens": a.total_tokens, "seed": a.seed, "ramp": a.ramp,
-                "per_device_batch": a.per_device_batch, "accum": a.accum,
-                "world_size": self.ddp.world_size, "seq_len": self.cfg.seq_len,
-                "params": self.model.num_params(), "compile": a.compile, "data": self.data.meta,
-                "gns_window": a.gns_window, POLICY_KEY: self._policy().to_config()}
+        return {
+            "preset": a.preset,
+            "model": self.cfg.to_dict(),
+            "optimizer": a.optimizer,
+            "lr": a.lr,
+            "weight_decay": a.weight_decay,
+            "betas": list(a.betas),
+            "grad_clip": a.grad_clip,
+            "warmup_tokens": a.warmup_tokens,
+            "total_tokens": a.total_tokens,
+            "seed": a.seed,
+            "ramp": a.ramp,
+            "per_device_batch": a.per_device_batch,
+            "accum": a.accum,
+            "world_size": self.ddp.world_size,
+            "seq_len": self.cfg.seq_len,
+            "params": self.model.num_params(),
+            "compile": a.compile,
+            "data": self.data.meta,
+            "gns_window": a.gns_window,
+            POLICY_KEY: self._policy().to_config(),
+        }
 
     def _policy(self) -> RampPolicy:
         a = self.args
-        overrides = {k: v for k, v in (("hysteresis_steps", a.ramp_hysteresis),
-                                       ("min_estimates", a.ramp_min_samples),
-                                       ("ramp_at", getattr(a, "ramp_at", None))) if v is not None}
-        return RampPolicy(original_batch=a.per_device_batch * a.accum * self.ddp.world_size,
-                          original_lr=a.lr, lr_rule=rule_for(a.optimizer), **overrides)
+        overrides = {
+            k: v
+            for k, v in (
+                ("hysteresis_steps", a.ramp_hysteresis),
+                ("min_estimates", a.ramp_min_samples),
+                ("ramp_at", getattr(a, "ramp_at", None)),
+            )
+            if v is not None
+        }
+        return RampPolicy(
+            original_batch=a.per_device_batch * a.accum * self.ddp.world_size,
+            original_lr=a.lr,
+            lr_rule=rule_for(a.optimizer),
+            **overrides,
+        )
 
     def _start_monitor(self, resumed: bool) -> Monitor:
         from rampwatch.advisor.flops import flops_per_token
-        fpt = flops_per_token(self.model.matmul_params(), self.cfg.n_layer, self.cfg.d_model,
-                              self.cfg.seq_len)
-        common = dict(model=self.model, optimizer=self.optimizer,
-                      per_device_batch=self.state.per_device_batch, accum=self.state.accum,
-                      seq_len=self.cfg.seq_len, world_size=self.ddp.world_size,
-                      flops_per_token=fpt, gns_window_steps=self.args.gns_window,
-                      echo=sys.stderr, ramp=self.args.ramp,
-                      policy=RampPolicy.from_config(self.run_config),
-                      base_lr=self.state.base_lr, control_group=self.ddp.side_group)
+
+        fpt = flops_per_token(
+            self.model.matmul_params(), self.cfg.n_layer, self.cfg.d_model, self.cfg.seq_len
+        )
+        common = dict(
+            model=self.model,
+            optimizer=self.optimizer,
+            per_device_batch=self.state.per_device_batch,
+            accum=self.state.accum,
+            seq_len=self.cfg.seq_len,
+            world_size=self.ddp.world_size,
+            flops_per_token=fpt,
+            gns_window_steps=self.args.gns_window,
+            echo=sys.stderr,
+            ramp=self.args.ramp,
+            policy=RampPolicy.from_config(self.run_config),
+            base_lr=self.state.base_lr,
+            control_group=self.ddp.side_group,
+        )
         if not self.ddp.is_main:
             mon = Monitor(None, device=self.device, **common)
         else:
-            mon = Monitor.start(self.args.db, name=self.args.name or self.state.run_id,
-                                config=self.run_config, capacity_bytes=self.args.capacity_bytes,
-                                run_id=self.state.run_id,
-                                resume_step=self.state.step if resumed else None, **common)
+            mon = Monitor.start(
+                self.args.db,
+                name=self.args.name or self.state.run_id,
+                config=self.run_config,
+                capacity_bytes=self.args.capacity_bytes,
+                run_id=self.state.run_id,
+                resume_step=self.state.step if resumed else None,
+                **common,
+            )
         mon.tokens_seen = self.state.tokens_seen
         if self.state.noise_window:
             mon.noise = type(mon.noise).from_dict(self.state.noise_window)
@@ -175,7 +236,7 @@ class Trainer:
         after, _ = rank_slice(self.state.next_sample + global_n, global_n, rank, world)
         keys = [(start + j * b, b) for start in (first, after) for j in range(tier.accum)]
         self.loader.want(keys)
-        for j, key in enumerate(keys[:tier.accum]):
+        for j, key in enumerate(keys[: tier.accum]):
             x, y = self.loader.get(*key)
             yield j, x, y
 
@@ -234,15 +295,18 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         new, exact = halve_tier(tier)  # raises StopTraining below per-device batch 1
-        self.state.infeasible_batches = sorted({*self.state.infeasible_batches,
-                                                tier.per_device_batch})
+        self.state.infeasible_batches = sorted(
+            {*self.state.infeasible_batches, tier.per_device_batch}
+        )
         self.ramps.mark_infeasible(tier.per_device_batch, self.state.step)
         note = "" if exact else " (effective batch not kept exactly: odd per-device batch)"
-        self.mon.event(self.state.step + 1, M.EVENT_OOM,
-                       f"out of memory at per-device batch {tier.per_device_batch}: step redone "
-                       f"at {new.per_device_batch} x {new.accum}{note}",
-                       {"before": tier.as_dict(), "after": new.as_dict(), "exact": exact,
-                        "error": message})
+        self.mon.event(
+            self.state.step + 1,
+            M.EVENT_OOM,
+            f"out of memory at per-device batch {tier.per_device_batch}: step redone "
+            f"at {new.per_device_batch} x {new.accum}{note}",
+            {"before": tier.as_dict(), "after": new.as_dict(), "exact": exact, "error": message},
+        )
         self.mon.set_tier(new.per_device_batch, new.accum)
         return new
 
@@ -255,11 +319,17 @@ class Trainer:
         if path.exists():
             ckpt.retier(path, new.per_device_batch, new.accum, tier.per_device_batch)
             where = f"resume with --resume {self.state.run_id}"
-        msg = (f"out of memory inside the optimizer step at step {step} (per-device batch "
-               f"{tier.per_device_batch}); the checkpoint now holds tier {new.per_device_batch} x "
-               f"{new.accum}: {where}")
-        self.mon.event(step, M.EVENT_OOM, msg, {"phase": "optimizer", "before": tier.as_dict(),
-                                                "after": new.as_dict()})
+        msg = (
+            f"out of memory inside the optimizer step at step {step} (per-device batch "
+            f"{tier.per_device_batch}); the checkpoint now holds tier {new.per_device_batch} x "
+            f"{new.accum}: {where}"
+        )
+        self.mon.event(
+            step,
+            M.EVENT_OOM,
+            msg,
+            {"phase": "optimizer", "before": tier.as_dict(), "after": new.as_dict()},
+        )
         raise StopTraining(msg, status="failed")
 
     # -- around the steps ---------------------------------------------------------------------
@@ -283,10 +353,19 @@ class Trainer:
             return
         self.state.noise_window = self.mon.noise.to_dict()
         path = ckpt.checkpoint_path(self.args.checkpoint_dir, self.state.run_id)
-        ckpt.save(path, state=self.state, model=self.model, optimizer=self.optimizer,
-                  config=self.run_config)
-        self.mon.event(self.state.step, M.EVENT_CHECKPOINT, f"checkpoint at step {self.state.step}",
-                       {"path": str(path), "next_sample": self.state.next_sample})
+        ckpt.save(
+            path,
+            state=self.state,
+            model=self.model,
+            optimizer=self.optimizer,
+            config=self.run_config,
+        )
+        self.mon.event(
+            self.state.step,
+            M.EVENT_CHECKPOINT,
+            f"checkpoint at step {self.state.step}",
+            {"path": str(path), "next_sample": self.state.next_sample},
+        )
 
     def _on_stop_signal(self, signum, frame) -> None:
         """SIGTERM or a first Ctrl-C: only a flag, the loop checkpoints at its next step
@@ -295,8 +374,12 @@ class Trainer:
             raise KeyboardInterrupt
         self.terminated, self._stop_code = signal.Signals(signum).name, 128 + signum
         if signum == signal.SIGINT and self.ddp.is_main:
-            print("\nrampwatch: stopping after this step with a checkpoint (Ctrl-C again to "
-                  "stop at once, without one)", file=sys.stderr, flush=True)
+            print(
+                "\nrampwatch: stopping after this step with a checkpoint (Ctrl-C again to "
+                "stop at once, without one)",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _stop_on_sigterm(self) -> None:
         """SIGTERM or Ctrl-C (on rank 0 under torchrun): a final checkpoint at this boundary,
@@ -304,9 +387,12 @@ class Trainer:
         with self.mon.untimed():
             self.save_checkpoint()
         why = self.terminated or "rank 0's stop"
-        raise StopTraining(f"stopped by {why} after step {self.state.step}: checkpoint saved; "
-                           f"continue with --resume {self.state.run_id}", status="killed",
-                           code=getattr(self, "_stop_code", 128 + signal.SIGTERM))
+        raise StopTraining(
+            f"stopped by {why} after step {self.state.step}: checkpoint saved; "
+            f"continue with --resume {self.state.run_id}",
+            status="killed",
+            code=getattr(self, "_stop_code", 128 + signal.SIGTERM),
+        )
 
     def done(self) -> bool:
         a = self.args
@@ -384,9 +470,11 @@ class Progress:
         rate = (st.tokens_seen - self.tokens0) / max(1e-9, time.perf_counter() - self.t0)
         target = a.total_tokens if a.steps is None else None
         eta = f" eta {(target - st.tokens_seen) / rate:6.0f}s" if target and rate > 0 else ""
-        text = (f"step {st.step:6d} loss {outcome.loss:7.4f} "
-                f"tier {outcome.tier.per_device_batch}x{outcome.tier.accum} "
-                f"{rate:9.0f} tok/s{eta}")
+        text = (
+            f"step {st.step:6d} loss {outcome.loss:7.4f} "
+            f"tier {outcome.tier.per_device_batch}x{outcome.tier.accum} "
+            f"{rate:9.0f} tok/s{eta}"
+        )
         sys.stderr.write(f"\r{text}   " if self.bar else text + "\n")
         sys.stderr.flush()
 

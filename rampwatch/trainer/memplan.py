@@ -16,6 +16,7 @@ peak that was created inside the loss head (lm_head + cross-entropy: the module 
 `lm_head`) in forward, or in backward before the head has handed the gradient back to the trunk;
 "activations" is every other activation or backward temporary, and the batch itself.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,16 @@ from rampwatch.monitor.memplan import (
 )
 from rampwatch.monitor.planproc import PlanHandle, child_main, error_row
 
-__all__ = ["COMPONENTS", "VARIANTS", "PlanHandle", "calibrate", "plan_in_process", "plan_one",
-           "plan_points", "start_plan"]
+__all__ = [
+    "COMPONENTS",
+    "VARIANTS",
+    "PlanHandle",
+    "calibrate",
+    "plan_in_process",
+    "plan_one",
+    "plan_points",
+    "start_plan",
+]
 
 COMPONENTS = (*any_model.COMPONENTS, HEAD)
 VARIANTS = ("plain", "chunked")
@@ -56,9 +65,17 @@ def _model_config(cfg: Mapping[str, Any], variant: str):
     return ModelConfig(**kw)
 
 
-def plan_one(cfg: Mapping[str, Any], per_device_batch: int, variant: str = "plain",
-             optimizer_name: str = "adamw", device_type: str = "cpu", *, amp: str | None = None,
-             accum_steps: int = 1, grad_clip: float | None = 1.0) -> dict:
+def plan_one(
+    cfg: Mapping[str, Any],
+    per_device_batch: int,
+    variant: str = "plain",
+    optimizer_name: str = "adamw",
+    device_type: str = "cpu",
+    *,
+    amp: str | None = None,
+    accum_steps: int = 1,
+    grad_clip: float | None = 1.0,
+) -> dict:
     """Plan one (per-device batch, variant): a row (see the module docstring); raises on error.
 
     accum_steps > 1 plans a micro-batch after the first, whose backward adds to gradients that
@@ -98,14 +115,28 @@ def plan_one(cfg: Mapping[str, Any], per_device_batch: int, variant: str = "plai
             opt.step()
 
         fig = trace_step(model, opt, (idx, tgt), train_step, head=head, accum_steps=accum_steps)
-    return {"per_device_batch": b, "variant": variant, **fig, "seq_len": T,
-            "device_type": dev.type, "amp": amp, "accum_steps": int(accum_steps),
-            "seconds": round(time.perf_counter() - t0, 3), "source": "plan", "error": None}
+    return {
+        "per_device_batch": b,
+        "variant": variant,
+        **fig,
+        "seq_len": T,
+        "device_type": dev.type,
+        "amp": amp,
+        "accum_steps": int(accum_steps),
+        "seconds": round(time.perf_counter() - t0, 3),
+        "source": "plan",
+        "error": None,
+    }
 
 
-def iter_plan(cfg: Mapping[str, Any], batches: Sequence[int], optimizer_name: str = "adamw",
-              device_type: str = "cpu", variants: Sequence[str] = VARIANTS, **kw
-              ) -> Iterator[dict]:
+def iter_plan(
+    cfg: Mapping[str, Any],
+    batches: Sequence[int],
+    optimizer_name: str = "adamw",
+    device_type: str = "cpu",
+    variants: Sequence[str] = VARIANTS,
+    **kw,
+) -> Iterator[dict]:
     """Rows for every (batch, variant), batches outer, one at a time. A failing pair becomes an
     error row (the others still plan): one variant the model cannot run must not hide the rest."""
     for b in batches:
@@ -116,30 +147,58 @@ def iter_plan(cfg: Mapping[str, Any], batches: Sequence[int], optimizer_name: st
                 yield error_row(b, v, device_type, f"{type(e).__name__}: {e}")
 
 
-def plan_in_process(cfg: Mapping[str, Any], batches: Sequence[int], optimizer_name: str = "adamw",
-                    device_type: str = "cpu", variants: Sequence[str] = VARIANTS, **kw) -> list[dict]:
+def plan_in_process(
+    cfg: Mapping[str, Any],
+    batches: Sequence[int],
+    optimizer_name: str = "adamw",
+    device_type: str = "cpu",
+    variants: Sequence[str] = VARIANTS,
+    **kw,
+) -> list[dict]:
     """Rows for every (batch, variant), batches outer; error rows, never an exception."""
     return list(iter_plan(cfg, batches, optimizer_name, device_type, variants, **kw))
 
 
-def start_plan(cfg: Mapping[str, Any], batches: Sequence[int], optimizer_name: str = "adamw",
-               device_type: str = "cpu", variants: Sequence[str] = VARIANTS, *,
-               amp: str | None = None, accum_steps: int = 1, grad_clip: float | None = 1.0,
-               timeout_s: float = 900.0) -> PlanHandle:
+def start_plan(
+    cfg: Mapping[str, Any],
+    batches: Sequence[int],
+    optimizer_name: str = "adamw",
+    device_type: str = "cpu",
+    variants: Sequence[str] = VARIANTS,
+    *,
+    amp: str | None = None,
+    accum_steps: int = 1,
+    grad_clip: float | None = 1.0,
+    timeout_s: float = 900.0,
+) -> PlanHandle:
     """Plan in a child process (seconds per batch for a large model) while the loop runs on."""
-    request = {"cfg": dict(cfg), "batches": [int(b) for b in batches],
-               "optimizer_name": optimizer_name, "device_type": device_type,
-               "variants": list(variants), "amp": amp, "accum_steps": int(accum_steps),
-               "grad_clip": grad_clip}
+    request = {
+        "cfg": dict(cfg),
+        "batches": [int(b) for b in batches],
+        "optimizer_name": optimizer_name,
+        "device_type": device_type,
+        "variants": list(variants),
+        "amp": amp,
+        "accum_steps": int(accum_steps),
+        "grad_clip": grad_clip,
+    }
     return PlanHandle(request, timeout_s, "rampwatch.trainer.memplan")
 
 
 # -- command line (and the child of start_plan) ---------------------------------------------
 
+
 def _run_request(req: dict) -> Iterator[dict]:
-    return iter_plan(req["cfg"], req["batches"], req["optimizer_name"], req["device_type"],
-                     req["variants"], amp=req.get("amp"), accum_steps=req.get("accum_steps", 1),
-                     grad_clip=req.get("grad_clip", 1.0))
+    return iter_plan(
+        req["cfg"],
+        req["batches"],
+        req["optimizer_name"],
+        req["device_type"],
+        req["variants"],
+        amp=req.get("amp"),
+        accum_steps=req.get("accum_steps", 1),
+        grad_clip=req.get("grad_clip", 1.0),
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -158,12 +217,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if not a.preset:
             ap.error("--preset or --request is required")
-        return {"cfg": PRESETS[a.preset].to_dict(),
-                "batches": [int(x) for x in a.batches.split(",")],
-                "optimizer_name": a.optimizer,
-                "device_type": a.device or ("cuda" if torch.cuda.is_available() else "cpu"),
-                "variants": [v for v in a.variants.split(",") if v], "amp": a.amp,
-                "accum_steps": a.accum}
+        return {
+            "cfg": PRESETS[a.preset].to_dict(),
+            "batches": [int(x) for x in a.batches.split(",")],
+            "optimizer_name": a.optimizer,
+            "device_type": a.device or ("cuda" if torch.cuda.is_available() else "cpu"),
+            "variants": [v for v in a.variants.split(",") if v],
+            "amp": a.amp,
+            "accum_steps": a.accum,
+        }
+
     return child_main(argv, prog, _run_request, ap, from_args)
 
 

@@ -10,6 +10,7 @@ optimizer factory.
 - Nothing depends on the batch size: a compiled model with a dynamic batch dimension need not
   recompile when the batch changes.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,8 +29,9 @@ def norm(x: torch.Tensor) -> torch.Tensor:
 
 def rotary_tables(seq_len: int, head_dim: int, base: float = 10000.0, device=None):
     """cos, sin of shape (1, seq_len, 1, head_dim/2) for RoPE (Su et al. 2021, eq. 34)."""
-    inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device)
-                              / head_dim)
+    inv_freq = 1.0 / base ** (
+        torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim
+    )
     angles = torch.outer(torch.arange(seq_len, dtype=torch.float32, device=device), inv_freq)
     return angles.cos()[None, :, None, :], angles.sin()[None, :, None, :]
 
@@ -56,8 +58,12 @@ class CausalSelfAttention(nn.Module):
         if self.rotary:
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         y = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
-            dropout_p=self.dropout if self.training else 0.0)
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            is_causal=True,
+            dropout_p=self.dropout if self.training else 0.0,
+        )
         return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
 
 
@@ -105,16 +111,16 @@ class _ChunkedLinearCE(torch.autograd.Function):
         dh = torch.empty_like(h) if grad_h else None
         dw = torch.zeros(weight.shape, dtype=torch.float32, device=h.device) if grad_w else None
         for s in range(0, N, chunk):
-            hc, tc = h[s:s + chunk].to(dt), targets[s:s + chunk]
-            logits = (hc @ w.t()).float()                          # (c, V), the only big tensor
+            hc, tc = h[s : s + chunk].to(dt), targets[s : s + chunk]
+            logits = (hc @ w.t()).float()  # (c, V), the only big tensor
             lse = torch.logsumexp(logits, dim=-1)
             loss += (lse - logits.gather(1, tc[:, None]).squeeze(1)).sum()
             if grad_h or grad_w:
-                g = logits.sub_(lse[:, None]).exp_()                   # softmax, in place
+                g = logits.sub_(lse[:, None]).exp_()  # softmax, in place
                 g.scatter_add_(1, tc[:, None], torch.full_like(lse[:, None], -1.0))
-                g = g.div_(N).to(dt)                                   # d(mean CE)/dlogits
+                g = g.div_(N).to(dt)  # d(mean CE)/dlogits
                 if grad_h:
-                    dh[s:s + chunk] = g @ w
+                    dh[s : s + chunk] = g @ w
                 if grad_w:
                     dw += g.t() @ hc
         ctx.save_for_backward(dh, dw)
@@ -124,14 +130,20 @@ class _ChunkedLinearCE(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         dh, dw = ctx.saved_tensors
-        return (None if dh is None else dh * grad_out,
-                None if dw is None else (dw * grad_out).to(ctx.weight_dtype),
-                None, None, None, None)
+        return (
+            None if dh is None else dh * grad_out,
+            None if dw is None else (dw * grad_out).to(ctx.weight_dtype),
+            None,
+            None,
+            None,
+            None,
+        )
 
 
 @torch.compiler.disable
-def chunked_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                          chunk: int) -> torch.Tensor:
+def chunked_cross_entropy(
+    h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int
+) -> torch.Tensor:
     """Mean CE of logits h @ weightᵀ against targets, h (N, d), weight (V, d), targets (N,).
 
     Kept out of torch.compile on purpose: a Python loop over N/chunk chunks would make dynamo
@@ -139,8 +151,9 @@ def chunked_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.
     at the very end of the model and the work here is three large matmuls per chunk.
     """
     need = torch.is_grad_enabled()
-    return _ChunkedLinearCE.apply(h, weight, targets, chunk,
-                                  need and h.requires_grad, need and weight.requires_grad)
+    return _ChunkedLinearCE.apply(
+        h, weight, targets, chunk, need and h.requires_grad, need and weight.requires_grad
+    )
 
 
 class LossHead(nn.Module):
@@ -155,8 +168,9 @@ class LossHead(nn.Module):
         if targets is None:
             return self.lm_head(h)
         if self.chunked:
-            return chunked_cross_entropy(h.flatten(0, 1), self.lm_head.weight,
-                                         targets.flatten(), self.chunk)
+            return chunked_cross_entropy(
+                h.flatten(0, 1), self.lm_head.weight, targets.flatten(), self.chunk
+            )
         logits = self.lm_head(h).float()
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
@@ -184,7 +198,9 @@ class GPT(nn.Module):
             std = 0.02 / math.sqrt(2 * self.cfg.n_layer) if name.endswith("c_proj.weight") else 0.02
             nn.init.normal_(p, mean=0.0, std=std)
         if self.cfg.positions == "rotary":
-            cos, sin = rotary_tables(self.cfg.seq_len, self.cfg.head_dim, device=self.wte.weight.device)
+            cos, sin = rotary_tables(
+                self.cfg.seq_len, self.cfg.head_dim, device=self.wte.weight.device
+            )
             self.rope_cos, self.rope_sin = cos, sin
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
@@ -206,10 +222,13 @@ class GPT(nn.Module):
         return self.num_params() - emb
 
 
-
-def configure_optimizer(model: nn.Module, name: str = "adamw", lr: float = 1e-3,
-                        weight_decay: float = 0.1, betas: tuple[float, float] = (0.9, 0.95)
-                        ) -> torch.optim.Optimizer:
+def configure_optimizer(
+    model: nn.Module,
+    name: str = "adamw",
+    lr: float = 1e-3,
+    weight_decay: float = 0.1,
+    betas: tuple[float, float] = (0.9, 0.95),
+) -> torch.optim.Optimizer:
     """AdamW or SGD (momentum betas[0]) over two groups: 'decay' (matmul weights) and
     'no_decay' (embeddings and any vector). Each group keeps 'base_lr': schedules and batch
     ramps scale the base (lr = base_lr · schedule(t) · ramp factor), never the current lr."""
@@ -218,8 +237,10 @@ def configure_optimizer(model: nn.Module, name: str = "adamw", lr: float = 1e-3,
     for p in model.parameters():
         if p.requires_grad:
             (decay if p.dim() >= 2 and id(p) not in embeddings else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": weight_decay, "name": "decay"},
-              {"params": no_decay, "weight_decay": 0.0, "name": "no_decay"}]
+    groups = [
+        {"params": decay, "weight_decay": weight_decay, "name": "decay"},
+        {"params": no_decay, "weight_decay": 0.0, "name": "no_decay"},
+    ]
     groups = [g for g in groups if g["params"]]
     for g in groups:
         g["lr"] = lr

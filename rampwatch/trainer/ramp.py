@@ -3,6 +3,7 @@
 plan in a child process, a checkpoint before each switch, the schedule's base LR in TrainState,
 and the out-of-memory fallback (halve the per-device batch, keep the effective batch).
 """
+
 from __future__ import annotations
 
 import sys
@@ -36,8 +37,10 @@ def halve_tier(tier: Tier) -> tuple[Tier, bool]:
     """The OOM fallback: ⌊B/2⌋ per device, accumulation raised to keep B·accum where it can.
     Returns (tier, exact) where exact says whether the effective batch is unchanged."""
     if tier.per_device_batch <= 1:
-        raise StopTraining("out of memory at per-device batch 1: nothing smaller to fall back to. "
-                           "Use a smaller model or sequence length, or --chunked-ce.")
+        raise StopTraining(
+            "out of memory at per-device batch 1: nothing smaller to fall back to. "
+            "Use a smaller model or sequence length, or --chunked-ce."
+        )
     half = tier.per_device_batch // 2
     total = tier.per_device_batch * tier.accum
     accum = -(-total // half)  # ceil: never a smaller effective batch than approved
@@ -62,7 +65,9 @@ class OomInjector:
             step, micro, phase = spec.split(":")
             inj = cls(int(step), int(micro), phase)
         except ValueError:
-            raise SystemExit(f"--inject-oom {spec!r}: expected STEP:MICRO:PHASE, e.g. 12:1:backward")
+            raise SystemExit(
+                f"--inject-oom {spec!r}: expected STEP:MICRO:PHASE, e.g. 12:1:backward"
+            )
         if inj.phase not in cls.PHASES:
             raise SystemExit(f"--inject-oom phase {phase!r}: one of {', '.join(cls.PHASES)}")
         return inj
@@ -79,8 +84,10 @@ class OomInjector:
 
     def attach_backward(self, loss: torch.Tensor, step: int, micro: int) -> None:
         if self._due(step, micro, "backward"):
+
             def boom(grad):
                 raise torch.OutOfMemoryError(f"injected out of memory (backward, step {step})")
+
             loss.register_hook(boom)
 
 
@@ -99,8 +106,10 @@ class RampController:
     def start(self) -> None:
         self._start_plan()
         if self.protocol.mode == "auto" and not self.t.args.plan and self.t.ddp.is_main:
-            self._say("--ramp auto without a memory plan (--no-plan): ramps by accumulation "
-                      f"only, per-device batch stays {self.t.state.per_device_batch}")
+            self._say(
+                "--ramp auto without a memory plan (--no-plan): ramps by accumulation "
+                f"only, per-device batch stays {self.t.state.per_device_batch}"
+            )
 
     def _say(self, message: str) -> None:
         print(f"rampwatch: {message}", file=sys.stderr, flush=True)
@@ -110,9 +119,16 @@ class RampController:
             return
         b = self.t.state.per_device_batch
         ladder = sorted({max(1, b // 2), b, 2 * b, 4 * b, 8 * b})
-        self.protocol.start_plan(memplan.start_plan(
-            self.t.cfg.to_dict(), ladder, self.t.args.optimizer, self.t.device.type,
-            amp="bf16" if self.t.device.type == "cuda" else None, accum_steps=self.t.state.accum))
+        self.protocol.start_plan(
+            memplan.start_plan(
+                self.t.cfg.to_dict(),
+                ladder,
+                self.t.args.optimizer,
+                self.t.device.type,
+                amp="bf16" if self.t.device.type == "cuda" else None,
+                accum_steps=self.t.state.accum,
+            )
+        )
 
     def mark_infeasible(self, per_device_batch: int, step: int) -> None:
         self.protocol.mark_infeasible(per_device_batch, step)

@@ -6,6 +6,7 @@ named train_000000.bin … and val_000000.bin …, with a meta.json sidecar (voc
 dtype). The text goes through the same tokenizer, token cache and validation split as training on
 it directly would, so `--data OUT_DIR` trains on exactly the same train and validation tokens.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,7 +45,7 @@ def write_shard(path: Path, stream: TokenStream, start: int, stop: int, vocab: i
     with open(tmp, "wb") as f:
         f.write(header.tobytes())
         for a in range(start, stop, WRITE_CHUNK):
-            f.write(stream[a:min(stop, a + WRITE_CHUNK)].astype(dtype).tobytes())
+            f.write(stream[a : min(stop, a + WRITE_CHUNK)].astype(dtype).tobytes())
     tmp.replace(path)
 
 
@@ -70,8 +71,10 @@ def make_shards(args) -> dict:
     tok = text_tokenizer(cfg.tokenizer, cfg.vocab_size)
 
     def stream(files):
-        return TokenStream([text_tokens(p, k, spec.text_column, tok) for p, k in files],
-                           [str(p) for p, _ in files])
+        return TokenStream(
+            [text_tokens(p, k, spec.text_column, tok) for p, k in files], [str(p) for p, _ in files]
+        )
+
     train = stream(train_files)
     if val_files:
         val = stream(val_files)
@@ -82,8 +85,10 @@ def make_shards(args) -> dict:
     need = cfg.seq_len + 1
     for name, s in (("training", train), ("validation", val)):
         if len(s) < need:
-            raise DataError(f"{spec.data[0]}: the {name} split holds {len(s)} tokens, fewer than "
-                            f"one sequence of preset {args.preset} ({need})")
+            raise DataError(
+                f"{spec.data[0]}: the {name} split holds {len(s)} tokens, fewer than "
+                f"one sequence of preset {args.preset} ({need})"
+            )
     out.mkdir(parents=True, exist_ok=True)
     written = {}
     for split, s in (("val", val), ("train", train)):
@@ -91,19 +96,28 @@ def make_shards(args) -> dict:
         for i, (a, b) in enumerate(bounds):
             write_shard(out / f"{split}_{i:06d}.bin", s, a, b, tok.vocab_size)
         written[split] = len(bounds)
-    meta = {"vocab_size": tok.vocab_size, "tokenizer": tok.name,
-            "dtype": _layout(tok.vocab_size)[2].name, "preset": args.preset,
-            "train_tokens": len(train), "val_tokens": len(val), "val_split": how,
-            "text_column": spec.text_column, "source": spec.data}
+    meta = {
+        "vocab_size": tok.vocab_size,
+        "tokenizer": tok.name,
+        "dtype": _layout(tok.vocab_size)[2].name,
+        "preset": args.preset,
+        "train_tokens": len(train),
+        "val_tokens": len(val),
+        "val_split": how,
+        "text_column": spec.text_column,
+        "source": spec.data,
+    }
     (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
     return {**meta, "shards": written}
 
 
 def main(args) -> int:
     meta = make_shards(args)
-    print(f"{args.make_shards}: {meta['shards']['train']} train shards ({meta['train_tokens']:,} "
-          f"tokens), {meta['shards']['val']} val ({meta['val_tokens']:,}); tokenizer "
-          f"{meta['tokenizer']}, vocab {meta['vocab_size']}; train with --data "
-          f"{args.make_shards} --preset {args.preset}", file=sys.stderr)
+    print(
+        f"{args.make_shards}: {meta['shards']['train']} train shards ({meta['train_tokens']:,} "
+        f"tokens), {meta['shards']['val']} val ({meta['val_tokens']:,}); tokenizer "
+        f"{meta['tokenizer']}, vocab {meta['vocab_size']}; train with --data "
+        f"{args.make_shards} --preset {args.preset}",
+        file=sys.stderr,
+    )
     return 0
-

@@ -4,6 +4,7 @@ operator waits for the recommendation, clicks Approve, and sees the trainer appl
 Debian's chromium driven by Playwright (`executable_path`, no downloaded browser). The final
 screenshot is kept in artifacts/ as the test's artifact.
 """
+
 from __future__ import annotations
 
 import re
@@ -20,8 +21,15 @@ from tests.procs import REPO, child_env, free_port
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = REPO / "artifacts"
-LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-               "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
+LAUNCH_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 TOKEN = "e2e-operator-token"
@@ -42,8 +50,7 @@ def _sign_in(page, operator: str, token: str) -> None:
     from playwright.sync_api import expect
 
     # a page that just loaded reruns its script once more while it connects: wait it out
-    expect(page.get_by_role("button", name=re.compile(r"^Approve"))).to_be_visible(
-        timeout=60_000)
+    expect(page.get_by_role("button", name=re.compile(r"^Approve"))).to_be_visible(timeout=60_000)
     for label, value in (("Operator", operator), ("Operator token", token)):
         box = page.get_by_label(label, exact=True)
         box.fill(value, timeout=60_000)
@@ -65,24 +72,54 @@ def _ramp_events(db: Path, run_id: str) -> list:
     return [e for e in reader.events(db, run_id) if e.kind == M.EVENT_RAMP]
 
 
-@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium not installed "
-                    "(scripts/setup.sh installs it)")
+@pytest.mark.skipif(
+    not Path(CHROMIUM).exists(),
+    reason="Debian chromium not installed (scripts/setup.sh installs it)",
+)
 def test_approve_ramp_in_browser(tmp_path, procs):
     from playwright.sync_api import expect, sync_playwright
 
     db = tmp_path / "runs.duckdb"
     run_id = "e2e-run"
     # A tiny per-device batch: the noise scale crosses the batch within the first minute.
-    trainer = procs.spawn(["-m", "trainer", "train", "--db", str(db), "--preset", "test-tiny",
-                           "--run-id", run_id, "--per-device-batch", "2", "--accum", "2",
-                           "--steps", "100000", "--total-tokens", "1000000000",
-                           "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "0",
-                           "--val-every", "0", "--ramp-hysteresis", "10",
-                           "--ramp-min-samples", "20",
-                           "--progress", "off"])
+    trainer = procs.spawn(
+        [
+            "-m",
+            "trainer",
+            "train",
+            "--db",
+            str(db),
+            "--preset",
+            "test-tiny",
+            "--run-id",
+            run_id,
+            "--per-device-batch",
+            "2",
+            "--accum",
+            "2",
+            "--steps",
+            "100000",
+            "--total-tokens",
+            "1000000000",
+            "--checkpoint-dir",
+            str(tmp_path / "ckpt"),
+            "--checkpoint-every",
+            "0",
+            "--val-every",
+            "0",
+            "--ramp-hysteresis",
+            "10",
+            "--ramp-min-samples",
+            "20",
+            "--progress",
+            "off",
+        ]
+    )
     port = free_port()
-    app = procs.spawn(["-m", "rampwatch", "dashboard", "--db", str(db), "--port", str(port)],
-                      env=child_env(RAMPWATCH_TOKEN=TOKEN))
+    app = procs.spawn(
+        ["-m", "rampwatch", "dashboard", "--db", str(db), "--port", str(port)],
+        env=child_env(RAMPWATCH_TOKEN=TOKEN),
+    )
     _wait_http(port, 60)
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as pw:
@@ -98,8 +135,10 @@ def test_approve_ramp_in_browser(tmp_path, procs):
             except AssertionError:
                 print(page.inner_text("body")[:3000])
                 page.screenshot(path=str(ARTIFACTS / "e2e-no-recommendation.png"), full_page=True)
-                pytest.fail("no approvable recommendation on the live page within 120 s "
-                            f"(trainer alive: {trainer.poll() is None}); screenshot in artifacts/")
+                pytest.fail(
+                    "no approvable recommendation on the live page within 120 s "
+                    f"(trainer alive: {trainer.poll() is None}); screenshot in artifacts/"
+                )
             # another client, without the token: refused on the server, nothing written
             intruder = browser.new_page(viewport={"width": 1400, "height": 1600})
             intruder.goto(f"http://127.0.0.1:{port}/", wait_until="domcontentloaded")
@@ -107,9 +146,11 @@ def test_approve_ramp_in_browser(tmp_path, procs):
             _press_approve(intruder, "click")
             # the refusal arrives with the rerun that the click starts: under a loaded machine
             # (two test workers beside a trainer) that rerun can take longer than Playwright's 5 s
-            expect(intruder.get_by_text(re.compile("Not submitted: the operator token is "
-                                                   "missing or wrong"))).to_be_visible(
-                timeout=30_000)
+            expect(
+                intruder.get_by_text(
+                    re.compile("Not submitted: the operator token is missing or wrong")
+                )
+            ).to_be_visible(timeout=30_000)
             assert commands.list_commands(db, run_id) == []
             intruder.close()
 
@@ -130,8 +171,10 @@ def test_approve_ramp_in_browser(tmp_path, procs):
     assert app.poll() is None, "the dashboard died"
 
 
-@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium not installed "
-                    "(scripts/setup.sh installs it)")
+@pytest.mark.skipif(
+    not Path(CHROMIUM).exists(),
+    reason="Debian chromium not installed (scripts/setup.sh installs it)",
+)
 def test_checkout_deep_link_runs_the_whole_app(tmp_path, procs):
     """`streamlit run app.py` from a checkout: on a fresh server whose first request is
     /compare, Streamlit runs pages/compare.py by itself; it must still show the app's sidebar
@@ -143,9 +186,25 @@ def test_checkout_deep_link_runs_the_whole_app(tmp_path, procs):
     db = tmp_path / "runs.duckdb"
     seed.finished_run(db, 16, name="deep-link-run")
     port = free_port()
-    procs.spawn(["-m", "streamlit", "run", "app.py", "--server.port", str(port),
-                 "--server.address", "127.0.0.1", "--server.headless", "true",
-                 "--browser.gatherUsageStats", "false", "--", "--db", str(db)])
+    procs.spawn(
+        [
+            "-m",
+            "streamlit",
+            "run",
+            "app.py",
+            "--server.port",
+            str(port),
+            "--server.address",
+            "127.0.0.1",
+            "--server.headless",
+            "true",
+            "--browser.gatherUsageStats",
+            "false",
+            "--",
+            "--db",
+            str(db),
+        ]
+    )
     _wait_http(port, 60)
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)

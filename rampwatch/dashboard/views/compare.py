@@ -5,6 +5,7 @@ differ; steps, tokens and time to a chosen loss; and, with >= 3 runs at differen
 sizes, the critical batch from S = S_min(1 + B_crit/B). Data via dashboard/data.py, arithmetic in
 dashboard/comparison.py, the figure in dashboard/charts.py.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -29,8 +30,9 @@ def _label(rid: str) -> str:
     return f"{r.name or rid} ({r.status})"
 
 
-chosen = st.multiselect("Runs", list(by_id), default=default, key="compare_runs",
-                        format_func=_label)
+chosen = st.multiselect(
+    "Runs", list(by_id), default=default, key="compare_runs", format_func=_label
+)
 if not chosen:
     st.info("Choose one or more runs to compare.")
     st.stop()
@@ -44,20 +46,31 @@ if not names:
     st.info("The chosen runs have not logged any metrics yet.")
     st.stop()
 c1, c2, c3 = st.columns([2, 2, 2])
-metric = c1.selectbox("Metric", names, index=names.index(M.LOSS) if M.LOSS in names else 0,
-                      key="compare_metric")
+metric = c1.selectbox(
+    "Metric", names, index=names.index(M.LOSS) if M.LOSS in names else 0, key="compare_metric"
+)
 axis = c2.radio("Against", ["step", "tokens", "time"], horizontal=True, key="compare_x")
-smoothing = c3.slider("Smoothing (EMA weight)", 0.0, 0.99, 0.9, 0.01, key="compare_smoothing",
-                      help="debiased EMA, as on the live page; 0 = raw. The same smoothing picks "
-                           "when each run reaches the target loss below.")
+smoothing = c3.slider(
+    "Smoothing (EMA weight)",
+    0.0,
+    0.99,
+    0.9,
+    0.01,
+    key="compare_smoothing",
+    help="debiased EMA, as on the live page; 0 = raw. The same smoothing picks "
+    "when each run reaches the target loss below.",
+)
 
 curves, time_how = [], set()
 for rid in chosen:
     b = data.series(db, rid, metric)
     if not len(b):
         continue
-    y = comparison.debiased_ema(b.last, smoothing, counts=np.maximum(b.n - b.nonfinite, 1)) \
-        if smoothing > 0 else np.where(np.isfinite(b.last), b.last, np.nan)
+    y = (
+        comparison.debiased_ema(b.last, smoothing, counts=np.maximum(b.n - b.nonfinite, 1))
+        if smoothing > 0
+        else np.where(np.isfinite(b.last), b.last, np.nan)
+    )
     x = b.steps.astype(np.float64)
     if axis == "tokens":
         x = comparison.tokens_at(b.steps, data.series(db, rid, M.TOKENS_SEEN))
@@ -65,12 +78,21 @@ for rid in chosen:
         x, how = comparison.elapsed_at(b.steps, data.series(db, rid, M.STEP_TIME))
         time_how.add(how)
     if x is None:
-        st.caption(f"{labels[rid]}: no {'tokens_seen' if axis == 'tokens' else 'step_time'} logged, "
-                   "left out of this axis")
+        st.caption(
+            f"{labels[rid]}: no {'tokens_seen' if axis == 'tokens' else 'step_time'} logged, "
+            "left out of this axis"
+        )
         continue
     nf = b.nonfinite > 0
-    curves.append({"name": labels[rid], "x": x, "y": y, "nonfinite_x": x[nf],
-                   "nonfinite_y": np.where(np.isfinite(b.hi[nf]), b.hi[nf], 0.0)})
+    curves.append(
+        {
+            "name": labels[rid],
+            "x": x,
+            "y": y,
+            "nonfinite_x": x[nf],
+            "nonfinite_y": np.where(np.isfinite(b.hi[nf]), b.hi[nf], 0.0),
+        }
+    )
 x_title = {"step": "step", "tokens": "tokens", "time": "seconds"}[axis]
 st.plotly_chart(charts.overlay_figure(curves, metric, x_title), key="chart_compare")
 if axis == "time" and time_how:
@@ -87,24 +109,45 @@ else:
 
 st.subheader("Steps, tokens and time to a target loss")
 loss = {rid: data.series(db, rid, M.LOSS) for rid in chosen}
-aux = {rid: (data.series(db, rid, M.TOKENS_SEEN), data.series(db, rid, M.STEP_TIME),
-             data.series(db, rid, M.BATCH_SEQS)) for rid in chosen}
+aux = {
+    rid: (
+        data.series(db, rid, M.TOKENS_SEEN),
+        data.series(db, rid, M.STEP_TIME),
+        data.series(db, rid, M.BATCH_SEQS),
+    )
+    for rid in chosen
+}
 t_smooth = smoothing  # one smoothing for the curves and the target, said in the table
 probe = [comparison.to_target(labels[r], loss[r], -np.inf, t_smooth) for r in chosen]
 default_target = comparison.default_target([p.best for p in probe])
 if default_target is None:
     st.info("None of the chosen runs has a finite loss yet.")
     st.stop()
-target = st.number_input("Target loss", value=float(default_target), step=0.01, format="%.4f",
-                         key="target_loss")
-rows = [comparison.to_target(labels[r], loss[r], target, t_smooth, *aux[r][:2],
-                             batch=aux[r][2], config=by_id[r].config) for r in chosen]
-st.dataframe([{"run": r.label, "batch (sequences)": r.batch_text,
-               "reached": "yes" if r.reached else "no", "steps": r.step,
-               "tokens": None if r.tokens is None else int(r.tokens),
-               "time (s)": None if r.seconds is None else round(r.seconds, 1),
-               "best smoothed loss": None if r.best is None else round(r.best, 4)} for r in rows],
-             hide_index=True, key="target_table")
+target = st.number_input(
+    "Target loss", value=float(default_target), step=0.01, format="%.4f", key="target_loss"
+)
+rows = [
+    comparison.to_target(
+        labels[r], loss[r], target, t_smooth, *aux[r][:2], batch=aux[r][2], config=by_id[r].config
+    )
+    for r in chosen
+]
+st.dataframe(
+    [
+        {
+            "run": r.label,
+            "batch (sequences)": r.batch_text,
+            "reached": "yes" if r.reached else "no",
+            "steps": r.step,
+            "tokens": None if r.tokens is None else int(r.tokens),
+            "time (s)": None if r.seconds is None else round(r.seconds, 1),
+            "best smoothed loss": None if r.best is None else round(r.best, 4),
+        }
+        for r in rows
+    ],
+    hide_index=True,
+    key="target_table",
+)
 fit = comparison.critical_batch(rows, target)
 if fit.b_crit is not None:
     a, b = st.columns(2)

@@ -5,6 +5,7 @@ seconds while the run is live), dashboard/recommend.py decides, dashboard/charts
 Charts: loss (raw faint + debiased EMA, validation), gradient norm, noise scale vs batch,
 memory vs capacity with each tier's predicted peak, tokens/s and MFU; events on every chart.
 """
+
 from __future__ import annotations
 
 import time
@@ -20,8 +21,15 @@ REFRESH_CHOICES = {"off": None, "2 s": 2, "5 s": 5, "10 s": 10, "30 s": 30}
 db, run_id, read_only = data.page_context()
 
 with st.sidebar:
-    smoothing = st.slider("Loss smoothing (EMA weight)", 0.0, 0.99, 0.9, 0.01, key="smoothing",
-                          help="debiased exponential moving average; 0 = raw")
+    smoothing = st.slider(
+        "Loss smoothing (EMA weight)",
+        0.0,
+        0.99,
+        0.9,
+        0.01,
+        key="smoothing",
+        help="debiased exponential moving average; 0 = raw",
+    )
     refresh_label = st.selectbox("Refresh", list(REFRESH_CHOICES), index=2, key="refresh")
 
 
@@ -39,43 +47,66 @@ def _header(snap: data.Snapshot) -> None:
     tokens = snap.latest.get(M.TOKENS_SEEN)
     st.title(run.name or run.run_id)
     step = run.last_step if run.last_step is not None else "—"
-    bits = [f"status **{run.status}**", f"step **{step}**", f"device {run.device or '?'}",
-            f"heartbeat {_age(run.heartbeat)}", f"id `{run.run_id}`"]
+    bits = [
+        f"status **{run.status}**",
+        f"step **{step}**",
+        f"device {run.device or '?'}",
+        f"heartbeat {_age(run.heartbeat)}",
+        f"id `{run.run_id}`",
+    ]
     if tokens:
         bits.insert(2, f"tokens **{tokens:,.0f}**")
     st.markdown(" · ".join(bits))
     stale, lost, alerts = st.empty(), st.empty(), st.container()
     if run.status == "stale":
-        stale.warning("No heartbeat from this run's writer: it may have died. Its last data is "
-                      "shown; the next writer to open the database marks it killed.")
+        stale.warning(
+            "No heartbeat from this run's writer: it may have died. Its last data is "
+            "shown; the next writer to open the database marks it killed."
+        )
     n_lost = data.lost_records(snap.events)
     if n_lost:
-        lost.warning(f"{n_lost:,} records of this run never reached the database (dropped by "
-                     "the writer or lost to a damaged spool): the charts have gaps there. The "
-                     "alert events below say which and why.", icon=":material/warning:")
+        lost.warning(
+            f"{n_lost:,} records of this run never reached the database (dropped by "
+            "the writer or lost to a damaged spool): the charts have gaps there. The "
+            "alert events below say which and why.",
+            icon=":material/warning:",
+        )
     newest = int(snap.gns_steps[-1]) if len(snap.gns_steps) else None
     with alerts:
         for e in data.active_alerts(snap.events, run.last_step, newest)[:4]:
             what = "Out of memory" if e["kind"] == M.EVENT_OOM else "Alert"
-            st.warning(f"**{what} at step {e['step']:,}:** {e['message']}",
-                       icon=":material/warning:")
+            st.warning(
+                f"**{what} at step {e['step']:,}:** {e['message']}", icon=":material/warning:"
+            )
 
 
 def _charts(snap: data.Snapshot, card: recommend.Card) -> None:
     s, ev = snap.series, snap.events
     left, right = st.columns(2)
     with left:
-        st.plotly_chart(charts.loss_figure(s.get(M.LOSS), s.get(M.VAL_LOSS), smoothing, ev),
-                        key="chart_loss")
+        st.plotly_chart(
+            charts.loss_figure(s.get(M.LOSS), s.get(M.VAL_LOSS), smoothing, ev), key="chart_loss"
+        )
         st.plotly_chart(charts.grad_norm_figure(s.get(M.GRAD_NORM), ev), key="chart_grad_norm")
-        st.plotly_chart(charts.throughput_figure(s.get(M.TOKENS_PER_S), s.get(M.MFU), ev),
-                        key="chart_throughput")
+        st.plotly_chart(
+            charts.throughput_figure(s.get(M.TOKENS_PER_S), s.get(M.MFU), ev),
+            key="chart_throughput",
+        )
     with right:
-        st.plotly_chart(charts.noise_figure(s.get(M.GNS), s.get(M.BATCH_SEQS), ev,
-                                            s.get(M.GNS_LOW)), key="chart_noise")
-        st.plotly_chart(charts.memory_figure(s.get(M.MEM_PEAK), s.get(M.MEM_CAPACITY),
-                                             [t.chart_line() for t in card.tiers], ev,
-                                             card.usable_bytes), key="chart_memory")
+        st.plotly_chart(
+            charts.noise_figure(s.get(M.GNS), s.get(M.BATCH_SEQS), ev, s.get(M.GNS_LOW)),
+            key="chart_noise",
+        )
+        st.plotly_chart(
+            charts.memory_figure(
+                s.get(M.MEM_PEAK),
+                s.get(M.MEM_CAPACITY),
+                [t.chart_line() for t in card.tiers],
+                ev,
+                card.usable_bytes,
+            ),
+            key="chart_memory",
+        )
 
 
 def _events_table(snap: data.Snapshot) -> None:
@@ -83,9 +114,15 @@ def _events_table(snap: data.Snapshot) -> None:
         if not snap.events:
             st.caption("No events yet (ramps, OOM recoveries, checkpoints, alerts appear here).")
             return
-        st.dataframe([{"step": e["step"], "kind": e["kind"], "message": e["message"]}
-                      for e in reversed(snap.events)], hide_index=True, key="events_table",
-                     column_config={"message": st.column_config.TextColumn(width="large")})
+        st.dataframe(
+            [
+                {"step": e["step"], "kind": e["kind"], "message": e["message"]}
+                for e in reversed(snap.events)
+            ],
+            hide_index=True,
+            key="events_table",
+            column_config={"message": st.column_config.TextColumn(width="large")},
+        )
 
 
 _status = next((r.status for r in data.list_runs(db) if r.run_id == run_id), None)
@@ -97,17 +134,30 @@ def live_view() -> None:
     try:
         snap = data.live_snapshot(db, run_id)
     except data.RunNotFoundError:
-        st.warning(f"Run {run_id} is no longer in the database (it was deleted). Pick another run "
-                   "in the sidebar.")
+        st.warning(
+            f"Run {run_id} is no longer in the database (it was deleted). Pick another run "
+            "in the sidebar."
+        )
         return
     except data.StoreError as e:
         st.info(f"Could not refresh: {e}")
         return
     card = recommend.build_card(
-        {"run_id": snap.run.run_id, "config": snap.run.config, "world_size": snap.run.world_size,
-         "capacity_bytes": snap.run.capacity_bytes, "last_step": snap.run.last_step},
-        snap.latest, snap.gns_steps, snap.gns_values, snap.events, snap.plan_rows, snap.commands,
-        snap.gns_lower)
+        {
+            "run_id": snap.run.run_id,
+            "config": snap.run.config,
+            "world_size": snap.run.world_size,
+            "capacity_bytes": snap.run.capacity_bytes,
+            "last_step": snap.run.last_step,
+        },
+        snap.latest,
+        snap.gns_steps,
+        snap.gns_values,
+        snap.events,
+        snap.plan_rows,
+        snap.commands,
+        snap.gns_lower,
+    )
     _header(snap)
     busy = st.empty()  # always there, so the elements below keep their places
     if snap.busy:

@@ -4,6 +4,7 @@ Thin page: store.reader.Run rows via dashboard/data.py (status 'stale' when a ru
 gone), a per-run summary (tokens, best loss, peak memory), and CSV / Parquet export through
 st.download_button (the file is built only when the button is clicked).
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -15,9 +16,11 @@ from rampwatch.dashboard import data
 
 db, current, _ = data.page_context(need_run=False)
 
-STATUS_HELP = ("running: its writer is alive · stale: marked running but no heartbeat or no live "
-               "writer (crashed?) · finished / failed: ended by the trainer · killed: its writer "
-               "died and recovery closed it at its last step")
+STATUS_HELP = (
+    "running: its writer is alive · stale: marked running but no heartbeat or no live "
+    "writer (crashed?) · finished / failed: ended by the trainer · killed: its writer "
+    "died and recovery closed it at its last step"
+)
 
 
 def _when(t: float | None) -> str | None:
@@ -38,32 +41,58 @@ rows = []
 for r in runs:
     s = data.run_summary(db, r.run_id)
     evs = data.events(db, r.run_id)
-    rows.append({
-        "name": r.name or r.run_id, "status": r.status, "started": _when(r.created_at),
-        "duration": _duration(r), "steps": r.last_step, "tokens": s["tokens"],
-        "best loss (raw)": None if s["best_loss"] is None else round(s["best_loss"], 4),
-        "peak memory (GB)": None if s["peak_bytes"] is None else round(s["peak_bytes"] / 1e9, 2),
-        "alerts": sum(e["kind"] == "alert" for e in evs),
-        "lost records": data.lost_records(evs),
-        "device": r.device, "run id": r.run_id})
-st.dataframe(rows, hide_index=True, key="runs_table", column_config={
-    "tokens": st.column_config.NumberColumn(format="localized")})
+    rows.append(
+        {
+            "name": r.name or r.run_id,
+            "status": r.status,
+            "started": _when(r.created_at),
+            "duration": _duration(r),
+            "steps": r.last_step,
+            "tokens": s["tokens"],
+            "best loss (raw)": None if s["best_loss"] is None else round(s["best_loss"], 4),
+            "peak memory (GB)": None
+            if s["peak_bytes"] is None
+            else round(s["peak_bytes"] / 1e9, 2),
+            "alerts": sum(e["kind"] == "alert" for e in evs),
+            "lost records": data.lost_records(evs),
+            "device": r.device,
+            "run id": r.run_id,
+        }
+    )
+st.dataframe(
+    rows,
+    hide_index=True,
+    key="runs_table",
+    column_config={"tokens": st.column_config.NumberColumn(format="localized")},
+)
 st.caption(STATUS_HELP)
 lossy = [row["name"] for row in rows if row["lost records"]]
 if lossy:
-    st.warning(f"{len(lossy)} run(s) lost records before they reached the database "
-               f"({', '.join(lossy[:5])}{' …' if len(lossy) > 5 else ''}): see the alert events "
-               "on their live page.", icon=":material/warning:")
+    st.warning(
+        f"{len(lossy)} run(s) lost records before they reached the database "
+        f"({', '.join(lossy[:5])}{' …' if len(lossy) > 5 else ''}): see the alert events "
+        "on their live page.",
+        icon=":material/warning:",
+    )
 
 st.subheader("Export")
 by_id = {r.run_id: r for r in runs}
 c1, c2, c3 = st.columns([3, 1, 2])
-rid = c1.selectbox("Run to export", list(by_id), key="export_run",
-                   index=list(by_id).index(current) if current in by_id else 0,
-                   format_func=lambda i: f"{by_id[i].name or i} ({i})")
+rid = c1.selectbox(
+    "Run to export",
+    list(by_id),
+    key="export_run",
+    index=list(by_id).index(current) if current in by_id else 0,
+    format_func=lambda i: f"{by_id[i].name or i} ({i})",
+)
 fmt = c2.radio("Format", ["CSV", "Parquet"], key="export_format", horizontal=True)
 ext, mime = ("csv", "text/csv") if fmt == "CSV" else ("parquet", "application/vnd.apache.parquet")
-c3.download_button(f"Download {fmt}", data=lambda: data.export_bytes(db, rid, ext),
-                   file_name=f"{by_id[rid].name or rid}-{rid}.{ext}".replace("/", "_"), mime=mime,
-                   key="export_download", on_click="ignore")
+c3.download_button(
+    f"Download {fmt}",
+    data=lambda: data.export_bytes(db, rid, ext),
+    file_name=f"{by_id[rid].name or rid}-{rid}.{ext}".replace("/", "_"),
+    mime=mime,
+    key="export_download",
+    on_click="ignore",
+)
 st.caption("Every raw metric row of the run: run_id, step, t (unix seconds), name, value.")
