@@ -68,13 +68,14 @@ def _measure_here(cfg: dict, batch: int, optimizer: str, warm_steps: int = 2) ->
     """In this (fresh) process: the bytes one real training step adds on top of the steady state."""
     import torch
 
+    from rampwatch.store.names import loss_variant
     from rampwatch.trainer.memplan import (
         _model_config,  # the plan's own config mapping, so both agree
     )
     from rampwatch.trainer.model import GPT, configure_optimizer
 
     torch.manual_seed(0)
-    mcfg = _model_config(cfg, "chunked" if cfg.get("chunked_ce") else "plain")
+    mcfg = _model_config(cfg, loss_variant(cfg.get("chunked_ce")))
     model = GPT(mcfg).train()
     opt = configure_optimizer(model, optimizer, lr=1e-3)
     idx = torch.randint(0, mcfg.vocab_size, (batch, mcfg.seq_len))

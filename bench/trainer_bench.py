@@ -26,6 +26,7 @@ import torch
 
 from bench.memplan_bench import measure
 from rampwatch.monitor import Monitor
+from rampwatch.store import names as M
 from rampwatch.trainer.config import PRESET_RUN_DEFAULTS, PRESETS
 from rampwatch.trainer.data import prepare
 from rampwatch.trainer.memplan import plan_in_process
@@ -113,8 +114,12 @@ def chunked_memory(batch: int) -> list[str]:
         "| variant | measured (VmHWM) | planned | plan: logits | plan: activations |",
         "|---|---:|---:|---:|---:|",
     ]
-    for variant in ("plain", "chunked"):
-        cfg = {**PRESETS["test-tiny"].to_dict(), **LOGITS_HEAVY, "chunked_ce": variant == "chunked"}
+    for variant in M.LOSS_VARIANTS:
+        cfg = {
+            **PRESETS["test-tiny"].to_dict(),
+            **LOGITS_HEAVY,
+            "chunked_ce": variant == M.CHUNKED_CE,
+        }
         real = measure(cfg, batch)
         [row] = plan_in_process(cfg, [batch], variants=(variant,))
         added = row["predicted_bytes"] - row["steady_bytes"]

@@ -170,9 +170,7 @@ def current_tier(
 
 
 def running_variant(config: Mapping | None) -> str:
-    return (
-        "chunked" if _get(config, "model", "chunked_ce") or _get(config, "chunked_ce") else "plain"
-    )
+    return M.loss_variant(_get(config, "model", "chunked_ce") or _get(config, "chunked_ce"))
 
 
 def infeasible_batches(plan_rows: Sequence[Mapping], events: Sequence[Mapping] = ()) -> set[int]:

@@ -45,3 +45,14 @@ EVENT_CHECKPOINT = "checkpoint"
 EVENT_RESUME = "resume"
 EVENT_ALERT = "alert"
 EVENT_REFUSED = "refused"
+
+# memory_plan.variant: which cross-entropy a plan row (and a run) uses. The logits dominate the
+# per-sequence slope, so rows of one variant never describe a run of the other.
+PLAIN_CE = "plain"
+CHUNKED_CE = "chunked"
+LOSS_VARIANTS = (PLAIN_CE, CHUNKED_CE)
+
+
+def loss_variant(chunked_ce) -> str:
+    """The memory_plan variant of a model whose config says `chunked_ce`."""
+    return CHUNKED_CE if chunked_ce else PLAIN_CE

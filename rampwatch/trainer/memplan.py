@@ -38,6 +38,7 @@ from rampwatch.monitor.memplan import (
     trace_step,
 )
 from rampwatch.monitor.planproc import PlanHandle, child_main, error_row
+from rampwatch.store import names as M
 
 __all__ = [
     "COMPONENTS",
@@ -51,7 +52,7 @@ __all__ = [
 ]
 
 COMPONENTS = (*any_model.COMPONENTS, HEAD)
-VARIANTS = ("plain", "chunked")
+VARIANTS = M.LOSS_VARIANTS
 
 
 def _model_config(cfg: Mapping[str, Any], variant: str):
@@ -61,7 +62,7 @@ def _model_config(cfg: Mapping[str, Any], variant: str):
         raise ValueError(f"unknown plan variant {variant!r} (one of {VARIANTS})")
     names = {f.name for f in dataclasses.fields(ModelConfig)}
     kw = {k: v for k, v in dict(cfg).items() if k in names}
-    kw["chunked_ce"] = variant == "chunked"
+    kw["chunked_ce"] = variant == M.CHUNKED_CE
     return ModelConfig(**kw)
 
 
