@@ -19,7 +19,7 @@ import numpy as np
 
 __all__ = ["Buckets", "width_for", "SeriesCache", "Fetch"]
 
-_FLOATS = ("lo", "hi", "last", "t")
+_FLOATS = ("lo", "hi", "last")
 _INTS = ("bucket", "last_step", "n", "nonfinite")
 
 
@@ -28,8 +28,7 @@ class Buckets:
     """Bucket i covers steps [bucket[i]·width, (bucket[i]+1)·width); sorted by bucket.
 
     lo/hi: min/max of the finite values (NaN when the bucket has none); last: the value at
-    last_step (may be non-finite); n: rows; nonfinite: rows whose value was NaN or ±inf;
-    t: wall time (unix s) of the last row, NaN when unknown.
+    last_step (may be non-finite); n: rows; nonfinite: rows whose value was NaN or ±inf.
     """
 
     width: int
@@ -40,7 +39,6 @@ class Buckets:
     last: np.ndarray = field(default_factory=lambda: np.zeros(0))
     n: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     nonfinite: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    t: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     @classmethod
     def from_columns(cls, width: int, **cols) -> Buckets:
@@ -62,8 +60,6 @@ class Buckets:
             out[name] = arr
             size = len(arr)
         size = size or 0
-        if "t" not in out:
-            out["t"] = np.full(size, np.nan)
         if "nonfinite" not in out:
             out["nonfinite"] = np.zeros(size, np.int64)
         b = cls(int(width), **out)
@@ -130,7 +126,6 @@ class Buckets:
             self.last[ends],
             np.add.reduceat(self.n, starts),
             np.add.reduceat(self.nonfinite, starts),
-            self.t[ends],
         )
 
 

@@ -73,20 +73,11 @@ def tokens_at(steps, tokens: Buckets | None) -> np.ndarray | None:
     return np.interp(np.asarray(steps, np.float64), *xy)
 
 
-def elapsed_at(
-    steps, step_time: Buckets | None, wall: Buckets | None = None, t0: float | None = None
-) -> tuple[np.ndarray | None, str]:
-    """Seconds since the start at the given steps, and how they were obtained.
-
-    With per-bucket wall time (Buckets.t, when the store provides it) it is t − t0. Otherwise the
-    cumulative step_time (training time, validation excluded), each bucket counted as its last
-    value × its steps: exact for steady step times, an estimate across slow-downs.
+def elapsed_at(steps, step_time: Buckets | None) -> tuple[np.ndarray | None, str]:
+    """Seconds since the start at the given steps, and how they were obtained: the cumulative
+    step_time (training time, validation excluded), each bucket counted as its last value × its
+    steps — exact for steady step times, an estimate across slow-downs.
     """
-    if wall is not None and len(wall) and np.isfinite(wall.t).any() and t0 is not None:
-        ok = np.isfinite(wall.t)
-        return np.interp(
-            np.asarray(steps, np.float64), wall.steps[ok], wall.t[ok] - t0
-        ), "wall clock"
     if step_time is None or not len(step_time):
         return None, "no step_time logged"
     per = np.where(np.isfinite(step_time.last), step_time.last, 0.0) * (

@@ -230,9 +230,8 @@ def metric_names(db: Path, run_id: str) -> list[str]:
 
 
 def buckets_from(series) -> Buckets:
-    """store.reader.Series -> Buckets (t comes along when the store provides it)."""
+    """store.reader.Series -> Buckets."""
     w = int(series.width)
-    t = getattr(series, "t", None)
     return Buckets.from_columns(
         w,
         bucket=np.asarray(series.step, np.int64) // w,
@@ -242,7 +241,6 @@ def buckets_from(series) -> Buckets:
         last=series.last,
         n=series.count,
         nonfinite=series.nonfinite,
-        t=t,
     )
 
 
