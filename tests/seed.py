@@ -19,10 +19,10 @@ import duckdb
 import numpy as np
 
 from rampwatch import store
+from rampwatch.advisor.memory import GB
 from rampwatch.store import RunWriter, commands
 from rampwatch.store import names as M
 
-GB = 10**9
 CAPACITY = 80 * GB
 SEQ_LEN = 128
 # memory plan of the live run: peak(b) = 10 GB + 2 GB per sequence

@@ -9,15 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from rampwatch.advisor.memory import GB
 from rampwatch.advisor.ramp import predicted_effect
 from rampwatch.dashboard import charts, comparison, recommend
 from rampwatch.dashboard.buckets import Buckets
 from rampwatch.dashboard.data import parse_options
 from rampwatch.dashboard.smoothing import debiased_ema, first_crossing
 from rampwatch.store import names as M
-
-GB = 10**9
-
 
 # ------------------------------------------------------------------------------- smoothing
 

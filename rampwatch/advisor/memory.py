@@ -24,7 +24,7 @@ from rampwatch.advisor.checks import ols_line, positive_int
 
 __all__ = ["MemoryModel", "fit_memory_model", "usable_bytes", "format_gb", "GB"]
 
-GB = 1e9
+GB = 10**9  # an int, so whole-GB figures (80 * GB) stay exact byte counts
 
 
 def format_gb(n_bytes: float) -> str:
