@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rampwatch.advisor.flops import PEAK_FLOPS, flops_per_token, gpt_matmul_params, mfu, peak_flops
+from rampwatch.advisor.flops import PEAK_FLOPS, flops_per_token, mfu, peak_flops
 
 
 def test_flops_per_token_hand_computed():
@@ -16,11 +16,6 @@ def test_flops_per_token_hand_computed():
         flops_per_token(1e9, 24, 2048, 2048, attention="sparse")
     with pytest.raises(ValueError, match="n_params_matmul must be a positive"):
         flops_per_token(0, 24, 2048, 2048)
-
-
-def test_gpt_matmul_params_design_preset():
-    # a 24-layer GPT with the gpu-0.7b preset's d_model 1536 and vocab 32768 (~0.73B): 12·L·d² + V·d
-    assert gpt_matmul_params(24, 1536, 32768) == 24 * 12 * 1536**2 + 32768 * 1536 == 729_808_896
 
 
 @pytest.mark.parametrize(

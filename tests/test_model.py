@@ -83,6 +83,9 @@ def test_preset_sizes():
     assert count_params(PRESETS["test-tiny"])["total"] <= 1_000_000
     assert 100e6 < count_params(PRESETS["gpu-small"])["total"] < 150e6
     assert 0.6e9 < count_params(PRESETS["gpu-0.7b"])["total"] < 0.75e9
+    # by hand: 12·L·d² per layer (q, k, v, out; two 4d MLP matrices) + V·d for the lm_head
+    wide = dataclasses.replace(PRESETS["gpu-0.7b"], n_layer=24)
+    assert count_params(wide)["matmul"] == 24 * 12 * 1536**2 + 32768 * 1536 == 729_808_896
     big, rd = PRESETS["gpu-0.7b"], PRESET_RUN_DEFAULTS["gpu-0.7b"]
     assert rd.per_device_batch * rd.accum * big.seq_len == 2**19  # 0.5M tokens per step
     assert ModelConfig(**big.to_dict()) == big

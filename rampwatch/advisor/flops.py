@@ -1,6 +1,6 @@
 """Training FLOPs per token, device peak FLOPs, and model FLOPs utilization (MFU).
 
-Owns: `flops_per_token` (and `gpt_matmul_params`, a parameter count for it), the `PEAK_FLOPS`
+Owns: `flops_per_token` (the parameter count comes from the model's owner), the `PEAK_FLOPS`
 table with `peak_flops(device_name)`, and `mfu`.
 
 FLOPs convention (PaLM, Chowdhery et al. 2022, App. B; the same as nanoGPT's estimate_mfu):
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["flops_per_token", "gpt_matmul_params", "PEAK_FLOPS", "peak_flops", "mfu"]
+__all__ = ["flops_per_token", "PEAK_FLOPS", "peak_flops", "mfu"]
 
 
 def _pos(name: str, value, allow_zero: bool = False) -> float:
@@ -53,18 +53,6 @@ def flops_per_token(
             f"attention must be 'full' (PaLM convention) or 'causal', got {attention!r}"
         )
     return 6.0 * n + attn * layers * d * t
-
-
-def gpt_matmul_params(n_layer: int, d_model: int, vocab_size: int, mlp_ratio: float = 4.0) -> int:
-    """Matmul weights of a GPT-2-style model: L·(4d² + 2·mlp_ratio·d²) + vocab·d (lm_head).
-
-    Attention q, k, v, out projections (4d²) and the two MLP matrices per layer; the lm_head is a
-    matmul even when tied to the embedding. Biases and norms ignored.
-    """
-    layers, d, v = int(n_layer), int(d_model), int(vocab_size)
-    if min(layers, d, v) <= 0 or not mlp_ratio > 0:
-        raise ValueError("n_layer, d_model, vocab_size and mlp_ratio must be positive")
-    return int(layers * (4 * d * d + 2 * mlp_ratio * d * d) + v * d)
 
 
 # Dense (no 2:4 sparsity) BF16 tensor-core peak per device, FLOP/s, from vendor datasheets; the
