@@ -13,8 +13,9 @@ What is timed (target: a refresh tick under 100 ms):
                step 0, the raw noise-scale window, events, memory plan; then the commands table.
   refresh      the same after `--append` new steps arrived: each series refetched only from the
                start of its last (partial) bucket, the noise-scale window from its last step.
-The query plan mirrors dashboard/data.py (LiveState.refresh + live_snapshot): bench/ may not import
-dashboard/ (tests/test_layout.py), so tests/test_dashboard_bench.py checks the two stay in step.
+The query plan is dashboard/live_data.py's (LiveState.refresh + live_snapshot), timed without
+Streamlit: its constants are imported from there, and tests/test_dashboard_bench.py checks that the
+fetches stay in step.
 `page` renders the live page with AppTest (the real app.py and pages, figures serialized), first
 run and reruns (a rerun is one refresh of an open session).
 """
@@ -32,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from rampwatch.dashboard.buckets import width_for
-from rampwatch.dashboard.data import COMMANDS_EVERY, GNS_WINDOW, LIVE_METRICS, TARGET_BUCKETS
+from rampwatch.dashboard.live_data import COMMANDS_EVERY, GNS_WINDOW, LIVE_METRICS, TARGET_BUCKETS
 from rampwatch.store import Reader, RunWriter, commands
 from rampwatch.store import names as M
 
@@ -149,7 +150,7 @@ def build(db: Path, steps: int) -> tuple[RunWriter, str]:
 
 
 class LiveMirror:
-    """dashboard/data.py LiveState.refresh + live_snapshot's query plan, timed."""
+    """dashboard/live_data.py LiveState.refresh + live_snapshot's query plan, timed."""
 
     def __init__(self):
         self.kept: dict[str, tuple[int, int]] = {}  # name -> (width, last bucket start)

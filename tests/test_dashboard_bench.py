@@ -1,4 +1,4 @@
-"""bench/dashboard_bench.py (which takes the live page's query plan from dashboard/data.py itself)
+"""bench/dashboard_bench.py (which takes the live page's query plan from dashboard/live_data.py itself)
 runs: a quick run prints its tables."""
 
 from __future__ import annotations

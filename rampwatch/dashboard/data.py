@@ -1,13 +1,13 @@
-"""Every store access of the dashboard, in one place: options, database checks, cached reads, the
-live page's incremental refresh, and the two writes (submit / cancel a ramp command).
+"""Every store access of the dashboard but the live page's refresh, in one place: options,
+database checks, cached reads, and the two writes (submit / cancel a ramp command).
 
 Owns: where the database path and read-only flag come from (`rampwatch dashboard --db PATH
-[--read-only]`, which passes them after `--` to the app; else RAMPWATCH_DB / RAMPWATCH_READ_ONLY); turning store errors into a message a
-page can show (`db_problem`); st.cache_data reads keyed on the file's version token (its and its
-WAL's size and mtime), so a finished run is read once and a live one on every change; the live
-refresh (`live_snapshot`), which keeps each chart's buckets in session state and fetches only from
-the last partial bucket on, all inside one read connection; and the command calls.
-Pages never call store/ directly.
+[--read-only]`, which passes them after `--` to the app; else RAMPWATCH_DB /
+RAMPWATCH_READ_ONLY); turning store errors into a message a page can show (`db_problem`);
+st.cache_data reads keyed on the file's version token (its and its WAL's size and mtime), so a
+finished run is read once and a live one on every change; and the command calls. The live
+page's incremental refresh builds on these in dashboard/live_data.py. Pages never call store/
+directly.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import argparse
 import io
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 import streamlit as st
 
 from rampwatch.dashboard import guard
-from rampwatch.dashboard.buckets import Buckets, SeriesCache
+from rampwatch.dashboard.buckets import Buckets
 from rampwatch.store import commands as store_commands
 from rampwatch.store import db as store_db
 from rampwatch.store import names as M
@@ -40,10 +40,9 @@ from rampwatch.store.errors import (
 )
 from rampwatch.store.reader import Reader
 
-TARGET_BUCKETS = 1000  # points per live chart (about a chart's width in pixels)
 COMPARE_BUCKETS = 2000
-GNS_WINDOW = 2048  # raw steps of the noise scale the recommendation reads (dashboard/recommend.py)
 TIMEOUT = 5.0
+COMMANDS_DIRTY = "_rw_commands_dirty"  # session flag: this session wrote a command (live_data.py)
 
 
 # ------------------------------------------------------------------------------------ options
@@ -358,166 +357,6 @@ def export_bytes(db: Path, run_id: str, fmt: str) -> bytes:
     return buf.getvalue()
 
 
-# ------------------------------------------------------------------------------ live refresh
-
-
-@dataclass
-class Snapshot:
-    run: object  # store.reader.Run
-    series: dict[str, Buckets]
-    latest: dict[str, float]
-    gns_steps: np.ndarray
-    gns_values: np.ndarray
-    events: list[dict]
-    plan_rows: list[dict]
-    commands: list = field(default_factory=list)
-    busy: str | None = None  # set when this is the previous snapshot: the database was busy
-    gns_lower: np.ndarray | None = None  # one-sided 95% lower bound at each of gns_steps
-
-
-LIVE_METRICS = (
-    M.LOSS,
-    M.VAL_LOSS,
-    M.GRAD_NORM,
-    M.GNS,
-    M.GNS_LOW,
-    M.BATCH_SEQS,
-    M.MEM_PEAK,
-    M.MEM_CAPACITY,
-    M.TOKENS_PER_S,
-    M.MFU,
-    M.PER_DEVICE_BATCH,
-    M.ACCUM,
-    M.TOKENS_SEEN,
-)
-COMMANDS_EVERY = 6  # ticks between command reads while none is open (an open one: every tick)
-
-
-class LiveState:
-    """What a session keeps between refreshes of one run: a SeriesCache per metric, the recent
-    raw noise-scale window, and the run's ramp commands. Plain object (no Streamlit), so the
-    bench mirrors it.
-
-    Commands cost a connection of their own (store.commands has no read inside a Reader
-    session), so they are read every tick only while one is open (pending → claimed → applied /
-    refused is what the card waits for), after this session wrote one (`commands_dirty`), when
-    the events changed, and otherwise every COMMANDS_EVERY ticks (another session's approval).
-    """
-
-    def __init__(self, target_buckets: int = TARGET_BUCKETS, gns_window: int = GNS_WINDOW):
-        self.caches = {n: SeriesCache(target_buckets) for n in LIVE_METRICS}
-        self.gns_window = gns_window
-        self._gns: dict[str, Buckets] = {}  # raw noise scale and its bound, last `gns_window` steps
-        self._gns_key: tuple[int, int] | None = None  # (run last step, resume epoch) it is for
-        self.fetches = 0
-        self.commands: list | None = None
-        self.commands_dirty = False
-        self._since_commands = 0
-        self._events_seen = -1
-        self.last: Snapshot | None = None
-
-    def commands_due(self, n_events: int) -> bool:
-        due = (
-            self.commands is None
-            or self.commands_dirty
-            or n_events != self._events_seen
-            or any(c.status in ("pending", "claimed") for c in self.commands)
-            or self._since_commands + 1 >= COMMANDS_EVERY
-        )
-        self._events_seen = n_events
-        return due
-
-    def update_commands(self, db, run_id: str, n_events: int) -> list:
-        """The run's ramp commands, read from the store only when due (see the class doc)."""
-        if self.commands_due(n_events):
-            self.commands = [
-                c
-                for c in store_commands.list_commands(db, run_id, timeout=TIMEOUT)
-                if c.kind == "ramp"
-            ]
-            self.commands_dirty = False
-            self._since_commands = 0
-        else:
-            self._since_commands += 1
-        return list(self.commands)
-
-    def refresh(self, reader: Reader, run_id: str) -> Snapshot:
-        with reader.session():
-            run = reader.get_run(run_id)
-            evs = [event_dict(e) for e in reader.events(run_id)]
-            epoch = sum(1 for e in evs if e["kind"] == M.EVENT_RESUME)
-            out = {}
-            for name, cache in self.caches.items():
-
-                def fetch(since, width, name=name):
-                    self.fetches += 1
-                    return buckets_from(reader.series(run_id, name, width=width, since_step=since))
-
-                out[name] = cache.refresh(fetch, run.last_step, epoch)
-            gsteps, gvals, glower = self._gns_window(reader, run_id, run.last_step, epoch)
-            plan = [plan_dict(p) for p in reader.memory_plan(run_id)]
-        latest = {}
-        for name, b in out.items():
-            fin = np.flatnonzero(np.isfinite(b.last))
-            if fin.size:
-                latest[name] = float(b.last[fin[-1]])
-        return Snapshot(run, out, latest, gsteps, gvals, evs, plan, gns_lower=glower)
-
-    def _gns_window(self, reader, run_id, last_step, epoch):
-        """Raw (width 1) noise-scale points and lower bounds over the last `gns_window` steps,
-        fetched incrementally. Steps are those with a fresh estimate (each logs a lower bound);
-        runs written before bounds were logged have points only."""
-        if last_step is None:
-            return np.zeros(0, np.int64), np.zeros(0), None
-        lo = max(0, int(last_step) - self.gns_window + 1)
-        stale = self._gns_key is None or self._gns_key[1] != epoch or self._gns_key[0] > last_step
-        for name in (M.GNS, M.GNS_LOW):
-            old = None if stale else self._gns.get(name)
-            since = lo if old is None or not len(old) else max(lo, int(old.last_step[-1]))
-            self.fetches += 1
-            fresh = buckets_from(reader.series(run_id, name, width=1, since_step=since))
-            kept = (
-                Buckets(1)
-                if old is None
-                else old.take((old.last_step >= lo) & (old.last_step < since))
-            )
-            self._gns[name] = kept.concat(fresh)
-        self._gns_key = (int(last_step), epoch)
-        points, bounds = self._gns[M.GNS], self._gns[M.GNS_LOW]
-        if not len(bounds):
-            return points.last_step, points.last, None
-        by_step = dict(zip(points.last_step.tolist(), points.last.tolist()))
-        values = np.array([by_step.get(s, np.nan) for s in bounds.last_step.tolist()])
-        return bounds.last_step, values, bounds.last
-
-
-def live_snapshot(db: Path, run_id: str) -> Snapshot:
-    """Refresh the selected run: only new buckets are read; state lives in st.session_state."""
-    states = st.session_state.setdefault("_rw_live", {})
-    key = (str(db), run_id)
-    if key not in states:
-        states.clear()  # one run at a time: drop the previous run's buckets
-        states[key] = LiveState()
-    state: LiveState = states[key]
-    try:
-        snap = state.refresh(Reader(db, timeout=TIMEOUT), run_id)
-        snap.commands = state.update_commands(db, run_id, len(snap.events))
-    except StoreBusyError as e:  # keep showing what we have; the next tick retries
-        last = getattr(state, "last", None)
-        if last is None:
-            raise
-        last.busy = str(e)
-        return last
-    state.last = snap
-    return snap
-
-
-def mark_commands_dirty() -> None:
-    """This session wrote a command: read the table on the next refresh."""
-    for state in st.session_state.get("_rw_live", {}).values():
-        state.commands_dirty = True
-
-
 # ------------------------------------------------------------------------------------ writes
 
 
@@ -569,7 +408,7 @@ def submit_ramp(
             db, run_id, "ramp", payload, actor=actor, timeout=TIMEOUT, key=key
         )
     finally:
-        mark_commands_dirty()
+        st.session_state[COMMANDS_DIRTY] = True  # the live page reads commands on its next tick
 
 
 def cancel_command(db: Path, command_id: int, *, operator: str | None, token: str | None):
@@ -577,7 +416,7 @@ def cancel_command(db: Path, command_id: int, *, operator: str | None, token: st
     try:
         return store_commands.cancel(db, command_id, actor=actor, timeout=TIMEOUT)
     finally:
-        mark_commands_dirty()
+        st.session_state[COMMANDS_DIRTY] = True  # the live page reads commands on its next tick
 
 
 __all__ = [
@@ -594,9 +433,6 @@ __all__ = [
     "run_summary",
     "events",
     "export_bytes",
-    "Snapshot",
-    "LiveState",
-    "live_snapshot",
     "submit_ramp",
     "cancel_command",
     "agent_api_enabled",

@@ -1,6 +1,6 @@
 """Live run page: one run's charts and the recommendation card, refreshed in place.
 
-Thin page: dashboard/data.py fetches (incrementally, inside an st.fragment that reruns every few
+Thin page: dashboard/live_data.py fetches (incrementally, inside an st.fragment that reruns every few
 seconds while the run is live), dashboard/recommend.py decides, dashboard/charts.py and dashboard/card.py draw.
 Charts: loss (raw faint + debiased EMA, validation), gradient norm, noise scale vs batch,
 memory vs capacity with each tier's predicted peak, tokens/s and MFU; events on every chart.
@@ -13,7 +13,7 @@ import time
 import streamlit as st
 
 from rampwatch.dashboard import card as card_view
-from rampwatch.dashboard import charts, data, recommend
+from rampwatch.dashboard import charts, data, live_data, recommend
 from rampwatch.store import names as M
 
 REFRESH_CHOICES = {"off": None, "2 s": 2, "5 s": 5, "10 s": 10, "30 s": 30}
@@ -42,7 +42,7 @@ def _age(t: float | None) -> str:
     return f"{s / 60:.0f} min ago" if s < 7200 else f"{s / 3600:.1f} h ago"
 
 
-def _header(snap: data.Snapshot) -> None:
+def _header(snap: live_data.Snapshot) -> None:
     run = snap.run
     tokens = snap.latest.get(M.TOKENS_SEEN)
     st.title(run.name or run.run_id)
@@ -80,7 +80,7 @@ def _header(snap: data.Snapshot) -> None:
             )
 
 
-def _charts(snap: data.Snapshot, card: recommend.Card) -> None:
+def _charts(snap: live_data.Snapshot, card: recommend.Card) -> None:
     s, ev = snap.series, snap.events
     left, right = st.columns(2)
     with left:
@@ -109,7 +109,7 @@ def _charts(snap: data.Snapshot, card: recommend.Card) -> None:
         )
 
 
-def _events_table(snap: data.Snapshot) -> None:
+def _events_table(snap: live_data.Snapshot) -> None:
     with st.expander(f"Events ({len(snap.events)})", expanded=False):
         if not snap.events:
             st.caption("No events yet (ramps, OOM recoveries, checkpoints, alerts appear here).")
@@ -132,7 +132,7 @@ interval = REFRESH_CHOICES[refresh_label] if _status in ("running", "stale") els
 @st.fragment(run_every=interval)
 def live_view() -> None:
     try:
-        snap = data.live_snapshot(db, run_id)
+        snap = live_data.live_snapshot(db, run_id)
     except data.RunNotFoundError:
         st.warning(
             f"Run {run_id} is no longer in the database (it was deleted). Pick another run "
