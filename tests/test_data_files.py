@@ -278,12 +278,16 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("name", BAD)
-def test_bad_data_names_the_file_and_the_problem(tmp_path, name):
-    path, extra, message = _bad(tmp_path, name)
+def refused(path, extra: dict, message: str) -> None:
+    """prepare_files refuses the data in one line that names it and matches `message`."""
     with pytest.raises(DataError, match=message) as caught:
         prepare_files(TINY, spec(path, **{"val_fraction": 0.5, **extra}))
     assert "\n" not in str(caught.value) and str(path) in str(caught.value)
+
+
+@pytest.mark.parametrize("name", BAD)
+def test_bad_data_names_the_file_and_the_problem(tmp_path, name):
+    refused(*_bad(tmp_path, name))
 
 
 def _train(tmp_path, *argv):

@@ -109,7 +109,8 @@ def _add_data_arguments(t: argparse.ArgumentParser) -> None:
         "--data",
         action="append",
         metavar="PATH",
-        help="a file, a directory (its token files, else its text files) or a glob; repeatable",
+        help="a file, a directory (its token files, else its text files; or a Hugging Face "
+        "save_to_disk directory) or a glob; repeatable",
     )
     d.add_argument(
         "--val-data",

@@ -8,8 +8,10 @@ a glob sorted), as the standard-library corpus concatenates its files and nanoGP
 documents; TokenDataset's sample ids then work unchanged (sample i is one fixed window of
 seq_len + 1 tokens of that stream, epochs start at a seeded offset and visit the windows in a
 seeded order) and no token at a shard's end is lost. Validation: the --val-data files; else the
-files named as validation (val.bin, *_val_*.bin); else, or with --val-fraction F, the last F of
-the tokens (default 5%), cut at a token (the one document across the cut is in both splits).
+files named as validation (val.bin, *_val_*.bin, a DatasetDict's validation split); else, or
+with --val-fraction F, the last F of the tokens (default 5%), cut at a token (the one document
+across the cut is in both splits). A Hugging Face save_to_disk split (data_hf) is one source
+like a file: its token-id or text column becomes one cached token array.
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Iterator
 
 import numpy as np
 
+from rampwatch.trainer import data_hf
 from rampwatch.trainer.config import ModelConfig
 from rampwatch.trainer.data import (
     ByteTokenizer,
@@ -36,7 +40,6 @@ from rampwatch.trainer.data import (
 )
 from rampwatch.trainer.data_formats import (
     DataError,
-    TokenFile,
     expand,
     is_val_name,
     iter_docs,
@@ -114,7 +117,7 @@ def _key(*parts) -> str:
     return hashlib.sha256(json.dumps([str(p) for p in parts]).encode()).hexdigest()[:32]
 
 
-def token_max(tf: TokenFile, tokens: np.ndarray, stat_key: str) -> int:
+def token_max(tokens: np.ndarray, stat_key: str, path: Path) -> int:
     """The largest token id in a file: one pass over it at its first use (chunked, a few GB/s),
     then cached by path, size, mtime and sampled hash, so a later start reads nothing."""
     hit = _cached_json("max", stat_key)
@@ -123,39 +126,31 @@ def token_max(tf: TokenFile, tokens: np.ndarray, stat_key: str) -> int:
     top = 0
     for i in range(0, len(tokens), SCAN_CHUNK):
         top = max(top, int(tokens[i : i + SCAN_CHUNK].max()))
-    _store_json("max", stat_key, {"max_id": top, "path": str(tf.path)})
+    _store_json("max", stat_key, {"max_id": top, "path": str(path)})
     return top
 
 
-def text_tokens(path: Path, kind: str, column: str, tok) -> np.ndarray:
-    """The file's documents tokenized end to end (no separator token: as the stdlib corpus),
-    cached as .npy by the file's content sha256 and the tokenizer, and memory-mapped. The
-    content hash is remembered per path, size and mtime, so an unchanged file is read once."""
-    st = path.stat()
-    col = column if kind in ("jsonl", "parquet") else ""
-    memo = _key(path.absolute(), st.st_size, st.st_mtime_ns)
+def content_sha(paths: list[Path]) -> str:
+    """sha256 of the files' bytes end to end, remembered per path, size and mtime, so unchanged
+    files are read once."""
+    stats = [(p.absolute(), p.stat()) for p in paths]
+    memo = _key(*[x for a, st in stats for x in (a, st.st_size, st.st_mtime_ns)])
     content = (_cached_json("sha", memo) or {}).get("sha256")
     if content is None:
         h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
+        for p in paths:
+            with open(p, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
         content = h.hexdigest()
-        _store_json("sha", memo, {"sha256": content, "path": str(path)})
-    out = cache_dir() / "data" / f"text-{content[:24]}-{kind}-{_key(col)[:8]}-{tok.name}.npy"
+        _store_json("sha", memo, {"sha256": content, "path": str(paths[0])})
+    return content
+
+
+def _cached_npy(out: Path, make: Callable[[], np.ndarray]) -> np.ndarray:
+    """The array saved at `out` (made once by `make`), memory-mapped."""
     if not out.exists():
-        parts, batch, size = [], [], 0
-        for doc in iter_docs(path, kind, column):
-            batch.append(doc)
-            size += len(doc)
-            if size >= DOC_BATCH_BYTES:
-                parts.append(tok.encode_docs(batch))
-                batch, size = [], 0
-        if batch:
-            parts.append(tok.encode_docs(batch))
-        ids = np.concatenate(parts) if parts else np.zeros(0, np.uint16)
-        if len(ids) == 0:
-            raise DataError(f"{path}: no text in it (0 tokens)")
+        ids = make()
 
         def write(p):
             with open(p, "wb") as f:
@@ -163,6 +158,69 @@ def text_tokens(path: Path, kind: str, column: str, tok) -> np.ndarray:
 
         _atomic_write(out, write)
     return np.load(out, mmap_mode="r")
+
+
+def _encode(docs: Iterator[bytes], tok, path: Path) -> np.ndarray:
+    """Documents tokenized end to end (no separator token: as the stdlib corpus)."""
+    parts, batch, size = [], [], 0
+    for doc in docs:
+        batch.append(doc)
+        size += len(doc)
+        if size >= DOC_BATCH_BYTES:
+            parts.append(tok.encode_docs(batch))
+            batch, size = [], 0
+    if batch:
+        parts.append(tok.encode_docs(batch))
+    ids = np.concatenate(parts) if parts else np.zeros(0, np.uint16)
+    if len(ids) == 0:
+        raise DataError(f"{path}: no text in it (0 tokens)")
+    return ids
+
+
+def text_tokens(path: Path, kind: str, column: str, tok) -> np.ndarray:
+    """The file's documents tokenized end to end, cached as .npy by the file's content sha256
+    and the tokenizer, and memory-mapped. A save_to_disk dataset ('hf') must hold text."""
+    if kind == "hf":
+        hf_kind, tokens, _, _ = hf_tokens(path, column, lambda: tok)
+        if hf_kind != "hf-text":
+            raise DataError(f"{path}: its column holds token ids, not text")
+        return tokens
+    col = column if kind in ("jsonl", "parquet") else ""
+    content = content_sha([path])
+    out = cache_dir() / "data" / f"text-{content[:24]}-{kind}-{_key(col)[:8]}-{tok.name}.npy"
+    return _cached_npy(out, lambda: _encode(iter_docs(path, kind, column), tok, path))
+
+
+def _id_array(parts: Iterator[np.ndarray], path: Path, column: str) -> np.ndarray:
+    """Token ids end to end as uint16, or uint32 when one exceeds 65535."""
+    kept, top = [np.zeros(0, np.uint32)], 0
+    for a in parts:
+        top = max(top, int(a.max())) if len(a) else top
+        if top > np.iinfo(np.uint32).max:
+            raise DataError(f"{path}: column {column!r} holds token id {top}, past uint32")
+        kept.append(a.astype(np.uint32))
+    ids = np.concatenate(kept)
+    if len(ids) == 0:
+        raise DataError(f"{path}: column {column!r} holds no token ids")
+    return ids.astype(np.uint16) if top <= np.iinfo(np.uint16).max else ids
+
+
+def hf_tokens(path: Path, column: str, get_tok) -> tuple[str, np.ndarray, int, object]:
+    """A save_to_disk dataset's column as one token array, cached as .npy by the content of its
+    .arrow files and memory-mapped: (kind, tokens, largest id, tokenizer or None). Kind 'hf-ids':
+    lists of token ids as they are (uint16, or uint32 past 65535); 'hf-text': the rows tokenized
+    with the run's tokenizer, as a text file's documents are."""
+    ds = data_hf.load(path)
+    name, shape = data_hf.pick_column(ds, path, column)
+    base = f"hf-{content_sha(data_hf.saved_files(path))[:24]}-{shape}-{_key(name)[:8]}"
+    if shape == "text":
+        tok = get_tok()
+        out = cache_dir() / "data" / f"{base}-{tok.name}.npy"
+        tokens = _cached_npy(out, lambda: _encode(data_hf.iter_docs(ds, name), tok, path))
+        return "hf-text", tokens, tok.vocab_size - 1, tok
+    out = cache_dir() / "data" / f"{base}.npy"
+    tokens = _cached_npy(out, lambda: _id_array(data_hf.iter_ids(ds, path, name), path, name))
+    return "hf-ids", tokens, token_max(tokens, _key(out.name), path), None
 
 
 def text_tokenizer(kind: str, vocab: int):
@@ -253,7 +311,29 @@ def split_files(spec: DataSpec) -> tuple[list, list, str]:
     return files, [], f"the last {frac:g} of the tokens"
 
 
+def _open_hf(path: Path, spec: DataSpec, get_tok) -> _Source:
+    """A save_to_disk split: its size, newest mtime and sampled hash are its .arrow files'."""
+    kind, tokens, top, tok = hf_tokens(path, spec.text_column, get_tok)
+    files = [(f, f.stat()) for f in data_hf.saved_files(path)]
+    h = hashlib.sha256()
+    for f, st in files:
+        h.update(sampled_hash(f, st.st_size).encode())
+    return _Source(
+        path,
+        kind,
+        tokens,
+        top,
+        None if tok else spec.vocab,
+        tok.name if tok else None,
+        sum(st.st_size for _, st in files),
+        max(st.st_mtime_ns for _, st in files),
+        h.hexdigest(),
+    )
+
+
 def _open_source(path: Path, kind: str, spec: DataSpec, seq_len: int, get_tok) -> _Source:
+    if kind == "hf":
+        return _open_hf(path, spec, get_tok)
     st = path.stat()
     sample = sampled_hash(path, st.st_size) if st.st_size else ""
     if kind == "tokens":
@@ -264,7 +344,6 @@ def _open_source(path: Path, kind: str, spec: DataSpec, seq_len: int, get_tok) -
             )
         tokens = tf.open()
         top = token_max(
-            tf,
             tokens,
             _key(
                 path.absolute(),
@@ -275,6 +354,7 @@ def _open_source(path: Path, kind: str, spec: DataSpec, seq_len: int, get_tok) -
                 tf.dtype.str,
                 tf.offset,
             ),
+            path,
         )
         return _Source(
             path, tf.layout, tokens, top, tf.vocab, tf.tokenizer, st.st_size, st.st_mtime_ns, sample

@@ -10,15 +10,19 @@ the tokens), or a 1-D .npy array. Text files: plain text (one file = one documen
 (one object per line, its --text-column field = one document) and Parquet (one row = one
 document). The llm.c layouts are llm.c's own (dev/data/data_common.py HEADERS_INFO): magic
 20240520 version 1 = uint16 (GPT-2), magic 20240801 version 7 = uint32 (LLaMA-3); no other
-magic or version is known to exist, so any other is refused rather than guessed.
+magic or version is known to exist, so any other is refused rather than guessed. A Hugging Face
+`datasets` directory (Dataset.save_to_disk / DatasetDict.save_to_disk) is known by its index
+files; data_hf reads it, with the optional `datasets` package.
 """
 
 from __future__ import annotations
 
 import glob
+import importlib.util
 import json
 import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -47,6 +51,11 @@ SIDECAR = "meta.json"  # beside raw token files: applies to every one in that di
 # A file named like "val.bin", "fineweb_val_000000.bin" or "validation.jsonl" is validation data
 # when --val-data and --val-fraction are not given (llm.c's and nanoGPT's naming).
 VAL_NAME = re.compile(r"(^|[^a-z0-9])val(id|idation)?([^a-z0-9]|$)", re.IGNORECASE)
+# What Dataset.save_to_disk writes beside its .arrow files, and DatasetDict.save_to_disk beside
+# one such directory per split ({"splits": ["train", "validation", ...]}).
+HF_DATASET = ("state.json", "dataset_info.json")
+HF_DICT = "dataset_dict.json"
+HF_TRAIN = "train"
 
 
 class DataError(ValueError):
@@ -54,9 +63,10 @@ class DataError(ValueError):
 
 
 def kind_of(path: Path, named: bool) -> str | None:
-    """'tokens', 'text', 'jsonl' or 'parquet'. A file named explicitly is always read (an
-    unknown suffix as plain text, .json as JSON Lines); in a directory only known suffixes
-    are, so a directory's sidecars and scripts are not read as text."""
+    """'tokens', 'text', 'jsonl' or 'parquet' ('hf' is a directory: hf_splits). A file named
+    explicitly is always read (an unknown suffix as plain text, .json as JSON Lines); in a
+    directory only known suffixes are, so a directory's sidecars and scripts are not read as
+    text."""
     suffix = path.suffix.lower()
     if suffix in TOKEN_SUFFIXES or Path(f"{path}.json").is_file():
         return "tokens"
@@ -83,6 +93,49 @@ def _scan_dir(root: Path) -> list[tuple[Path, str]]:
     return tokens or found
 
 
+def datasets_installed() -> bool:
+    if "datasets" in sys.modules:
+        return sys.modules["datasets"] is not None
+    return importlib.util.find_spec("datasets") is not None
+
+
+def hf_splits(root: Path) -> list[Path] | None:
+    """The Dataset directories of a Hugging Face save_to_disk directory: the directory itself (a
+    Dataset, or one split of a DatasetDict), or a DatasetDict's train split and its validation
+    split (named as validation, so held out as val.bin is; other splits such as test are not
+    read). None for any other directory. Only the index files are read here."""
+    index = root / HF_DICT
+    if index.is_file():
+        try:
+            splits = [str(s) for s in json.loads(index.read_text())["splits"]]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise DataError(f"{index}: not a readable DatasetDict index ({e!r})") from None
+        if HF_TRAIN not in splits:
+            raise DataError(
+                f"{root}: a DatasetDict without a {HF_TRAIN!r} split (has: "
+                f"{', '.join(splits) or 'none'}); pass one split's directory instead, e.g. "
+                f"{root / (splits or ['NAME'])[0]}"
+            )
+        chosen = [root / s for s in splits if s == HF_TRAIN or VAL_NAME.search(s)]
+    elif all((root / n).is_file() for n in HF_DATASET):
+        chosen = [root]
+    else:
+        return None
+    for d in chosen:
+        if not all((d / n).is_file() for n in HF_DATASET):
+            raise DataError(f"{d}: a split listed in {index} but not a saved Dataset directory")
+    if not datasets_installed():
+        raise no_datasets(root)
+    return chosen
+
+
+def no_datasets(path: Path) -> DataError:
+    return DataError(
+        f"{path}: a Hugging Face datasets directory (save_to_disk); reading it needs the "
+        f"datasets package: pip install 'rampwatch[datasets]'"
+    )
+
+
 def expand(patterns: list[str]) -> list[tuple[Path, str]]:
     """(path, kind) of every file the --data arguments name, in the order given (a directory or
     glob sorted), each file once. DataError for an argument that names nothing."""
@@ -90,11 +143,13 @@ def expand(patterns: list[str]) -> list[tuple[Path, str]]:
     for pattern in patterns:
         p = Path(pattern).expanduser()
         if p.is_dir():
-            files = _scan_dir(p)
+            hf = hf_splits(p)
+            files = [(d, "hf") for d in hf] if hf is not None else _scan_dir(p)
             if not files:
                 raise DataError(
-                    f"{pattern}: a directory without token files (.bin, .npy) or "
-                    f"text files ({', '.join(sorted(TEXT_SUFFIXES))})"
+                    f"{pattern}: a directory without token files (.bin, .npy), text files "
+                    f"({', '.join(sorted(TEXT_SUFFIXES))}) or a Hugging Face save_to_disk "
+                    f"dataset"
                 )
         elif p.is_file():
             files = [(p, kind_of(p, named=True))]
