@@ -7,7 +7,7 @@ Owns: `probe` and `python -m rampwatch.monitor.memprobe` (its child). The setup 
 under `with torch.device(device)`. Per batch, ascending: build, one warm step (optimizer state,
 lazy initialisation), then one measured step. The measured peak is what Monitor logs
 (docs/ARCHITECTURE.md, "Memory model"): on CUDA max_memory_reserved after reset_peak_memory_stats;
-on the CPU the child's VmHWM, reset through /proc/self/clear_refs (Monitor's _CpuPeak), with
+on the CPU the child's VmHWM, reset through /proc/self/clear_refs (monitor/device.py's CpuPeak, the peak Monitor logs), with
 glibc's mmap threshold fixed (as bench/memplan_bench.py does) so freed tensors leave the resident
 set and one batch does not inherit the last one's heap. A row:
     {"per_device_batch", "variant": "plain", "measured_bytes", "steady_bytes", "feasible",
@@ -28,6 +28,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
+from rampwatch.monitor.device import CpuPeak  # the peak Monitor logs on the CPU
 from rampwatch.monitor.planproc import (
     PlanHandle,
     check_setup,
@@ -177,9 +178,7 @@ def _run_request(req: dict) -> Iterator[dict]:
         for b in req["batches"]:
             yield _row(b, dev.type, t0, seconds=None, error=error)
         return
-    from rampwatch.monitor.monitor import _CpuPeak  # the peak Monitor logs on the CPU
-
-    cpu_peak = _CpuPeak() if dev.type == "cpu" else None
+    cpu_peak = CpuPeak() if dev.type == "cpu" else None
     for b in req["batches"]:
         row = _probe_one(fn, b, dev, cpu_peak)
         yield row

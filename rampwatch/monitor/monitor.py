@@ -25,14 +25,11 @@ from __future__ import annotations
 import collections
 import contextlib
 import math
-import os
 import statistics
 import time
 from typing import Any, Mapping, TextIO
 
-import psutil
 import torch
-import torch.distributed as torch_dist
 
 from rampwatch.advisor import flops as flops_math
 from rampwatch.advisor.gns import line_estimates
@@ -40,6 +37,14 @@ from rampwatch.advisor.gns_window import NoiseScaleWindow
 from rampwatch.advisor.lr import rule_for
 from rampwatch.advisor.policy import CONFIG_KEY as POLICY_KEY
 from rampwatch.advisor.policy import RampPolicy
+from rampwatch.monitor.device import (
+    CpuPeak,
+    device_capacity_bytes,
+    device_name,
+    distributed,
+    memory_metrics,
+    sharded_model,
+)
 from rampwatch.monitor.gradstats import AccumulationStats, StepGradStats
 from rampwatch.monitor.ramp import Ramp, RampChannel, RampProtocol
 from rampwatch.store import RunWriter
@@ -48,47 +53,6 @@ from rampwatch.store import names as M
 # a gradient-norm spike: above SPIKE_FACTOR × the median of the last SPIKE_WINDOW finite norms,
 # once at least SPIKE_MIN_STEPS are known (early training's norms move too fast to judge)
 SPIKE_FACTOR, SPIKE_WINDOW, SPIKE_MIN_STEPS = 10.0, 100, 20
-
-
-def device_capacity_bytes(device: torch.device) -> int:
-    """What one device can hold: CUDA total memory, or the machine's RAM on the CPU."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory
-    return psutil.virtual_memory().total
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return "cpu"
-
-
-class _CpuPeak:
-    """Peak resident memory between steps on Linux: VmHWM, reset through /proc/self/clear_refs."""
-
-    def __init__(self) -> None:
-        self.resettable = os.path.exists("/proc/self/clear_refs")
-        self.proc = psutil.Process()
-
-    def read_and_reset(self) -> tuple[int, int]:
-        rss = self.proc.memory_info().rss
-        peak = rss
-        if self.resettable:
-            with open("/proc/self/status") as f:
-                for line in f:
-                    if line.startswith("VmHWM:"):
-                        peak = int(line.split()[1]) * 1024
-                        break
-            with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as f:
-                f.write("5")  # resets VmHWM to the current RSS
-        return rss, peak
-
-
-def _distributed() -> tuple[int, int]:
-    """(rank, world size) of an initialized torch.distributed job, else (0, 1)."""
-    if torch_dist.is_available() and torch_dist.is_initialized():
-        return torch_dist.get_rank(), torch_dist.get_world_size()
-    return 0, 1
 
 
 def _base_lr(optimizer) -> float:
@@ -143,18 +107,18 @@ class Monitor:
         self.echo = echo  # each event is also one line here (the trainer passes stderr)
         self.optimizer = optimizer
         self.seq_len = seq_len
-        self.world_size = world_size or _distributed()[1]
+        self.world_size = world_size or distributed()[1]
         module = getattr(model, "module", model)  # DistributedDataParallel's wrapped model
         self.device = device or next(module.parameters()).device
         self.grads = AccumulationStats(module.parameters(), loss_divided_by_accum)
         if type(model).__name__ == "DistributedDataParallel" and self.world_size > 1:
             self.grads.attach_ddp(model)
-        self.grads.sharded = _sharded_model(model)
+        self.grads.sharded = sharded_model(model)
         self.noise = noise_window or NoiseScaleWindow(max_steps=gns_window_steps)
         self.flops_per_token = flops_per_token
         self.peak_flops = flops_math.peak_flops(device_name(self.device))
         self.capacity = device_capacity_bytes(self.device)
-        self._cpu_peak = None if self.device.type == "cuda" else _CpuPeak()
+        self._cpu_peak = None if self.device.type == "cuda" else CpuPeak()
         self.set_tier(per_device_batch, accum)
         self.tokens_seen = 0
         self.last_step = 0
@@ -198,7 +162,7 @@ class Monitor:
         config records the ramp policy (from `config`'s own, else this batch, the optimizer's
         LR and its rule), the tier and `ramp`, so the dashboard's card judges as the loop does.
         """
-        rank, world = _distributed()
+        rank, world = distributed()
         world = world_size or world
         module = getattr(model, "module", model)
         device = next(module.parameters()).device
@@ -520,18 +484,7 @@ class Monitor:
         return out
 
     def _memory_metrics(self) -> dict[str, float]:
-        if self.device.type == "cuda":
-            out = {
-                M.MEM_ALLOCATED: torch.cuda.memory_allocated(self.device),
-                M.MEM_RESERVED: torch.cuda.memory_reserved(self.device),
-                M.MEM_PEAK: torch.cuda.max_memory_reserved(self.device),
-            }
-            torch.cuda.reset_peak_memory_stats(self.device)
-        else:
-            rss, peak = self._cpu_peak.read_and_reset()
-            out = {M.MEM_RSS: rss, M.MEM_PEAK: peak}
-        out[M.MEM_CAPACITY] = self.capacity
-        return out
+        return memory_metrics(self.device, self._cpu_peak, self.capacity)
 
     # -- other records ------------------------------------------------------------------------
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
@@ -557,12 +510,3 @@ class Monitor:
         self.ramps.close(status)
         if self.writer:
             self.writer.close(status, message)
-
-
-def _sharded_model(model: torch.nn.Module) -> bool:
-    """FSDP (1: the wrapper class; 2: fully_shard's FSDP<Module> classes) or DeepSpeed."""
-    names = {type(m).__name__ for m in (model, getattr(model, "module", model))}
-    return any(
-        n == "FullyShardedDataParallel" or n.startswith("FSDP") or n == "DeepSpeedEngine"
-        for n in names
-    )
