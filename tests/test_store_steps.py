@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from rampwatch import store
 from rampwatch.store import rollup
 from rampwatch.store.db import write_connection
-from rampwatch.store.reader import width_for
+from rampwatch.store.reader import _width_shift_for
 from tests.procs import REPO, child_env
 
 pytestmark = pytest.mark.timeout(120)
@@ -76,8 +76,8 @@ def test_rare_records_refuse_bad_steps_with_a_reason(db_path):
 
 @given(st.integers(-(2**63), 2**63 - 1), st.integers(-(2**63), 2**63 - 1), st.integers(1, 5000))
 @settings(max_examples=400, deadline=None)
-def test_width_for_is_total(lo, hi, buckets):
-    k = width_for(lo, hi, buckets)
+def test_width_shift_for_is_total(lo, hi, buckets):
+    k = _width_shift_for(lo, hi, buckets)
     assert 0 <= k <= 64
     if hi >= lo:
         n = (hi >> k) - (lo >> k) + 1
@@ -87,9 +87,9 @@ def test_width_for_is_total(lo, hi, buckets):
 
 
 @pytest.mark.parametrize("buckets", [0, -3, 1.5, "10"])
-def test_width_for_refuses_bad_bucket_counts(buckets):
+def test_width_shift_for_refuses_bad_bucket_counts(buckets):
     with pytest.raises(ValueError, match="buckets"):
-        width_for(0, 10, buckets)
+        _width_shift_for(0, 10, buckets)
 
 
 def _old_run_with_negative_steps(db):

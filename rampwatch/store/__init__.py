@@ -7,8 +7,8 @@ Public API (see each module's docstring for the why):
   Reader(db) and list_runs, get_run, metric_names, series, latest, events, memory_plan,
       export (reader.py)
   commands: submit, claim, apply, refuse, cancel, list_commands, get, log (commands.py)
-  recover(db) (recovery.py), delete_run(db, run_id), schema_version(db); the errors
-  (errors.py); `rampwatch info|recover|upgrade|export DB` (cli.py);
+  recover(db) (recovery.py), delete_run(db, run_id) (deletion.py), schema_version(db) (db.py);
+  the errors (errors.py); `rampwatch info|recover|upgrade|export DB` (cli.py);
   read_connection / write_connection (db.py) for tools that need raw SQL under the lock;
   set_read_only() makes every read of the process write nothing (the dashboard's read-only
   mode; reads also pass read_only=True one by one).
@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from rampwatch.store import commands
 from rampwatch.store.commands import Command, LogEntry
-from rampwatch.store.db import read_connection, set_read_only, write_connection
+from rampwatch.store.db import read_connection, schema_version, set_read_only, write_connection
+from rampwatch.store.deletion import delete_run
 from rampwatch.store.errors import (
     CommandError,
     DatabaseCorruptError,
@@ -49,44 +50,9 @@ from rampwatch.store.reader import (
     metric_names,
     series,
 )
-from rampwatch.store.recovery import RecoveryReport, recover_dead
+from rampwatch.store.recovery import RecoveryReport, recover
 from rampwatch.store.schema import CURRENT_VERSION
 from rampwatch.store.writer import RunWriter
-
-
-def recover(db, timeout: float = 10.0) -> RecoveryReport:
-    """Ingest every dead writer's spool beside `db` and mark their runs killed."""
-    with write_connection(db, timeout) as con:
-        return recover_dead(con, db)
-
-
-def delete_run(db, run_id: str, timeout: float = 60.0) -> None:
-    """Delete a run and everything recorded for it; refused while a writer is logging to it."""
-    from rampwatch.store.db import transaction
-    from rampwatch.store.recovery import live_spools
-    from rampwatch.store.schema import RUN_TABLES
-
-    with write_connection(db, timeout) as con:
-        recover_dead(con, db)  # else a dead writer's spool could bring the run back later
-        if live_spools(con, db, run_id):
-            raise StoreError(f"run {run_id!r} has a live writer; stop it before deleting the run")
-        with transaction(con):
-            con.execute(
-                "DELETE FROM command_log WHERE command_id IN "
-                "(SELECT command_id FROM commands WHERE run_id = ?)",
-                [run_id],
-            )
-            for table in RUN_TABLES:  # our constants, never input
-                con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
-
-
-def schema_version(db, timeout: float = 10.0, read_only: bool | None = None) -> int:
-    """The schema version of an existing database (after any upgrade opening it performs;
-    read_only: none, the version as the file has it)."""
-    with read_connection(db, timeout, read_only=read_only) as con:
-        [(v,)] = con.execute("SELECT max(version) FROM rampwatch_schema").fetchall()
-    return int(v)
-
 
 __all__ = [
     "RunWriter",

@@ -48,6 +48,11 @@ from rampwatch.store.errors import (
     StoreError,
 )
 
+# Re-exported for callers that import them from here; their home is txn.py (a leaf, which
+# schema.py can import: this module imports schema).
+from rampwatch.store.txn import first as first
+from rampwatch.store.txn import transaction as transaction
+
 # DuckDB 2.0.1 would try to download extensions it knows; there is no network at run time.
 BASE_CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
 DEFAULT_TIMEOUT = 10.0
@@ -438,23 +443,8 @@ def read_connection(
     raise AssertionError("unreachable: the upgrade above brings the file to CURRENT_VERSION")
 
 
-def first(result):
-    """The first row of a result, or None. Reads it to the end: DuckDB 2.0 refuses register()
-    and some other calls on a connection whose last result was not fetched completely."""
-    rows = result.fetchall()
-    return rows[0] if rows else None
-
-
-@contextlib.contextmanager
-def transaction(con):
-    """BEGIN … COMMIT on `con`, ROLLBACK if the block raises."""
-    con.execute("BEGIN TRANSACTION")
-    try:
-        yield con
-    except BaseException:
-        try:
-            con.execute("ROLLBACK")
-        except duckdb.Error:
-            pass  # the connection is being torn down anyway; the original error matters
-        raise
-    con.execute("COMMIT")
+def schema_version(db, timeout: float = 10.0, read_only: bool | None = None) -> int:
+    """The schema version of an existing database (after any upgrade opening it performs;
+    read_only: none, the version as the file has it)."""
+    with read_connection(db, timeout, read_only=read_only) as con:
+        return schema.read_version(con, db)

@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from rampwatch.store import commands, rollup, spool
+from rampwatch.store import command_rows, rollup, spool
 from rampwatch.store import spool_format as fmt
-from rampwatch.store.db import first, transaction
 from rampwatch.store.errors import CommandError, SpoolOffsetsError
+from rampwatch.store.txn import first, transaction
 
 MAX_RECORDS = 1 << 18  # per transaction (8 MB of spool, ~0.1 s): bounds lock hold and memory
 
@@ -226,7 +226,7 @@ class _Apply:
         # The trainer resolved a command it had claimed; the writer spooled it so the training
         # loop never waits. An illegal change becomes a visible error event, not a crash.
         try:
-            commands.transition(
+            command_rows.transition(
                 self.con,
                 r["command_id"],
                 r["to"],

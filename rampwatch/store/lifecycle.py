@@ -61,7 +61,7 @@ def _at_exit() -> None:
     # An uncaught exception was printed (sys.last_value set) before atexit handlers run.
     exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
     for w in list(_writers):
-        if w._pid == os.getpid():
+        if w.started_here:
             if exc is None:
                 w.close("finished", "process exited without closing the writer")
             else:
@@ -72,12 +72,12 @@ def _on_sigterm(signum, frame) -> None:
     prev = _sigterm_prev
     dies = prev in (None, signal.SIG_DFL)
     for w in list(_writers):
-        if w._pid != os.getpid():
+        if not w.started_here:
             continue
         if dies:
-            w.close("killed", "terminated by SIGTERM", timeout=min(5.0, w._lock_timeout))
+            w.close("killed", "terminated by SIGTERM", timeout=min(5.0, w.lock_timeout))
         else:  # the program handles SIGTERM itself (e.g. checkpoints, then exits): just flush
-            w.flush(timeout=min(5.0, w._lock_timeout))
+            w.flush(timeout=min(5.0, w.lock_timeout))
     if callable(prev):
         prev(signum, frame)
     elif dies:
@@ -90,7 +90,7 @@ def _after_fork_in_child() -> None:
     # they refuse to log there, and the child must not close them (or flush) at exit.
     global _hooks_lock
     for w in _writers:
-        w._usable = False
+        w.disown_in_forked_child()
     _writers.clear()
     _hooks_lock = threading.RLock()
 

@@ -27,9 +27,10 @@ import numpy as np
 import pyarrow as pa
 
 from rampwatch.store import spool
-from rampwatch.store.db import DEFAULT_TIMEOUT, first, read_connection, spool_root
+from rampwatch.store.db import DEFAULT_TIMEOUT, read_connection, spool_root
 from rampwatch.store.errors import RunNotFoundError
 from rampwatch.store.rollup import LEVELS, Level
+from rampwatch.store.txn import first
 
 STALE_AFTER = 30.0  # seconds without a heartbeat before a running run shows as stale
 _NO_START = -(1 << 62)
@@ -162,7 +163,7 @@ def _empty_series(run_id, name, width, start) -> Series:
     return Series(run_id, name, width, start, i, f, f, f, i, i, i)
 
 
-def width_for(lo: int, hi: int, buckets: int) -> int:
+def _width_shift_for(lo: int, hi: int, buckets: int) -> int:
     """log2 of the smallest power-of-two width giving at most `buckets` aligned buckets.
 
     Total: returns for any integers. An empty range (hi < lo) needs width 1 (k = 0). Aligned
@@ -282,7 +283,7 @@ class Reader:
                 ).fetchall()
                 if lo is None:
                     return _empty_series(run_id, name, 1, since_step)
-                k = width_for(lo << _COARSE.shift, hi, buckets)
+                k = _width_shift_for(lo << _COARSE.shift, hi, buckets)
             else:
                 k = width.bit_length() - 1
             start = None if since_step is None else (int(since_step) >> k) << k

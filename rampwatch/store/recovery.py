@@ -15,8 +15,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rampwatch.store import commands, ingest, spool
-from rampwatch.store.db import first, spool_root, transaction
+from rampwatch.store import command_rows, ingest, spool
+from rampwatch.store.db import DEFAULT_TIMEOUT, spool_root, write_connection
+from rampwatch.store.txn import first, transaction
 
 
 @dataclass
@@ -110,7 +111,7 @@ def _mark_killed(con, db, run_id: str, recovered: int, ended: float | None) -> i
                 None,
             ],
         )
-        return commands.refuse_open(con, run_id, "run killed", "recovery")
+        return command_rows.refuse_open(con, run_id, "run killed", "recovery")
 
 
 def recover_dead(con, db) -> RecoveryReport:
@@ -148,3 +149,9 @@ def recover_dead(con, db) -> RecoveryReport:
             report.killed_runs.append(run_id)
             report.refused_commands += refused
     return report
+
+
+def recover(db, timeout: float = DEFAULT_TIMEOUT) -> RecoveryReport:
+    """Ingest every dead writer's spool beside `db` and mark their runs killed."""
+    with write_connection(db, timeout) as con:
+        return recover_dead(con, db)

@@ -27,6 +27,7 @@ import time
 import duckdb
 
 from rampwatch.store.errors import NotRampwatchError, SchemaTooNewError
+from rampwatch.store.txn import transaction
 
 CURRENT_VERSION = 5
 # Oldest version the readers' queries work on unchanged (read-only reading does not upgrade):
@@ -215,18 +216,10 @@ def upgrade(con, version: int, target: int = CURRENT_VERSION) -> list[int]:
     applied = []
     for v, note, statements in MIGRATIONS:
         if version < v <= target:
-            con.execute("BEGIN TRANSACTION")
-            try:
+            with transaction(con):
                 for sql in statements:
                     con.execute(sql)
                 con.execute(f"INSERT INTO {VERSION_TABLE} VALUES (?, ?, ?)", [v, time.time(), note])
-            except BaseException:
-                try:
-                    con.execute("ROLLBACK")
-                except duckdb.Error:
-                    pass
-                raise
-            con.execute("COMMIT")
             applied.append(v)
     return applied
 

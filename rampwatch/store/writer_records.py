@@ -13,7 +13,7 @@ import json
 import operator
 import time
 
-from rampwatch.store import commands
+from rampwatch.store.command_rows import Command, as_command_id
 from rampwatch.store.steps import as_step
 
 PLAN_SOURCES = ("plan", "measured", "oom", "probe")
@@ -121,7 +121,7 @@ class RareRecords:
         )
 
     # ---- commands -----------------------------------------------------------------------
-    def take_claimed_commands(self) -> list[commands.Command]:
+    def take_claimed_commands(self) -> list[Command]:
         """Commands the flusher has claimed for this run since the last call, oldest first.
 
         Never touches the database: call it at every step boundary. The first call switches the
@@ -137,19 +137,12 @@ class RareRecords:
             out.append(self._claimed.popleft())
         return out
 
-    def pending_commands(self) -> list[commands.Command]:
+    def pending_commands(self) -> list[Command]:
         """This run's pending commands as of the last flush (claim one before acting on it).
 
         The older, blocking way: claim() waits on the database. Prefer take_claimed_commands().
         """
         return list(self._pending)
-
-    def claim(self, command_id: int) -> commands.Command:
-        """Claim a pending command (synchronous: waits on the database, raises CommandError if
-        it is gone). Prefer take_claimed_commands(), which never waits."""
-        cmd = commands.claim(self.db, command_id, self._actor, self._lock_timeout)
-        self._pending = [c for c in self._pending if c.command_id != command_id]
-        return cmd
 
     def command_applied(self, command_id: int, step: int) -> None:
         """Record, without waiting, that a claimed command took effect at `step`.
@@ -159,7 +152,7 @@ class RareRecords:
         self._append(
             {
                 "k": "cmd",
-                "command_id": commands.as_command_id(command_id),
+                "command_id": as_command_id(command_id),
                 "to": "applied",
                 "step": as_step(step),
                 "actor": self._actor,
@@ -172,7 +165,7 @@ class RareRecords:
         self._append(
             {
                 "k": "cmd",
-                "command_id": commands.as_command_id(command_id),
+                "command_id": as_command_id(command_id),
                 "to": "refused",
                 "reason": str(reason),
                 "actor": self._actor,
