@@ -29,14 +29,8 @@ from typing import Any, Iterator, Mapping, Sequence
 import torch
 
 from rampwatch.monitor import memplan as any_model
-from rampwatch.monitor.memplan import (
-    HEAD,
-    amp_dtype,
-    calibrate,
-    fake_device,
-    plan_points,
-    trace_step,
-)
+from rampwatch.monitor.memplan import calibrate, plan_points
+from rampwatch.monitor.memtrace import HEAD, amp_dtype, fake_device, trace_step
 from rampwatch.monitor.planproc import PlanHandle, child_main, error_row
 from rampwatch.store import names as M
 
