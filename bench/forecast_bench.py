@@ -31,8 +31,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.tiny_runs import train_tiny
 from rampwatch.advisor.forecast import (
     FORECAST_CALIBRATION,
     ForecastCalibration,
@@ -67,58 +66,10 @@ HORIZONS = ((1, 10), (10, 30), (30, 100), (100, 300), (300, 10**9))
 
 def record(out: Path, seed: int, batch: int, steps: int) -> tuple[Path, float]:
     """Train one constant-batch run into out/NAME.duckdb; a finished one there is reused."""
-    name = f"s{seed}-b{batch}"
-    db = out / f"{name}.duckdb"
-    if db.exists():
-        if reader.get_run(db, name).status == "finished":
-            return db, 0.0
-        for leftover in out.glob(f"{name}.duckdb*"):
-            shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
     lr = BASE_LR * math.sqrt(batch / BASE_BATCH)
-    args = [
-        sys.executable,
-        "-m",
-        "rampwatch",
-        "train",
-        "--preset",
-        "bench-tiny",
-        "--db",
-        str(db),
-        "--run-id",
-        name,
-        "--seed",
-        str(seed),
-        "--per-device-batch",
-        str(batch // 2),
-        "--accum",
-        "2",
-        "--lr",
-        f"{lr:.6g}",
-        "--steps",
-        str(steps),
-        "--val-every",
-        "100",
-        "--val-batch",
-        "64",
-        "--checkpoint-dir",
-        str(out / "ckpt"),
-        "--checkpoint-every",
-        "0",
-        "--progress",
-        "off",
-        "--no-plan",
-        "--ramp",
-        "off",
-    ]
-    t0 = time.perf_counter()
-    done = subprocess.run(
-        args, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, cwd=out
+    return train_tiny(
+        out, f"s{seed}-b{batch}", seed=seed, steps=steps, batch=batch, lr=lr, val_every=100
     )
-    if done.returncode != 0:
-        raise SystemExit(
-            f"forecast_bench: run {name} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
-        )
-    return db, time.perf_counter() - t0
 
 
 @dataclass

@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from bench.tiny_runs import train_tiny
 from rampwatch.advisor.gns_window import NoiseScaleWindow
 from rampwatch.store import names as M
 from rampwatch.store import reader
@@ -110,39 +109,7 @@ def score(steps, path, ref) -> dict:
 
 
 def train_one(out: Path, steps: int, seed: int) -> tuple[Path, str]:
-    db = out / "runs.duckdb"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rampwatch",
-            "train",
-            "--preset",
-            "bench-tiny",
-            "--db",
-            str(db),
-            "--run-id",
-            "rec",
-            "--seed",
-            str(seed),
-            "--steps",
-            str(steps),
-            "--ramp",
-            "off",
-            "--no-plan",
-            "--checkpoint-dir",
-            str(out / "ckpt"),
-            "--checkpoint-every",
-            "0",
-            "--progress",
-            "off",
-            "--val-every",
-            "0",
-        ],
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        cwd=out,
-        check=True,
-    )
+    db, _ = train_tiny(out, "rec", seed=seed, steps=steps)
     return db, "rec"
 
 

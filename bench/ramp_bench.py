@@ -28,8 +28,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from bench.tiny_runs import train_tiny
 from rampwatch.advisor.gns import fit_critical_batch
 from rampwatch.advisor.policy import RampPolicy
 from rampwatch.store import names as M
@@ -70,58 +69,17 @@ def run(
 ) -> Result:
     """Train one run to the target; a finished run already in `out` (--keep) is read instead.
     ramp_at: `--ramp auto` with that ramp point (× the batch); None: a constant batch."""
-    db = out / f"{name}.duckdb"
-    if db.exists():
-        if reader.get_run(db, name).status == "finished":
-            return measured(db, name, batch, lr, target, 0.0)
-        for leftover in out.glob(f"{name}.duckdb*"):
-            shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
-    args = [
-        sys.executable,
-        "-m",
-        "rampwatch",
-        "train",
-        "--preset",
-        "bench-tiny",
-        "--db",
-        str(db),
-        "--run-id",
+    ramp = ["--ramp", "off"] if ramp_at is None else ["--ramp", "auto", "--ramp-at", f"{ramp_at:g}"]
+    db, wall = train_tiny(
+        out,
         name,
-        "--seed",
-        str(seed),
-        "--per-device-batch",
-        str(batch // 2),
-        "--accum",
-        "2",
-        "--lr",
-        f"{lr:.6g}",
-        "--steps",
-        str(MAX_SEQUENCES // batch),
-        "--val-every",
-        str(max(2, 160 // batch)),
-        "--val-batch",
-        "64",
-        "--target-val-loss",
-        str(target),
-        "--checkpoint-dir",
-        str(out / "ckpt"),
-        "--checkpoint-every",
-        "0",
-        "--progress",
-        "off",
-        "--no-plan",
-    ]
-    args += (
-        ["--ramp", "off"] if ramp_at is None else ["--ramp", "auto", "--ramp-at", f"{ramp_at:g}"]
+        seed=seed,
+        steps=MAX_SEQUENCES // batch,
+        batch=batch,
+        lr=lr,
+        val_every=max(2, 160 // batch),
+        extra=("--target-val-loss", str(target), *ramp),
     )
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    t0 = time.perf_counter()
-    done = subprocess.run(args, env=env, capture_output=True, text=True, cwd=out)
-    wall = time.perf_counter() - t0
-    if done.returncode != 0:
-        raise SystemExit(
-            f"ramp_bench: run {name} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
-        )
     return measured(db, name, batch, lr, target, wall)
 
 
