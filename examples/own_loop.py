@@ -20,33 +20,27 @@ data = torch.randn(batch * accum * steps * 8, 32)
 target = data.sum(dim=1, keepdim=True) + 0.5 * torch.randn(len(data), 1)
 pos = 0  # the next sample: a ramp changes how many a step takes, never which
 
+# the README shows the part below as it is, aligned comments and all: the formatter leaves it
+# fmt: off
 # --- the integration ----------------------------------------------------------------------
-mon = Monitor.start(
-    sys.argv[1],
-    name="own-loop",
-    config={"lr": 1e-2},
-    model=model,
-    optimizer=opt,
-    per_device_batch=batch,
-    accum=accum,
-    seq_len=1,
-    ramp=sys.argv[2] if len(sys.argv) > 2 else "manual",
-)
+mon = Monitor.start(sys.argv[1], name="own-loop", config={"lr": 1e-2}, model=model,
+                    optimizer=opt, per_device_batch=batch, accum=accum, seq_len=1,
+                    ramp=sys.argv[2] if len(sys.argv) > 2 else "manual")
 for step in range(1, steps + 1):
     total = torch.zeros(())
     for _ in range(accum):
-        x, y, pos = data[pos : pos + batch], target[pos : pos + batch], pos + batch
+        x, y, pos = data[pos:pos + batch], target[pos:pos + batch], pos + batch
         loss = torch.nn.functional.mse_loss(model(x), y)
         (loss / accum).backward()
-        mon.after_backward()  # noise-scale partial sums, no device sync
-        total += loss.detach() / accum  # stays on the device
-    mon.step(step, loss=total)  # before clipping: grad norm, noise scale, memory
+        mon.after_backward()                  # noise-scale partial sums, no device sync
+        total += loss.detach() / accum        # stays on the device
+    mon.step(step, loss=total)                # before clipping: grad norm, noise scale, memory
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
     opt.zero_grad(set_to_none=True)
     sched.step()
     if (ramp := mon.ramp_due()) is not None:  # approved on the dashboard (or ramp="auto")
         batch, accum = ramp.per_device_batch, ramp.accum
-        ramp.scale_lr(opt, sched)  # the LR rule, on the scheduler's base LRs too
-        mon.ramp_applied(ramp)  # the card: "applied at step N"
+        ramp.scale_lr(opt, sched)             # the LR rule, on the scheduler's base LRs too
+        mon.ramp_applied(ramp)                # the card: "applied at step N"
 mon.finish()
