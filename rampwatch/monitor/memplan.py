@@ -60,9 +60,11 @@ from rampwatch.monitor.planproc import (
     check_setup,
     child_main,
     error_row,
+    plan_row,
     request_base,
     resolve_setup,
 )
+from rampwatch.store import names as M
 
 __all__ = [
     "COMPONENTS",
@@ -137,17 +139,7 @@ def plan_one(
             )
         except Exception as e:  # noqa: BLE001 - reworded for the row
             raise RuntimeError(_fake_failure(e, "train_step", b)) from e
-    return {
-        "per_device_batch": b,
-        "variant": "plain",
-        **fig,
-        "device_type": dev.type,
-        "amp": amp,
-        "accum_steps": int(accum_steps),
-        "seconds": round(time.perf_counter() - t0, 3),
-        "source": "plan",
-        "error": None,
-    }
+    return plan_row(b, M.PLAIN_CE, fig, dev.type, amp, accum_steps, t0)
 
 
 def iter_plan(
@@ -168,14 +160,14 @@ def iter_plan(
             "the running script, or a 'package.module:function' string)"
         )
         for b in batches:
-            yield error_row(b, "plain", device_type, msg, source="plan")
+            yield error_row(b, M.PLAIN_CE, device_type, msg, source="plan")
         return
     for b in batches:
         try:
             yield plan_one(fn, b, device_type=device_type, amp=amp, accum_steps=accum_steps)
         except Exception as e:  # noqa: BLE001 - surfaced as data, never raised
             msg = str(e) if isinstance(e.__cause__, Exception) else f"{type(e).__name__}: {e}"
-            yield error_row(b, "plain", device_type, msg, source="plan")
+            yield error_row(b, M.PLAIN_CE, device_type, msg, source="plan")
 
 
 def plan_in_process(

@@ -132,6 +132,32 @@ def check_setup(built: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer, Any
     return built[0], built[1], built[2], built[3]
 
 
+def plan_row(
+    b: int,
+    variant: str,
+    figures: dict,
+    device_type: str,
+    amp,
+    accum_steps: int,
+    started: float,
+    **extra,
+) -> dict:
+    """A planned row: trace_step's figures and how they were planned (the row format of
+    monitor/memplan.py); `started` is the time.perf_counter() the planning began at."""
+    return {
+        "per_device_batch": b,
+        "variant": variant,
+        **figures,
+        **extra,
+        "device_type": device_type,
+        "amp": amp,
+        "accum_steps": int(accum_steps),
+        "seconds": round(time.perf_counter() - started, 3),
+        "source": "plan",
+        "error": None,
+    }
+
+
 def error_row(b, variant: str, device_type: str, msg: str, **extra) -> dict:
     """A row with no figures and the reason (the row format of monitor/memplan.py)."""
     return {

@@ -31,7 +31,7 @@ import torch
 from rampwatch.monitor import memplan as any_model
 from rampwatch.monitor.memplan import calibrate, plan_points
 from rampwatch.monitor.memtrace import HEAD, amp_dtype, fake_device, trace_step
-from rampwatch.monitor.planproc import PlanHandle, child_main, error_row
+from rampwatch.monitor.planproc import PlanHandle, child_main, error_row, plan_row
 from rampwatch.store import names as M
 
 __all__ = [
@@ -110,18 +110,7 @@ def plan_one(
             opt.step()
 
         fig = trace_step(model, opt, (idx, tgt), train_step, head=head, accum_steps=accum_steps)
-    return {
-        "per_device_batch": b,
-        "variant": variant,
-        **fig,
-        "seq_len": T,
-        "device_type": dev.type,
-        "amp": amp,
-        "accum_steps": int(accum_steps),
-        "seconds": round(time.perf_counter() - t0, 3),
-        "source": "plan",
-        "error": None,
-    }
+    return plan_row(b, variant, fig, dev.type, amp, accum_steps, t0, seq_len=T)
 
 
 def iter_plan(
