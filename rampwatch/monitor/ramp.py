@@ -7,10 +7,11 @@ it, and says so — the one implementation of claim / check / apply / refuse / a
         ramp.scale_lr(optimizer, scheduler)  # the LR rule, on the scheduler's base LRs too
         mon.ramp_applied(ramp)               # or mon.ramp_refused(ramp, "why not")
 
-Owns: `Ramp` (the value a loop acts on), `scale_lr` (an LR move that survives any scheduler),
+Owns: `Ramp` (the value a loop acts on), `scale_lr` (an LR move that survives any scheduler) and
 `RampProtocol` (the monitor's part: commands the writer's flusher claimed, the memory check, the
-`ramp="auto"` policy, the measured memory plan) and `RampChannel` (under torch.distributed rank 0
-decides and every rank learns the same ramp at the same boundary).
+`ramp="auto"` policy, the measured memory plan). Under torch.distributed its decisions travel
+through monitor/ramp_channel.py `RampChannel` (rank 0 decides, every rank learns the same ramp at
+the same boundary); RampChannel is re-exported here.
 
 Why the checks live here and not in the dashboard: the memory picture may have changed (an OOM,
 a new measurement) since the operator clicked, so a command is checked again at the boundary.
@@ -22,15 +23,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import torch
-import torch.distributed as torch_dist
-
 from rampwatch.advisor.memory import fit_memory_model, format_gb, usable_bytes
 from rampwatch.advisor.policy import RampPolicy
 from rampwatch.advisor.ramp import accumulation_tiers, candidate_tiers
+from rampwatch.monitor.ramp_channel import Proposal, RampChannel
 from rampwatch.store import CommandError
 from rampwatch.store import names as M
 from rampwatch.store.commands import validate as validate_command
+
+__all__ = ["MODES", "Ramp", "RampChannel", "RampProtocol", "scale_lr"]  # RampChannel: re-exported
 
 MODES = ("manual", "auto", "off")
 HISTORY = 2000  # noise-scale points kept for the auto policy (covers its window and min samples)
@@ -84,87 +85,6 @@ def scale_lr(optimizer, multiplier: float, scheduler=None) -> None:
         if isinstance(getattr(s, "_last_lr", None), list):
             s._last_lr = [v * multiplier for v in s._last_lr]
         todo.extend(getattr(s, "_schedulers", None) or ())
-
-
-@dataclass
-class _Proposal:
-    per_device_batch: int
-    accum: int
-    base_lr: float
-    source: str
-    command_id: int | None
-
-
-class RampChannel:
-    """torch.distributed: rank 0's decision reaches every rank at the same boundary.
-
-    At each boundary every rank waits for the broadcast posted one boundary earlier (rank 0 sent
-    it a whole step, and a gradient all-reduce, before anyone waits: no per-step stall), then
-    posts the next one, non-blocking, on a gloo group (CPU tensors, never behind NCCL work).
-    So a decision at boundary S is applied by every rank at boundary S + 1."""
-
-    FIELDS = 7  # flag, per-device batch, accum, base LR, command id (-1: none), auto, stop
-
-    def __init__(self, group=None):
-        self.group = group if group is not None else torch_dist.new_group(backend="gloo")
-        self.rank = torch_dist.get_rank()
-        self._inflight = None  # (work, buffer, the proposal rank 0 sent in it)
-        self.stopping = False  # rank 0 asked every rank to stop at this boundary
-
-    @property
-    def sending(self) -> bool:
-        """Rank 0 has a proposal in flight (it reaches every rank at the next boundary)."""
-        return self._inflight is not None and self._inflight[2] is not None
-
-    def exchange(
-        self, proposal: _Proposal | None, stop: bool = False
-    ) -> tuple[_Proposal | None, _Proposal | None]:
-        """(the proposal every rank applies now, or None; the one sent with it on rank 0).
-        stop: rank 0 asks every rank to stop; `stopping` says so one boundary later."""
-        received = self._receive()
-        buf = torch.zeros(self.FIELDS, dtype=torch.float64)
-        if self.rank == 0:
-            buf[6] = float(stop)
-        if self.rank == 0 and proposal is not None:
-            buf[:6] = torch.tensor(
-                [
-                    1.0,
-                    proposal.per_device_batch,
-                    proposal.accum,
-                    proposal.base_lr,
-                    proposal.command_id or -1,
-                    proposal.source.startswith("auto"),
-                ],
-                dtype=torch.float64,
-            )
-        work = torch_dist.broadcast(buf, src=0, group=self.group, async_op=True)
-        self._inflight = (work, buf, proposal if self.rank == 0 else None)
-        return received
-
-    def _receive(self) -> tuple[_Proposal | None, _Proposal | None]:
-        if self._inflight is None:
-            return None, None
-        work, buf, sent = self._inflight
-        self._inflight = None
-        work.wait()
-        flag, b, a, lr, cid, auto, stop = buf.tolist()
-        self.stopping = self.stopping or bool(stop)
-        if not flag:
-            return None, None
-        source = sent.source if sent else ("auto (rank 0)" if auto else "rank 0")
-        got = _Proposal(int(b), int(a), lr, source, int(cid) if cid >= 0 else None)
-        return got, sent
-
-    def drain(self, wait: bool) -> _Proposal | None:
-        """At the end: rank 0's proposal still in flight (waited for only when every rank is at
-        the same boundary, i.e. the run finished)."""
-        if self._inflight is None:
-            return None
-        sent = self._inflight[2]
-        if wait:
-            self._receive()
-        self._inflight = None
-        return sent
 
 
 @dataclass
@@ -315,7 +235,7 @@ class RampProtocol:
             before=(cur_b, cur_a),
         )
 
-    def _decide(self, step: int) -> _Proposal | None:
+    def _decide(self, step: int) -> Proposal | None:
         if self.channel is not None and self.channel.sending:
             return None  # one change at a time: the last one reaches every rank first
         writer = self.mon.writer
@@ -338,7 +258,7 @@ class RampProtocol:
             self._in_flight.add(chosen.command_id)
         return chosen
 
-    def _command(self, cmd, step: int) -> _Proposal | None:
+    def _command(self, cmd, step: int) -> Proposal | None:
         if cmd.kind != "ramp":
             self.mon.writer.command_refused(
                 cmd.command_id, f"the loop does not know command kind {cmd.kind!r}"
@@ -359,7 +279,7 @@ class RampProtocol:
             if mult is None or math.isclose(self.base_lr * mult, by_rule, rel_tol=1e-9)
             else self.base_lr * mult
         )
-        return _Proposal(b, a, base, f"command {cmd.command_id}", cmd.command_id)
+        return Proposal(b, a, base, f"command {cmd.command_id}", cmd.command_id)
 
     def check(self, payload: dict) -> str | None:
         """Why this tier cannot run here, now; None when it can."""
@@ -390,7 +310,7 @@ class RampProtocol:
                 )
         return None
 
-    def _auto(self, step: int) -> _Proposal | None:
+    def _auto(self, step: int) -> Proposal | None:
         mon, policy = self.mon, self.policy
         world, seq = mon.world_size, mon.seq_len
         rec = policy.decide(
@@ -436,7 +356,7 @@ class RampProtocol:
         if self.check(payload) is not None:
             return None
         new_batch = tier.per_device_batch * tier.accum * world
-        return _Proposal(
+        return Proposal(
             tier.per_device_batch,
             tier.accum,
             policy.new_base_lr(new_batch),

@@ -1,6 +1,6 @@
 """Data parallel under torchrun: process groups, the DDP wrapper and its per-rank norm hook,
-no_sync for accumulation, tier changes announced by rank 0, the out-of-memory stop, restarts and
-resuming with another world size.
+no_sync for accumulation, restarts, resuming with another world size (and the events a resume
+records), --inject-oom's per-rank scope and the per-rank debug line.
 
 Outside torchrun (no WORLD_SIZE in the environment) everything here is a no-op for one process,
 so a single-process run behaves exactly as without this module.
@@ -12,21 +12,22 @@ so a single-process run behaves exactly as without this module.
   Per step, one small all-reduce (gradstats) carries the noise-scale points, the loss (averaged)
   and the peak memory (max over ranks); throughput and MFU count all ranks.
 - Tier changes (approved ramp commands, --ramp auto) are the monitor's ramp protocol
-  (monitor/ramp.py RampChannel) on this module's side group: rank 0 decides at boundary S, every
-  rank applies at boundary S+1, with no per-step wait.
-- Out of memory on any rank: the step cannot be redone in place (peers may already wait in its
-  all-reduce), so that rank saves a checkpoint at the last completed step with the halved tier
-  and exits non-zero. Its peers then fail in their next collective (gloo: connection closed) or
-  are stopped by torchrun's agent (NCCL: a peer blocked in a kernel wait cannot run Python, so
-  SIGTERM and then SIGKILL end it; rank 0's spool keeps its records either way). With
-  `--max-restarts`, torchrun starts every rank again; a restarted worker
-  (TORCHELASTIC_RESTART_COUNT > 0) whose --run-id has a checkpoint resumes it automatically.
+  (monitor/ramp_channel.py RampChannel) on this module's side group: rank 0 decides at boundary
+  S, every rank applies at boundary S+1, with no per-step wait.
+- Out of memory on any rank (trainer/oom.py, with the world size as its parameter): the step
+  cannot be redone in place (peers may already wait in its all-reduce), so that rank saves a
+  checkpoint at the last completed step with the halved tier and exits non-zero. Its peers then
+  fail in their next collective (gloo: connection closed) or are stopped by torchrun's agent
+  (NCCL: a peer blocked in a kernel wait cannot run Python, so SIGTERM and then SIGKILL end it;
+  rank 0's spool keeps its records either way). With `--max-restarts`, torchrun starts every
+  rank again; a restarted worker (TORCHELASTIC_RESTART_COUNT > 0) whose --run-id has a
+  checkpoint resumes it automatically.
 - Resume with another world size keeps the effective batch by changing accumulation (and, when
   it must, lowering the per-device batch to a divisor): keep_effective_batch.
 
 Limits: an out-of-memory inside the optimizer step leaves the weights half-updated, so that rank
-can only re-tier the last periodic checkpoint (trainer.loop; no event when it is not rank 0, and
-nothing to resume before the first checkpoint). An NCCL peer left inside a collective waits
+can only re-tier the last periodic checkpoint (trainer/oom.py; no event when it is not rank 0,
+and nothing to resume before the first checkpoint). An NCCL peer left inside a collective waits
 until torchrun's agent kills it. Testing aids: $RAMPWATCH_INJECT_OOM_RANK limits --inject-oom
 to one rank (and no injection after a restart); $RAMPWATCH_DEBUG_RANKS prints one line per rank
 and step (tier, first sample id).
@@ -37,8 +38,8 @@ from __future__ import annotations
 import os
 import sys
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as torch_dist
@@ -47,7 +48,11 @@ from torch.distributed.constants import default_pg_timeout
 from rampwatch.store import names as M
 from rampwatch.trainer import checkpoint as ckpt
 from rampwatch.trainer.data import rank_slice
-from rampwatch.trainer.ramp import StopTraining, Tier, halve_tier
+from rampwatch.trainer.oom import OomInjector
+from rampwatch.trainer.ramp import RankBatch
+
+if TYPE_CHECKING:
+    from rampwatch.monitor import Monitor
 
 
 @dataclass
@@ -175,122 +180,78 @@ def agree_run_id(run_id: str, info: DistInfo) -> str:
     return box[0]
 
 
-def on_resume(t, blob: dict, state):
-    """Resume path: the checkpoint's note (e.g. why a rank stopped) and a world-size change.
-    Events are recorded by after_setup, once the monitor exists."""
+def on_resume(blob: dict, world_size: int) -> tuple[ckpt.TrainState, list[dict]]:
+    """A checkpoint's state for this launch's world size, and the events the resumed run records
+    once its monitor exists (after_setup): the checkpoint's note (why a rank stopped) and a
+    world-size change."""
+    state = blob["state"]
     notes = [blob["note"]] if blob.get("note") else []
-    cfg = blob["config"]
-    old, new = cfg.get("world_size", 1), t.ddp.world_size
-    if old != new:
-        before = Tier(state.per_device_batch, state.accum)
-        state = keep_effective_batch(state, old, new)
-        after = Tier(state.per_device_batch, state.accum)
-        b0 = before.per_device_batch * before.accum * old
-        b1 = after.per_device_batch * after.accum * new
-        notes.append(
-            {
-                "kind": M.EVENT_RESUME,
-                "data": {
-                    "before": before.as_dict(),
-                    "after": after.as_dict(),
-                    "world_before": old,
-                    "world_after": new,
-                },
-                "message": f"world size {old} -> {new}: tier {before.per_device_batch} x "
-                f"{before.accum} -> {after.per_device_batch} x {after.accum} per "
-                f"device; batch {b0} -> {b1} sequences",
-            }
-        )
-    t.dist_notes = notes
-    return state
+    old = blob["config"].get("world_size", 1)
+    if old != world_size:
+        before = RankBatch.of(state)
+        after = RankBatch.of(keep_effective_batch(state, old, world_size))
+        notes.append(world_size_note(before, after, old, world_size))
+    return state, notes
 
 
-def after_setup(t) -> None:
-    """Once the trainer's monitor and ramp controller exist."""
-    if t.ddp.enabled:
-        t.mon.grads.attach_ddp(getattr(t.train_model, "_orig_mod", t.train_model))
-        if (
-            int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0
-            and not t.args.run_id
-            and t.ddp.is_main
-        ):
+def world_size_note(before: RankBatch, after: RankBatch, old: int, new: int) -> dict:
+    return {
+        "kind": M.EVENT_RESUME,
+        "data": {
+            "before": before.as_dict(),
+            "after": after.as_dict(),
+            "world_before": old,
+            "world_after": new,
+        },
+        "message": f"world size {old} -> {new}: tier {before.per_device_batch} x "
+        f"{before.accum} -> {after.per_device_batch} x {after.accum} per device; batch "
+        f"{before.sequences * old} -> {after.sequences * new} sequences",
+    }
+
+
+def after_setup(
+    info: DistInfo,
+    monitor: Monitor,
+    train_model: torch.nn.Module,
+    *,
+    run_id: str | None,
+    notes: list[dict],
+    step: int,
+) -> None:
+    """Once the monitor exists: the DDP per-rank norm hook, and the resume notes as events."""
+    if info.enabled:
+        monitor.grads.attach_ddp(getattr(train_model, "_orig_mod", train_model))
+        restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0)
+        if restarts > 0 and not run_id and info.is_main:
             print(
                 "rampwatch: pass --run-id so that a torchrun restart can resume this run",
                 file=sys.stderr,
             )
-    _limit_injection(t.oom, t.ddp)
-    for note in getattr(t, "dist_notes", ()):
-        t.mon.event(t.state.step, note["kind"], note["message"], note.get("data"))
+    for note in notes:
+        monitor.event(step, note["kind"], note["message"], note.get("data"))
 
 
-def _limit_injection(oom, info: DistInfo) -> None:
-    """--inject-oom fires once per job (not again after a restart), and under DDP only on rank
-    $RAMPWATCH_INJECT_OOM_RANK when that is set."""
+def oom_injector(spec: str | None, info: DistInfo) -> OomInjector:
+    """--inject-oom for this rank: once per job, and only on rank $RAMPWATCH_INJECT_OOM_RANK when
+    that is set."""
     only = os.environ.get("RAMPWATCH_INJECT_OOM_RANK")
-    if restart_count() > 0 or (only is not None and int(only) != info.rank):
-        oom.step = None
-
-
-# -- out of memory under DDP ------------------------------------------------------------------
-def stop_after_oom(t, tier: Tier, message: str) -> None:
-    """This rank ran out of memory in forward/backward: checkpoint the last completed step with
-    the halved tier and stop (raises StopTraining). The weights and optimizer state here are
-    rank 0's (DDP keeps them equal, and the failed step has not reached the optimizer)."""
-    t.optimizer.zero_grad(set_to_none=True)
-    t.mon.grads.reset()
-    if t.device.type == "cuda":
-        torch.cuda.empty_cache()
-    new, exact = halve_tier(tier)  # raises StopTraining below per-device batch 1
-    st = t.state
-    st.infeasible_batches = sorted({*st.infeasible_batches, tier.per_device_batch})
-    t.ramps.mark_infeasible(tier.per_device_batch, st.step)
-    rank = t.ddp.rank
-    msg = (
-        f"out of memory on rank {rank} at per-device batch {tier.per_device_batch} in step "
-        f"{st.step + 1}: all ranks stop; the checkpoint at step {st.step} holds tier "
-        f"{new.per_device_batch} x {new.accum}"
-        + ("" if exact else " (effective batch not kept exactly: odd per-device batch)")
-        + f"; torchrun --max-restarts resumes it (or --resume {st.run_id})"
+    return OomInjector.parse(
+        spec,
+        rank=info.rank,
+        only_rank=None if only is None else int(only),
+        restart=restart_count(),
     )
-    data = {
-        "before": tier.as_dict(),
-        "after": new.as_dict(),
-        "exact": exact,
-        "rank": rank,
-        "error": message,
-        "world_size": t.ddp.world_size,
-    }
-    note = None if t.ddp.is_main else {"kind": M.EVENT_OOM, "message": msg, "data": data}
-    saved = replace(
-        st,
-        per_device_batch=new.per_device_batch,
-        accum=new.accum,
-        noise_window=t.mon.noise.to_dict(),
-    )
-    ckpt.save(
-        ckpt.checkpoint_path(t.args.checkpoint_dir, st.run_id),
-        state=saved,
-        model=t.model,
-        optimizer=t.optimizer,
-        config=t.run_config,
-        note=note,
-    )
-    # at the checkpoint's step: a resume purges events after it. Rank 0 records it now, any
-    # other rank through the note that the resumed rank 0 records.
-    t.mon.event(st.step, M.EVENT_OOM, msg, data)
-    raise StopTraining(msg, status="failed")
 
 
-def debug_step(t, outcome) -> None:
+def debug_step(info: DistInfo, state: ckpt.TrainState, tier: RankBatch, lr: float) -> None:
     """$RAMPWATCH_DEBUG_RANKS: one line per rank and step (tier, this rank's first sample id)."""
     if not os.environ.get("RAMPWATCH_DEBUG_RANKS"):
         return
-    tier, w = outcome.tier, t.ddp.world_size
-    n = tier.per_device_batch * tier.accum * w
-    first, _ = rank_slice(t.state.next_sample - n, n, t.ddp.rank, w)
+    n = tier.sequences * info.world_size
+    first, _ = rank_slice(state.next_sample - n, n, info.rank, info.world_size)
     print(
-        f"rampwatch-rank rank={t.ddp.rank} step={t.state.step} tier={tier.per_device_batch}x"
-        f"{tier.accum} first_sample={first} lr={t.optimizer.param_groups[0]['lr']:.6g}",
+        f"rampwatch-rank rank={info.rank} step={state.step} tier={tier.per_device_batch}x"
+        f"{tier.accum} first_sample={first} lr={lr:.6g}",
         flush=True,
     )
 

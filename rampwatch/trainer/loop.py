@@ -1,5 +1,6 @@
 """The reference training loop: data by sample id, accumulation, schedule in tokens, telemetry,
-checkpoints, ramps at step boundaries and the out-of-memory guard.
+checkpoints, and where ramps (trainer/ramp.py) and the out-of-memory guard (trainer/oom.py) are
+called.
 
 One optimizer step = `accum` micro-batches of `per_device_batch` sequences on each of
 `world_size` ranks, taken from the contiguous range of sample ids that starts at the run's data
@@ -16,7 +17,7 @@ import threading
 import time
 import uuid
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -33,7 +34,8 @@ from rampwatch.trainer.data import TokenDataset, rank_slice
 from rampwatch.trainer.data_files import prepare_for_run
 from rampwatch.trainer.data_loader import Prefetcher
 from rampwatch.trainer.model import GPT, configure_optimizer
-from rampwatch.trainer.ramp import OomInjector, RampController, StopTraining, Tier, halve_tier
+from rampwatch.trainer.oom import OomGuard, StopTraining, error_line
+from rampwatch.trainer.ramp import GptPlan, RampController, RankBatch
 
 
 def lr_schedule(
@@ -50,7 +52,7 @@ def lr_schedule(
 @dataclass
 class StepOutcome:
     loss: float
-    tier: Tier
+    tier: RankBatch
 
 
 # What a resumed run takes from its own checkpoint rather than from this launch's flags: the
@@ -107,7 +109,9 @@ class Trainer:
         self.optimizer = configure_optimizer(
             self.model, args.optimizer, args.lr, args.weight_decay, tuple(args.betas)
         )
-        self.state, resumed = self._initial_state()
+        self.state, resume_notes = self._initial_state()
+        resumed = self.resume_blob is not None
+        self.checkpoint_path = ckpt.checkpoint_path(args.checkpoint_dir, self.state.run_id)
         self.train_model = dist.wrap(self.model, self.ddp)
         if args.compile:
             self.train_model = torch.compile(self.train_model)
@@ -123,23 +127,45 @@ class Trainer:
             signal.signal(signal.SIGTERM, self._on_stop_signal)
             signal.signal(signal.SIGINT, self._on_stop_signal)
         self.mon = self._start_monitor(resumed)
-        self.ramps = RampController(self)
-        self.oom = OomInjector.parse(args.inject_oom)
-        dist.after_setup(self)  # DDP: per-rank norm hook, resume notes; no-op for one process
-        self.val_x, self.val_y = (t.to(self.device) for t in self.data.val_batch(args.val_batch))
+        self.ramps = RampController(
+            self.state,
+            self.mon,
+            GptPlan(self.cfg.to_dict(), args.optimizer, self.device.type, enabled=args.plan),
+            is_main=self.ddp.is_main,
+            save_checkpoint=self.save_checkpoint,
+        )
+        self.injector = dist.oom_injector(args.inject_oom, self.ddp)
+        self.oom = OomGuard(
+            self.state,
+            self.mon,
+            self.model,
+            self.ddp,
+            checkpoint_path=self.checkpoint_path,
+            write_checkpoint=self.write_checkpoint,
+        )
+        dist.after_setup(
+            self.ddp,
+            self.mon,
+            self.train_model,
+            run_id=args.run_id,
+            notes=resume_notes,
+            step=self.state.step,
+        )
+        self.val_x, self.val_y = (x.to(self.device) for x in self.data.val_batch(args.val_batch))
         self.reached_target = False  # --target-val-loss met at the last validation
 
     # -- set-up ---------------------------------------------------------------------------
-    def _initial_state(self) -> tuple[ckpt.TrainState, bool]:
+    def _initial_state(self) -> tuple[ckpt.TrainState, list[dict]]:
+        """The run's state, and the events a resume records once the monitor exists."""
         args, blob = self.args, self.resume_blob
         if blob is not None:
             self.model.load_state_dict(blob["model"])
             self.optimizer.load_state_dict(blob["optimizer"])
-            return dist.on_resume(self, blob, blob["state"]), True
+            return dist.on_resume(blob, self.ddp.world_size)
         run_id = dist.agree_run_id(args.run_id or uuid.uuid4().hex[:12], self.ddp)
         return ckpt.TrainState(
             run_id=run_id, per_device_batch=args.per_device_batch, accum=args.accum, base_lr=args.lr
-        ), False
+        ), []
 
     def _run_config(self) -> dict:
         """What the store and checkpoints record. A resumed run keeps its original config (only
@@ -227,7 +253,7 @@ class Trainer:
         return mon
 
     # -- one optimizer step -------------------------------------------------------------------
-    def _micro_batches(self, tier: Tier):
+    def _micro_batches(self, tier: RankBatch):
         """This rank's micro-batches of the step that starts at the run's data position; the
         loader makes the next step's in the background meanwhile (assuming the tier holds)."""
         b, world, rank = tier.per_device_batch, self.ddp.world_size, self.ddp.rank
@@ -240,15 +266,15 @@ class Trainer:
             x, y = self.loader.get(*key)
             yield j, x, y
 
-    def _forward_backward(self, tier: Tier) -> torch.Tensor:
+    def _forward_backward(self, tier: RankBatch) -> torch.Tensor:
         loss_sum = torch.zeros((), device=self.device)
         for j, x, y in self._micro_batches(tier):
             last = j == tier.accum - 1
             with dist.no_sync_unless(self.train_model, last):
-                self.oom.maybe_raise(self.state.step + 1, j, "forward")
+                self.injector.maybe_raise(self.state.step + 1, j, "forward")
                 with self.amp:
                     loss = self.train_model(x, y)
-                self.oom.attach_backward(loss, self.state.step + 1, j)
+                self.injector.attach_backward(loss, self.state.step + 1, j)
                 (loss / tier.accum).backward()
             self.mon.after_backward()
             loss_sum += loss.detach()
@@ -256,81 +282,29 @@ class Trainer:
 
     def train_step(self) -> StepOutcome:
         """Forward/backward with the OOM guard, then clip and step. Returns the mean loss."""
-        tier = Tier(self.state.per_device_batch, self.state.accum)
+        tier = RankBatch.of(self.state)
         while True:
             try:
                 loss = self._forward_backward(tier)
                 break
             except torch.OutOfMemoryError as exc:
-                message = str(exc).splitlines()[0] if str(exc) else "out of memory"
+                error = error_line(exc)
             # outside the except block: the failed step's tensors are no longer referenced
-            tier = self._recover_from_oom(tier, message)
-        self._set_tier(tier)
+            tier = self.oom.recover(tier, error)
         step = self.state.step + 1
         metrics = self.mon.step(step, loss, extra={M.FIRST_SAMPLE: self.state.next_sample})
         if self.args.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.args.grad_clip)
         try:
-            self.oom.maybe_raise(step, 0, "optimizer")
+            self.injector.maybe_raise(step, 0, "optimizer")
             self.optimizer.step()
-        except torch.OutOfMemoryError:
-            self._stop_after_optimizer_oom(step)
+        except torch.OutOfMemoryError as exc:
+            self.oom.recover(tier, error_line(exc), in_optimizer=True)  # raises StopTraining
         self.optimizer.zero_grad(set_to_none=True)
         self.state.step = step
-        self.state.next_sample += tier.per_device_batch * tier.accum * self.ddp.world_size
+        self.state.next_sample += tier.sequences * self.ddp.world_size
         self.state.tokens_seen = self.mon.tokens_seen
         return StepOutcome(metrics[M.LOSS], tier)
-
-    def _tier(self) -> Tier:
-        return Tier(self.state.per_device_batch, self.state.accum)
-
-    def _set_tier(self, tier: Tier) -> None:
-        self.state.per_device_batch, self.state.accum = tier.per_device_batch, tier.accum
-
-    def _recover_from_oom(self, tier: Tier, message: str) -> Tier:
-        if self.ddp.enabled:  # peers may wait in this step's all-reduce: stop, restart smaller
-            dist.stop_after_oom(self, tier, message)
-        self.optimizer.zero_grad(set_to_none=True)
-        self.mon.grads.reset()
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-        new, exact = halve_tier(tier)  # raises StopTraining below per-device batch 1
-        self.state.infeasible_batches = sorted(
-            {*self.state.infeasible_batches, tier.per_device_batch}
-        )
-        self.ramps.mark_infeasible(tier.per_device_batch, self.state.step)
-        note = "" if exact else " (effective batch not kept exactly: odd per-device batch)"
-        self.mon.event(
-            self.state.step + 1,
-            M.EVENT_OOM,
-            f"out of memory at per-device batch {tier.per_device_batch}: step redone "
-            f"at {new.per_device_batch} x {new.accum}{note}",
-            {"before": tier.as_dict(), "after": new.as_dict(), "exact": exact, "error": message},
-        )
-        self.mon.set_tier(new.per_device_batch, new.accum)
-        return new
-
-    def _stop_after_optimizer_oom(self, step: int) -> None:
-        tier = self._tier()
-        new, _ = halve_tier(tier)
-        path = ckpt.checkpoint_path(self.args.checkpoint_dir, self.state.run_id)
-        self.ramps.mark_infeasible(tier.per_device_batch, step)
-        where = "no checkpoint yet: start again"
-        if path.exists():
-            ckpt.retier(path, new.per_device_batch, new.accum, tier.per_device_batch)
-            where = f"resume with --resume {self.state.run_id}"
-        msg = (
-            f"out of memory inside the optimizer step at step {step} (per-device batch "
-            f"{tier.per_device_batch}); the checkpoint now holds tier {new.per_device_batch} x "
-            f"{new.accum}: {where}"
-        )
-        self.mon.event(
-            step,
-            M.EVENT_OOM,
-            msg,
-            {"phase": "optimizer", "before": tier.as_dict(), "after": new.as_dict()},
-        )
-        raise StopTraining(msg, status="failed")
 
     # -- around the steps ---------------------------------------------------------------------
     def set_lr(self) -> float:
@@ -349,22 +323,34 @@ class Trainer:
         return float(loss)
 
     def save_checkpoint(self) -> None:
+        """Rank 0's checkpoint of the last completed step (DDP keeps the ranks' weights equal)."""
         if not self.ddp.is_main:
             return
-        self.state.noise_window = self.mon.noise.to_dict()
-        path = ckpt.checkpoint_path(self.args.checkpoint_dir, self.state.run_id)
-        ckpt.save(
-            path,
-            state=self.state,
-            model=self.model,
-            optimizer=self.optimizer,
-            config=self.run_config,
-        )
+        self.write_checkpoint()
         self.mon.event(
             self.state.step,
             M.EVENT_CHECKPOINT,
             f"checkpoint at step {self.state.step}",
-            {"path": str(path), "next_sample": self.state.next_sample},
+            {"path": str(self.checkpoint_path), "next_sample": self.state.next_sample},
+        )
+
+    def write_checkpoint(self, tier: RankBatch | None = None, note: dict | None = None) -> None:
+        """The checkpoint file, from any rank (an out-of-memory stop writes it from the rank that
+        failed). tier: the one to resume at, when not the running one; note: an event for the
+        resumed run to record. What the monitor knows (the noise-scale window, the per-device
+        batches that ran out of memory) is copied into the state here, so a resume keeps it."""
+        self.state.noise_window = self.mon.noise.to_dict()
+        self.state.infeasible_batches = sorted(self.mon.ramps.infeasible)
+        state = self.state
+        if tier is not None:
+            state = replace(state, per_device_batch=tier.per_device_batch, accum=tier.accum)
+        ckpt.save(
+            self.checkpoint_path,
+            state=state,
+            model=self.model,
+            optimizer=self.optimizer,
+            config=self.run_config,
+            note=note,
         )
 
     def _on_stop_signal(self, signum, frame) -> None:
@@ -418,7 +404,8 @@ class Trainer:
                 self.set_lr()
                 outcome = self.train_step()
                 progress.update(outcome)
-                dist.debug_step(self, outcome)
+                lr = self.optimizer.param_groups[0]["lr"]
+                dist.debug_step(self.ddp, self.state, outcome.tier, lr)
                 step = self.state.step
                 if self.args.val_every and step % self.args.val_every == 0 or self.done():
                     with self.mon.untimed():
@@ -459,19 +446,20 @@ class Progress:
         self.bar = main and (mode == "on" or (mode == "auto" and sys.stderr.isatty()))
         self.lines = main and mode == "auto" and not self.bar
         self.trainer = trainer
-        self.t0 = time.perf_counter()
-        self.tokens0 = trainer.state.tokens_seen
+        self.started = time.perf_counter()
+        self.tokens_at_start = trainer.state.tokens_seen
 
     def update(self, outcome: StepOutcome) -> None:
-        st = self.trainer.state
-        if not (self.bar or self.lines and st.step % self.LINE_EVERY == 0):
+        state = self.trainer.state
+        if not (self.bar or self.lines and state.step % self.LINE_EVERY == 0):
             return
         a = self.trainer.args
-        rate = (st.tokens_seen - self.tokens0) / max(1e-9, time.perf_counter() - self.t0)
+        elapsed = max(1e-9, time.perf_counter() - self.started)
+        rate = (state.tokens_seen - self.tokens_at_start) / elapsed
         target = a.total_tokens if a.steps is None else None
-        eta = f" eta {(target - st.tokens_seen) / rate:6.0f}s" if target and rate > 0 else ""
+        eta = f" eta {(target - state.tokens_seen) / rate:6.0f}s" if target and rate > 0 else ""
         text = (
-            f"step {st.step:6d} loss {outcome.loss:7.4f} "
+            f"step {state.step:6d} loss {outcome.loss:7.4f} "
             f"tier {outcome.tier.per_device_batch}x{outcome.tier.accum} "
             f"{rate:9.0f} tok/s{eta}"
         )
