@@ -45,12 +45,12 @@ class Seeded:
             self.writer = None
 
 
-def _config(pdb: int, accum: int, **extra) -> dict:
+def _config(device_batch: int, accum: int, **extra) -> dict:
     cfg = {
         "preset": "test",
         "optimizer": "adamw",
         "lr": 1e-3,
-        "per_device_batch": pdb,
+        "per_device_batch": device_batch,
         "accum": accum,
         "world_size": 1,
         "seq_len": SEQ_LEN,
@@ -72,7 +72,7 @@ def live_run(
     estimates_until: int | None = None,
     **config,
 ) -> Seeded:
-    """A running run (its writer stays open): pdb 8 × accum 2 = 16 sequences.
+    """A running run (its writer stays open): device_batch 8 × accum 2 = 16 sequences.
 
     The windowed noise scale (with 95% bounds at 0.6× and 1.6×) grows from 4 to ~80 sequences,
     so it has been above the ramp point 2 × 16 for far more than the policy's hysteresis at the
@@ -82,11 +82,11 @@ def live_run(
     oom_at_running: the running per-device batch 8 is marked out of memory at the last step;
     with a small `capacity` no tier can fit then.
     """
-    pdb, accum = 8, 2
+    device_batch, accum = 8, 2
     w = RunWriter.start(
         db,
         name=name,
-        config=_config(pdb, accum, **config),
+        config=_config(device_batch, accum, **config),
         device="NVIDIA H200",
         capacity_bytes=capacity,
         world_size=1,
@@ -94,7 +94,7 @@ def live_run(
         flush_interval=3600.0,
     )
     rng = np.random.default_rng(0)
-    batch = pdb * accum
+    batch = device_batch * accum
     tokens = 0
     for s in range(steps):
         tokens += batch * SEQ_LEN
@@ -106,7 +106,7 @@ def live_run(
             M.LOSS: loss,
             M.GRAD_NORM: 1.0 + 0.3 * rng.random(),
             M.LR: 1e-3,
-            M.PER_DEVICE_BATCH: pdb,
+            M.PER_DEVICE_BATCH: device_batch,
             M.ACCUM: accum,
             M.BATCH_SEQS: batch,
             M.BATCH_TOKENS: batch * SEQ_LEN,

@@ -97,7 +97,7 @@ def test_candidate_tiers_rejects_bad_input():
 # --------------------------------------------------------------------------------- properties
 
 tier_inputs = dict(
-    pdb=st.integers(1, 64),
+    device_batch=st.integers(1, 64),
     accum=st.integers(1, 16),
     world=st.integers(1, 8),
     intercept_gb=st.floats(0.0, 100.0),
@@ -112,12 +112,12 @@ tier_inputs = dict(
 @settings(max_examples=300, deadline=None)
 @given(**tier_inputs)
 def test_property_a_fitting_tier_stays_under_capacity_minus_margin(
-    pdb, accum, world, intercept_gb, slope_gb, cap_gb, margin, infeasible, max_per_device
+    device_batch, accum, world, intercept_gb, slope_gb, cap_gb, margin, infeasible, max_per_device
 ):
     model = MemoryModel(intercept_gb * GB, slope_gb * GB, "plan")
     usable = usable_bytes(cap_gb * GB, margin)
     tiers = candidate_tiers(
-        pdb,
+        device_batch,
         accum,
         world,
         1024,
@@ -128,9 +128,9 @@ def test_property_a_fitting_tier_stays_under_capacity_minus_margin(
         infeasible,
         max_per_device=max_per_device,
     )
-    running_fits = model.predict(pdb) <= usable and pdb not in infeasible
+    running_fits = model.predict(device_batch) <= usable and device_batch not in infeasible
     for t in tiers:
-        assert t.effective_batch == t.factor * pdb * accum * world
+        assert t.effective_batch == t.factor * device_batch * accum * world
         assert t.world_size == world
         if not t.fits:
             assert t.reason
@@ -140,20 +140,29 @@ def test_property_a_fitting_tier_stays_under_capacity_minus_margin(
         if running_fits:
             assert t.predicted_peak_bytes <= usable
         else:  # only what is already running (or smaller) may exceed the model's usable memory
-            assert t.predicted_peak_bytes <= usable or t.per_device_batch <= pdb
+            assert t.predicted_peak_bytes <= usable or t.per_device_batch <= device_batch
 
 
 @settings(max_examples=300, deadline=None)
 @given(**tier_inputs, extra_gb=st.floats(0.0, 200.0))
 def test_property_more_memory_never_yields_a_smaller_feasible_tier(
-    pdb, accum, world, intercept_gb, slope_gb, cap_gb, margin, infeasible, max_per_device, extra_gb
+    device_batch,
+    accum,
+    world,
+    intercept_gb,
+    slope_gb,
+    cap_gb,
+    margin,
+    infeasible,
+    max_per_device,
+    extra_gb,
 ):
     model = MemoryModel(intercept_gb * GB, slope_gb * GB, "plan")
     kw = dict(
         margin=margin, factors=(2, 4, 8), infeasible=infeasible, max_per_device=max_per_device
     )
-    small = candidate_tiers(pdb, accum, world, 1024, model, cap_gb * GB, **kw)
-    big = candidate_tiers(pdb, accum, world, 1024, model, (cap_gb + extra_gb) * GB, **kw)
+    small = candidate_tiers(device_batch, accum, world, 1024, model, cap_gb * GB, **kw)
+    big = candidate_tiers(device_batch, accum, world, 1024, model, (cap_gb + extra_gb) * GB, **kw)
     for a, b in zip(small, big):
         if a.fits:
             assert b.fits and b.per_device_batch >= a.per_device_batch
@@ -162,12 +171,12 @@ def test_property_more_memory_never_yields_a_smaller_feasible_tier(
 @settings(max_examples=200, deadline=None)
 @given(**tier_inputs)
 def test_property_chosen_per_device_batch_is_the_largest_that_fits(
-    pdb, accum, world, intercept_gb, slope_gb, cap_gb, margin, infeasible, max_per_device
+    device_batch, accum, world, intercept_gb, slope_gb, cap_gb, margin, infeasible, max_per_device
 ):
     model = MemoryModel(intercept_gb * GB, slope_gb * GB, "plan")
     usable = usable_bytes(cap_gb * GB, margin)
     for t in candidate_tiers(
-        pdb,
+        device_batch,
         accum,
         world,
         1024,

@@ -122,7 +122,7 @@ def candidate_tiers(
     >= 2, so every step still has two batch sizes for the noise scale (accumulation 1 on one
     device has one); the reason says what the larger per-device batch would have cost.
     """
-    pdb = _pos_int("per_device_batch", per_device_batch)
+    device_batch = _pos_int("per_device_batch", per_device_batch)
     acc = _pos_int("accum", accum)
     world = _pos_int("world_size", world_size)
     seq = _pos_int("seq_len", seq_len)
@@ -134,12 +134,14 @@ def candidate_tiers(
     cap = None if max_per_device is None else _pos_int("max_per_device", max_per_device)
     bad = {_pos_int("infeasible per-device batch", b) for b in infeasible}
     lr_rule = rule_for(optimizer, rule)
-    running_ok = pdb not in bad  # the current per-device batch is running, so it and smaller fit
-    current = pdb * acc * world
+    running_ok = (
+        device_batch not in bad
+    )  # the current per-device batch is running, so it and smaller fit
+    current = device_batch * acc * world
     tiers = []
     for f in factors:
         factor = _pos_int("factor", f)
-        per_rank = factor * pdb * acc
+        per_rank = factor * device_batch * acc
         divisors = [d for d in _divisors(per_rank) if cap is None or d <= cap]
         if keep_noise_scale and world == 1 and per_rank >= 2:
             divisors = [d for d in divisors if d <= per_rank // 2]
@@ -147,19 +149,22 @@ def candidate_tiers(
         pred = {d: memory_model.predict(d) for d in divisors}
 
         def fits(d: int) -> bool:
-            return (running_ok and d <= pdb) or pred[d] <= usable
+            return (running_ok and d <= device_batch) or pred[d] <= usable
 
         fitting = [d for d in allowed if fits(d)]
         mult = lr_multiplier(current, current * factor, lr_rule)
         if fitting:
             p = fitting[-1]
-            reason = _fit_reason(p, pdb, pred[p], usable, divisors, bad, pred, running_ok)
+            reason = _fit_reason(p, device_batch, pred[p], usable, divisors, bad, pred, running_ok)
             if (
                 keep_noise_scale
                 and world == 1
                 and p == per_rank // 2
                 and per_rank >= 2
-                and ((running_ok and per_rank <= pdb) or memory_model.predict(per_rank) <= usable)
+                and (
+                    (running_ok and per_rank <= device_batch)
+                    or memory_model.predict(per_rank) <= usable
+                )
             ):
                 reason += (
                     f"; {per_rank} × 1 would fit too but measures no noise scale (one batch "
@@ -200,19 +205,27 @@ def accumulation_tiers(
 ) -> list[Tier]:
     """Tiers without a memory model: only the running per-device batch is known to fit, so each
     factor is made up by accumulation alone (which also keeps two batch sizes per step)."""
-    pdb, acc = _pos_int("per_device_batch", per_device_batch), _pos_int("accum", accum)
+    device_batch, acc = _pos_int("per_device_batch", per_device_batch), _pos_int("accum", accum)
     world, seq = _pos_int("world_size", world_size), _pos_int("seq_len", seq_len)
-    ok = pdb not in set(infeasible)
+    ok = device_batch not in set(infeasible)
     reason = (
         "accumulation only: the running per-device batch fits; no memory model to judge a "
         "larger one"
         if ok
-        else f"per-device batch {pdb} ran out of memory"
+        else f"per-device batch {device_batch} ran out of memory"
     )
-    current = pdb * acc * world
+    current = device_batch * acc * world
     return [
         Tier(
-            pdb, acc * f, world, seq, None, ok, reason, lr_multiplier(current, current * f, rule), f
+            device_batch,
+            acc * f,
+            world,
+            seq,
+            None,
+            ok,
+            reason,
+            lr_multiplier(current, current * f, rule),
+            f,
         )
         for f in (_pos_int("factor", f) for f in factors)
     ]
@@ -222,20 +235,20 @@ def _list(xs: Sequence[int]) -> str:
     return ", ".join(str(x) for x in xs)
 
 
-def _fit_reason(p, pdb, peak, usable, divisors, bad, pred, running_ok) -> str:
-    if p > pdb:
+def _fit_reason(p, device_batch, peak, usable, divisors, bad, pred, running_ok) -> str:
+    if p > device_batch:
         reason = f"per-device batch {p}: predicted {format_gb(peak)} <= {format_gb(usable)} usable"
-    elif p == pdb:
+    elif p == device_batch:
         reason = f"accumulation only: per-device batch {p} is already running"
     elif not running_ok:  # then fitting means predicted <= usable
         reason = (
             f"per-device batch {p}: predicted {format_gb(peak)} <= {format_gb(usable)} usable "
-            f"(the current {pdb} ran out of memory)"
+            f"(the current {device_batch} ran out of memory)"
         )
     else:
-        reason = f"per-device batch {p}: at the per-device cap, below the running {pdb}"
+        reason = f"per-device batch {p}: at the per-device cap, below the running {device_batch}"
     bigger = [d for d in divisors if d > p]
-    if bigger and not (bigger[0] == pdb and not running_ok):
+    if bigger and not (bigger[0] == device_batch and not running_ok):
         nxt = bigger[0]
         if nxt in bad:
             reason += f"; per-device {nxt} ran out of memory before"

@@ -156,17 +156,19 @@ def current_tier(
     config: Mapping | None, latest: Mapping[str, float], world_size=None, capacity_bytes=None
 ) -> Current | None:
     """The running tier from the latest metrics, falling back on the run config."""
-    pdb = _pos_int(latest.get(M.PER_DEVICE_BATCH)) or _pos_int(_get(config, "per_device_batch"))
+    device_batch = _pos_int(latest.get(M.PER_DEVICE_BATCH)) or _pos_int(
+        _get(config, "per_device_batch")
+    )
     acc = _pos_int(latest.get(M.ACCUM)) or _pos_int(_get(config, "accum"))
     world = _pos_int(world_size) or _pos_int(_get(config, "world_size")) or 1
-    if pdb is None or acc is None:
+    if device_batch is None or acc is None:
         return None
     seq = _pos_int(_get(config, "seq_len")) or _pos_int(_get(config, "model", "seq_len"))
     if seq is None and latest.get(M.BATCH_TOKENS) and latest.get(M.BATCH_SEQS):
         seq = _pos_int(latest[M.BATCH_TOKENS] / latest[M.BATCH_SEQS])
     cap = capacity_bytes if capacity_bytes and capacity_bytes > 0 else latest.get(M.MEM_CAPACITY)
     cap = float(cap) if cap is not None and math.isfinite(float(cap)) and cap > 0 else None
-    return Current(pdb, acc, world, seq, cap)
+    return Current(device_batch, acc, world, seq, cap)
 
 
 def running_variant(config: Mapping | None) -> str:
