@@ -4,7 +4,8 @@ column of token-id lists gives its ids, a text column is tokenized with the run'
 cached by content), a DatasetDict gives its train split and holds out its validation split,
 windows keep their sample ids across a split's and a shard's boundary, and every bad case (no
 `datasets` package, a missing column, an empty dataset, an id past the vocabulary) is one line
-naming the directory."""
+naming the directory. The training run through the CLI is test_data_runs.py's, with every
+other format."""
 
 from __future__ import annotations
 
@@ -18,8 +19,6 @@ import numpy as np
 import pytest
 import torch
 
-from rampwatch.store import names as M
-from rampwatch.store import reader
 from rampwatch.trainer import data_hf
 from rampwatch.trainer.data_files import prepare_files
 from rampwatch.trainer.data_formats import DataError, expand
@@ -33,8 +32,6 @@ from tests.test_data_files import (
     refused,
     spec,
 )
-from tests.test_trainer import assert_continuous_samples
-from tests.trainer_runs import metric, run_trainer
 
 needs_datasets = pytest.mark.skipif(find_spec("datasets") is None, reason="datasets not installed")
 rng = np.random.default_rng(2)
@@ -272,22 +269,3 @@ def test_make_shards_reads_a_text_dataset(tmp_path, capsys):
     with pytest.raises(SystemExit):
         _train(tmp_path, "--make-shards", str(tmp_path / "s2"), "--data", str(ids))
     assert "holds token ids, not text" in capsys.readouterr().err
-
-
-@needs_datasets
-@pytest.mark.slow
-def test_a_dataset_dict_trains_through_the_cli(tmp_path):
-    docs = [f"row {i} of a saved dataset, long enough to matter. " * 3 for i in range(60)]
-    dd = saved_dict(tmp_path / "dd", train={"text": docs[:50]}, validation={"text": docs[50:]})
-    ids = saved(tmp_path / "ids", input_ids=id_rows(40))
-    db = tmp_path / "runs.duckdb"
-    args = ("--run-id", "hf", "--steps", "3", "--no-plan", "--data", str(dd), "--data", str(ids))
-    done = run_trainer(db, tmp_path / "ckpt", *args)
-    assert done.returncode == 0, done.stdout
-    run = reader.get_run(db, "hf")
-    assert run.status == "finished" and run.last_step == 3
-    d = run.config["data"]
-    assert d["formats"] == {"hf-text": 2, "hf-ids": 1} and d["files"] == {"train": 2, "val": 1}
-    assert d["val_split"] == "the files named as validation"
-    assert_continuous_samples(db, "hf")
-    assert all(np.isfinite(list(metric(db, "hf", M.LOSS).values())))

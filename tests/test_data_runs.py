@@ -6,6 +6,7 @@ same sample ids and the same losses as a run that never stopped."""
 from __future__ import annotations
 
 import json
+from importlib.util import find_spec
 
 import numpy as np
 import pyarrow as pa
@@ -18,6 +19,7 @@ from rampwatch.trainer import checkpoint as ckpt
 from rampwatch.trainer.config import PRESETS
 from rampwatch.trainer.data_files import DataSpec, prepare_files
 from tests.test_data_files import llmc
+from tests.test_data_hf_datasets import id_rows, saved, saved_dict
 from tests.test_trainer import assert_continuous_samples
 from tests.trainer_runs import metric, run_trainer
 
@@ -62,6 +64,13 @@ def test_every_format_trains_through_the_cli(tmp_path):
         tmp_path / "b.jsonl",
         tmp_path / "c.parquet",
     ]
+    formats = {"llmc": 3, "raw": 1, "npy": 1, "text": 1, "jsonl": 1, "parquet": 1}
+    if find_spec("datasets") is not None:  # the optional extra (requirements-dev installs it)
+        docs = [f"row {i} of a saved dataset, long enough to matter. " * 3 for i in range(60)]
+        train, validation = {"text": docs[:50]}, {"text": docs[50:]}
+        files.append(saved_dict(tmp_path / "dd", train=train, validation=validation))
+        files.append(saved(tmp_path / "ids", input_ids=id_rows(40)))
+        formats.update({"hf-text": 2, "hf-ids": 1})
     done = run_trainer(
         db,
         tmp_path / "ckpt",
@@ -76,8 +85,9 @@ def test_every_format_trains_through_the_cli(tmp_path):
     run = reader.get_run(db, "f")
     assert run.status == "finished" and run.last_step == 4
     d = run.config["data"]
-    assert d["formats"] == {"llmc": 3, "raw": 1, "npy": 1, "text": 1, "jsonl": 1, "parquet": 1}
-    assert d["val_split"] == "the files named as validation" and d["files"]["val"] == 1
+    assert d["formats"] == formats
+    n_val = 1 + (formats.get("hf-text", 0) > 0)  # the shards' val file, the dataset's split
+    assert d["val_split"] == "the files named as validation" and d["files"]["val"] == n_val
     assert d["vocab_size"] == run.config["model"]["vocab_size"] == 256
     assert len(d["fingerprint"]) == 32 and d["spec"]["data"][0] == str(data)
     assert_continuous_samples(db, "f")

@@ -58,14 +58,26 @@ def _sign_in(page, operator: str, token: str) -> None:
     page.wait_for_timeout(1500)  # the rerun that stores them
 
 
-def _press_approve(page, how: str) -> None:
+def _press_approve(page, how: str, attempts: int = 8) -> None:
     """Press Approve as an operator would: the advisor's verdict can flip back to "not yet"
-    between two refreshes of a noisy tiny run, and then Approve waits behind the override."""
-    override = page.get_by_text("Ramp before the advisor is ready")
-    if override.count() and override.first.is_visible():
-        override.first.click()
-        page.wait_for_timeout(1500)
-    getattr(page.get_by_role("button", name=re.compile(r"^Approve")), how)()
+    between two refreshes of a noisy tiny run, and then Approve waits behind the override. The
+    card reruns every 2 s, so an element can move or be replaced under the pointer: each try is
+    short, and the page is looked at again after a failed one."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    override = page.get_by_role("checkbox", name=re.compile("^Ramp before the advisor is ready"))
+    approve = page.get_by_role("button", name=re.compile(r"^Approve"))
+    for _ in range(attempts):
+        try:
+            if override.count() and not override.first.is_checked():
+                page.get_by_text("Ramp before the advisor is ready").first.click(timeout=5_000)
+                page.wait_for_timeout(1500)  # the rerun that stores it
+                continue  # look again: that rerun may have changed the verdict
+            getattr(approve, how)(timeout=5_000)
+            return
+        except PlaywrightTimeout:
+            page.wait_for_timeout(1000)
+    raise AssertionError(f"Approve could not be pressed in {attempts} tries")
 
 
 def _ramp_events(db: Path, run_id: str) -> list:
