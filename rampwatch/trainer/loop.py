@@ -29,7 +29,7 @@ from rampwatch.monitor import Monitor
 from rampwatch.store import names as M
 from rampwatch.trainer import checkpoint as ckpt
 from rampwatch.trainer import dist
-from rampwatch.trainer.config import PRESETS, ModelConfig
+from rampwatch.trainer.config import PRESETS, ModelConfig, matmul_params
 from rampwatch.trainer.data import TokenDataset, rank_slice
 from rampwatch.trainer.data_files import prepare_for_run
 from rampwatch.trainer.data_loader import Prefetcher
@@ -218,7 +218,7 @@ class Trainer:
         from rampwatch.advisor.flops import flops_per_token
 
         fpt = flops_per_token(
-            self.model.matmul_params(), self.cfg.n_layer, self.cfg.d_model, self.cfg.seq_len
+            matmul_params(self.cfg), self.cfg.n_layer, self.cfg.d_model, self.cfg.seq_len
         )
         common = dict(
             model=self.model,

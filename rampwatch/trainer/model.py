@@ -216,11 +216,6 @@ class GPT(nn.Module):
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def matmul_params(self) -> int:
-        """N_matmul for 6N FLOPs per token: every parameter but the embedding tables."""
-        emb = self.wte.weight.numel() + (self.wpe.weight.numel() if self.wpe is not None else 0)
-        return self.num_params() - emb
-
 
 def configure_optimizer(
     model: nn.Module,
