@@ -49,6 +49,24 @@ def test_approve_without_the_right_token_and_name_writes_nothing(
     assert why in msg, msg
 
 
+def test_a_refusal_stays_on_the_card_through_refreshes(live, monkeypatch):
+    """The live page refreshes every few seconds, and a refresh can interrupt the rerun that a
+    click started: a refusal shown for one rerun only can vanish before the operator reads it.
+    It stays for card.ERROR_SECONDS, then goes."""
+    from rampwatch.dashboard import card
+
+    at = seed.sign_in(seed.app(monkeypatch, live.db), "alice", "guessed")
+    at.run()
+    at.button(key="approve").click().run()
+    at.run()  # the next refresh
+    at.run()
+    [msg] = _flash_errors(at)
+    assert "token is missing or wrong" in msg
+    monkeypatch.setattr(card, "ERROR_SECONDS", 0.0)
+    at.run()
+    assert _flash_errors(at) == []
+
+
 def test_a_server_without_a_token_cannot_write(live, monkeypatch):
     """`streamlit run app.py` with no RAMPWATCH_TOKEN: Approve says how to get one."""
     at = seed.sign_in(seed.app(monkeypatch, live.db, token=None), token="anything")

@@ -10,9 +10,14 @@ operator's "rw_operator" (name) and "rw_token" (the operator token, dashboard/gu
 Read-only mode and runs that are not running draw the same card with no buttons. A click is
 checked again on the server (data.py): the token, and that the button was not disabled.
 Reject hides that recommendation (Card.key) for this session until a new one appears.
+A refusal stays on the card for ERROR_SECONDS (the page refreshes every few seconds, and a refresh
+can interrupt the rerun that showed it); a confirmation shows once, since the command's own line
+below it carries the lasting state.
 """
 
 from __future__ import annotations
+
+import time
 
 import streamlit as st
 
@@ -23,10 +28,15 @@ from rampwatch.dashboard.recommend import Card, TierView
 
 STALE_STEPS = 50  # an estimate this many steps behind the run means the measurement is off
 REJECTED = "rw_rejected"
-FLASH = "rw_flash"
+FLASH = "rw_flash"  # (kind, text, time.monotonic() when set): the latest action's outcome
+ERROR_SECONDS = 30.0
 
 
 OPERATOR, TOKEN = "rw_operator", "rw_token"
+
+
+def _set_flash(kind: str, text: str) -> None:
+    st.session_state[FLASH] = (kind, text, time.monotonic())
 
 
 def _who() -> dict:
@@ -35,25 +45,25 @@ def _who() -> dict:
 
 def _approve(db, run_id: str, payload: dict, label: str, key: str, blocked: str | None) -> None:
     if blocked:  # rendered disabled: a click can still arrive from a scripted client
-        st.session_state[FLASH] = ("error", f"Not submitted: {blocked}")
+        _set_flash("error", f"Not submitted: {blocked}")
         return
     try:
         cid = data.submit_ramp(db, run_id, payload, key=key, **_who())
-        st.session_state[FLASH] = (
+        _set_flash(
             "success",
             f"Ramp #{cid} to {label} submitted: pending until "
             "the trainer picks it up at its next step boundary.",
         )
     except data.StoreError as e:
-        st.session_state[FLASH] = ("error", f"Not submitted: {e}")
+        _set_flash("error", f"Not submitted: {e}")
 
 
 def _cancel(db, command_id: int) -> None:
     try:
         data.cancel_command(db, command_id, **_who())
-        st.session_state[FLASH] = ("info", f"Ramp #{command_id} cancelled.")
+        _set_flash("info", f"Ramp #{command_id} cancelled.")
     except data.StoreError as e:
-        st.session_state[FLASH] = ("error", f"Could not cancel #{command_id}: {e}")
+        _set_flash("error", f"Could not cancel #{command_id}: {e}")
 
 
 def _reject(key: str) -> None:
@@ -61,9 +71,15 @@ def _reject(key: str) -> None:
 
 
 def _flash(slot) -> None:
-    msg = st.session_state.pop(FLASH, None)
-    if msg:
-        getattr(slot, msg[0])(msg[1])
+    msg = st.session_state.get(FLASH)
+    if msg is None:
+        return
+    kind, text, since = msg
+    lasting = kind == "error" and time.monotonic() - since < ERROR_SECONDS
+    if not lasting:
+        del st.session_state[FLASH]
+    if lasting or kind != "error":
+        getattr(slot, kind)(text)
 
 
 def _command_line(card: Card, slot) -> None:
