@@ -184,7 +184,7 @@ def tokenize(corpus: Corpus, tokenizer, cache: Path | None = None) -> tuple[np.n
 
 class TokenDataset:
     """Sample id → window of seq_len + 1 train tokens; batches are contiguous ranges of ids.
-    train and val are arrays, or TokenStreams of files (data_files.py): the same ids, the same
+    train and val are arrays, or TokenStreams of files (token_stream.py): the same ids, the same
     windows either way."""
 
     def __init__(
@@ -221,7 +221,7 @@ class TokenDataset:
     def _windows(self, tokens, starts: np.ndarray):
         if isinstance(tokens, np.ndarray):
             w = torch.from_numpy(tokens[starts[:, None] + self._window].astype(np.int64))
-        else:  # data_files.TokenStream: memory-mapped files, windows across their boundaries
+        else:  # token_stream.TokenStream: memory-mapped files, windows across their boundaries
             w = torch.from_numpy(tokens.windows(starts, self.seq_len + 1))
         return w[:, :-1].contiguous(), w[:, 1:].contiguous()
 

@@ -1,6 +1,6 @@
 """Your own data for the reference trainer (`--data`): the data spec a run records, the cheap
 fingerprint, the one-time scan of token ids (cached), text → tokens (cached by content hash),
-TokenStream (the files end to end, memory-mapped), the validation split, the vocabulary check
+the validation split, the vocabulary check
 against the model, and prepare_for_run, which the Trainer calls for either corpus.
 
 Windows span file boundaries. The train files are one stream in the order given (a directory or
@@ -45,6 +45,7 @@ from rampwatch.trainer.data_formats import (
     iter_docs,
     open_token_file,
 )
+from rampwatch.trainer.token_stream import TokenStream
 
 DEFAULT_VAL_FRACTION = 0.05
 SAMPLE_BYTES = 4096  # per probe of the fingerprint: 5 probes, ≤ 20 KiB read per file
@@ -229,56 +230,6 @@ def text_tokenizer(kind: str, vocab: int):
     if kind == "bytes":
         return ByteTokenizer()
     return get_tokenizer(kind, vocab, load_corpus())
-
-
-# ---------------------------------------------------------------- the stream
-
-
-class TokenStream:
-    """Files end to end as one token sequence, without copying them: `pieces` are 1-D arrays
-    (memory-mapped), and a window is gathered across a boundary when it crosses one."""
-
-    def __init__(self, pieces: list[np.ndarray], names: list[str]):
-        self.pieces, self.names = pieces, names
-        self.bounds = np.concatenate([[0], np.cumsum([len(p) for p in pieces])]).astype(np.int64)
-        self._bounds = self.bounds.tolist()
-
-    def __len__(self) -> int:
-        return self._bounds[-1]
-
-    def view(self, start: int, stop: int) -> TokenStream:
-        """Tokens [start, stop) as a stream of their own (slices of the same memory maps)."""
-        pieces, names = [], []
-        for p, name, lo in zip(self.pieces, self.names, self._bounds):
-            a, b = max(start - lo, 0), min(stop - lo, len(p))
-            if a < b:
-                pieces.append(p[a:b])
-                names.append(name)
-        return TokenStream(pieces, names)
-
-    def windows(self, starts: np.ndarray, length: int) -> np.ndarray:
-        """int64 (len(starts), length): row r is tokens [starts[r], starts[r] + length)."""
-        starts = np.asarray(starts, dtype=np.int64)
-        if len(starts) and (starts.min() < 0 or starts.max() + length > len(self)):
-            raise IndexError(f"window outside the stream of {len(self)} tokens")
-        out = np.empty((len(starts), length), dtype=np.int64)
-        piece = (np.searchsorted(self.bounds, starts, side="right") - 1).tolist()
-        for r, (g, i) in enumerate(zip(starts.tolist(), piece)):
-            pos, off = 0, g - self._bounds[i]
-            while pos < length:  # more than one turn only for a window across a boundary
-                p = self.pieces[i]
-                take = min(length - pos, len(p) - off)
-                out[r, pos : pos + take] = p[off : off + take]
-                pos, off, i = pos + take, 0, i + 1
-        return out
-
-    def __getitem__(self, s: slice) -> np.ndarray:
-        start, stop, step = s.indices(len(self))
-        assert step == 1, "contiguous slices only"
-        return self.windows(np.array([start]), max(0, stop - start))[0]
-
-    def piece_at(self, pos: int) -> int:
-        return int(np.searchsorted(self.bounds, pos, side="right") - 1)
 
 
 # ---------------------------------------------------------------- preparing a run's data

@@ -19,12 +19,12 @@ from rampwatch.trainer.config import PRESETS
 from rampwatch.trainer.data_files import (
     DEFAULT_VAL_FRACTION,
     DataSpec,
-    TokenStream,
     split_files,
     text_tokenizer,
     text_tokens,
 )
 from rampwatch.trainer.data_formats import LLMC_LAYOUTS, DataError
+from rampwatch.trainer.token_stream import TokenStream
 
 WRITE_CHUNK = 1 << 24  # tokens per write: bounded memory for shards of any size
 
