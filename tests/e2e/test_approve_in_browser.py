@@ -61,8 +61,8 @@ def _sign_in(page, operator: str, token: str) -> None:
 def _press_approve(page, how: str, attempts: int = 8) -> None:
     """Press Approve as an operator would: the advisor's verdict can flip back to "not yet"
     between two refreshes of a noisy tiny run, and then Approve waits behind the override. The
-    card reruns every 2 s, so an element can move or be replaced under the pointer: each try is
-    short, and the page is looked at again after a failed one."""
+    card reruns every 5 s (the page's default refresh), so an element can move or be replaced
+    under the pointer: each try is short, and the page is looked at again after a failed one."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     override = page.get_by_role("checkbox", name=re.compile("^Ramp before the advisor is ready"))
@@ -157,7 +157,8 @@ def test_approve_ramp_in_browser(tmp_path, procs):
             _sign_in(intruder, "mallory", "not-the-token")
             _press_approve(intruder, "click")
             # the refusal arrives with the rerun that the click starts: under a loaded machine
-            # (two test workers beside a trainer) that rerun can take longer than Playwright's 5 s
+            # (two test workers beside a trainer) that rerun can take longer than Playwright's 5 s;
+            # the card keeps it for card.ERROR_SECONDS, through the page's refreshes
             expect(
                 intruder.get_by_text(
                     re.compile("Not submitted: the operator token is missing or wrong")
