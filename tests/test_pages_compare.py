@@ -3,6 +3,8 @@ steps/tokens/time to a target loss, and the critical-batch fit (or what it still
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests import seed
@@ -74,6 +76,9 @@ def test_steps_to_target_and_critical_batch(four, monkeypatch):
         assert rows.loc[f"b{b}", "steps"] == pytest.approx(want, abs=1)
         assert rows.loc[f"b{b}", "reached"] == "yes"
         assert rows.loc[f"b{b}", "tokens"] == (rows.loc[f"b{b}", "steps"] + 1) * b * 128
+    [table] = [d for d in at.dataframe if "reached" in d.value.columns]
+    tokens = json.loads(table.proto.columns)["tokens"]["type_config"]
+    assert tokens["format"] == "localized"  # 733,184 as on the Runs page, not 733184
     metrics = {m.label: m.value for m in at.metric}
     b_crit = float(metrics["Critical batch B_crit"].split()[0].replace(",", ""))
     assert b_crit == pytest.approx(seed.B_CRIT, rel=0.05)

@@ -147,6 +147,7 @@ st.dataframe(
     ],
     hide_index=True,
     key="target_table",
+    column_config={"tokens": st.column_config.NumberColumn(format="localized")},  # as on Runs
 )
 fit = comparison.critical_batch(rows, target)
 if fit.b_crit is not None:
