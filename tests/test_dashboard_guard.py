@@ -67,6 +67,17 @@ def test_a_refusal_stays_on_the_card_through_refreshes(live, monkeypatch):
     assert _flash_errors(at) == []
 
 
+def test_editing_the_token_clears_the_refusal(live, monkeypatch):
+    """The refusal was about the token typed before: a corrected one is not shown as wrong."""
+    at = seed.sign_in(seed.app(monkeypatch, live.db), "alice", "guessed")
+    at.run()
+    at.button(key="approve").click().run()
+    assert _flash_errors(at)
+    at.text_input(key="rw_token").input(seed.TOKEN).run()
+    assert _flash_errors(at) == []
+    assert commands.list_commands(live.db, live.run_id) == []  # typing sends nothing
+
+
 def test_a_server_without_a_token_cannot_write(live, monkeypatch):
     """`streamlit run app.py` with no RAMPWATCH_TOKEN: Approve says how to get one."""
     at = seed.sign_in(seed.app(monkeypatch, live.db, token=None), token="anything")

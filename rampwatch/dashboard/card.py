@@ -11,8 +11,8 @@ Read-only mode and runs that are not running draw the same card with no buttons.
 checked again on the server (data.py): the token, and that the button was not disabled.
 Reject hides that recommendation (Card.key) for this session until a new one appears.
 A refusal stays on the card for ERROR_SECONDS (the page refreshes every few seconds, and a refresh
-can interrupt the rerun that showed it); a confirmation shows once, since the command's own line
-below it carries the lasting state.
+can interrupt the rerun that showed it), or until the operator edits their name or token; a
+confirmation shows once, since the command's own line below it carries the lasting state.
 """
 
 from __future__ import annotations
@@ -37,6 +37,10 @@ OPERATOR, TOKEN = "rw_operator", "rw_token"
 
 def _set_flash(kind: str, text: str) -> None:
     st.session_state[FLASH] = (kind, text, time.monotonic())
+
+
+def _clear_flash() -> None:
+    st.session_state.pop(FLASH, None)
 
 
 def _who() -> dict:
@@ -335,6 +339,7 @@ def _operator() -> None:
         max_chars=64,
         placeholder="your name",
         help="recorded with every command you send",
+        on_change=_clear_flash,  # a refusal was about what was typed before
     )
     right.text_input(
         "Operator token",
@@ -342,6 +347,7 @@ def _operator() -> None:
         type="password",
         help="printed by `rampwatch dashboard` at start (or its RAMPWATCH_TOKEN); "
         "every Approve and Cancel is checked against it on the server",
+        on_change=_clear_flash,
     )
 
 
