@@ -23,7 +23,7 @@ the run ended are censored: counted apart.
 Printed: before (the ±1.96 SE delta-method range, `ramp_decision(calibration=None)`) and after
 (the shipped FORECAST_CALIBRATION): coverage overall, by stated horizon and by run, the median
 absolute error of the point, and how often no forecast is given; then the calibration refitted
-on these runs, with its coverage leave-one-run-out, to paste into advisor/ramp.py.
+on these runs, with its coverage leave-one-run-out, to paste into advisor/forecast.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""advisor.ramp: tiers under a memory model (hand cases + properties), the ramp point, the effect."""
+"""advisor.tiers and advisor.ramp: tiers under a memory model (hand cases + properties), the ramp point, the effect."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from rampwatch.advisor.forecast import FORECAST_CALIBRATION, calibrated_forecast
 from rampwatch.advisor.memory import GB, MemoryModel, fit_memory_model, usable_bytes
-from rampwatch.advisor.ramp import Tier, candidate_tiers, predicted_effect, ramp_decision
+from rampwatch.advisor.ramp import predicted_effect, ramp_decision
+from rampwatch.advisor.tiers import Tier, candidate_tiers
 
 # The design example: per-device 16 measured at 70 GB, 32 at 130 GB -> 10 GB + 3.75 GB/sequence.
 MODEL = fit_memory_model({16: 70 * GB, 32: 130 * GB})

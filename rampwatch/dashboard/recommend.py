@@ -4,7 +4,7 @@ Owns: reading the run's current tier, sequence length, capacity and LR rule from
 latest metrics; the memory model from memory_plan rows (measured peaks + the plan of the running
 variant, per-device batches that ran out of memory excluded); the ramp point
 (advisor.ramp.ramp_decision over the noise scale, hysteresis restarted at the last ramp event);
-the tiers (advisor.ramp.candidate_tiers) with their new base LR (RampPolicy.new_base_lr) and
+the tiers (advisor.tiers.candidate_tiers) with their new base LR (RampPolicy.new_base_lr) and
 predicted effect (advisor.ramp.predicted_effect); and what the latest ramp command says.
 dashboard/card.py draws it; tests build it from seeded databases.
 """
@@ -18,14 +18,8 @@ from dataclasses import dataclass, field
 from rampwatch.advisor.lr import noise_scale_warning, rule_for
 from rampwatch.advisor.memory import MemoryModel, fit_memory_model, format_gb, usable_bytes
 from rampwatch.advisor.policy import RampPolicy
-from rampwatch.advisor.ramp import (
-    Effect,
-    Recommendation,
-    Tier,
-    accumulation_tiers,
-    candidate_tiers,
-    predicted_effect,
-)
+from rampwatch.advisor.ramp import Effect, Recommendation, predicted_effect
+from rampwatch.advisor.tiers import Tier, accumulation_tiers, candidate_tiers
 from rampwatch.store import names as M
 
 

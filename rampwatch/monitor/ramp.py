@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from rampwatch.advisor.memory import fit_memory_model, format_gb, usable_bytes
 from rampwatch.advisor.policy import RampPolicy
-from rampwatch.advisor.ramp import accumulation_tiers, candidate_tiers
+from rampwatch.advisor.tiers import accumulation_tiers, candidate_tiers
 from rampwatch.monitor.ramp_channel import Proposal, RampChannel
 from rampwatch.store import CommandError
 from rampwatch.store import names as M

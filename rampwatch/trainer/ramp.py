@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class RankBatch:
     """What each rank runs per optimizer step: `accum` micro-batches of `per_device_batch`
-    sequences. (advisor/ramp.py `Tier` is a whole candidate tier: world size, predicted memory,
+    sequences. (advisor/tiers.py `Tier` is a whole candidate tier: world size, predicted memory,
     whether it fits, its LR multiplier.)"""
 
     per_device_batch: int
