@@ -79,10 +79,10 @@ def _flash(slot) -> None:
     if msg is None:
         return
     kind, text, since = msg
-    lasting = kind == "error" and time.monotonic() - since < ERROR_SECONDS
-    if not lasting:
+    expired = kind == "error" and time.monotonic() - since >= ERROR_SECONDS
+    if kind != "error" or expired:  # a confirmation shows once, a refusal until it expires
         del st.session_state[FLASH]
-    if lasting or kind != "error":
+    if not expired:
         getattr(slot, kind)(text)
 
 
