@@ -1,4 +1,5 @@
-"""advisor.tiers and advisor.ramp: tiers under a memory model (hand cases + properties), the ramp point, the effect."""
+"""advisor.tiers and advisor.ramp: tiers under a memory model (hand cases + properties), the ramp
+point, the effect."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """`rampwatch plan`: batch tiers that fit in memory, for people (table) or scripts (--json).
 
-Owns the command line only; the math lives in advisor.memory, advisor.tiers, advisor.ramp, advisor.lr.
+Owns the command line only; the math lives in advisor.memory, advisor.tiers, advisor.ramp and
+advisor.lr.
 GB on this command line means 10^9 bytes (torch.cuda.max_memory_reserved() / 1e9).
 
 Example:

@@ -4,9 +4,10 @@ Owns `ramp_decision` / `Recommendation` (is the smoothed noise scale above the b
 enough; when will it be) and `predicted_effect` (steps and examples before and after a ramp).
 How far the batch can grow in memory is advisor/tiers.py.
 
-Sources: the ramp rule and effect use S/S_min = 1 + B_noise/B and E/E_min = 1 + B/B_noise (McCandlish et al. 2018,
-"An Empirical Model of Large-Batch Training", §2.3, eq. 2.11 with B_crit ≈ B_noise): at
-B = B_noise a doubling saves 25% of the steps and costs 50% more examples; past it, less and more.
+Sources: the ramp rule and effect use S/S_min = 1 + B_noise/B and E/E_min = 1 + B/B_noise
+(McCandlish et al. 2018, "An Empirical Model of Large-Batch Training", §2.3, eq. 2.11 with
+B_crit ≈ B_noise): at B = B_noise a doubling saves 25% of the steps and costs 50% more examples;
+past it, less and more.
 """
 
 from __future__ import annotations
