@@ -1,5 +1,5 @@
 """Approve is guarded on the server: the operator token and a typed name for every write, a
-disabled button's click refused, no writes with Streamlit's agent API on, and `rampwatch
+click on a held button refused, no writes with Streamlit's agent API on, and `rampwatch
 dashboard` refusing to serve writes off loopback without a token (real processes)."""
 
 from __future__ import annotations
@@ -88,20 +88,20 @@ def test_a_server_without_a_token_cannot_write(live, monkeypatch):
     assert "has no operator token" in msg and "rampwatch dashboard" in msg
 
 
-def test_click_on_a_disabled_approve_is_refused(live, monkeypatch):
-    """A scripted client can send the click of a button rendered disabled: no second command
-    (Streamlit drops a disabled widget's callback; card.py refuses it again at the edges)."""
+def test_click_on_an_approve_on_hold_is_refused(live, monkeypatch):
+    """A click on Approve while a ramp is open (on hold, a second ramp waits for the first):
+    no second command, and the reason on the card."""
     at = seed.sign_in(seed.app(monkeypatch, live.db))
     at.run()
     at.button(key="approve").click().run()
     [first] = commands.list_commands(live.db, live.run_id)
-    replay = at.button(key="approve")
-    assert replay.disabled  # one open ramp at a time
-    replay.proto.disabled = False  # AppTest stops a click a browser cannot make; a script can
-    replay.click().run()
+    at.run()  # the card reads the command
+    at.button(key="approve").click().run()
     assert [c.command_id for c in commands.list_commands(live.db, live.run_id)] == [
         first.command_id
     ]
+    [msg] = _flash_errors(at)
+    assert f"already waiting on ramp #{first.command_id}" in msg
     assert not at.exception
 
 

@@ -83,7 +83,7 @@ def test_card_evidence_and_chosen_tier(live, monkeypatch):
 def test_approve_writes_pending_then_cancel(live, monkeypatch):
     at = seed.sign_in(seed.app(monkeypatch, live.db))
     approve = at.button(key="approve")
-    assert approve.label.startswith("Approve") and not approve.disabled
+    assert approve.label.startswith("Approve") and "On hold" not in seed.texts(at)
     approve.click().run()
     assert not at.exception
     cmds = commands.list_commands(live.db, live.run_id)
@@ -93,11 +93,11 @@ def test_approve_writes_pending_then_cancel(live, monkeypatch):
     assert c.payload == {"per_device_batch": 8, "accum": 4, "lr_multiplier": pytest.approx(2**0.5)}
     text = seed.texts(at)
     assert f"Ramp #{c.command_id} to 8 per device × 4 accumulation is pending" in text
-    assert at.button(key="approve").disabled  # one open ramp at a time
+    assert f"On hold: already waiting on ramp #{c.command_id}" in text  # one open ramp at a time
     at.button(key="cancel_command").click().run()
     assert commands.get(live.db, c.command_id).status == "cancelled"
     assert "was cancelled" in seed.texts(at)
-    assert not at.button(key="approve").disabled
+    assert "On hold" not in seed.texts(at)
 
 
 @pytest.mark.parametrize(
@@ -128,7 +128,8 @@ def test_card_command_states(db_path, monkeypatch, state, expected, kind):
             assert "approve" not in keys
             assert "from step 400; the card reads the run again" in seed.texts(at)
         else:
-            assert at.button(key="approve").disabled == (state in ("pending", "claimed"))
+            held = "On hold: already waiting on ramp" in seed.texts(at)
+            assert held == (state in ("pending", "claimed"))
     finally:
         run.close()
 
@@ -175,7 +176,7 @@ def test_tier_that_does_not_fit_cannot_be_approved(db_path, monkeypatch):
     try:
         at = seed.app(monkeypatch, db_path)
         assert not at.exception
-        assert at.button(key="approve").disabled
+        assert "On hold: even per-device batch 1 needs" in seed.texts(at)
         errors = [str(e.value) for e in at.error]
         assert (
             "This tier cannot be approved: even per-device batch 1 needs 12.0 GB > 11.4 GB "
@@ -287,18 +288,19 @@ def test_lost_records_are_a_visible_warning_on_live_and_runs(live, monkeypatch):
 
 def test_approve_before_the_advisor_is_ready_is_a_marked_override(db_path, monkeypatch):
     """'Not yet' never sits beside a primary Approve: the button is secondary, says "early",
-    and is off until the operator ticks the override that repeats the advisor's reason."""
+    and is on hold until the operator ticks the override that repeats the advisor's reason."""
     run = seed.live_run(db_path, ramp_due=False)
     try:
         at = seed.sign_in(seed.app(monkeypatch, db_path))
         at.run()
         assert any("Not yet." in str(i.value) for i in at.info)
         early = at.button(key="approve")
-        assert early.label.startswith("Approve early: ramp to") and early.disabled
+        assert early.label.startswith("Approve early: ramp to")
+        assert "On hold: tick the override first" in seed.texts(at)
         assert early.proto.type == "secondary"
         assert "Ramp before the advisor is ready (" in at.checkbox(key="override").label
         at.checkbox(key="override").check().run()
-        assert not at.button(key="approve").disabled
+        assert "On hold" not in seed.texts(at)
         at.button(key="approve").click().run()
         [c] = commands.list_commands(db_path, run.run_id)
         assert c.status == "pending" and c.actor == "alice (dashboard, token)"

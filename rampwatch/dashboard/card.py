@@ -13,6 +13,19 @@ Reject hides that recommendation (Card.key) for this session until a new one app
 A refusal stays on the card for ERROR_SECONDS (the page refreshes every few seconds, and a refresh
 can interrupt the rerun that showed it), or until the operator edits their name or token; a
 confirmation shows once, since the command's own line below it carries the lasting state.
+
+Every Approve click makes exactly one command or says why not. The page reruns every few seconds,
+so a click can land on a copy of the button that the server's last rerun drew differently.
+Streamlit skips the callback of a widget that the last run drew disabled or did not draw, and
+drops the value of one drawn disabled now: so Approve is never drawn disabled (a tier that cannot
+be sent says "On hold: why" under the button, and a click on it gets that reason on the card), and
+its return value catches a click whose callback was skipped. The callback only records the
+approval (SENDING); the live page sends it (send_pending) before it reads the run, showing
+"Sending…" until the store answers, so a refresh that interrupts the click's rerun sends it on the
+next one, once (the command's idempotency key). The operator's name
+and token are kept for the session: their fields are not drawn while the card hides its controls,
+and Streamlit forgets a widget's value then. The token stays on the server (never sent back into
+the page); its field says it is kept.
 """
 
 from __future__ import annotations
@@ -30,9 +43,12 @@ STALE_STEPS = 50  # an estimate this many steps behind the run means the measure
 REJECTED = "rw_rejected"
 FLASH = "rw_flash"  # (kind, text, time.monotonic() when set): the latest action's outcome
 ERROR_SECONDS = 30.0
+SENDING = "rw_sending"  # an approval the callback recorded and the card has not sent yet
+SEND_GIVE_UP_SECONDS = 60.0  # an approval still unsent after this is dropped, with a reason
+CLICK_SEEN = "rw_click_seen"  # the Approve callback ran in this rerun
 
-
-OPERATOR, TOKEN = "rw_operator", "rw_token"
+OPERATOR, TOKEN = "rw_operator", "rw_token"  # the fields' widget keys
+KEPT = {OPERATOR: "rw_kept_operator", TOKEN: "rw_kept_token"}  # their values, for the session
 
 
 def _set_flash(kind: str, text: str) -> None:
@@ -44,13 +60,39 @@ def _clear_flash() -> None:
 
 
 def _who() -> dict:
-    return {"operator": st.session_state.get(OPERATOR), "token": st.session_state.get(TOKEN)}
+    """The operator's name and token as typed, or as kept from earlier in the session."""
+    state = st.session_state
+    return {
+        "operator": state.get(OPERATOR) or state.get(KEPT[OPERATOR]),
+        "token": state.get(TOKEN) or state.get(KEPT[TOKEN]),
+    }
 
 
 def _approve(db, run_id: str, payload: dict, label: str, key: str, blocked: str | None) -> None:
-    if blocked:  # rendered disabled: a click can still arrive from a scripted client
+    """Approve's callback (and its stand-in for a skipped one): a reason, or the approval to send."""
+    st.session_state[CLICK_SEEN] = True
+    if blocked:  # drawn disabled: a stale copy's click, or a scripted client's
         _set_flash("error", f"Not submitted: {blocked}")
         return
+    st.session_state[SENDING] = (db, run_id, payload, label, key, time.monotonic())
+
+
+def send_pending(slot) -> None:
+    """Send the approval the callback recorded, saying so in `slot` until the store answers. The
+    live page calls it before it reads the run, so the card it then draws shows the command."""
+    pending = st.session_state.get(SENDING)
+    if pending is None:
+        return
+    db, run_id, payload, label, key, since = pending
+    if time.monotonic() - since > SEND_GIVE_UP_SECONDS:
+        del st.session_state[SENDING]
+        _set_flash(
+            "error",
+            f"Not submitted: the ramp to {label} could not be sent for "
+            f"{SEND_GIVE_UP_SECONDS:.0f} s; approve it again if you still want it.",
+        )
+        return
+    slot.info(f"Sending the ramp to {label}…", icon=":material/send:")
     try:
         cid = data.submit_ramp(db, run_id, payload, key=key, **_who())
         _set_flash(
@@ -60,6 +102,8 @@ def _approve(db, run_id: str, payload: dict, label: str, key: str, blocked: str 
         )
     except data.StoreError as e:
         _set_flash("error", f"Not submitted: {e}")
+    del st.session_state[SENDING]  # after the flash: an interruption here loses no answer
+    slot.empty()  # the answer is the card's to show
 
 
 def _cancel(db, command_id: int) -> None:
@@ -330,8 +374,17 @@ def _approval_key(card: Card, v: TierView) -> str:
     return f"{card.key}:{v.tier.per_device_batch}x{v.tier.accum}:after-{last}"
 
 
+def _typed(field: str) -> None:
+    """A field was edited: keep its value for the session; a refusal was about the old one."""
+    st.session_state[KEPT[field]] = st.session_state.get(field) or ""
+    _clear_flash()
+
+
 def _operator() -> None:
     """Who approves: a typed name (recorded in the command log) and the operator token."""
+    state = st.session_state
+    if OPERATOR not in state and state.get(KEPT[OPERATOR]):
+        state[OPERATOR] = state[KEPT[OPERATOR]]  # a name is no secret: back into its field
     left, right = st.columns(2)
     left.text_input(
         "Operator",
@@ -339,15 +392,18 @@ def _operator() -> None:
         max_chars=64,
         placeholder="your name",
         help="recorded with every command you send",
-        on_change=_clear_flash,  # a refusal was about what was typed before
+        on_change=_typed,
+        args=(OPERATOR,),
     )
     right.text_input(
         "Operator token",
         key=TOKEN,
         type="password",
+        placeholder="kept for this session" if state.get(KEPT[TOKEN]) else None,
         help="printed by `rampwatch dashboard` at start (or its RAMPWATCH_TOKEN); "
         "every Approve and Cancel is checked against it on the server",
-        on_change=_clear_flash,
+        on_change=_typed,
+        args=(TOKEN,),
     )
 
 
@@ -377,18 +433,26 @@ def _controls(card: Card, v: TierView | None, db, run_id: str) -> None:
                 help="the advisor has not recommended this ramp yet; approving it now is your call",
             ):
                 blocked = "tick the override first: the advisor says not yet"
-        cols[0].button(
+        args = (db, run_id, v.payload(), label, _approval_key(card, v), blocked)
+        callback_ran = st.session_state.pop(CLICK_SEEN, False)
+        clicked = cols[0].button(
             f"Approve ramp to {label} (batch {t.effective_batch:,})"
             if ready
             else f"Approve early: ramp to {label} (batch {t.effective_batch:,})",
             key="approve",
-            type="primary" if ready else "secondary",
-            disabled=blocked is not None,
+            type="primary" if ready and blocked is None else "secondary",
             help=blocked
             or "writes a ramp command; the trainer re-checks and applies it at a step boundary",
             on_click=_approve,
-            args=(db, run_id, v.payload(), label, _approval_key(card, v), blocked),
+            args=args,
         )
+        if blocked:  # never disabled: a click must reach the server and get this reason
+            cols[0].caption(f"On hold: {blocked}")
+        if clicked and not callback_ran:  # Streamlit skipped the callback: see the docstring
+            _approve(*args)
+            st.session_state.pop(CLICK_SEEN, None)
+            send_pending(cols[2])
+            _flash(cols[2])
     cols[1].button(
         "Reject",
         key="reject",

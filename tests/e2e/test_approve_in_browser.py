@@ -33,6 +33,8 @@ LAUNCH_ARGS = [
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 TOKEN = "e2e-operator-token"
+# what the card answers a click with: a refusal, the confirmation, or the command's own line
+ANSWER = re.compile(r"^Not submitted|^Ramp #\d+ .*(submitted|is pending|was claimed|applied at)")
 
 
 def _wait_http(port: int, timeout: float) -> None:
@@ -58,15 +60,19 @@ def _sign_in(page, operator: str, token: str) -> None:
     page.wait_for_timeout(1500)  # the rerun that stores them
 
 
-def _press_approve(page, how: str, attempts: int = 8) -> None:
-    """Press Approve as an operator would: the advisor's verdict can flip back to "not yet"
-    between two refreshes of a noisy tiny run, and then Approve waits behind the override. The
-    card reruns every 5 s (the page's default refresh), so an element can move or be replaced
-    under the pointer: each try is short, and the page is looked at again after a failed one."""
+def _press_approve(page, how: str, attempts: int = 8) -> str:
+    """Press Approve as an operator would, until the card answers with a command or a reason
+    other than the override's; returns that answer. The advisor's verdict can flip back to "not
+    yet" between two refreshes of a noisy tiny run, and then Approve is on hold behind the
+    override. The card reruns every 5 s (the page's default refresh), so an element can move or
+    be replaced under the pointer: each try is short, and the page is looked at again after it.
+    Every click must be answered (issue 23): a click without an answer fails here."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
+    from playwright.sync_api import expect
 
     override = page.get_by_role("checkbox", name=re.compile("^Ramp before the advisor is ready"))
     approve = page.get_by_role("button", name=re.compile(r"^Approve"))
+    answer = page.get_by_text(ANSWER)
     for _ in range(attempts):
         try:
             if override.count() and not override.first.is_checked():
@@ -74,9 +80,14 @@ def _press_approve(page, how: str, attempts: int = 8) -> None:
                 page.wait_for_timeout(1500)  # the rerun that stores it
                 continue  # look again: that rerun may have changed the verdict
             getattr(approve, how)(timeout=5_000)
-            return
         except PlaywrightTimeout:
             page.wait_for_timeout(1000)
+            continue
+        expect(answer.first).to_be_visible(timeout=30_000)  # no silent drop
+        text = answer.first.inner_text()
+        if "tick the override first" not in text:
+            return text
+        page.wait_for_timeout(1000)
     raise AssertionError(f"Approve could not be pressed in {attempts} tries")
 
 

@@ -131,6 +131,8 @@ interval = REFRESH_CHOICES[refresh_label] if _status in ("running", "stale") els
 
 @st.fragment(run_every=interval)
 def live_view() -> None:
+    top, note = st.container(), st.empty()  # the header, once the run is read; a status line
+    card_view.send_pending(note)  # a click's approval first: the card below then shows it
     try:
         snap = live_data.live_snapshot(db, run_id)
     except data.RunNotFoundError:
@@ -158,10 +160,10 @@ def live_view() -> None:
         snap.commands,
         snap.gns_lower,
     )
-    _header(snap)
-    busy = st.empty()  # always there, so the elements below keep their places
-    if snap.busy:
-        busy.caption(f"Showing the previous refresh: {snap.busy}")
+    with top:
+        _header(snap)
+    if snap.busy:  # the status line is always there, so the elements below keep their places
+        note.caption(f"Showing the previous refresh: {snap.busy}")
     card_view.render(card, db=db, run=snap.run, read_only=read_only)
     _charts(snap, card)
     _events_table(snap)
