@@ -148,6 +148,41 @@ def test_a_loop_without_after_backward_logs_everything_but_the_noise_scale(tmp_p
     assert err.count(NO_AFTER_BACKWARD) == 1, err
 
 
+def test_a_ddp_loop_without_after_backward_logs_everything_but_the_noise_scale(tmp_path):
+    """Two gloo ranks: the gradient norm and the rank-mean loss still ride on the one all-reduce
+    per step; one alert, printed once (rank 0 has the writer)."""
+    db = tmp_path / "runs.duckdb"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "-m",
+            "tests.own_loop_child",
+            str(db),
+            str(tmp_path / "ddp.pt"),
+            "--steps",
+            "4",
+            "--no-after-backward",
+        ],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    [run] = store.list_runs(db)
+    for name in (M.LOSS, M.LR, M.GRAD_NORM, M.TOKENS_SEEN, M.MEM_PEAK):
+        assert sorted(metric(db, run.run_id, name)) == [1, 2, 3, 4], name
+    assert not GNS_NAMES & set(store.metric_names(db, run.run_id))
+    [alert] = _alerts(db, run.run_id)
+    assert alert.message.startswith(NO_AFTER_BACKWARD), alert.message
+    assert done.stderr.count(NO_AFTER_BACKWARD) == 1, done.stderr[-3000:]
+
+
 def test_step_called_twice_for_one_step_is_said_and_logged_once(tmp_path, capfd):
     torch.manual_seed(0)
     db = tmp_path / "runs.duckdb"
