@@ -6,6 +6,7 @@ in a child process against a real database (tests/test_own_loop_ramps.py).
         [--switch-at S:B:A]                         switch by hand at boundary S (no monitor)
         [--oom-at B]                                a per-device batch >= B "runs out of memory"
         [--policy JSON] [--capacity-bytes N] [--step-sleep SECONDS]
+        [--no-after-backward]                       the loop forgets mon.after_backward()
     torchrun --nproc_per_node=2 -m tests.own_loop_child …   data parallel (gloo): OUT.rank{r}
 
 OUT.pt gets the final parameters and the step each ramp was applied at.
@@ -53,6 +54,7 @@ def main(argv=None) -> int:
     p.add_argument("--oom-at", type=int)
     p.add_argument("--capacity-bytes", type=int)
     p.add_argument("--step-sleep", type=float, default=0.0)
+    p.add_argument("--no-after-backward", action="store_true")
     a = p.parse_args(argv)
 
     model, opt, sched = build()
@@ -99,7 +101,8 @@ def main(argv=None) -> int:
             with train.no_sync() if world > 1 and j < accum - 1 else contextlib.nullcontext():
                 loss = torch.nn.functional.mse_loss(train(x), y)
                 (loss / accum).backward()
-            mon.after_backward()
+            if not a.no_after_backward:
+                mon.after_backward()
             total += loss.detach() / accum
         mon.step(step, loss=total)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -1,6 +1,7 @@
 """The monitor in loops it does not control: micro-batches weighted by their token counts (the
 Hugging Face Trainer's num_items_in_batch), sharded gradients (FSDP2, in a real process group),
-and an error inside the monitor, which must never reach the training loop."""
+an error inside the monitor, which must never reach the training loop, and a loop that calls the
+monitor wrongly (no after_backward(), step() twice): all it can still logged, the mistake named."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from rampwatch import Monitor, store
 from rampwatch.monitor.gradstats import AccumulationStats
 from rampwatch.store import names as M
 from tests.procs import REPO, child_env, free_port
+from tests.trainer_runs import metric
 
 
 def _per_example_losses(model, x, y):
@@ -66,30 +68,169 @@ def test_equal_weights_are_the_default_path():
     assert results[0].batch_sizes == pytest.approx(results[1].batch_sizes)
 
 
-def test_an_error_inside_the_monitor_never_reaches_the_loop(tmp_path):
-    db = tmp_path / "runs.duckdb"
-    model = torch.nn.Linear(4, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    mon = Monitor.start(
+def _started(db, model, opt) -> Monitor:
+    return Monitor.start(
         db,
-        name="guarded",
+        name="own-loop",
         config={},
         model=model,
         optimizer=opt,
-        per_device_batch=2,
+        per_device_batch=4,
         accum=2,
-        seq_len=1,
+        seq_len=8,
     )
-    assert mon.step(1, loss=1.0) == {}  # no backward before it: the monitor's error, said once
-    assert mon.step(2, loss=1.0) == {}
+
+
+def _backwards(model, mon: Monitor | None) -> torch.Tensor:
+    """One step's two micro-batches; mon.after_backward() after each unless mon is None."""
     for _ in range(2):
-        model(torch.randn(2, 4)).sum().backward()
-        mon.after_backward()
+        loss = model(torch.randn(4, 6)).square().mean()
+        (loss / 2).backward()
+        if mon is not None:
+            mon.after_backward()
+    return loss.detach()
+
+
+def _alerts(db, run_id):
+    return store.events(db, run_id, kinds=[M.EVENT_ALERT])
+
+
+def test_an_error_inside_the_monitor_never_reaches_the_loop(tmp_path):
+    db = tmp_path / "runs.duckdb"
+    model = torch.nn.Linear(6, 1)
+    mon = _started(db, model, torch.optim.SGD(model.parameters(), lr=0.1))
+    for step in (1, 2):  # per-example losses where one number belongs: the monitor fails
+        _backwards(model, mon)
+        assert mon.step(step, loss=torch.ones(3)) == {}
+        model.zero_grad()
+    _backwards(model, mon)
     assert M.GNS_G2 in mon.step(3, loss=0.5)  # and the next proper step is measured
     mon.finish()
-    alerts = store.events(db, mon.run_id, kinds=[M.EVENT_ALERT])
-    assert len(alerts) == 1 and "training goes on without it" in alerts[0].message
-    assert "collect() called before any backward" in alerts[0].message
+    [alert] = _alerts(db, mon.run_id)  # said once
+    assert alert.message.startswith("rampwatch could not take this step's telemetry in step")
+    assert "training goes on without it" in alert.message
+
+
+GNS_NAMES = {M.GNS_G2, M.GNS_TRACE, M.GNS_RAW, M.GNS, M.GNS_TOKENS, M.GNS_LOW, M.GNS_HIGH}
+NO_AFTER_BACKWARD = (
+    "mon.after_backward() was not called after each backward: the noise scale needs it; "
+    "everything else is logged"
+)
+
+
+def test_a_loop_without_after_backward_logs_everything_but_the_noise_scale(tmp_path, capfd):
+    torch.manual_seed(0)
+    db = tmp_path / "runs.duckdb"
+    model = torch.nn.Linear(6, 3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    mon = _started(db, model, opt)
+    steps, norms = list(range(1, 6)), {}
+    for step in steps:
+        loss = _backwards(model, None)  # the loop forgets mon.after_backward()
+        assert mon.step(step, loss=loss)
+        norms[step] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
+        opt.step()
+        opt.zero_grad()
+    mon.finish()
+    for name in (M.LOSS, M.LR, M.GRAD_NORM, M.TOKENS_SEEN, M.BATCH_TOKENS, M.MEM_PEAK):
+        assert sorted(metric(db, mon.run_id, name)) == steps, name
+    for name in (M.STEP_TIME, M.TOKENS_PER_S):  # from the second step, as in any run
+        assert sorted(metric(db, mon.run_id, name)) == steps[1:], name
+    assert metric(db, mon.run_id, M.TOKENS_SEEN) == {s: s * 4 * 2 * 8 for s in steps}
+    assert metric(db, mon.run_id, M.GRAD_NORM) == pytest.approx(norms, rel=1e-5)  # clip's norm
+    assert not GNS_NAMES & set(store.metric_names(db, mon.run_id))
+    [alert] = _alerts(db, mon.run_id)
+    assert alert.step == 1 and alert.message.startswith(NO_AFTER_BACKWARD), alert.message
+    assert "call mon.after_backward() right after each micro-batch's loss.backward()" in (
+        alert.message
+    )
+    err = capfd.readouterr().err  # printed once, though the loop passed no echo
+    assert err.count(NO_AFTER_BACKWARD) == 1, err
+
+
+def test_a_ddp_loop_without_after_backward_logs_everything_but_the_noise_scale(tmp_path):
+    """Two gloo ranks: the gradient norm and the rank-mean loss still ride on the one all-reduce
+    per step; one alert, printed once (rank 0 has the writer)."""
+    db = tmp_path / "runs.duckdb"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "-m",
+            "tests.own_loop_child",
+            str(db),
+            str(tmp_path / "ddp.pt"),
+            "--steps",
+            "4",
+            "--no-after-backward",
+        ],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    [run] = store.list_runs(db)
+    for name in (M.LOSS, M.LR, M.GRAD_NORM, M.TOKENS_SEEN, M.MEM_PEAK):
+        assert sorted(metric(db, run.run_id, name)) == [1, 2, 3, 4], name
+    assert not GNS_NAMES & set(store.metric_names(db, run.run_id))
+    [alert] = _alerts(db, run.run_id)
+    assert alert.message.startswith(NO_AFTER_BACKWARD), alert.message
+    assert done.stderr.count(NO_AFTER_BACKWARD) == 1, done.stderr[-3000:]
+
+
+def test_step_called_twice_for_one_step_is_said_and_logged_once(tmp_path, capfd):
+    torch.manual_seed(0)
+    db = tmp_path / "runs.duckdb"
+    model = torch.nn.Linear(6, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon = _started(db, model, opt)
+    for step in range(1, 5):
+        loss = _backwards(model, mon)
+        assert M.GNS_G2 in mon.step(step, loss=loss)
+        if step == 2:
+            assert mon.step(2, loss=loss) == {}  # the second call is ignored
+        opt.step()
+        opt.zero_grad()
+    mon.finish()
+    # one row per step (metric() checks), tokens counted once
+    assert metric(db, mon.run_id, M.TOKENS_SEEN) == {s: s * 4 * 2 * 8 for s in range(1, 5)}
+    assert sorted(metric(db, mon.run_id, M.GNS_G2)) == [1, 2, 3, 4]
+    [alert] = _alerts(db, mon.run_id)
+    assert alert.step == 2, alert
+    assert alert.message.startswith(
+        "mon.step(2) was called twice for step 2, with no mon.after_backward() in between"
+    ), alert.message
+    assert "call mon.step() once per optimizer step" in alert.message
+    assert capfd.readouterr().err.count("called twice for step 2") == 1
+
+
+def test_a_step_with_no_after_backward_since_the_last_is_said(tmp_path, capfd):
+    torch.manual_seed(0)
+    db = tmp_path / "runs.duckdb"
+    model = torch.nn.Linear(6, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon = _started(db, model, opt)
+    for step in range(1, 6):
+        if step != 3:  # step 3: no backward (nor after_backward) since mon.step(2)
+            loss = _backwards(model, mon)
+        mon.step(step, loss=loss)
+        opt.step()
+        opt.zero_grad()
+    mon.finish()
+    assert sorted(metric(db, mon.run_id, M.LOSS)) == [1, 2, 3, 4, 5]
+    assert sorted(metric(db, mon.run_id, M.GRAD_NORM)) == [1, 2, 4, 5]  # no stale .grad
+    assert sorted(metric(db, mon.run_id, M.GNS_G2)) == [1, 2, 4, 5]
+    [alert] = _alerts(db, mon.run_id)
+    assert alert.step == 3, alert
+    assert alert.message.startswith(
+        "mon.step(3) was called with no mon.after_backward() since mon.step(2)"
+    ), alert.message
+    assert capfd.readouterr().err.count("since mon.step(2)") == 1
 
 
 FSDP_CHILD = """

@@ -131,15 +131,29 @@ class AccumulationStats:
         """weight: the factor this micro-batch's mean loss was multiplied by before backward,
         when it is not 1/k (e.g. n_tokens_j / n_tokens_step, Hugging Face's num_items_in_batch).
         """
-        grads = [p.grad for p in self.params if p.grad is not None]
-        if not grads or self.sharded:
+        grads = self._local_grads()
+        if not grads:
             self.sharded = self.sharded or _sharded(self.params)
-            return
-        if any(_is_sharded_tensor(g) for g in grads[:1]):
-            self.sharded = True
             return
         self._sq_norms.append(_squared_norm(grads))
         self._weights.append(weight)
+
+    def record_final(self) -> bool:
+        """For a loop that never calls after_backward: .grad as it stands at the optimizer step
+        becomes the step's one point, so collect() still gives the gradient norm (one point: no
+        noise scale). False when there is no .grad to read."""
+        grads = self._local_grads()
+        if grads:
+            self._sq_norms.append(_squared_norm(grads))
+            self._weights.append(None)
+        return bool(grads)
+
+    def _local_grads(self) -> list[torch.Tensor]:
+        """The .grad tensors whose norm is the gradient's; none once they are known sharded."""
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if grads and not self.sharded and _is_sharded_tensor(grads[0]):
+            self.sharded = True
+        return [] if self.sharded else grads
 
     def reset(self) -> None:
         """Forget the partial sums of an abandoned step (e.g. after an out-of-memory retry)."""

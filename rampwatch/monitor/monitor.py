@@ -17,7 +17,8 @@ at each step boundary (the ramp protocol), finish.
 Device values are read once per optimizer step (one transfer of k norms), never per micro-step.
 Everything is written through store.RunWriter, whose log() only appends to a spool file. The
 monitor never raises into the loop: an error inside it becomes one `alert` event and the
-telemetry it could not take is left out.
+telemetry it could not take is left out. A loop that calls it wrongly (no after_backward(), step()
+twice) still gets all it can, and one alert that names the mistake, on stderr too.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import collections
 import contextlib
 import math
 import statistics
+import sys
 import time
 from typing import Any, Mapping, TextIO
 
@@ -126,6 +128,8 @@ class Monitor:
         self._nonfinite_steps = 0
         self._excluded = 0.0
         self._alerted: set[str] = set()  # alerts said once per run
+        self._backwards = 0  # after_backward() calls, and their count at the last step()
+        self._backwards_at_step = 0
         self._norms: collections.deque[float] = collections.deque(maxlen=SPIKE_WINDOW)
         policy = policy or default_policy(
             optimizer, per_device_batch * accum * self.world_size, lr_rule
@@ -230,6 +234,7 @@ class Monitor:
     def after_backward(self, weight: float | None = None) -> None:
         """After each micro-batch's backward. weight: what this micro-batch's mean loss was
         multiplied by when that is not 1/accum (e.g. its share of the step's tokens)."""
+        self._backwards += 1
         try:
             self.grads.after_backward(weight)
         except Exception as e:  # never into the loop
@@ -280,15 +285,21 @@ class Monitor:
         )
 
     def _step(self, step: int, loss, grad_scale: float, extra) -> dict[str, float]:
-        self.last_step = step
+        # after_backward() since the last step(): the noise scale's points are there
+        reported = self.grads.sharded or self._backwards > self._backwards_at_step
+        read_grads = reported or self._without_after_backward(step)
+        if read_grads is None:  # step() again for a step already logged
+            return {}
+        self.last_step, self._backwards_at_step = step, self._backwards
         stats, mem = None, None
         if self.grads.sharded:  # FSDP / ZeRO: no norm of a shard passed off as the gradient's
             self._say_sharded(step)
             self.grads.reset()
-        elif self.world_size > 1:  # every rank calls step(): one small all-reduce in collect
-            stats, loss, mem = self._collect_ddp(loss, grad_scale)
-        else:
-            stats = self.grads.collect(self.per_device_batch, grad_scale)
+        elif read_grads:
+            if self.world_size > 1:  # every rank calls step(): one small all-reduce in collect
+                stats, loss, mem = self._collect_ddp(loss, grad_scale)
+            else:
+                stats = self.grads.collect(self.per_device_batch, grad_scale)
         now = time.perf_counter()
         batch_seqs = self.per_device_batch * self.accum * self.world_size
         batch_tokens = batch_seqs * self.seq_len
@@ -304,7 +315,8 @@ class Monitor:
         }
         if stats is not None:
             m[M.GRAD_NORM] = stats.grad_norm
-            m.update(self._noise_metrics(step, stats, batch_seqs))
+            if reported:
+                m.update(self._noise_metrics(step, stats, batch_seqs))
             self._check_spike(step, stats.grad_norm)
         if self._last_step_t is not None:
             dt = now - self._last_step_t - self._excluded
@@ -323,6 +335,46 @@ class Monitor:
             self.writer.log(step, m)
         self.ramps.observe(step, m)
         return m
+
+    def _without_after_backward(self, step: int) -> bool | None:
+        """step() with no after_backward() since the last step(): whether to read .grad for the
+        gradient norm (never for the noise scale), or None to ignore this call. Each case is
+        said once, on stderr too."""
+        if self._backwards == 0:  # never called: .grad at this step is still the gradient
+            self._tell_loop(
+                step,
+                "no after_backward",
+                "mon.after_backward() was not called after each backward: the noise scale "
+                "needs it; everything else is logged. To measure it, call "
+                "mon.after_backward() right after each micro-batch's loss.backward()",
+            )
+            return self.grads.record_final()
+        if step == self.last_step:  # logged already: a second row would count its tokens twice
+            self._tell_loop(
+                step,
+                "step twice",
+                f"mon.step({step}) was called twice for step {step}, with no "
+                "mon.after_backward() in between: the second call is ignored; call mon.step() "
+                "once per optimizer step, after its last backward",
+            )
+            return None
+        # no backward since, or one the loop did not report: .grad may be the last step's
+        self._tell_loop(
+            step,
+            "no backward since step",
+            f"mon.step({step}) was called with no mon.after_backward() since "
+            f"mon.step({self.last_step}): such a step is logged without gradient norm or noise "
+            "scale; call mon.after_backward() after each backward, and mon.step() once per "
+            "optimizer step",
+        )
+        return False
+
+    def _tell_loop(self, step: int, key: str, message: str) -> None:
+        """An alert about how the loop calls the monitor, once per run: printed to stderr even
+        without echo, since only the loop's author can fix it."""
+        if key not in self._alerted:
+            self._alerted.add(key)
+            self._record(step, M.EVENT_ALERT, message, {"cause": key}, self.echo or sys.stderr)
 
     def _check_spike(self, step: int, grad_norm: float) -> None:
         """An alert when the gradient norm jumps past SPIKE_FACTOR × its median over the last
@@ -493,10 +545,13 @@ class Monitor:
             self.writer.log(step, metrics)
 
     def event(self, step: int, kind: str, message: str, data: Mapping | None = None) -> None:
-        if self.writer:
+        self._record(step, kind, message, data, self.echo)
+
+    def _record(self, step, kind, message, data, echo: TextIO | None) -> None:
+        if self.writer:  # rank 0 only: one line per event, not one per rank
             self.writer.event(kind, message, step=step, data=dict(data or {}))
-            if self.echo is not None:
-                print(f"rampwatch: step {step}: {kind}: {message}", file=self.echo, flush=True)
+            if echo is not None:
+                print(f"rampwatch: step {step}: {kind}: {message}", file=echo, flush=True)
 
     @property
     def noise_scale(self) -> float | None:
