@@ -14,6 +14,7 @@ import unicodedata
 import pytest
 
 from rampwatch import store
+from rampwatch.store import commands
 from tests import seed
 
 BOUND = 500  # a label holds a name and an id (each at most 200 characters) and a status
@@ -91,3 +92,29 @@ def test_compare_picker_legend_and_tables(deceiving, monkeypatch):
         cells = [*map(str, d.value.columns), *map(str, d.value.to_numpy().ravel())]
         assert all(_safe(c) for c in cells), [c[:80] for c in cells if not _safe(c)]
     assert all(_safe(x) for x in seed.texts(at).splitlines())
+
+
+@pytest.mark.parametrize(
+    "operator",
+    ["\u202eecila", "al\nice", "al\x00ice", "a" * 65, "a" * 1_000_000],
+    ids=lambda s: f"{ascii(s[:8])}-{len(s)}",
+)
+def test_a_hiding_or_long_operator_name_is_refused_on_the_server(db_path, monkeypatch, operator):
+    """The Operator field's max_chars=64 is the browser's: a scripted client sends what it
+    likes, so submit and cancel check the typed name again before anything is written."""
+    from rampwatch.dashboard import data
+
+    monkeypatch.setenv("RAMPWATCH_TOKEN", seed.TOKEN)
+    live = seed.with_command(db_path, "pending")
+    try:
+        before = commands.list_commands(db_path, live.run_id)
+        with pytest.raises(data.CommandError, match="operator name must be printable"):
+            data.submit_ramp(
+                db_path, live.run_id, seed.RAMP_PAYLOAD, operator=operator, token=seed.TOKEN
+            )
+        with pytest.raises(data.CommandError, match="operator name must be printable"):
+            data.cancel_command(db_path, live.command_id, operator=operator, token=seed.TOKEN)
+        assert commands.list_commands(db_path, live.run_id) == before  # still one, pending
+        assert before[0].status == "pending"
+    finally:
+        live.close()
