@@ -118,6 +118,8 @@ class RunWriter(RareRecords, SpoolFlusher):
         step > S and records a 'resume' event, in the transaction of its first ingest, after
         ingesting what dead writers of the run left in their spools. S is a step (>= 0), or -1
         for a run resumed before its first checkpoint (everything is discarded).
+        run_id must be a name and `name` readable whole (store/naming.py): InvalidNameError, a
+        ValueError, otherwise, before anything is written.
         """
         db = resolve(db)
         json_ready(config, "config")
