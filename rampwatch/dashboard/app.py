@@ -15,6 +15,7 @@ from pathlib import Path
 import streamlit as st
 
 from rampwatch.dashboard import data
+from rampwatch.store.naming import display_name
 
 # The page scripts live in the package, so an installed dashboard needs no pages/ folder beside
 # its entry script (which would also switch on Streamlit's older folder-based page routing).
@@ -23,7 +24,8 @@ VIEWS = Path(__file__).resolve().parent / "views"
 
 def _run_label(run) -> str:
     name = run.name or run.run_id
-    return f"{name} · {run.status}" + ("" if name == run.run_id else f" · {run.run_id}")
+    label = f"{display_name(name)} · {run.status}"
+    return label if name == run.run_id else f"{label} · {display_name(run.run_id)}"
 
 
 def _pick_run(runs) -> str | None:
@@ -33,7 +35,8 @@ def _pick_run(runs) -> str | None:
     wanted = st.session_state.get("rw_run_id") or st.query_params.get("run")
     if wanted and wanted not in by_id:
         st.sidebar.warning(
-            f"Run {wanted} is no longer in the database (deleted?); showing another run."
+            f"Run {display_name(wanted)} is no longer in the database (deleted?); showing "
+            "another run."
         )
         wanted = None
         st.session_state.pop("run_picker", None)

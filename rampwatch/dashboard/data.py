@@ -38,6 +38,7 @@ from rampwatch.store.errors import (
     StoreBusyError,
     StoreError,
 )
+from rampwatch.store.naming import display_name
 from rampwatch.store.reader import Reader
 
 COMPARE_BUCKETS = 2000
@@ -106,7 +107,7 @@ def page_context(need_run: bool = True) -> tuple[Path, str | None, bool]:
         if run_id not in ids:
             if run_id is not None:
                 st.warning(
-                    f"Run {run_id} is no longer in the database (it was deleted). Pick "
+                    f"Run {display_name(run_id)} is no longer in the database (it was deleted). Pick "
                     "another run in the sidebar."
                 )
             else:

@@ -8,7 +8,8 @@ Public API (see each module's docstring for the why):
       export (reader.py)
   commands: submit, claim, apply, refuse, cancel, list_commands, get, log (commands.py)
   recover(db) (recovery.py), delete_run(db, run_id) (deletion.py), schema_version(db) (db.py);
-  the errors (errors.py); `rampwatch info|recover|upgrade|export DB` (cli.py);
+  naming: check_run_id, check_run_name, display_name (naming.py); the errors (errors.py);
+  `rampwatch info|recover|upgrade|export DB` (cli.py);
   read_connection / write_connection (db.py) for tools that need raw SQL under the lock;
   set_read_only() makes every read of the process write nothing (the dashboard's read-only
   mode; reads also pass read_only=True one by one).
@@ -17,7 +18,7 @@ No torch, streamlit or pandas here: stdlib, duckdb, numpy, pyarrow only.
 
 from __future__ import annotations
 
-from rampwatch.store import commands
+from rampwatch.store import commands, naming
 from rampwatch.store.commands import Command, LogEntry
 from rampwatch.store.db import read_connection, schema_version, set_read_only, write_connection
 from rampwatch.store.deletion import delete_run
@@ -26,6 +27,7 @@ from rampwatch.store.errors import (
     DatabaseCorruptError,
     DatabaseMissingError,
     DuckDBVersionError,
+    InvalidNameError,
     NotRampwatchError,
     RunNotFoundError,
     SchemaTooNewError,
@@ -73,6 +75,7 @@ __all__ = [
     "memory_plan",
     "export",
     "commands",
+    "naming",
     "recover",
     "delete_run",
     "schema_version",
@@ -89,6 +92,7 @@ __all__ = [
     "DatabaseCorruptError",
     "SchemaUpgradeNeededError",
     "DuckDBVersionError",
+    "InvalidNameError",
     "read_connection",
     "write_connection",
     "set_read_only",

@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 
 from rampwatch import store
 from rampwatch.store.errors import StoreBusyError, StoreError
+from rampwatch.store.naming import display_name
 
 
 def _age(t: float | None) -> str:
@@ -39,9 +40,8 @@ def _info(db: str) -> None:
         print(f"{'run_id':<28} {'status':<9} {'last_step':>10} {'heartbeat':>12}  name")
         for r in runs:
             last = "-" if r.last_step is None else str(r.last_step)
-            print(
-                f"{r.run_id:<28} {r.status:<9} {last:>10} {_age(r.heartbeat):>12}  {r.name or ''}"
-            )
+            run_id, name = display_name(r.run_id), display_name(r.name or "")
+            print(f"{run_id:<28} {r.status:<9} {last:>10} {_age(r.heartbeat):>12}  {name}")
 
 
 def _recover(db: str) -> None:

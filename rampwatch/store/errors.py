@@ -60,3 +60,8 @@ class SchemaUpgradeNeededError(StoreError):
 class DuckDBVersionError(StoreError):
     """The file was written by a DuckDB this environment's duckdb cannot read (the training and
     the dashboard environments differ); the message names both versions and the fix."""
+
+
+class InvalidNameError(StoreError, ValueError):
+    """A run id that is not a name (a path, empty, too long), or a run name a person could not
+    read whole (too long, invisible characters): store/naming.py says the rules."""

@@ -34,6 +34,7 @@ from rampwatch.store import spool_format as fmt
 from rampwatch.store.command_rows import Command, pending
 from rampwatch.store.db import DEFAULT_TIMEOUT, resolve, spool_root, write_connection
 from rampwatch.store.errors import RunNotFoundError, StoreError
+from rampwatch.store.naming import check_run_id, check_run_name
 from rampwatch.store.outbox import Outbox
 from rampwatch.store.steps import MAX_STEP, as_step, step_problem
 from rampwatch.store.txn import first
@@ -117,6 +118,8 @@ class RunWriter(RareRecords, SpoolFlusher):
         step > S and records a 'resume' event, in the transaction of its first ingest, after
         ingesting what dead writers of the run left in their spools. S is a step (>= 0), or -1
         for a run resumed before its first checkpoint (everything is discarded).
+        run_id must be a name and `name` readable whole (store/naming.py): InvalidNameError, a
+        ValueError, otherwise, before anything is written.
         """
         db = resolve(db)
         json_ready(config, "config")
@@ -125,8 +128,9 @@ class RunWriter(RareRecords, SpoolFlusher):
                 raise ValueError("resume_step needs the run_id of the run to resume")
             if not (type(resume_step) is int and resume_step == -1):  # -1: before step 0
                 resume_step = as_step(resume_step, "resume_step")
-        if run_id is not None and (not isinstance(run_id, str) or not run_id):
-            raise ValueError(f"run_id must be a non-empty string, got {run_id!r}")
+        if run_id is not None:
+            check_run_id(run_id)  # a name, never a path: it names checkpoint files
+        check_run_name(name)
         # Random from the first character: DuckDB's zone maps keep an 8-byte prefix of strings,
         # so ids that differ early let a query skip other runs' row groups.
         run_id = run_id or uuid.uuid4().hex[:12]

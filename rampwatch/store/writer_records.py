@@ -14,6 +14,7 @@ import operator
 import time
 
 from rampwatch.store.command_rows import Command, as_command_id
+from rampwatch.store.naming import check_run_name
 from rampwatch.store.steps import as_step
 
 PLAN_SOURCES = ("plan", "measured", "oom", "probe")
@@ -108,6 +109,7 @@ class RareRecords:
         world_size: int | None = None,
     ) -> None:
         """Change run details known only after start (device, capacity …); None keeps a field."""
+        check_run_name(name)
         self._append(
             {
                 "k": "run",

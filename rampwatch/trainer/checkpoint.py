@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from rampwatch.store.naming import check_run_id
+
 
 @dataclass
 class TrainState:
@@ -35,7 +37,9 @@ class TrainState:
 
 
 def checkpoint_path(directory: str | os.PathLike, run_id: str) -> Path:
-    return Path(directory) / f"{run_id}.pt"
+    """`<directory>/<run_id>.pt`; InvalidNameError (a ValueError) for an id that is not a name,
+    so no id (`../../x`) reaches a file outside the directory."""
+    return Path(directory) / f"{check_run_id(run_id)}.pt"
 
 
 def _tmp(path: Path) -> Path:

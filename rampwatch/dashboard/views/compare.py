@@ -13,6 +13,7 @@ import streamlit as st
 
 from rampwatch.dashboard import charts, comparison, data
 from rampwatch.store import names as M
+from rampwatch.store.naming import display_name
 
 db, current, _ = data.page_context(need_run=False)
 
@@ -27,7 +28,7 @@ if "compare_runs" in st.session_state:
 
 def _label(rid: str) -> str:
     r = by_id[rid]
-    return f"{r.name or rid} ({r.status})"
+    return f"{display_name(r.name or rid)} ({r.status})"
 
 
 chosen = st.multiselect(
@@ -37,9 +38,10 @@ if not chosen:
     st.info("Choose one or more runs to compare.")
     st.stop()
 
-labels = {rid: (by_id[rid].name or rid) for rid in chosen}
+# legends, captions and table columns: names shown safely; two that read alike get their ids
+labels = {rid: display_name(by_id[rid].name or rid) for rid in chosen}
 if len(set(labels.values())) < len(labels):
-    labels = {rid: f"{by_id[rid].name or rid} ({rid})" for rid in chosen}
+    labels = {rid: f"{labels[rid]} ({display_name(rid)})" for rid in chosen}
 
 names = sorted(set().union(*[set(data.metric_names(db, rid)) for rid in chosen]))
 if not names:

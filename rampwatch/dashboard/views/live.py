@@ -15,6 +15,7 @@ import streamlit as st
 from rampwatch.dashboard import card as card_view
 from rampwatch.dashboard import charts, data, live_data, recommend
 from rampwatch.store import names as M
+from rampwatch.store.naming import display_name
 
 REFRESH_CHOICES = {"off": None, "2 s": 2, "5 s": 5, "10 s": 10, "30 s": 30}
 
@@ -45,14 +46,14 @@ def _age(t: float | None) -> str:
 def _header(snap: live_data.Snapshot) -> None:
     run = snap.run
     tokens = snap.latest.get(M.TOKENS_SEEN)
-    st.title(run.name or run.run_id)
+    st.title(display_name(run.name or run.run_id))
     step = run.last_step if run.last_step is not None else "—"
     bits = [
         f"status **{run.status}**",
         f"step **{step}**",
         f"device {run.device or '?'}",
         f"heartbeat {_age(run.heartbeat)}",
-        f"id `{run.run_id}`",
+        f"id `{display_name(run.run_id)}`",
     ]
     if tokens:
         bits.insert(2, f"tokens **{tokens:,.0f}**")
@@ -137,8 +138,8 @@ def live_view() -> None:
         snap = live_data.live_snapshot(db, run_id)
     except data.RunNotFoundError:
         st.warning(
-            f"Run {run_id} is no longer in the database (it was deleted). Pick another run "
-            "in the sidebar."
+            f"Run {display_name(run_id)} is no longer in the database (it was deleted). Pick "
+            "another run in the sidebar."
         )
         return
     except data.StoreError as e:

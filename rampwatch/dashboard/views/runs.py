@@ -8,11 +8,13 @@ st.download_button (the file is built only when the button is clicked).
 from __future__ import annotations
 
 import datetime as dt
+import re
 import time
 
 import streamlit as st
 
 from rampwatch.dashboard import data
+from rampwatch.store.naming import display_name
 
 db, current, _ = data.page_context(need_run=False)
 
@@ -43,7 +45,7 @@ for r in runs:
     evs = data.events(db, r.run_id)
     rows.append(
         {
-            "name": r.name or r.run_id,
+            "name": display_name(r.name or r.run_id),
             "status": r.status,
             "started": _when(r.created_at),
             "duration": _duration(r),
@@ -56,7 +58,7 @@ for r in runs:
             "alerts": sum(e["kind"] == "alert" for e in evs),
             "lost records": data.lost_records(evs),
             "device": r.device,
-            "run id": r.run_id,
+            "run id": display_name(r.run_id),
         }
     )
 st.dataframe(
@@ -83,14 +85,16 @@ rid = c1.selectbox(
     list(by_id),
     key="export_run",
     index=list(by_id).index(current) if current in by_id else 0,
-    format_func=lambda i: f"{by_id[i].name or i} ({i})",
+    format_func=lambda i: f"{display_name(by_id[i].name or i)} ({display_name(i)})",
 )
 fmt = c2.radio("Format", ["CSV", "Parquet"], key="export_format", horizontal=True)
 ext, mime = ("csv", "text/csv") if fmt == "CSV" else ("parquet", "application/vnd.apache.parquet")
 c3.download_button(
     f"Download {fmt}",
     data=lambda: data.export_bytes(db, rid, ext),
-    file_name=f"{by_id[rid].name or rid}-{rid}.{ext}".replace("/", "_"),
+    file_name=re.sub(
+        r"[/\\]", "_", f"{display_name(by_id[rid].name or rid, 80)}-{display_name(rid)}.{ext}"
+    ),
     mime=mime,
     key="export_download",
     on_click="ignore",
