@@ -48,11 +48,8 @@ def _who() -> dict:
 
 
 def _approve(db, run_id: str, payload: dict, label: str, key: str, blocked: str | None) -> None:
-    if blocked:  # rendered disabled: a click can still arrive from a scripted client
-        _set_flash("error", f"Not submitted: {blocked}")
-        return
-    try:
-        cid = data.submit_ramp(db, run_id, payload, key=key, **_who())
+    try:  # blocked: rendered disabled, yet a scripted client can click; data refuses, records
+        cid = data.submit_ramp(db, run_id, payload, key=key, blocked=blocked, **_who())
         _set_flash(
             "success",
             f"Ramp #{cid} to {label} submitted: pending until "
