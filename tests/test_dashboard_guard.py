@@ -323,3 +323,24 @@ def test_a_disabled_click_and_a_refused_cancel_are_recorded(live, monkeypatch):
     assert cancel.action == "cancel" and cancel.detail == f"cancel ramp #{c.command_id}"
     assert "token is missing or wrong" in cancel.reason
     assert commands.get(live.db, c.command_id).status == "pending"
+
+
+def test_the_throttle_counts_within_its_window_per_client():
+    """Refusals spread wider than WINDOW_S never start a cooldown; one client's cooldown is
+    not another's; a write that passes forgets the client's refusals."""
+    now = [0.0]
+    t = guard.Throttle(clock=lambda: now[0])
+    for _ in range(3 * guard.MAX_REFUSALS):
+        t.refused("a")
+        now[0] += guard.WINDOW_S / (guard.MAX_REFUSALS - 1)
+    assert t.wait("a") == 0
+    for _ in range(guard.MAX_REFUSALS - 1):
+        t.refused("b")
+    t.passed("b")
+    t.refused("b")
+    assert t.wait("b") == 0
+    for _ in range(guard.MAX_REFUSALS):
+        t.refused("c")
+    assert t.wait("c") == guard.COOLDOWN_S and t.wait("a") == 0
+    now[0] += guard.COOLDOWN_S
+    assert t.wait("c") == 0

@@ -479,7 +479,7 @@ def _record_refusal(attempt: dict, operator: str | None, client: str | None, rea
             reason=reason,
             timeout=TIMEOUT,
         )
-    except StoreError as e:
+    except Exception as e:  # noqa: BLE001 - a refusal must never become a traceback
         return f" (this refusal could not be recorded: {e})"
     return ""
 
@@ -534,8 +534,8 @@ def submit_ramp(
 
 
 def cancel_command(db: Path, command_id: int, *, operator: str | None, token: str | None):
-    attempt = {"db": db, "command_id": command_id, "action": "cancel"}
-    attempt["detail"] = f"cancel ramp #{command_id}"
+    what = f"cancel ramp #{command_id}"
+    attempt = {"db": db, "command_id": command_id, "action": "cancel", "detail": what}
     actor = _writable(operator, token, attempt)
     try:
         return store_commands.cancel(db, command_id, actor=actor, timeout=TIMEOUT)
