@@ -50,3 +50,14 @@ def _app_argv(monkeypatch):
     """Streamlit hands an app the arguments after `--` as sys.argv[1:]; under AppTest the app
     would see pytest's own arguments (and rightly call them unknown dashboard arguments)."""
     monkeypatch.setattr(sys, "argv", ["app.py"])
+
+
+@pytest.fixture(autouse=True)
+def _fresh_write_throttle():
+    """The dashboard counts refused writes per client in its process (dashboard/guard.py); page
+    tests share this process and AppTest's client has no address, so each test starts afresh."""
+    from rampwatch.dashboard import guard
+
+    guard.THROTTLE.reset()
+    yield
+    guard.THROTTLE.reset()

@@ -213,3 +213,121 @@ def test_loopback_prints_a_fresh_token_and_off_loopback_takes_yours(db_path, tmp
             assert held == [printed if expect_printed else "from-a-file"]
         finally:
             kill_group(proc)
+
+
+# ---------------------------------------------------------------- refused writes leave a trace
+
+WRONG = "guessed-wrong-token-0123456789"  # what a guesser typed: never written anywhere
+
+
+def _every_byte_beside(db) -> bytes:
+    """The database, its WAL, the lock file and every spool file: all that the store wrote."""
+    out = b""
+    for p in sorted(db.parent.rglob("*")):
+        if p.is_file():
+            out += p.read_bytes()
+    return out
+
+
+def _token_pieces(token: str, size: int = 6) -> set[bytes]:
+    return {token[i : i + size].encode() for i in range(len(token) - size + 1)}
+
+
+def test_a_refused_approve_is_recorded_with_the_name_and_never_the_token(live, monkeypatch):
+    """Random tokens, so that no 6-character piece of them is in the file by chance."""
+    from rampwatch import store
+
+    server, wrong = guard.new_token(), guard.new_token()
+    at = seed.sign_in(seed.app(monkeypatch, live.db, token=server), "alice", wrong)
+    at.run()
+    at.button(key="approve").click().run()
+    assert commands.list_commands(live.db, live.run_id) == []
+    [r] = store.list_refusals(live.db, live.run_id)
+    assert (r.run_id, r.action, r.operator, r.client) == (live.run_id, "approve", "alice", None)
+    assert "token is missing or wrong" in r.reason and "ramp to" in r.detail
+    # a token pasted into the name field is not recorded either, nor a piece of one
+    for name in (server, f"bob {wrong[:8]}"):
+        at.text_input(key="rw_operator").input(name).run()
+        at.button(key="approve").click().run()
+        assert store.list_refusals(live.db, live.run_id)[0].operator == guard.WITHHELD
+    live.close()  # the spool's last records reach the file, and the file is checkpointed
+    everything = _every_byte_beside(live.db)
+    for token in (wrong, server):
+        leaked = [p for p in _token_pieces(token) if p in everything]
+        assert leaked == [], (token, leaked)
+
+
+def test_the_refusal_is_shown_on_the_live_page(live, monkeypatch):
+    at = seed.sign_in(seed.app(monkeypatch, live.db), "mallory", WRONG)
+    at.run()
+    at.button(key="approve").click().run()
+    at.run()
+    [box] = [e for e in at.expander if str(e.label).startswith("Refused writes")]
+    assert box.label == "Refused writes (1)"
+    [table] = [d.value for d in box.dataframe]
+    assert table["operator"].tolist() == ["mallory"]
+    assert "token is missing or wrong" in table["reason"].iloc[0]
+    assert WRONG not in seed.texts(at)
+
+
+def test_repeated_refusals_cool_down_then_the_right_token_works(live, monkeypatch):
+    from rampwatch import store
+
+    now = [1000.0]
+    monkeypatch.setattr(guard.THROTTLE, "clock", lambda: now[0])
+    at = seed.sign_in(seed.app(monkeypatch, live.db), "alice", WRONG)
+    at.run()
+    for _ in range(guard.MAX_REFUSALS):
+        at.button(key="approve").click().run()
+        now[0] += 1.0
+    assert len(store.list_refusals(live.db, live.run_id)) == guard.MAX_REFUSALS
+    # the next attempt, even with the right token, is refused without being checked
+    at.text_input(key="rw_token").input(seed.TOKEN).run()
+    at.button(key="approve").click().run()
+    [msg] = _flash_errors(at)
+    wait = int(guard.COOLDOWN_S) - 1  # the last refusal was a second ago
+    assert f"too many refused attempts: wait {wait} s" in msg, msg
+    assert commands.list_commands(live.db, live.run_id) == []
+    assert len(store.list_refusals(live.db, live.run_id)) == guard.MAX_REFUSALS  # not one per try
+    now[0] += guard.COOLDOWN_S
+    at.button(key="approve").click().run()
+    [c] = commands.list_commands(live.db, live.run_id)
+    assert c.actor == guard.actor("alice")
+
+
+def test_a_refused_cancel_is_recorded(live, monkeypatch):
+    """A Cancel with a wrong token is recorded like a refused Approve, naming the command. (A
+    click on Approve on hold is the card's to answer, not the guard's: the operator was let in.)"""
+    from rampwatch import store
+
+    at = seed.sign_in(seed.app(monkeypatch, live.db))
+    at.run()
+    at.button(key="approve").click().run()
+    [c] = commands.list_commands(live.db, live.run_id)
+    at.text_input(key="rw_token").input(WRONG).run()
+    at.button(key="cancel_command").click().run()
+    [cancel] = store.list_refusals(live.db, live.run_id)
+    assert cancel.action == "cancel" and cancel.detail == f"cancel ramp #{c.command_id}"
+    assert "token is missing or wrong" in cancel.reason
+    assert commands.get(live.db, c.command_id).status == "pending"
+
+
+def test_the_throttle_counts_within_its_window_per_client():
+    """Refusals spread wider than WINDOW_S never start a cooldown; one client's cooldown is
+    not another's; a write that passes forgets the client's refusals."""
+    now = [0.0]
+    t = guard.Throttle(clock=lambda: now[0])
+    for _ in range(3 * guard.MAX_REFUSALS):
+        t.refused("a")
+        now[0] += guard.WINDOW_S / (guard.MAX_REFUSALS - 1)
+    assert t.wait("a") == 0
+    for _ in range(guard.MAX_REFUSALS - 1):
+        t.refused("b")
+    t.passed("b")
+    t.refused("b")
+    assert t.wait("b") == 0
+    for _ in range(guard.MAX_REFUSALS):
+        t.refused("c")
+    assert t.wait("c") == guard.COOLDOWN_S and t.wait("a") == 0
+    now[0] += guard.COOLDOWN_S
+    assert t.wait("c") == 0

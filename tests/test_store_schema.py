@@ -199,3 +199,25 @@ def test_failed_migration_leaves_the_file_at_its_old_version(db_path, monkeypatc
     cols = [r[0] for r in con.execute("DESCRIBE runs").fetchall()]
     con.close()
     assert "device" not in cols  # the half-applied ALTERs were rolled back with it
+
+
+def test_v5_file_gains_the_refusals_table_and_reads_read_only_as_is(db_path):
+    """v6 adds write_refusals: a v5 file is upgraded when opened for writing; read-only, it is
+    read as it is, with no refusals."""
+    schema.create_at_version(db_path, 5)
+    con = duckdb.connect(str(db_path))
+    con.execute(
+        "INSERT INTO runs (run_id, name, status, created_at) VALUES ('r', 'v5', 'finished', 1.0)"
+    )
+    con.close()
+    assert store.list_refusals(db_path, read_only=True) == []
+    assert store.schema_version(db_path, read_only=True) == 5
+    store.record_refusal(
+        db_path, run_id="r", action="approve", detail="ramp", operator="al", client=None, reason="x"
+    )
+    assert store.schema_version(db_path, read_only=True) == schema.CURRENT_VERSION == 6
+    [r] = store.list_refusals(db_path, "r")
+    assert (r.run_id, r.action, r.operator, r.client, r.reason) == ("r", "approve", "al", None, "x")
+    assert store.refusal_counts(db_path) == {"r": 1}
+    store.delete_run(db_path, "r")  # a run's refusals go with it, like its other rows
+    assert store.list_refusals(db_path) == []

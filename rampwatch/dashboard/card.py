@@ -8,7 +8,7 @@ refused with the reason), and the buttons. Stable widget keys for tests and the 
 "Approve early" behind the "override" checkbox), "reject", "cancel_command", "tier_choice", and the
 operator's "rw_operator" (name) and "rw_token" (the operator token, dashboard/guard.py).
 Read-only mode and runs that are not running draw the same card with no buttons. A click is
-checked again on the server (data.py): the token, and that the button was not disabled.
+checked again on the server (data.py): the token and the operator's name.
 Reject hides that recommendation (Card.key) for this session until a new one appears.
 A refusal stays on the card for ERROR_SECONDS (the page refreshes every few seconds, and a refresh
 can interrupt the rerun that showed it), or until the operator edits their name or token; a
@@ -71,7 +71,7 @@ def _who() -> dict:
 def _approve(db, run_id: str, payload: dict, label: str, key: str, blocked: str | None) -> None:
     """Approve's callback (and its stand-in for a skipped one): a reason, or the approval to send."""
     st.session_state[CLICK_SEEN] = True
-    if blocked:  # drawn disabled: a stale copy's click, or a scripted client's
+    if blocked:  # on hold when drawn: the card's reason, not the guard's
         _set_flash("error", f"Not submitted: {blocked}")
         return
     st.session_state[SENDING] = (db, run_id, payload, label, key, time.monotonic())

@@ -1,11 +1,14 @@
 """Every store access of the dashboard but the live page's refresh, in one place: options,
-database checks, cached reads, and the two writes (submit / cancel a ramp command).
+database checks, cached reads, and the two writes (submit / cancel a ramp command), with the
+record of those refused.
 
 Owns: where the database path and read-only flag come from (`rampwatch dashboard --db PATH
 [--read-only]`, which passes them after `--` to the app; else RAMPWATCH_DB /
 RAMPWATCH_READ_ONLY); turning store errors into a message a page can show (`db_problem`);
 st.cache_data reads keyed on the file's version token (its and its WAL's size and mtime), so a
-finished run is read once and a live one on every change; and the command calls. The live
+finished run is read once and a live one on every change; the command calls, each checked by
+guard.py and, when refused, recorded in the store with the client's address and counted
+against the client (guard.THROTTLE); and the notes on dead writers' waiting spools. The live
 page's incremental refresh builds on these in dashboard/live_data.py. Pages never call store/
 directly.
 """
@@ -29,6 +32,8 @@ from rampwatch.dashboard.buckets import Buckets
 from rampwatch.store import commands as store_commands
 from rampwatch.store import db as store_db
 from rampwatch.store import names as M
+from rampwatch.store import recovery as store_recovery
+from rampwatch.store import refusals as store_refusals
 from rampwatch.store.errors import (
     CommandError,
     DatabaseMissingError,
@@ -330,6 +335,60 @@ def active_alerts(
     return sorted(held, key=lambda e: -e["step"])
 
 
+@st.cache_data(ttl=300, max_entries=64, show_spinner=False)
+def _refusals(db: str, run_id: str, token: tuple) -> list[dict]:
+    return [
+        {
+            "t": r.t,
+            "operator": r.operator,
+            "client": r.client,
+            "action": r.action,
+            "detail": r.detail,
+            "reason": r.reason,
+        }
+        for r in store_refusals.list_refusals(db, run_id, timeout=TIMEOUT)
+    ]
+
+
+def refusals(db: Path, run_id: str) -> list[dict]:
+    """The run's refused writes, newest first (at most store.refusals.LIST_LIMIT)."""
+    return _refusals(str(db), run_id, version_token(db))
+
+
+@st.cache_data(ttl=60, max_entries=64, show_spinner=False)
+def _refusal_counts(db: str, token: tuple) -> dict[str, int]:
+    return store_refusals.refusal_counts(db, timeout=TIMEOUT)
+
+
+def refusal_counts(db: Path) -> dict[str, int]:
+    """{run_id: refused writes} (Runs page)."""
+    return _refusal_counts(str(db), version_token(db))
+
+
+# a writer's death changes no byte of the database, so this is cached for a while, not by version
+@st.cache_data(ttl=5, max_entries=16, show_spinner=False)
+def _dead_writers(db: str) -> list:
+    return store_recovery.dead_writers(db, timeout=TIMEOUT)
+
+
+def dead_writer_notes(db: Path, run_id: str | None = None) -> list[str]:
+    """One sentence per dead writer's spool that recovery would ingest (of one run, or all):
+    read-only mode cannot recover, so the operator must be told what to run."""
+    notes = []
+    for d in _dead_writers(str(db)):
+        if run_id is not None and d.run_id != run_id:
+            continue
+        who = f"run {d.run_id}" if d.run_id else f"an unknown run (spool {d.spool})"
+        notes.append(
+            f"{who}: its writer died with {d.records:,} records not yet in the database; "
+            f"run `rampwatch recover {db}` to ingest them"
+            if d.records
+            else f"{who}: its writer died (everything it logged is in the database); "
+            f"run `rampwatch recover {db}` to mark the run killed"
+        )
+    return notes
+
+
 def event_dict(e) -> dict:
     return {"step": e.step, "t": e.t, "kind": e.kind, "message": e.message, "data": e.data}
 
@@ -361,17 +420,71 @@ def export_bytes(db: Path, run_id: str, fmt: str) -> bytes:
 # ------------------------------------------------------------------------------------ writes
 
 
-def _writable(operator: str | None, token: str | None) -> str:
+NO_ADDRESS = "(no address)"  # the throttle's one key for clients whose address is unknown
+
+
+def client_address() -> str | None:
+    """The client's address as Streamlit sees it; None on loopback, under AppTest, outside a
+    session. Streamlit says it can be spoofed: a record and a throttle key, not an identity."""
+    try:
+        ip = st.context.ip_address
+    except Exception:  # noqa: BLE001 - no session, no address
+        return None
+    return ip if isinstance(ip, str) else None  # AppTest's stand-in client has no real one
+
+
+def _writable(
+    operator: str | None,
+    token: str | None,
+    attempt: dict,
+) -> str:
     """The command log's actor for this write, or CommandError saying why it may not happen:
-    checked here, on the server, whatever the page rendered."""
+    checked here, on the server, whatever the page rendered. A refusal is recorded (attempt:
+    db, run_id, action, detail) and counted against the client; a client in its cooldown is
+    refused without a look at its token, and not recorded again."""
     if options().read_only or st.session_state.get("rw_read_only"):
         raise CommandError("this dashboard is read-only: it writes nothing")
-    if agent_api_enabled():
-        raise CommandError(AGENT_API_REFUSAL)
-    reason = guard.refusal(token, operator, guard.server_token())
-    if reason is not None:
-        raise CommandError(reason)
-    return guard.actor(operator)
+    client = client_address()
+    key = client or NO_ADDRESS
+    wait = guard.THROTTLE.wait(key)
+    if wait > 0:
+        raise CommandError(guard.cooldown_refusal(wait))
+    expected = guard.server_token()
+    reason = AGENT_API_REFUSAL if agent_api_enabled() else guard.refusal(token, operator, expected)
+    if reason is None:
+        guard.THROTTLE.passed(key)
+        return guard.actor(operator)
+    guard.THROTTLE.refused(key)
+    name = guard.recordable_name(operator, token, expected)
+    raise CommandError(reason + _record_refusal(attempt, name, client, reason))
+
+
+def _record_refusal(attempt: dict, operator: str | None, client: str | None, reason: str) -> str:
+    """Record a refused write; '' when recorded, else a note for the message (never raises)."""
+    try:
+        run_id = attempt.get("run_id")
+        if run_id is None:  # a cancel names its command: the record names the command's run
+            run_id = _command_run(attempt["db"], attempt["command_id"])
+        store_refusals.record(
+            attempt["db"],
+            run_id=run_id,
+            action=attempt["action"],
+            detail=attempt["detail"],
+            operator=operator,
+            client=client,
+            reason=reason,
+            timeout=TIMEOUT,
+        )
+    except Exception as e:  # noqa: BLE001 - a refusal must never become a traceback
+        return f" (this refusal could not be recorded: {e})"
+    return ""
+
+
+def _command_run(db: Path, command_id) -> str | None:
+    try:
+        return store_commands.get(db, command_id, timeout=TIMEOUT).run_id
+    except CommandError:  # no such command (an id a script made up): recorded without a run
+        return None
 
 
 ramp_refusal = store_commands.ramp_refusal  # a run whose loop takes no ramps: say why
@@ -403,7 +516,9 @@ def submit_ramp(
 ) -> int:
     """Queue an approved ramp for `operator`, if the token is this server's (store validates
     and refuses a second open one); the same key makes one command however often it is sent."""
-    actor = _writable(operator, token)
+    what = f"ramp to {payload.get('per_device_batch')} × {payload.get('accum')}"
+    attempt = {"db": db, "run_id": run_id, "action": "approve", "detail": what}
+    actor = _writable(operator, token, attempt)
     try:
         return store_commands.submit(
             db, run_id, "ramp", payload, actor=actor, timeout=TIMEOUT, key=key
@@ -413,7 +528,9 @@ def submit_ramp(
 
 
 def cancel_command(db: Path, command_id: int, *, operator: str | None, token: str | None):
-    actor = _writable(operator, token)
+    what = f"cancel ramp #{command_id}"
+    attempt = {"db": db, "command_id": command_id, "action": "cancel", "detail": what}
+    actor = _writable(operator, token, attempt)
     try:
         return store_commands.cancel(db, command_id, actor=actor, timeout=TIMEOUT)
     finally:
@@ -433,6 +550,10 @@ __all__ = [
     "series",
     "run_summary",
     "events",
+    "refusals",
+    "refusal_counts",
+    "dead_writer_notes",
+    "client_address",
     "export_bytes",
     "submit_ramp",
     "cancel_command",

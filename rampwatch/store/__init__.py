@@ -7,9 +7,11 @@ Public API (see each module's docstring for the why):
   Reader(db) and list_runs, get_run, metric_names, series, latest, events, memory_plan,
       export (reader.py)
   commands: submit, claim, apply, refuse, cancel, list_commands, get, log (commands.py)
-  recover(db) (recovery.py), delete_run(db, run_id) (deletion.py), schema_version(db) (db.py);
-  naming: check_run_id, check_run_name, display_name (naming.py); the errors (errors.py);
-  `rampwatch info|recover|upgrade|export DB` (cli.py);
+  recover(db) and dead_writers(db), which only looks (recovery.py), delete_run(db, run_id)
+      (deletion.py), schema_version(db) (db.py);
+  naming: check_run_id, check_run_name, display_name (naming.py);
+  record_refusal, list_refusals, refusal_counts: the dashboard's refused writes (refusals.py);
+  the errors (errors.py); `rampwatch info|recover|upgrade|export DB` (cli.py);
   read_connection / write_connection (db.py) for tools that need raw SQL under the lock;
   set_read_only() makes every read of the process write nothing (the dashboard's read-only
   mode; reads also pass read_only=True one by one).
@@ -52,7 +54,9 @@ from rampwatch.store.reader import (
     metric_names,
     series,
 )
-from rampwatch.store.recovery import RecoveryReport, recover
+from rampwatch.store.recovery import DeadWriter, RecoveryReport, dead_writers, recover
+from rampwatch.store.refusals import Refusal, list_refusals, refusal_counts
+from rampwatch.store.refusals import record as record_refusal
 from rampwatch.store.schema import CURRENT_VERSION
 from rampwatch.store.writer import RunWriter
 
@@ -66,6 +70,8 @@ __all__ = [
     "Command",
     "LogEntry",
     "RecoveryReport",
+    "DeadWriter",
+    "Refusal",
     "list_runs",
     "get_run",
     "metric_names",
@@ -77,6 +83,10 @@ __all__ = [
     "commands",
     "naming",
     "recover",
+    "dead_writers",
+    "record_refusal",
+    "list_refusals",
+    "refusal_counts",
     "delete_run",
     "schema_version",
     "CURRENT_VERSION",

@@ -6,6 +6,8 @@ writer now and then) ingests the spool's tail exactly once (the stored offsets s
 start), deletes the fully ingested spool, and marks any run that is still 'running' with no
 live spool left as 'killed' at its last step, refusing its open commands ('run killed'). A
 spool that cannot be parsed is renamed `<session>.corrupt` and reported, not deleted.
+`dead_writers` only looks: which spools wait for that, and how much they hold, for a reader
+that cannot recover (the dashboard's read-only mode).
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rampwatch.store import command_rows, ingest, spool
-from rampwatch.store.db import DEFAULT_TIMEOUT, spool_root, write_connection
+from rampwatch.store import spool_format as fmt
+from rampwatch.store.db import DEFAULT_TIMEOUT, read_connection, spool_root, write_connection
 from rampwatch.store.txn import first, transaction
 
 
@@ -35,6 +38,44 @@ class RecoveryReport:
     spools: list[RecoveredSpool] = field(default_factory=list)
     killed_runs: list[str] = field(default_factory=list)
     refused_commands: int = 0
+
+
+@dataclass(frozen=True)
+class DeadWriter:
+    """A dead writer's spool that recovery would ingest."""
+
+    spool: str
+    run_id: str | None  # None: not even its start record is readable
+    records: int  # metric records and rare records beyond the stored offsets
+
+
+def _waiting(path: Path, offsets: tuple | None) -> tuple[str | None, int]:
+    """(run id, records not yet ingested) of one spool, from its sizes and stored offsets."""
+    run_id, bin_off, js_off = offsets if offsets is not None else (None, 0, 0)
+    record_size = fmt.LEGACY_RECORD.itemsize if spool.is_legacy(path) else fmt.SIZE
+    bin_size, _ = spool.file_sizes(path)
+    tail, _, _ = spool.read_json_records(path, js_off, final=True)
+    if run_id is None:  # never ingested: its start record names the run
+        run_id = next((r.get("run_id") for r in tail if isinstance(r, dict)), None)
+    return run_id, max(0, bin_size - bin_off) // record_size + len(tail)
+
+
+def dead_writers(db, timeout: float = DEFAULT_TIMEOUT, read_only: bool | None = None):
+    """The spools of dead writers beside `db` and what each still holds (list[DeadWriter]).
+
+    Only looks: a shared probe of each spool's lock and a read of the stored offsets, so it
+    works read-only; `recover` ingests them.
+    """
+    root = spool_root(db)
+    dead = [p for p in spool.list_spools(root) if not spool.is_live(p)]
+    if not dead:
+        return []
+    with read_connection(db, timeout, read_only=read_only) as con:
+        rows = con.execute(
+            "SELECT spool, run_id, bin_offset, jsonl_offset FROM spool_offsets"
+        ).fetchall()
+    offsets = {r[0]: r[1:] for r in rows}
+    return [DeadWriter(p.name, *_waiting(p, offsets.get(p.name))) for p in dead]
 
 
 def live_spools(con, db, run_id: str) -> list[Path]:

@@ -13,6 +13,8 @@ Version history (a file at any older version is upgraded in place when opened):
      one that reached furthest is kept (its rows were ingested; the others' offsets are stale).
   5  commands gains idempotency_key: a second submit with the same key returns the first id.
      (Written with spool format 2: checked records; store/spool_format.py.)
+  6  write_refusals: writes the dashboard refused (who typed what name, from where, which run,
+     what was attempted, why; never the token). Read-only reading of v3..v5 sees none.
 Times are unix seconds (DOUBLE); JSON is stored as text. No other primary keys or unique
 indexes: uniqueness is enforced by code under the exclusive lock (an index would grow the
 metrics table several-fold and make a whole append fail on one duplicate). spool_offsets is the
@@ -29,9 +31,10 @@ import duckdb
 from rampwatch.store.errors import NotRampwatchError, SchemaTooNewError
 from rampwatch.store.txn import transaction
 
-CURRENT_VERSION = 5
+CURRENT_VERSION = 6
 # Oldest version the readers' queries work on unchanged (read-only reading does not upgrade):
-# v3 added the rollups every chart reads; v4 and v5 changed nothing a reader selects.
+# v3 added the rollups every chart reads; v4 and v5 changed nothing a reader selects; v6's
+# table is read only where the file has it (store/refusals.py).
 MIN_READABLE_VERSION = 3
 VERSION_TABLE = "rampwatch_schema"
 # (shift, complete-buckets table, open-buckets table): rollups at 2**shift steps per bucket,
@@ -143,6 +146,13 @@ _V4 = [
 
 _V5 = ["ALTER TABLE commands ADD COLUMN idempotency_key VARCHAR"]
 
+REFUSALS_VERSION = 6
+_V6 = [
+    """CREATE TABLE write_refusals (
+        t DOUBLE NOT NULL, run_id VARCHAR, action VARCHAR NOT NULL, detail VARCHAR,
+        operator VARCHAR, client VARCHAR, reason VARCHAR NOT NULL)"""
+]
+
 # Every table with a run_id column, children first (commands' log goes with its commands).
 RUN_TABLES = (
     "metrics",
@@ -151,6 +161,7 @@ RUN_TABLES = (
     "events",
     "memory_plan",
     "spool_offsets",
+    "write_refusals",
     "commands",
     "runs",
 )
@@ -161,6 +172,7 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
     (3, "min/max/last rollups of metrics", _V3),
     (4, "primary key on spool_offsets (spool)", _V4),
     (5, "idempotency keys of commands", _V5),
+    (REFUSALS_VERSION, "refused dashboard writes", _V6),
 ]
 assert [v for v, _, _ in MIGRATIONS] == list(range(1, CURRENT_VERSION + 1))
 

@@ -4,6 +4,7 @@ Thin page: dashboard/live_data.py fetches (incrementally, inside an st.fragment 
 seconds while the run is live), dashboard/recommend.py decides, dashboard/charts.py and dashboard/card.py draw.
 Charts: loss (raw faint + debiased EMA, validation), gradient norm, noise scale vs batch,
 memory vs capacity with each tier's predicted peak, tokens/s and MFU; events on every chart.
+Below them the events, and the run's refused writes (when there are any).
 """
 
 from __future__ import annotations
@@ -59,7 +60,10 @@ def _header(snap: live_data.Snapshot) -> None:
         bits.insert(2, f"tokens **{tokens:,.0f}**")
     st.markdown(" · ".join(bits))
     stale, lost, alerts = st.empty(), st.empty(), st.container()
-    if run.status == "stale":
+    dead = data.dead_writer_notes(db, run.run_id)
+    if dead:  # the next writer would ingest them, but read-only mode never will
+        stale.warning(" ".join(n + "." for n in dead), icon=":material/warning:")
+    elif run.status == "stale":
         stale.warning(
             "No heartbeat from this run's writer: it may have died. Its last data is "
             "shown; the next writer to open the database marks it killed."
@@ -126,6 +130,28 @@ def _events_table(snap: live_data.Snapshot) -> None:
         )
 
 
+def _refusals_table() -> None:
+    rows = data.refusals(db, run_id)
+    if not rows:
+        return
+    with st.expander(f"Refused writes ({len(rows)})", expanded=False):
+        st.caption(
+            "Approve / Cancel clicks this dashboard refused (a wrong or missing token or "
+            "operator name): the name as typed (never the token), the "
+            "client's address where known, and why."
+        )
+        st.dataframe(
+            [{**r, "t": _when(r["t"])} for r in rows],
+            hide_index=True,
+            key="refusals_table",
+            column_config={"reason": st.column_config.TextColumn(width="large")},
+        )
+
+
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
 _status = next((r.status for r in data.list_runs(db) if r.run_id == run_id), None)
 interval = REFRESH_CHOICES[refresh_label] if _status in ("running", "stale") else None
 
@@ -168,6 +194,7 @@ def live_view() -> None:
     card_view.render(card, db=db, run=snap.run, read_only=read_only)
     _charts(snap, card)
     _events_table(snap)
+    _refusals_table()
 
 
 live_view()

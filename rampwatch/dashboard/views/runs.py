@@ -1,7 +1,8 @@
 """Runs page: every run in the database, its status and summary, and export of its raw rows.
 
 Thin page: store.reader.Run rows via dashboard/data.py (status 'stale' when a running run's writer is
-gone), a per-run summary (tokens, best loss, peak memory), and CSV / Parquet export through
+gone), a per-run summary (tokens, best loss, peak memory, refused writes), a note for each dead
+writer whose spool waits for `rampwatch recover`, and CSV / Parquet export through
 st.download_button (the file is built only when the button is clicked).
 """
 
@@ -39,6 +40,7 @@ def _duration(r) -> str | None:
 
 st.title("Runs")
 runs = data.list_runs(db)
+refused = data.refusal_counts(db)
 rows = []
 for r in runs:
     s = data.run_summary(db, r.run_id)
@@ -57,6 +59,7 @@ for r in runs:
             else round(s["peak_bytes"] / 1e9, 2),
             "alerts": sum(e["kind"] == "alert" for e in evs),
             "lost records": data.lost_records(evs),
+            "refused writes": refused.get(r.run_id, 0),
             "device": r.device,
             "run id": display_name(r.run_id),
         }
@@ -68,6 +71,8 @@ st.dataframe(
     column_config={"tokens": st.column_config.NumberColumn(format="localized")},
 )
 st.caption(STATUS_HELP)
+for note in data.dead_writer_notes(db):  # the dashboard never recovers: say who can
+    st.warning(note + ".", icon=":material/warning:")
 lossy = [row["name"] for row in rows if row["lost records"]]
 if lossy:
     st.warning(
