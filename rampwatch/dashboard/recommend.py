@@ -222,6 +222,7 @@ def command_view(cmd) -> CommandView:
         "applied": f"Ramp #{cid} to {what} was applied at step {step}.",
         "refused": f"Ramp #{cid} to {what} was refused: {reason}",
         "cancelled": f"Ramp #{cid} to {what} was cancelled.",
+        "undone": f"Ramp #{cid} to {what} is not in effect: {reason}.",
     }.get(status, f"Ramp #{cid}: {status}")
     return CommandView(cid, status, text, payload, step, reason)
 

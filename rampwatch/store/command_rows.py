@@ -5,8 +5,9 @@ training run, so a typo must not become a 10^9 accumulation or a 1e300 learning 
 tier rule (a ramp moves the effective batch at most RAMP_MAX_FACTOR up per command and never
 below the run's starting tier, where the store knows them), idempotency keys (a double click or
 a replayed request makes one command), the legal status changes, the rule of at most one open
-ramp per run, the command log (every change timestamped and attributed to an actor), and the
-SQL that reads and writes the commands and command_log tables.
+ramp per run, undoing the ramps a resume discarded, the command log (every change timestamped
+and attributed to an actor), and the SQL that reads and writes the commands and command_log
+tables.
 
 Nothing here opens a connection or recovers dead writers: that is the API (store/commands.py).
 So ingest (a spooled command result), recovery (a dead run's open commands are refused) and the
@@ -28,8 +29,13 @@ from rampwatch.store.schema import ROLLUP_LEVELS
 from rampwatch.store.txn import first, transaction
 
 KINDS = ("ramp",)
-STATUSES = ("pending", "claimed", "applied", "refused", "cancelled")
-LEGAL = {"pending": ("claimed", "cancelled", "refused"), "claimed": ("applied", "refused")}
+STATUSES = ("pending", "claimed", "applied", "refused", "cancelled", "undone")
+# applied -> undone: a resume from a step before the one it was applied at discarded it
+LEGAL = {
+    "pending": ("claimed", "cancelled", "refused"),
+    "claimed": ("applied", "refused"),
+    "applied": ("undone",),
+}
 OPEN = ("pending", "claimed")
 _RAMP_FIELDS = ("per_device_batch", "accum", "lr_multiplier", "note")
 MAX_PER_DEVICE_BATCH = 1 << 20  # sequences per micro-batch
@@ -191,8 +197,9 @@ def transition(
         )
     if to == "applied" and (isinstance(step, bool) or not isinstance(step, int)):
         raise CommandError(f"applying command #{command_id} needs the step it took effect at")
-    if to == "refused" and (not isinstance(reason, str) or not reason.strip()):
-        raise CommandError(f"refusing command #{command_id} needs a reason")
+    if to in ("refused", "undone") and (not isinstance(reason, str) or not reason.strip()):
+        verb = "refusing" if to == "refused" else "undoing"
+        raise CommandError(f"{verb} command #{command_id} needs a reason")
     t = time.time() if t is None else t
     con.execute(
         "UPDATE commands SET status = ?, updated_at = ?, applied_step = ?, reason = ? "
@@ -203,6 +210,23 @@ def transition(
     con.execute(
         "INSERT INTO command_log VALUES (?, ?, ?, ?, ?, ?)", [command_id, t, frm, to, actor, detail]
     )
+
+
+def undo_after(con, run_id: str, step: int, cause: str, actor: str) -> list[int]:
+    """Undo every command of a run applied after `step`: a resume from `step` (after a `cause`,
+    e.g. "crash") discarded the steps they took effect at. Returns their ids."""
+    rows = con.execute(
+        "SELECT command_id, applied_step FROM commands WHERE run_id = ? AND status = 'applied' "
+        "AND applied_step > ? ORDER BY command_id",
+        [run_id, step],
+    ).fetchall()
+    for cid, applied in rows:
+        why = (
+            f"undone by the {cause}: resumed from step {step}, before step {applied} where it "
+            "took effect"
+        )
+        transition(con, cid, "undone", actor, reason=why)
+    return [int(cid) for cid, _ in rows]
 
 
 def pending(con, run_id: str) -> list[Command]:

@@ -7,7 +7,7 @@ store/command_rows.py: validation, the tier rule, idempotency keys, the legal st
 one open ramp per run, the command log.
 
 Lifecycle: pending → claimed | cancelled | refused; claimed → applied (at a step) | refused
-(with a reason). Nothing else. The trainer claims a command synchronously (`claim`: it must
+(with a reason); applied → undone (a resume from an earlier step discarded it). Nothing else. The trainer claims a command synchronously (`claim`: it must
 know it owns the command before acting on it), then reports the result either synchronously
 (`apply` / `refuse`) or without waiting through its RunWriter (`command_applied` /
 `command_refused`, spooled and recorded at the next ingest). A RunWriter can also claim for the

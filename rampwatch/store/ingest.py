@@ -30,6 +30,7 @@ from rampwatch.store.errors import CommandError, SpoolOffsetsError
 from rampwatch.store.txn import first, transaction
 
 MAX_RECORDS = 1 << 18  # per transaction (8 MB of spool, ~0.1 s): bounds lock hold and memory
+ENDINGS = ("killed", "failed")  # event kinds of a run's end: a resume purge keeps them
 
 _EVENT_SCHEMA = pa.schema(
     [
@@ -81,6 +82,24 @@ def _json_or_none(obj) -> str | None:
     return None if obj is None else json.dumps(obj, ensure_ascii=False)
 
 
+def _resume_message(s: int, purged: dict) -> str:
+    """The resume event's line: what the purge discarded, kept and undid."""
+    kinds = purged["deleted_event_kinds"]
+    events = f"{purged['deleted_events']} events" + (
+        " (" + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) + ")" if kinds else ""
+    )
+    parts = [
+        f"resumed from step {s}; discarded what came after it: "
+        f"{purged['deleted_metric_rows']} metric rows and {events}"
+    ]
+    parts += [f"ramp #{cid} undone" for cid in purged["undone_commands"]]
+    parts += [
+        f"kept the {e['kind']} event of step {e['step']} (shown at step {s})"
+        for e in purged["kept_events"]
+    ]
+    return "; ".join(parts)
+
+
 class _Apply:
     """Applies rare records of one spool inside the open transaction; collects row inserts."""
 
@@ -127,39 +146,69 @@ class _Apply:
         s = r.get("resume_step")
         if s is None:
             return
-        # Resume (TensorBoard's purge_step = s + 1): drop the discarded future of the run.
-        [(n_metrics,)] = con.execute(
-            "DELETE FROM metrics WHERE run_id = ? AND step > ?", [run_id, s]
-        ).fetchall()
-        [(n_events,)] = con.execute(
-            "DELETE FROM events WHERE run_id = ? AND step > ?", [run_id, s]
-        ).fetchall()
-        rollup.truncate(con, run_id, s)
+        prev_status, prev_last = row if row is not None else (None, None)
+        purged = self._purge_after(run_id, s, prev_status)
         con.execute(
             "UPDATE runs SET status = 'running', ended_at = NULL, last_step = ?, "
             "heartbeat = ? WHERE run_id = ?",
             [s, r["t"], run_id],
         )
-        prev_status, prev_last = row if row is not None else (None, None)
         self.events.append(
             dict(
                 step=s,
                 t=r["t"],
                 kind="resume",
-                message=f"resumed from step {s}; removed {n_metrics} metric rows and {n_events} "
-                f"events with step > {s}",
+                message=_resume_message(s, purged),
                 data=_json_or_none(
                     {
                         "resume_step": s,
                         "purge_step": s + 1,
-                        "deleted_metric_rows": n_metrics,
-                        "deleted_events": n_events,
+                        **purged,
                         "previous_status": prev_status,
                         "previous_last_step": prev_last,
                     }
                 ),
             )
         )
+
+    def _purge_after(self, run_id: str, s: int, prev_status: str | None) -> dict:
+        """Resume from step s (TensorBoard's purge_step = s + 1): drop the discarded future of
+        the run (its metrics and events after s), but keep how its last life ended (a killed or
+        failed event), moved to step s with its own step in data: the marker then sits where the
+        kept history stops rather than inside the new one. Commands applied after s are undone,
+        so no command says 'applied' for a ramp the resumed run does not carry. Returns what the
+        resume event reports."""
+        con = self.con
+        [(n_metrics,)] = con.execute(
+            "DELETE FROM metrics WHERE run_id = ? AND step > ?", [run_id, s]
+        ).fetchall()
+        later = con.execute(
+            "SELECT step, t, kind, message, data FROM events WHERE run_id = ? AND step > ? "
+            "ORDER BY step, t",
+            [run_id, s],
+        ).fetchall()
+        con.execute("DELETE FROM events WHERE run_id = ? AND step > ?", [run_id, s])
+        kept, discarded = [], {}
+        for step, t, kind, message, data in later:
+            if kind not in ENDINGS:
+                discarded[kind] = discarded.get(kind, 0) + 1
+                continue
+            old = json.loads(data) if data else None
+            moved = {**(old if isinstance(old, dict) else {}), "original_step": step}
+            self.events.append(
+                dict(step=s, t=t, kind=kind, message=message, data=_json_or_none(moved))
+            )
+            kept.append({"kind": kind, "step": step})
+        rollup.truncate(con, run_id, s)
+        cause = "crash" if prev_status in ENDINGS else "resume"
+        undone = command_rows.undo_after(con, run_id, s, cause, "resume")
+        return {
+            "deleted_metric_rows": n_metrics,
+            "deleted_events": sum(discarded.values()),
+            "deleted_event_kinds": discarded,
+            "kept_events": kept,
+            "undone_commands": undone,
+        }
 
     def _segment(self, r: dict) -> None:
         # The first record of a spool the writer rotated to: the run already exists.

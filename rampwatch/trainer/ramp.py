@@ -1,6 +1,6 @@
 """Batch ramps inside the reference trainer: a client of the monitor's ramp protocol
 (monitor/ramp.py: claim, check, auto, refuse), plus what only this trainer does — the GPT's memory
-plan in a child process, a checkpoint before each switch, the schedule's base LR in TrainState.
+plan in a child process, a checkpoint of each switch, the schedule's base LR in TrainState.
 
 Owns `RankBatch` (what each rank runs per step), `RampController` and its pure parts: `tier_switch`
 (what a due ramp becomes for the trainer's state) and `plan_ladder` (the per-device batches the
@@ -133,14 +133,22 @@ class RampController:
         )
 
     def at_boundary(self) -> None:
-        """A due ramp: checkpoint, switch tier, move the schedule's base LR, re-plan, record."""
+        """A due ramp: switch tier, move the schedule's base LR, checkpoint, record, re-plan.
+
+        The checkpoint comes after the switch: the boundary lies between steps, so the state at
+        the same step with the new tier and base LR is whole (data position, tokens, noise
+        window and infeasible batches do not move), and a resume from it carries the ramp that
+        its command reports as applied at this step. It comes before the record: a kill during
+        the save leaves the previous checkpoint and a command still claimed, which recovery
+        refuses ("run killed"), so the record never claims a ramp the checkpoint lacks. Under
+        DDP every rank switches here and only rank 0 saves (save_checkpoint)."""
         ramp = self.monitor.ramp_due(self.state.step)
         if ramp is None:
             return
         switch = tier_switch(RankBatch.of(self.state), ramp)
-        self.save_checkpoint()
         self.state.base_lr = switch.base_lr
         switch.tier.apply_to(self.state)
+        self.save_checkpoint()
         self.monitor.ramp_applied(ramp)
         if switch.replan:
             self._start_plan()
