@@ -34,7 +34,7 @@ import torch
 
 from rampwatch.trainer.data_formats import DataError
 
-KEYS = ("state", "model", "optimizer", "config")  # what every checkpoint holds (and "note")
+KEYS = ("state", "model", "optimizer", "config")  # in every checkpoint; a "note" is optional
 
 
 class CheckpointError(DataError):
@@ -124,9 +124,8 @@ def retier(
 
 def remove_stale_tmp(path: Path) -> list[Path]:
     """Remove the temporary files of this checkpoint whose writer is gone (killed mid-save) and
-    return them; a live process's file is a save in progress and stays. The writer is looked
-    up on this machine, so a directory that other hosts write into keeps theirs only while
-    their pids are not dead here."""
+    return them; a live process's file is a save in progress and stays. Pids are looked up on
+    this machine: called at start, when no other host of the run is saving yet."""
     removed = []
     for tmp in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
         pid = tmp.name[len(path.name) + 2 : -len(".tmp")]
