@@ -29,10 +29,16 @@ def trainer_args(db: Path, ckpt: Path, *extra: str) -> list[str]:
 
 
 def run_trainer(
-    db: Path, ckpt: Path, *extra: str, timeout: float = 240
+    db: Path, ckpt: Path, *extra: str, timeout: float = 240, **popen_kwargs
 ) -> subprocess.CompletedProcess:
-    """Run a trainer to completion; fail with its output if it does not finish in time."""
-    proc = spawn(trainer_args(db, ckpt, *extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    """Run a trainer to completion; fail with its output if it does not finish in time.
+    popen_kwargs: e.g. a preexec_fn that sets a resource limit in the child."""
+    proc = spawn(
+        trainer_args(db, ckpt, *extra),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        **popen_kwargs,
+    )
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -112,6 +112,9 @@ class Trainer:
         self.state, resume_notes = self._initial_state()
         resumed = self.resume_blob is not None
         self.checkpoint_path = ckpt.checkpoint_path(args.checkpoint_dir, self.state.run_id)
+        if self.ddp.is_main:
+            for tmp in ckpt.remove_stale_tmp(self.checkpoint_path):
+                print(f"rampwatch: removed {tmp}, left by a save that was killed", file=sys.stderr)
         self.train_model = dist.wrap(self.model, self.ddp)
         if args.compile:
             self.train_model = torch.compile(self.train_model)
@@ -322,11 +325,25 @@ class Trainer:
         self.model.train()
         return float(loss)
 
-    def save_checkpoint(self) -> None:
-        """Rank 0's checkpoint of the last completed step (DDP keeps the ranks' weights equal)."""
+    def save_checkpoint(self, final: bool = False) -> None:
+        """Rank 0's checkpoint of the last completed step (DDP keeps the ranks' weights equal).
+        A save that fails (trainer/checkpoint.py: a full disk, say) is an alert and the run goes
+        on from its older checkpoint; the final one (final: at the end or at a stop) ends the
+        run failed instead."""
         if not self.ddp.is_main:
             return
-        self.write_checkpoint()
+        try:
+            self._save()
+        except ckpt.SaveFailed as failed:
+            if final:
+                raise StopTraining(str(failed)) from None
+            self.mon.event(
+                self.state.step,
+                M.EVENT_ALERT,
+                f"{failed}; training goes on",
+                {"path": str(self.checkpoint_path)},
+            )
+            return
         self.mon.event(
             self.state.step,
             M.EVENT_CHECKPOINT,
@@ -336,9 +353,17 @@ class Trainer:
 
     def write_checkpoint(self, tier: RankBatch | None = None, note: dict | None = None) -> None:
         """The checkpoint file, from any rank (an out-of-memory stop writes it from the rank that
-        failed). tier: the one to resume at, when not the running one; note: an event for the
-        resumed run to record. What the monitor knows (the noise-scale window, the per-device
-        batches that ran out of memory) is copied into the state here, so a resume keeps it."""
+        failed, and stops failed instead when the save fails). tier: the one to resume at, when
+        not the running one; note: an event for the resumed run to record."""
+        try:
+            self._save(tier, note)
+        except ckpt.SaveFailed as failed:
+            raise StopTraining(str(failed)) from None
+
+    def _save(self, tier: RankBatch | None = None, note: dict | None = None) -> None:
+        """What the monitor knows (the noise-scale window, the per-device batches that ran out
+        of memory) is copied into the state here, so a resume keeps it. ckpt.SaveFailed when
+        the file could not be written."""
         self.state.noise_window = self.mon.noise.to_dict()
         self.state.infeasible_batches = sorted(self.mon.ramps.infeasible)
         state = self.state
@@ -371,7 +396,7 @@ class Trainer:
         """SIGTERM or Ctrl-C (on rank 0 under torchrun): a final checkpoint at this boundary,
         the same on every rank, then stop as killed."""
         with self.mon.untimed():
-            self.save_checkpoint()
+            self.save_checkpoint(final=True)
         why = self.terminated or "rank 0's stop"
         raise StopTraining(
             f"stopped by {why} after step {self.state.step}: checkpoint saved; "
@@ -416,7 +441,7 @@ class Trainer:
                 if self.args.checkpoint_every and step % self.args.checkpoint_every == 0:
                     with self.mon.untimed():
                         self.save_checkpoint()
-            self.save_checkpoint()
+            self.save_checkpoint(final=True)
         except StopTraining as stop:
             print(f"\nrampwatch: {stop}", file=sys.stderr)
             status, code = stop.status, stop.code
