@@ -6,7 +6,8 @@
     rampwatch info | recover | upgrade DB,  rampwatch export DB [RUN]   (rampwatch/store/cli.py)
 
 Owns the dispatch and the rule that every mistake on the command line is one line on stderr and
-exit 2, never a traceback or a usage screen. Each subcommand's options live beside its code;
+exit 2, never a traceback or a usage screen; and that a closed standard output (`| head`) ends
+the command quietly with 141, as SIGPIPE would. Each subcommand's options live beside its code;
 heavy imports (torch, streamlit) happen only inside the subcommand that needs them, so a
 viewer's install without torch runs the dashboard and the database commands.
 """
@@ -201,7 +202,9 @@ def _operator_token(args: argparse.Namespace) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run one command; the exit status (2 for any mistake on the command line)."""
     try:
-        return _run(argv)
+        code = _run(argv)
+        sys.stdout.flush()  # here, not at exit, where a closed pipe is a traceback
+        return code
     except BrokenPipeError:
         return _reader_gone()
 

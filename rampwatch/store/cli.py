@@ -3,7 +3,8 @@
 Owns the command line: exit 0 on success, 1 when the database stays busy, 2 on anything else
 that stops it (usage, a missing, foreign, too-new, too-old-to-read or damaged file, a file that
 cannot be read), always with a one-line message naming the file and what to do, never a
-traceback. `info` only reads: it changes nothing in or beside the file, whatever its schema.
+traceback (report(): the same line and status for `rampwatch train`). `info` only reads: it
+changes nothing in or beside the file, whatever its schema.
 """
 
 from __future__ import annotations

@@ -1,11 +1,16 @@
 """`rampwatch train …`: the reference trainer's command line (run config as argparse), and
-`rampwatch train --make-shards OUT --data TEXT…` (text → token shards, trainer/shards.py)."""
+`rampwatch train --make-shards OUT --data TEXT…` (text → token shards, trainer/shards.py).
+
+Every mistake is one line and exit 2: numbers out of range and paths that name nothing are
+found before torch is imported (resolve_defaults); what only the set-up finds (the store's
+refusals, --resume without a checkpoint, no CUDA) is caught in run()."""
 
 from __future__ import annotations
 
 import argparse
 import math
 import os
+import sys
 from pathlib import Path
 
 from rampwatch.trainer.config import PRESET_RUN_DEFAULTS, PRESETS
@@ -296,13 +301,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _refuser(args: argparse.Namespace):
-    """The subcommand parser's error(): one line, exit 2 (a bare SystemExit when called without)."""
+    """The subcommand parser's error(): one line, exit 2 (the same without that parser)."""
     parser = getattr(args, "command_parser", None)
     if parser is not None:
         return parser.error
 
     def refuse(message: str):
-        raise SystemExit(f"rampwatch train: error: {message}")
+        print(f"rampwatch train: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
 
     return refuse
 
