@@ -6,7 +6,8 @@
     rampwatch info | recover | upgrade DB,  rampwatch export DB [RUN]   (rampwatch/store/cli.py)
 
 Owns the dispatch and the rule that every mistake on the command line is one line on stderr and
-exit 2, never a traceback or a usage screen. Each subcommand's options live beside its code;
+exit 2, never a traceback or a usage screen; and that a closed standard output (`| head`) ends
+the command quietly with 141, as SIGPIPE would. Each subcommand's options live beside its code;
 heavy imports (torch, streamlit) happen only inside the subcommand that needs them, so a
 viewer's install without torch runs the dashboard and the database commands.
 """
@@ -14,8 +15,11 @@ viewer's install without torch runs the dashboard and the database commands.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib.util
 import os
+import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -88,6 +92,10 @@ def _dashboard(args: argparse.Namespace, streamlit_flags: list[str]) -> int:
         )
     if not 0 < args.port < 65536:
         refuse(f"--port must be 1-65535, got {args.port}")
+    try:
+        _try_listening(args.host, args.port)
+    except OSError as e:
+        refuse(_cannot_listen(args.host, args.port, e))
     env = dict(os.environ)
     env.pop(guard.TOKEN_ENV, None)
     if not args.read_only:
@@ -129,6 +137,32 @@ def _dashboard(args: argparse.Namespace, streamlit_flags: list[str]) -> int:
     os.execve(sys.executable, command, env)  # Streamlit owns the process (and Ctrl-C) now
 
 
+def _try_listening(host: str, port: int) -> None:
+    """Bind, and let go of, every address Streamlit will listen on for host (as Tornado's
+    bind_sockets does), so that a port in use is one line here, not Streamlit's log and exit 1."""
+    for family, kind, proto, _, address in socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    ):
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Tornado's listener
+            try:
+                s.bind(address)
+            except OSError as e:  # "localhost" on a machine without IPv6: Tornado skips it
+                if not (family == socket.AF_INET6 and e.errno == errno.EADDRNOTAVAIL):
+                    raise
+
+
+def _cannot_listen(host: str, port: int, e: OSError) -> str:
+    if isinstance(e, socket.gaierror):
+        return f"--host {host}: not an address of this machine ({e.strerror})"
+    if e.errno == errno.EADDRINUSE:
+        return (
+            f"--port {port}: {host}:{port} is already in use (another dashboard?); stop that "
+            "server or pick another --port"
+        )
+    return f"cannot listen on {host}:{port} ({e.strerror}); check --host and --port"
+
+
 def _agent_api_requested(flags: list[str]) -> bool:
     """--server.enableAgentApi [true] or =true among the Streamlit flags."""
     for i, flag in enumerate(flags):
@@ -167,6 +201,23 @@ def _operator_token(args: argparse.Namespace) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command; the exit status (2 for any mistake on the command line)."""
+    try:
+        code = _run(argv)
+        sys.stdout.flush()  # here, not at exit, where a closed pipe is a traceback
+        return code
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _reader_gone() -> int:
+    """Standard output's reader went away (`rampwatch info DB | head -2`): stop quietly, with
+    the status a tool killed by SIGPIPE gets (128 + 13); neither the file nor the command is at
+    fault, so there is nothing to say."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush at exit, too
+    return 128 + signal.SIGPIPE
+
+
+def _run(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     streamlit_flags: list[str] = []
     if argv[:1] == ["dashboard"] and "--" in argv:

@@ -13,7 +13,8 @@ from rampwatch import store
 from tests.procs import child_env
 
 
-def _rw(*args, cwd) -> subprocess.CompletedProcess:
+def _rw(*args, cwd, **popen) -> subprocess.CompletedProcess:
+    """`rampwatch ARGS…` run from cwd; popen: more subprocess.run arguments (preexec_fn …)."""
     return subprocess.run(
         [sys.executable, "-m", "rampwatch", *map(str, args)],
         cwd=cwd,
@@ -21,6 +22,7 @@ def _rw(*args, cwd) -> subprocess.CompletedProcess:
         capture_output=True,
         text=True,
         timeout=120,
+        **popen,
     )
 
 

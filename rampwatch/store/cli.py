@@ -3,7 +3,8 @@
 Owns the command line: exit 0 on success, 1 when the database stays busy, 2 on anything else
 that stops it (usage, a missing, foreign, too-new, too-old-to-read or damaged file, a file that
 cannot be read), always with a one-line message naming the file and what to do, never a
-traceback. `info` only reads: it changes nothing in or beside the file, whatever its schema.
+traceback (report(): the same line and status for `rampwatch train`). `info` only reads: it
+changes nothing in or beside the file, whatever its schema.
 """
 
 from __future__ import annotations
@@ -138,13 +139,13 @@ def run(args) -> int:
             _export(args.db, args.run, args.format, args.output)
         else:
             {"info": _info, "recover": _recover, "upgrade": _upgrade}[args.command](args.db)
-    except StoreBusyError as e:
-        return _fail(args, e, 1)
     except StoreError as e:
-        return _fail(args, e, 2)
+        return report(args.command, e)
+    except BrokenPipeError:  # stdout's reader left (`| head`): not the file's fault (../cli.py)
+        raise
     except (duckdb.Error, OSError, pa.ArrowException) as e:  # not foreseen: still one line
         return _fail(
-            args,
+            args.command,
             f"could not read {args.db}: {e}. If the file is damaged, restore it "
             "from a backup or start a new database at another path.",
             2,
@@ -152,6 +153,12 @@ def run(args) -> int:
     return 0
 
 
-def _fail(args, message, code: int) -> int:
-    print(f"rampwatch {args.command}: error: {_one_line(message)}", file=sys.stderr)
+def report(command: str, e: StoreError) -> int:
+    """A store error met by `rampwatch COMMAND` as its one line on stderr; the exit status: 1
+    while the database stays busy (try again), 2 for anything else."""
+    return _fail(command, e, 1 if isinstance(e, StoreBusyError) else 2)
+
+
+def _fail(command: str, message, code: int) -> int:
+    print(f"rampwatch {command}: error: {_one_line(message)}", file=sys.stderr)
     return code

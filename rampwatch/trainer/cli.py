@@ -1,10 +1,17 @@
 """`rampwatch train …`: the reference trainer's command line (run config as argparse), and
-`rampwatch train --make-shards OUT --data TEXT…` (text → token shards, trainer/shards.py)."""
+`rampwatch train --make-shards OUT --data TEXT…` (text → token shards, trainer/shards.py).
+
+Every mistake is one line and exit 2: numbers out of range and paths that name nothing are
+found before torch is imported (resolve_defaults); what only the set-up finds (the store's
+refusals, --resume without a checkpoint, no CUDA) is caught in run()."""
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import sys
+from pathlib import Path
 
 from rampwatch.trainer.config import PRESET_RUN_DEFAULTS, PRESETS
 
@@ -174,13 +181,61 @@ def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
         if args.accum != 1 or args.per_device_batch % 2:
             raise ValueError("--split-micro needs --accum 1 and an even --per-device-batch")
         args.per_device_batch, args.accum = args.per_device_batch // 2, 2
-    for key in ("per_device_batch", "accum", "warmup_tokens", "total_tokens"):
-        if getattr(args, key) <= 0:
-            raise ValueError(
-                f"--{key.replace('_', '-')} must be positive, got {getattr(args, key)}"
-            )
+    _check_numbers(args)
     _check_data_arguments(args)
     return args
+
+
+def _positive(x) -> bool:
+    return math.isfinite(x) and x > 0
+
+
+def _non_negative(x) -> bool:
+    return math.isfinite(x) and x >= 0
+
+
+# What each number of the run config must be, as "--flag must be …, got x". An optional flag
+# left unset (None) means "the default", which is not checked.
+NUMBERS = {
+    "per_device_batch": (_positive, "positive"),
+    "accum": (_positive, "positive"),
+    "warmup_tokens": (_positive, "positive"),
+    "total_tokens": (_positive, "positive"),
+    "steps": (_positive, "positive"),
+    "val_batch": (_positive, "positive"),
+    "capacity_bytes": (_positive, "positive (bytes)"),
+    "checkpoint_every": (_non_negative, "0 (only at the end) or more"),
+    "val_every": (_non_negative, "0 (only at the end) or more"),
+    "lr": (_positive, "a positive number"),
+    "weight_decay": (_non_negative, "a number >= 0"),
+    "grad_clip": (_non_negative, "a number >= 0 (0: no clipping)"),
+    "target_val_loss": (math.isfinite, "a finite number"),
+    "ramp_at": (_positive, "a positive number"),
+    "ramp_hysteresis": (lambda n: n >= 1, "at least 1 (estimates in a row)"),
+    "ramp_min_samples": (_non_negative, "0 or more"),
+}
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    """Every number in range before torch is imported: a NaN or a negative count would
+    otherwise train on nonsense, or fail deep inside with a traceback."""
+    from rampwatch.advisor.gns_window import NoiseScaleWindow  # numpy only
+
+    for key, (ok, what) in NUMBERS.items():
+        value = getattr(args, key)
+        if value is not None and not ok(value):
+            raise ValueError(f"--{key.replace('_', '-')} must be {what}, got {value}")
+    if not all(0 <= b < 1 for b in args.betas):  # NaN fails too
+        raise ValueError(
+            f"--betas must be two numbers in [0, 1) (Adam's decay rates, SGD's momentum), "
+            f"got {' '.join(map(str, args.betas))}"
+        )
+    shortest = NoiseScaleWindow().min_steps  # the smoother's own shortest window
+    if args.gns_window < shortest:
+        raise ValueError(
+            f"--gns-window must be at least {shortest} steps (the noise scale's shortest "
+            f"window), got {args.gns_window}"
+        )
 
 
 def _check_data_arguments(args: argparse.Namespace) -> None:
@@ -210,27 +265,73 @@ def _check_data_arguments(args: argparse.Namespace) -> None:
         raise ValueError(
             f"--shard-tokens must be 1 to 2^31-1 (llm.c's header), got {args.shard_tokens}"
         )
-    if args.data:
-        from rampwatch.trainer.data_formats import expand  # numpy only: no torch yet
+    from rampwatch.trainer.data_formats import DataError, expand  # numpy only: no torch yet
 
-        expand(args.data + (args.val_data or []))  # DataError (a ValueError) names the path
+    for flag, paths in (("--data", args.data), ("--val-data", args.val_data)):
+        try:
+            expand(paths or [])  # DataError (a ValueError) names the path
+        except OSError as e:  # a folder or file this user may not read
+            raise DataError(
+                f"{flag}: cannot read {e.filename} ({e.strerror}); check the path and its "
+                "permissions"
+            ) from None
 
 
 def run(args: argparse.Namespace) -> int:
-    """Train (or make shards); arguments are already checked (resolve_defaults). Bad data is one
-    line naming the file and exit 2, like any other mistake on the command line."""
+    """Train (or make shards); arguments are already checked (resolve_defaults). What only the
+    set-up can find (bad data, a --db the store refuses, a run id taken or still being written,
+    --resume without a checkpoint, no CUDA) is one line and exit 2 like any other mistake on the
+    command line, before a step or a checkpoint is written; a store error is worded and given its
+    exit status as `rampwatch info` does (1 while the database stays busy)."""
+    from rampwatch.store import cli as store_cli
+    from rampwatch.store.errors import StoreError
     from rampwatch.trainer.data_formats import DataError
 
+    refuse = _refuser(args)
     try:
         if args.make_shards:
             from rampwatch.trainer.shards import main as shards_main
 
             return shards_main(args)
-        from rampwatch.trainer.loop import main as train_main  # torch only once arguments are good
-
-        return train_main(args)
+        return _train(args, refuse)
     except DataError as e:
-        parser = getattr(args, "command_parser", None)
-        if parser is not None:
-            parser.error(str(e))
-        raise SystemExit(f"rampwatch train: error: {e}") from None
+        refuse(str(e))
+    except StoreError as e:  # the store's own message and exit status, as `rampwatch info`'s
+        return store_cli.report("train", e)
+
+
+def _refuser(args: argparse.Namespace):
+    """The subcommand parser's error(): one line, exit 2 (the same without that parser)."""
+    parser = getattr(args, "command_parser", None)
+    if parser is not None:
+        return parser.error
+
+    def refuse(message: str):
+        print(f"rampwatch train: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+    return refuse
+
+
+def _train(args: argparse.Namespace, refuse) -> int:
+    try:
+        Path(args.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        refuse(
+            f"--checkpoint-dir {args.checkpoint_dir}: cannot make that folder ({e.strerror}); "
+            "name a folder, or a path where one can be made"
+        )
+    import torch
+
+    from rampwatch.trainer.loop import Trainer  # torch only once arguments are good
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        refuse(
+            f"--device cuda, but torch {torch.__version__} sees no CUDA device here; "
+            "use --device cpu, or auto (a GPU when there is one)"
+        )
+    try:
+        trainer = Trainer(args)
+    except FileNotFoundError as e:  # --resume of a run without a checkpoint (ckpt.load says so)
+        refuse(str(e))
+    return trainer.run()

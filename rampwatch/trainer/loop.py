@@ -18,7 +18,6 @@ import time
 import uuid
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import torch
 
@@ -494,8 +493,3 @@ class Progress:
     def close(self) -> None:
         if self.bar:
             sys.stderr.write("\n")
-
-
-def main(args) -> int:
-    Path(args.checkpoint_dir).mkdir(parents=True, exist_ok=True)
-    return Trainer(args).run()
