@@ -119,7 +119,8 @@ def test_train_with_a_path_as_run_id_writes_nothing_outside_the_checkpoint_dir(t
     work = tmp_path / "work"
     ckpt_dir, db = work / "a" / "ckpt", work / "runs.duckdb"
     r = run_trainer(db, ckpt_dir, "--run-id", "../../outside", "--total-tokens", "4096")
-    assert r.returncode != 0, r.stdout  # exit 2 once the CLI prints a ValueError as one line
+    assert r.returncode == 2, r.stdout
+    assert "Traceback" not in r.stdout and len(r.stdout.strip().splitlines()) == 1, r.stdout
     assert "'../../outside'" in r.stdout and "run id" in r.stdout, r.stdout
     outside = [
         p for p in tmp_path.rglob("*") if p.is_file() and ckpt_dir not in p.parents and p != db

@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+from rampwatch.store.naming import check_run_id, check_run_name
 from rampwatch.trainer.config import PRESET_RUN_DEFAULTS, PRESETS
 
 
@@ -182,8 +183,19 @@ def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
             raise ValueError("--split-micro needs --accum 1 and an even --per-device-batch")
         args.per_device_batch, args.accum = args.per_device_batch // 2, 2
     _check_numbers(args)
+    _check_names(args)
     _check_data_arguments(args)
     return args
+
+
+def _check_names(args: argparse.Namespace) -> None:
+    """Run ids are names, never paths (they name the checkpoint file); run names are readable:
+    the store's one rule (store/naming.py), said before torch is imported."""
+    for run_id in (args.run_id, args.resume):
+        if run_id is not None:
+            check_run_id(run_id)  # InvalidNameError, a ValueError: one line, exit 2
+    if args.name is not None:
+        check_run_name(args.name)
 
 
 def _positive(x) -> bool:
