@@ -169,3 +169,21 @@ def test_read_connection_in_read_only_mode_refuses_nothing_it_can_read(tmp_path)
     after = _state(tmp_path)
     store.list_runs(db, read_only=True)
     assert _state(tmp_path) == after
+
+
+def test_a_read_only_read_then_a_write_in_one_process(tmp_path):
+    """A process whose first access read with read_only=True (the lock file opened for reading
+    only) can still write afterwards: the write reopens the lock file for writing."""
+    db = tmp_path / "runs.duckdb"
+    store.RunWriter.start(db, name="first", handle_sigterm=False).close("finished")
+    code = (
+        "import sys\n"
+        "from rampwatch import store\n"
+        "[run] = store.list_runs(sys.argv[1], read_only=True)\n"
+        "store.RunWriter.start(sys.argv[1], name='second', handle_sigterm=False).close('finished')\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code, str(db)], env=child_env(), capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    assert {r.name for r in store.list_runs(db)} == {"first", "second"}

@@ -94,6 +94,7 @@ class _PathLock:
         self.thread_lock = threading.Lock()
         self.owner: int | None = None
         self.fd: int | None = None
+        self.fd_writable = False  # opened O_RDWR: a read-only reader's fd cannot take LOCK_EX
         # (st_dev, st_ino) of the file last checked read-only before taking any lock
         self.prechecked: tuple[int, int] | None = None
         self.size_seen = 0  # of that file at the last first look: shrinking means a re-check
@@ -178,11 +179,18 @@ def _locked(
         if first_look is not None:
             first_look(pl)
         path = lock_path(db)
-        if pl.fd is None and (create_lock_file or exclusive or path.exists()):
+        writing = create_lock_file or exclusive
+        if pl.fd is not None and writing and not pl.fd_writable:
+            # read-only reads came first: reopen for writing. This process holds no fcntl lock
+            # on the file now (the thread lock is ours), so closing the fd drops none.
+            os.close(pl.fd)
+            pl.fd = None
+        if pl.fd is None and (writing or path.exists()):
             try:
-                if not (create_lock_file or exclusive):
+                if not writing:
                     raise PermissionError  # read-only reading: never open it for writing
                 pl.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+                pl.fd_writable = True
             except OSError as e:  # EACCES, EPERM, EROFS (read-only media)
                 if exclusive:
                     raise StoreError(

@@ -152,8 +152,9 @@ class RunWriter(RareRecords, SpoolFlusher):
             row = first(con.execute("SELECT status FROM runs WHERE run_id = ?", [run_id]))
             if resume_step is None and row is not None:
                 raise StoreError(
-                    f"run {run_id!r} already exists in {db} ({row[0]}); pass "
-                    "resume_step=S to resume it, or omit run_id for a new run"
+                    f"run {run_id!r} already exists in {db} ({row[0]}): resume it "
+                    "(`rampwatch train --resume`, or resume_step=S), or choose another run id "
+                    "(or none) for a new run"
                 )
             if resume_step is not None and row is None:
                 raise RunNotFoundError(
