@@ -188,9 +188,15 @@ class OomGuard:
         if decision.checkpoint == SAVE:
             self.write_checkpoint(after, decision.note)
         elif decision.checkpoint == RETIER:
-            ckpt.retier(
-                self.checkpoint_path, after.per_device_batch, after.accum, before.per_device_batch
-            )
+            try:
+                ckpt.retier(
+                    self.checkpoint_path,
+                    after.per_device_batch,
+                    after.accum,
+                    before.per_device_batch,
+                )
+            except ckpt.SaveFailed as failed:  # a full disk: the run stops failed, in one line
+                raise StopTraining(f"{decision.message}; {failed}") from None
         self.monitor.event(decision.event_step, M.EVENT_OOM, decision.message, decision.data)
         if not decision.redo:
             raise StopTraining(decision.message)
