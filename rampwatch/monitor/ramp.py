@@ -205,9 +205,6 @@ class RampProtocol:
         ]
         return memory_evidence([*self.plan_rows, *measured], self.variant, self.infeasible)
 
-    def memory_model(self):
-        return self.memory_evidence().model()[0]
-
     def advise(self) -> Advice:
         """The advisor's advice for the running tier, from this process's evidence."""
         mon = self.mon
