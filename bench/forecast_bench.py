@@ -178,12 +178,13 @@ def decide_with(policy: RampPolicy, args, calibration):
         steps,
         values,
         batch,
-        threshold=policy.ramp_at,
+        ramp_at=policy.ramp_at,
+        bound_at=policy.bound_at,
         hysteresis_steps=policy.hysteresis_steps,
-        min_samples=policy.min_estimates,
+        min_estimates=policy.min_estimates,
+        factor=policy.factor,
         since_step=since,
         lower=lower,
-        lower_threshold=policy.bound_at,
         calibration=calibration,
     )
 

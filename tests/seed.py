@@ -362,3 +362,95 @@ def texts(at) -> str:
     ):
         parts += [str(e.value) for e in getattr(at, kind)]
     return "\n".join(parts)
+
+
+# ------------------------------------------------------------------------ recorded ramp runs
+
+
+@dataclass
+class Recorded:
+    """What replay_run wrote besides the metrics: its plans, measured peaks, OOMs and ramps."""
+
+    db: Path
+    run_id: str
+    steps: int
+    capacity: float
+    config: dict
+
+
+def replay_run(
+    db,
+    *,
+    plans=((0, PLAN),),
+    measured=((10, 8, int(25.6 * GB)),),
+    ooms=(),
+    ramps=(),
+    steps: int = 300,
+    capacity: float = CAPACITY,
+    policy: dict | None = None,
+) -> Recorded:
+    """A finished run at 8 × 2 on one device, written as the monitor writes one, for replays.
+
+    plans: (step, {per-device batch: predicted bytes}) — each a whole plan, as the monitor
+    writes it at a boundary; measured: (step, per-device batch, peak bytes) rows; ooms: (step,
+    per-device batch): an 'oom' event and its infeasible row; ramps: (step, per_device_batch,
+    accum): a 'ramp' event at step (the tier runs from step + 1). The noise scale grows like
+    live_run's, 4 → 80 sequences, with its lower bound at 0.6×. policy: the run config's
+    ramp_policy fields beyond the first tier and LR (none: the legacy keys)."""
+    device_batch, accum = 8, 2
+    extra = {}
+    if policy is not None:
+        extra["ramp_policy"] = {"original_batch": 16, "original_lr": 1e-3, **policy}
+    config = _config(device_batch, accum, **extra)
+    w = RunWriter.start(
+        db,
+        name="recorded",
+        config=config,
+        device="NVIDIA H200",
+        capacity_bytes=capacity,
+        world_size=1,
+        handle_sigterm=False,
+        flush_interval=3600.0,
+    )
+    tiers = {s: (b, a) for s, b, a in ramps}
+    for s in range(steps):
+        gns = 4.0 * math.exp(s * math.log(20) / steps)
+        w.log(
+            s,
+            {
+                M.LOSS: 2.0 + 3.0 * math.exp(-s / 120),
+                M.PER_DEVICE_BATCH: device_batch,
+                M.ACCUM: accum,
+                M.BATCH_SEQS: device_batch * accum,
+                M.MEM_CAPACITY: capacity,
+                M.GNS: gns,
+                M.GNS_LOW: 0.6 * gns,
+                M.GNS_HIGH: 1.6 * gns,
+            },
+        )
+        if s in tiers:  # the boundary after s: the new tier runs from s + 1
+            (b0, a0), (device_batch, accum) = (device_batch, accum), tiers[s]
+            w.event(
+                M.EVENT_RAMP,
+                f"ramp: {b0} x {a0} -> {device_batch} x {accum}",
+                step=s,
+                data={
+                    "before": {"per_device_batch": b0, "accum": a0},
+                    "after": {"per_device_batch": device_batch, "accum": accum},
+                },
+            )
+    for step, plan in plans:
+        for b, peak in plan.items():
+            w.memory_plan(b, predicted_bytes=peak, source="plan", step=step)
+    for step, b, peak in measured:
+        w.memory_plan(b, measured_bytes=peak, source="measured", step=step)
+    for step, b in ooms:
+        w.memory_plan(b, feasible=False, source="oom", step=step)
+        w.event(
+            M.EVENT_OOM,
+            f"out of memory at per-device batch {b}",
+            step=step,
+            data={"per_device_batch": b},
+        )
+    assert w.close("finished")
+    return Recorded(Path(db), w.run_id, steps, capacity, config)

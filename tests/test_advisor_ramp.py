@@ -197,13 +197,18 @@ def test_property_chosen_per_device_batch_is_the_largest_that_fits(
 
 
 # --------------------------------------------------------------------------------- ramp point
+# ramp_decision keeps no defaults of its thresholds (RampPolicy's fields are their one home):
+# the values these tests were written against, named once
+THRESHOLDS = dict(ramp_at=1.0, bound_at=0.0, hysteresis_steps=50, min_estimates=100, factor=2)
+
+
+def decide(*args, **kw):
+    return ramp_decision(*args, **{**THRESHOLDS, **kw})
 
 
 def test_ready_after_hysteresis_with_enough_samples():
     steps = list(range(300))
-    rec = ramp_decision(
-        steps, [600.0] * 300, current_batch=512, hysteresis_steps=50, min_samples=100
-    )
+    rec = decide(steps, [600.0] * 300, current_batch=512, hysteresis_steps=50, min_estimates=100)
     assert rec.ready and rec.suggested_batch == 1024
     assert rec.evidence.steps_above == 300 and rec.evidence.n_samples == 300
     assert rec.evidence.noise_scale == 600.0 and rec.evidence.threshold_batch == 512.0
@@ -212,17 +217,15 @@ def test_ready_after_hysteresis_with_enough_samples():
 
 def test_ramp_restarts_hysteresis_but_keeps_history():
     steps = list(range(300))
-    rec = ramp_decision(
-        steps, [600.0] * 300, current_batch=512, hysteresis_steps=50, since_step=280
-    )
+    rec = decide(steps, [600.0] * 300, current_batch=512, hysteresis_steps=50, since_step=280)
     assert not rec.ready and rec.evidence.steps_above == 19 and rec.evidence.n_samples == 300
     assert rec.forecast_step == 281 + 49
     assert "above 512 for 19 of 50 estimates: ready at step ~330" in rec.reason
 
 
 def test_not_enough_evidence():
-    rec = ramp_decision(
-        list(range(30)), [900.0] * 30, current_batch=512, hysteresis_steps=10, min_samples=100
+    rec = decide(
+        list(range(30)), [900.0] * 30, current_batch=512, hysteresis_steps=10, min_estimates=100
     )
     assert not rec.ready
     assert rec.reason.startswith("not enough evidence (30 noise-scale estimates, need 100)")
@@ -232,52 +235,48 @@ def test_a_step_without_an_estimate_neither_breaks_nor_extends_the_streak():
     # A step with no fresh estimate logs no value: the streak counts estimates, so a gap (e.g. a
     # non-finite step) does not restart the hysteresis
     values = [100.0] * 60 + [600.0] * 30 + [None] + [600.0] * 20
-    rec = ramp_decision(
-        list(range(111)), values, current_batch=512, hysteresis_steps=50, min_samples=10
-    )
+    rec = decide(list(range(111)), values, current_batch=512, hysteresis_steps=50, min_estimates=10)
     assert rec.ready and rec.evidence.steps_above == 50 and rec.evidence.n_samples == 110
     below = [100.0] * 60 + [600.0] * 30 + [100.0] + [600.0] * 20
-    rec = ramp_decision(
-        list(range(111)), below, current_batch=512, hysteresis_steps=50, min_samples=10
-    )
+    rec = decide(list(range(111)), below, current_batch=512, hysteresis_steps=50, min_estimates=10)
     assert not rec.ready and rec.evidence.steps_above == 20
 
 
 def test_the_lower_bound_gates_the_ramp_and_stands_in_for_a_missing_point():
     steps = list(range(100))
     # point above 2 x 64 but its 95% lower bound under 64: not yet
-    rec = ramp_decision(
+    rec = decide(
         steps,
         [200.0] * 100,
         64,
-        threshold=2,
+        ramp_at=2,
         hysteresis_steps=20,
-        min_samples=10,
+        min_estimates=10,
         lower=[50.0] * 100,
-        lower_threshold=1,
+        bound_at=1,
     )
     assert not rec.ready and "lower bound is below 64" in rec.reason
-    rec = ramp_decision(
+    rec = decide(
         steps,
         [200.0] * 100,
         64,
-        threshold=2,
+        ramp_at=2,
         hysteresis_steps=20,
-        min_samples=10,
+        min_estimates=10,
         lower=[70.0] * 100,
-        lower_threshold=1,
+        bound_at=1,
     )
     assert rec.ready
     # no point (the windowed |G|² is negative: B_noise >> batch) but a lower bound above 2 x 64
-    rec = ramp_decision(
+    rec = decide(
         steps,
         [None] * 100,
         64,
-        threshold=2,
+        ramp_at=2,
         hysteresis_steps=20,
-        min_samples=10,
+        min_estimates=10,
         lower=[300.0] * 100,
-        lower_threshold=1,
+        bound_at=1,
     )
     assert rec.ready and rec.evidence.noise_scale is None and rec.evidence.lower_bound == 300.0
     assert "noise scale > 300 (95%)" in rec.reason
@@ -286,7 +285,7 @@ def test_the_lower_bound_gates_the_ramp_and_stands_in_for_a_missing_point():
 def test_log_linear_trend_hand_computed_and_its_old_delta_range():
     steps = list(range(200))
     values = [100.0 * math.exp(0.01 * s) for s in steps]  # crosses 1000 at ln(10)/0.01 = 230.26
-    rec = ramp_decision(steps, values, current_batch=1000, min_samples=100, calibration=None)
+    rec = decide(steps, values, current_batch=1000, min_estimates=100, calibration=None)
     assert not rec.ready and rec.forecast_step == 231
     assert rec.forecast_range == (230, 231)  # noiseless: the range just brackets 230.26
     assert rec.evidence.trend_per_step == pytest.approx(0.01 * values[-1], rel=1e-9)
@@ -298,7 +297,7 @@ def test_calibrated_range_by_hand():
     # t + t·exp(intercept + slope·x + [low, high]), its point at the residual's median
     steps = list(range(200))
     values = [100.0 * math.exp(0.01 * s) for s in steps]
-    rec = ramp_decision(steps, values, current_batch=1000, min_samples=100)
+    rec = decide(steps, values, current_batch=1000, min_estimates=100)
     c = FORECAST_CALIBRATION
     centre = c.intercept + c.slope * math.log(32 / 199)
     lo, hi = rec.forecast_range
@@ -320,14 +319,14 @@ def test_no_forecast_where_the_calibration_was_not_measured():
     assert point is None and f"from {c.min_estimates} estimates on" in why
     # a flat trend far below the target: the card says so instead of a range
     steps = list(range(100, 300))
-    rec = ramp_decision(steps, [100.0 * math.exp(1e-4 * s) for s in steps], current_batch=1000)
+    rec = decide(steps, [100.0 * math.exp(1e-4 * s) for s in steps], current_batch=1000)
     assert rec.forecast_step is None and rec.forecast_range is None
     assert "no reliable forecast yet (the trend is too flat" in rec.reason
 
 
 def test_linear_forecast_hand_computed():
     steps = list(range(200))
-    rec = ramp_decision(steps, [100.0 + 2 * s for s in steps], current_batch=1000, trend="linear")
+    rec = decide(steps, [100.0 + 2 * s for s in steps], current_batch=1000, trend="linear")
     assert rec.forecast_step == 450  # 100 + 2·450 = 1000
     assert rec.evidence.trend_per_step == pytest.approx(2.0)
     assert rec.forecast_note == "±1.96 SE, uncalibrated"  # the calibration is the log trend's
@@ -337,7 +336,7 @@ def test_delta_range_covers_the_trend_crossing_when_the_points_are_independent()
     rng = np.random.default_rng(7)
     steps = np.arange(0, 2000, 10)  # logged every 10 steps, independent noise
     values = 100.0 * np.exp(0.001 * steps) * np.exp(rng.normal(0, 0.05, len(steps)))
-    rec = ramp_decision(steps.tolist(), values.tolist(), current_batch=1000, calibration=None)
+    rec = decide(steps.tolist(), values.tolist(), current_batch=1000, calibration=None)
     lo, hi = rec.forecast_range
     true_cross = math.log(10) / 0.001  # 2302.6
     assert lo <= true_cross <= hi and lo < hi
@@ -376,12 +375,12 @@ def test_calibrated_range_covers_simulated_crossings_and_the_old_range_did_not(g
             continue
         truth, i = int(steps[above[0]]), int(rng.integers(30, above[0]))
         args = (steps[: i + 1].tolist(), values[: i + 1].tolist(), 16)
-        was = ramp_decision(*args, hysteresis_steps=20, min_samples=30, calibration=None)
+        was = decide(*args, hysteresis_steps=20, min_estimates=30, calibration=None)
         if was.forecast_range is None:
             continue  # the trend is not rising: neither states a range
         lo, hi = was.forecast_range
         old.append(lo <= truth and (hi is None or truth <= hi))
-        now = ramp_decision(*args, hysteresis_steps=20, min_samples=30)
+        now = decide(*args, hysteresis_steps=20, min_estimates=30)
         if now.forecast_range is None:
             withheld += 1
             continue
@@ -394,25 +393,25 @@ def test_calibrated_range_covers_simulated_crossings_and_the_old_range_did_not(g
 
 
 def test_flat_or_falling_noise_scale_gives_no_forecast():
-    rec = ramp_decision(list(range(200)), [100.0] * 200, current_batch=1000)
+    rec = decide(list(range(200)), [100.0] * 200, current_batch=1000)
     assert rec.forecast_step is None and "not rising" in rec.reason
-    rec = ramp_decision(list(range(200)), [300.0 - s for s in range(200)], current_batch=1000)
+    rec = decide(list(range(200)), [300.0 - s for s in range(200)], current_batch=1000)
     assert rec.forecast_step is None
 
 
 def test_no_estimates_and_bad_input():
-    rec = ramp_decision([1, 2, 3], [None, float("nan"), None], current_batch=64)
+    rec = decide([1, 2, 3], [None, float("nan"), None], current_batch=64)
     assert (
         not rec.ready
         and "no noise-scale estimate yet" in rec.reason
         and rec.evidence.n_samples == 0
     )
     with pytest.raises(ValueError, match="one per step"):
-        ramp_decision([1, 2], [1.0], current_batch=64)
+        decide([1, 2], [1.0], current_batch=64)
     with pytest.raises(ValueError, match="current_batch"):
-        ramp_decision([1], [1.0], current_batch=0)
+        decide([1], [1.0], current_batch=0)
     with pytest.raises(ValueError, match="trend"):
-        ramp_decision([1], [1.0], current_batch=8, trend="cubic")
+        decide([1], [1.0], current_batch=8, trend="cubic")
 
 
 # ------------------------------------------------------------------------------------- effect

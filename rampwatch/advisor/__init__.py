@@ -5,6 +5,8 @@ Modules, one concern each:
             optimal LR, critical-batch fit (McCandlish et al. 2018)
   gns_window  the smoothed noise scale: ratio of sums over a window of steps, Fieller interval
   policy    RampPolicy: the one ramp policy, kept in the run config
+  advice    advise(): the one ramp decision (policy + noise scale + memory evidence + tier)
+            that the monitor and the card both call
   memory    peak memory as a line in the per-device batch; usable capacity
   lr        learning-rate rules on a ramp (√ for Adam-type, linear for SGD), exact reversal
   ramp      batch tiers that fit in memory; when to ramp (hysteresis, forecast); its effect

@@ -102,17 +102,18 @@ class RampPolicy:
         batch: float,
         since_step: int | None,
     ):
-        """advisor.ramp.ramp_decision with this policy's thresholds."""
+        """advisor.ramp.ramp_decision with this policy's thresholds (its only source of them)."""
         return ramp_decision(
             steps,
             b_noise,
             batch,
-            threshold=self.ramp_at,
+            ramp_at=self.ramp_at,
+            bound_at=self.bound_at,
             hysteresis_steps=self.hysteresis_steps,
-            min_samples=self.min_estimates,
+            min_estimates=self.min_estimates,
+            factor=self.factor,
             since_step=since_step,
             lower=lower,
-            lower_threshold=self.bound_at,
         )
 
     # -- the run config -----------------------------------------------------------------------

@@ -196,7 +196,7 @@ def _evidence(card: Card) -> None:
             else ""
         )
     st.markdown(
-        f"- samples: **{ev.n_samples}** noise-scale estimates (need {ev.min_samples})\n"
+        f"- samples: **{ev.n_samples}** noise-scale estimates (need {ev.min_estimates})\n"
         f"- noise scale **{ns}**{fresh} vs ramp point **{significant(ev.threshold_batch)}** "
         f"sequences\n"
         f"- above the ramp point for **{ev.steps_above}** of {ev.hysteresis_steps} estimates{since}\n"

@@ -1,12 +1,11 @@
 """The recommendation card's content: store rows in, the advisor's verdict out (no Streamlit).
 
-Owns: reading the run's current tier, sequence length, capacity and LR rule from its config and
-latest metrics; the memory model from memory_plan rows (measured peaks + the plan of the running
-variant, per-device batches that ran out of memory excluded); the ramp point
-(advisor.ramp.ramp_decision over the noise scale, hysteresis restarted at the last ramp event);
-the tiers (advisor.tiers.candidate_tiers) with their new base LR (RampPolicy.new_base_lr) and
-predicted effect (advisor.ramp.predicted_effect); and what the latest ramp command says.
-dashboard/card.py draws it; tests build it from seeded databases.
+Owns: reading the run's current tier, sequence length, capacity, LR rule and policy from its
+config and latest metrics, the last ramp and the OOMs from its events, and what the latest ramp
+command says. The verdict itself is advisor/advice.py's `advise` over `memory_evidence` of the
+run's memory_plan rows: the same functions the monitor's auto mode and command check call, so the
+card offers what the trainer would do. dashboard/card.py draws it; tests build it from seeded
+databases.
 """
 
 from __future__ import annotations
@@ -15,32 +14,13 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from rampwatch.advisor.lr import noise_scale_warning, rule_for
-from rampwatch.advisor.memory import MemoryModel, fit_memory_model, format_gb, usable_bytes
+from rampwatch.advisor.advice import Current, advise, memory_evidence
+from rampwatch.advisor.lr import rule_for
+from rampwatch.advisor.memory import MemoryModel, format_gb
 from rampwatch.advisor.policy import RampPolicy
-from rampwatch.advisor.ramp import Effect, Recommendation, predicted_effect
-from rampwatch.advisor.tiers import Tier, accumulation_tiers, candidate_tiers
+from rampwatch.advisor.ramp import Effect, Recommendation
+from rampwatch.advisor.tiers import Tier
 from rampwatch.store import names as M
-
-
-@dataclass(frozen=True)
-class Current:
-    per_device_batch: int
-    accum: int
-    world_size: int
-    seq_len: int | None
-    capacity_bytes: float | None
-
-    @property
-    def batch(self) -> int:
-        return self.per_device_batch * self.accum * self.world_size
-
-    def describe(self) -> str:
-        tok = f" = {self.batch * self.seq_len:,} tokens" if self.seq_len else ""
-        return (
-            f"{self.per_device_batch} per device × {self.accum} accumulation × "
-            f"{self.world_size} device(s) = {self.batch} sequences{tok}"
-        )
 
 
 @dataclass(frozen=True)
@@ -114,9 +94,12 @@ class Card:
 
     @property
     def suggested(self) -> TierView | None:
-        """The ×2 tier (the advisor's next ramp point doubles the batch)."""
+        """The tier of the policy's ramp (×factor, advisor.advice.Advice.suggested): what the
+        monitor's auto mode would apply."""
+        factor = self.policy.factor if self.policy is not None else 2
         return next(
-            (t for t in self.tiers if t.tier.factor == 2), self.tiers[0] if self.tiers else None
+            (t for t in self.tiers if t.tier.factor == factor),
+            self.tiers[0] if self.tiers else None,
         )
 
     @property
@@ -169,13 +152,10 @@ def running_variant(config: Mapping | None) -> str:
     return M.loss_variant(_get(config, "model", "chunked_ce") or _get(config, "chunked_ce"))
 
 
-def infeasible_batches(plan_rows: Sequence[Mapping], events: Sequence[Mapping] = ()) -> set[int]:
-    """Per-device batches that ran out of memory (plan rows marked infeasible, OOM events)."""
-    bad = {
-        int(r["per_device_batch"])
-        for r in plan_rows
-        if r.get("feasible") is False and _pos_int(r.get("per_device_batch"))
-    }
+def oom_batches(events: Sequence[Mapping]) -> set[int]:
+    """Per-device batches that OOM events say ran out of memory (a rank without a writer has
+    no infeasible row of its own: its event comes through the resumed rank 0)."""
+    bad = set()
     for e in events:
         if e.get("kind") == M.EVENT_OOM:
             b = _pos_int(_get(e.get("data"), "per_device_batch")) or _pos_int(
@@ -184,30 +164,6 @@ def infeasible_batches(plan_rows: Sequence[Mapping], events: Sequence[Mapping] =
             if b:
                 bad.add(b)
     return bad
-
-
-def memory_points(
-    plan_rows: Sequence[Mapping], variant: str, infeasible: set[int]
-) -> tuple[dict[int, int], dict[int, int]]:
-    """(measured, planned) peaks by per-device batch: the largest measurement per batch, and the
-    latest plan's prediction of the running variant (a later plan replaces an earlier one)."""
-    measured: dict[int, int] = {}
-    planned: dict[int, tuple[int, int]] = {}
-    for r in plan_rows:
-        b = _pos_int(r.get("per_device_batch"))
-        if b is None or r.get("feasible") is False:
-            continue
-        if r.get("variant", variant) != variant:
-            continue
-        mb = r.get("measured_bytes")
-        if mb is not None and b not in infeasible and mb > 0:
-            measured[b] = max(measured.get(b, 0), int(mb))
-        pb = r.get("predicted_bytes")
-        if pb is not None and pb > 0:
-            step = r.get("step") if r.get("step") is not None else -1
-            if b not in planned or step >= planned[b][0]:
-                planned[b] = (step, int(pb))
-    return measured, {b: v for b, (_, v) in planned.items()}
 
 
 def command_view(cmd) -> CommandView:
@@ -283,72 +239,32 @@ def build_card(
                 f"no learning-rate rule known for optimizer {optimizer!r}: the "
                 f"{policy.lr_rule} rule is assumed"
             )
-    decision = policy.decide(gns_steps, gns_values, gns_lower, cur.batch, since_step=last_ramp)
-    b_noise = decision.evidence.noise_scale
-
-    bad = infeasible_batches(plan_rows, events)
-    measured, planned = memory_points(plan_rows, running_variant(config), bad)
-    model, memory_note = None, ""
-    try:
-        model = fit_memory_model(measured, planned or None)
-        memory_note = f"memory model: {model.source}"
-    except ValueError as e:
-        memory_note = f"no memory model yet: {e}"
-    usable = usable_bytes(cur.capacity_bytes, policy.margin) if cur.capacity_bytes else None
-    if cur.capacity_bytes is None:
-        problems.append(
-            "the run's device capacity is unknown (no capacity_bytes, no mem_capacity): "
-            "only accumulation-only ramps can be judged"
-        )
-
-    seq = cur.seq_len or 1
-    if model is not None and cur.capacity_bytes:
-        tiers = candidate_tiers(
-            cur.per_device_batch,
-            cur.accum,
-            cur.world_size,
-            seq,
-            model,
-            cur.capacity_bytes,
-            policy.margin,
-            policy.offered_factors,
-            infeasible=bad,
-            rule=policy.lr_rule,
-            keep_noise_scale=policy.keep_noise_scale,
-        )
-    else:
-        tiers = accumulation_tiers(
-            cur.per_device_batch,
-            cur.accum,
-            cur.world_size,
-            seq,
-            policy.offered_factors,
-            bad,
-            policy.lr_rule,
-        )
-    views = []
-    for t in tiers:
-        new_lr = policy.new_base_lr(t.effective_batch) if knows_lr else None
-        warning = noise_scale_warning(t.effective_batch, b_noise) if b_noise else None
-        effect = (
-            predicted_effect(cur.batch, t.effective_batch, b_noise)
-            if b_noise and b_noise > 0
-            else None
-        )
-        label = f"×{t.factor}: {t.per_device_batch} × {t.accum}" + (
-            f" ({format_gb(t.predicted_peak_bytes)})" if t.predicted_peak_bytes else ""
-        )
-        views.append(TierView(t, label, new_lr, warning, effect))
+    memory = memory_evidence(plan_rows, running_variant(config), oom_batches(events))
+    advice = advise(
+        policy,
+        cur,
+        gns_steps,
+        gns_values,
+        gns_lower,
+        memory,
+        since_step=last_ramp,
+        knows_lr=knows_lr,
+    )
+    problems += advice.notes
+    views = [
+        TierView(t.tier, _label(t.tier), t.new_base_lr, t.lr_warning, t.effect)
+        for t in advice.tiers
+    ]
     newest = int(gns_steps[-1]) if len(gns_steps) else None
     last_step = _pos_int(run.get("last_step"))
     return Card(
         run_id,
         cur,
-        decision,
+        advice.decision,
         views,
-        model,
-        memory_note,
-        usable,
+        advice.memory_model,
+        advice.memory_note,
+        advice.usable_bytes,
         last_ramp,
         cmd,
         problems,
@@ -356,4 +272,10 @@ def build_card(
         policy,
         newest,
         last_step,
+    )
+
+
+def _label(t: Tier) -> str:
+    return f"×{t.factor}: {t.per_device_batch} × {t.accum}" + (
+        f" ({format_gb(t.predicted_peak_bytes)})" if t.predicted_peak_bytes else ""
     )

@@ -23,9 +23,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from rampwatch.advisor.memory import fit_memory_model, format_gb, usable_bytes
+from rampwatch.advisor.advice import Advice, Current, MemoryEvidence, advise, memory_evidence
 from rampwatch.advisor.policy import RampPolicy
-from rampwatch.advisor.tiers import accumulation_tiers, candidate_tiers
 from rampwatch.monitor.ramp_channel import Proposal, RampChannel
 from rampwatch.store import CommandError
 from rampwatch.store import names as M
@@ -197,17 +196,30 @@ class RampProtocol:
             [{"per_device_batch": per_device_batch, "feasible": False}], "oom", step
         )
 
-    def memory_model(self):
-        planned = {
-            int(r["per_device_batch"]): int(r["predicted_bytes"])
-            for r in self.plan_rows
-            if r.get("variant", self.variant) == self.variant
-            and r.get("predicted_bytes") is not None
-        }
-        measured = {b: v for b, v in self.measured.items() if b not in self.infeasible}
-        if not planned and len(measured) < 2:
-            return None
-        return fit_memory_model(measured, planned or None)
+    def memory_evidence(self) -> MemoryEvidence:
+        """What this process knows of memory, through the advisor's one builder (the card
+        builds its own from the store's rows with the same function)."""
+        measured = [
+            {"per_device_batch": b, "measured_bytes": v, "variant": self.variant}
+            for b, v in self.measured.items()
+        ]
+        return memory_evidence([*self.plan_rows, *measured], self.variant, self.infeasible)
+
+    def advise(self) -> Advice:
+        """The advisor's advice for the running tier, from this process's evidence."""
+        mon = self.mon
+        current = Current(
+            mon.per_device_batch, mon.accum, mon.world_size, mon.seq_len, mon.capacity
+        )
+        return advise(
+            self.policy,
+            current,
+            self._gns_steps,
+            self._gns_values,
+            self._gns_lower,
+            self.memory_evidence(),
+            since_step=self.last_ramp_step,
+        )
 
     # -- at a step boundary -------------------------------------------------------------------
     def due(self, step: int) -> Ramp | None:
@@ -281,88 +293,28 @@ class RampProtocol:
         )
         return Proposal(b, a, base, f"command {cmd.command_id}", cmd.command_id)
 
-    def check(self, payload: dict) -> str | None:
+    def check(self, payload: dict, advice: Advice | None = None) -> str | None:
         """Why this tier cannot run here, now; None when it can."""
         try:  # the store's own payload rules: the loop does not trust what it was sent
             payload = validate_command("ramp", payload)
         except CommandError as e:
             return str(e)
-        b, a = payload["per_device_batch"], payload["accum"]
-        cur = self.mon.per_device_batch
-        if (b, a) == (cur, self.mon.accum):
-            return f"the run already uses {b} x {a}"
-        if b in self.infeasible:
-            return f"per-device batch {b} ran out of memory earlier in this run"
-        if b > cur and b not in self.measured:
-            model = self.memory_model()
-            if model is None:
-                return (
-                    f"per-device batch {b} is larger than any measured and no memory plan "
-                    "is in yet; try again in a few steps"
-                )
-            capacity, margin = self.mon.capacity, self.policy.margin
-            need, usable = model.predict(b), usable_bytes(capacity, margin)
-            if need > usable:
-                return (
-                    f"per-device batch {b} needs about {format_gb(need)} > "
-                    f"{format_gb(usable)} usable ({format_gb(capacity)} capacity, "
-                    f"{margin:.0%} margin)"
-                )
-        return None
+        advice = advice or self.advise()
+        return advice.refusal(payload["per_device_batch"], payload["accum"])
 
     def _auto(self, step: int) -> Proposal | None:
-        mon, policy = self.mon, self.policy
-        world, seq = mon.world_size, mon.seq_len
-        rec = policy.decide(
-            self._gns_steps,
-            self._gns_values,
-            self._gns_lower,
-            mon.per_device_batch * mon.accum * world,
-            since_step=self.last_ramp_step,
-        )
-        if not rec.ready:
+        advice = self.advise()
+        if not advice.decision.ready:
             return None
-        model = self.memory_model()
-        if model is None and self.plan_pending:
+        if advice.memory_model is None and self.plan_pending:
             return None  # the plan is still running: judge the per-device batch when it is in
-        if model is None:
-            tiers = accumulation_tiers(
-                mon.per_device_batch,
-                mon.accum,
-                world,
-                seq,
-                (policy.factor,),
-                self.infeasible,
-                policy.lr_rule,
-            )
-        else:
-            tiers = candidate_tiers(
-                mon.per_device_batch,
-                mon.accum,
-                world,
-                seq,
-                model,
-                mon.capacity,
-                policy.margin,
-                factors=(policy.factor,),
-                infeasible=self.infeasible,
-                rule=policy.lr_rule,
-                keep_noise_scale=policy.keep_noise_scale,
-            )
-        tier = next((x for x in tiers if x.fits), None)
-        if tier is None:
+        tier = advice.suggested
+        if tier is None or not tier.fits:
             return None
-        payload = {"per_device_batch": tier.per_device_batch, "accum": tier.accum}
-        if self.check(payload) is not None:
+        b, a = tier.tier.per_device_batch, tier.tier.accum
+        if self.check({"per_device_batch": b, "accum": a}, advice) is not None:
             return None
-        new_batch = tier.per_device_batch * tier.accum * world
-        return Proposal(
-            tier.per_device_batch,
-            tier.accum,
-            policy.new_base_lr(new_batch),
-            f"auto: {rec.reason}",
-            None,
-        )
+        return Proposal(b, a, tier.new_base_lr, f"auto: {advice.decision.reason}", None)
 
     # -- the loop's answer --------------------------------------------------------------------
     def applied(self, ramp: Ramp) -> None:

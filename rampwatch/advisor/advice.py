@@ -1,0 +1,239 @@
+"""The advice: the one place a ramp is decided, for every caller.
+
+Owns `memory_evidence` (memory rows → what is known of memory: measured peaks, the newest plan,
+per-device batches that ran out of memory), `advise` (policy + noise-scale estimates + memory
+evidence + the running tier → one `Advice`: the decision, the tiers with their LR and effect,
+notes) and `Advice.refusal` (why a tier cannot run). The monitor's auto mode and its check of an
+approved command (monitor/ramp.py) and the dashboard's card (dashboard/recommend.py) all call
+these, so they cannot disagree: given the same rows, the same advice.
+
+Memory rows are plain mappings, the store's `memory_plan` rows or what the monitor wrote:
+per_device_batch, and any of variant, predicted_bytes, measured_bytes, feasible, step, error.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from rampwatch.advisor.lr import noise_scale_warning
+from rampwatch.advisor.memory import MemoryModel, fit_memory_model, format_gb, usable_bytes
+from rampwatch.advisor.policy import RampPolicy
+from rampwatch.advisor.ramp import Effect, Recommendation, predicted_effect
+from rampwatch.advisor.tiers import Tier, accumulation_tiers, candidate_tiers
+
+__all__ = ["Advice", "Current", "MemoryEvidence", "TierAdvice", "advise", "memory_evidence"]
+
+
+@dataclass(frozen=True)
+class Current:
+    """The running tier, and what the device and data say about it."""
+
+    per_device_batch: int
+    accum: int
+    world_size: int
+    seq_len: int | None
+    capacity_bytes: float | None
+
+    @property
+    def batch(self) -> int:
+        return self.per_device_batch * self.accum * self.world_size
+
+    def describe(self) -> str:
+        tok = f" = {self.batch * self.seq_len:,} tokens" if self.seq_len else ""
+        return (
+            f"{self.per_device_batch} per device × {self.accum} accumulation × "
+            f"{self.world_size} device(s) = {self.batch} sequences{tok}"
+        )
+
+
+# ------------------------------------------------------------------------------ memory evidence
+
+
+@dataclass(frozen=True)
+class MemoryEvidence:
+    """What is known of memory, by per-device batch."""
+
+    measured: dict[int, int]  # the largest measured peak (never one that ran out of memory)
+    planned: dict[int, int]  # the newest plan's prediction for the running variant
+    infeasible: frozenset[int]  # ran out of memory in this run
+
+    def model(self) -> tuple[MemoryModel | None, str]:
+        """The fitted line (advisor/memory.py) and what it rests on; None and why when none."""
+        try:
+            m = fit_memory_model(self.measured, self.planned or None)
+        except ValueError as e:
+            return None, f"no memory model yet: {e}"
+        return m, f"memory model: {m.source}"
+
+
+def _batch_of(row: Mapping) -> int | None:
+    try:
+        f = float(row.get("per_device_batch"))
+    except (TypeError, ValueError):
+        return None
+    return int(f) if math.isfinite(f) and f > 0 and f == int(f) else None
+
+
+def _positive(v) -> bool:
+    return v is not None and v > 0
+
+
+def memory_evidence(
+    rows: Iterable[Mapping], variant: str, infeasible: Iterable[int] = ()
+) -> MemoryEvidence:
+    """The memory evidence of a run from its memory rows (oldest first).
+
+    infeasible: per-device batches known to have run out of memory besides the rows' own
+    `feasible: False` (the card: OOM events; the monitor: its checkpoint's set). A plan is the
+    rows written at one step with a prediction; only the newest plan counts, whole: an older
+    plan may have been made at another accumulation or precision, and its points would bend the
+    line. Rows of another variant (the other loss head) are not this run's memory."""
+    rows = [(b, r) for r in rows if (b := _batch_of(r)) is not None]
+    bad = frozenset({*infeasible, *(b for b, r in rows if r.get("feasible") is False)})
+    usable = [(b, r) for b, r in rows if r.get("feasible") is not False]
+    measured: dict[int, int] = {}
+    for b, r in usable:
+        if (
+            b not in bad
+            and r.get("variant", variant) == variant
+            and _positive(mb := r.get("measured_bytes"))
+        ):
+            measured[b] = max(measured.get(b, 0), int(mb))
+    plan = [(b, r) for b, r in usable if _positive(r.get("predicted_bytes")) and not r.get("error")]
+    newest = max((_step(r) for _, r in plan), default=None)
+    planned = {
+        b: int(r["predicted_bytes"])
+        for b, r in plan
+        if _step(r) == newest and r.get("variant", variant) == variant
+    }
+    return MemoryEvidence(measured, planned, bad)
+
+
+def _step(row: Mapping) -> int:
+    return -1 if row.get("step") is None else int(row["step"])
+
+
+# ------------------------------------------------------------------------------------- advice
+
+
+@dataclass(frozen=True)
+class TierAdvice:
+    """A candidate tier and what moving to it means."""
+
+    tier: Tier
+    new_base_lr: float | None  # by the policy's rule from the original LR (None: not known)
+    lr_warning: str | None
+    effect: Effect | None
+
+    @property
+    def fits(self) -> bool:
+        return self.tier.fits
+
+
+@dataclass(frozen=True)
+class Advice:
+    policy: RampPolicy
+    current: Current
+    decision: Recommendation
+    tiers: list[TierAdvice]  # the policy's offered factors, then its auto factor if not among them
+    memory: MemoryEvidence
+    memory_model: MemoryModel | None
+    memory_note: str
+    usable_bytes: float | None
+    notes: list[str] = field(default_factory=list)  # what the advice could not judge, and why
+
+    @property
+    def suggested(self) -> TierAdvice | None:
+        """The tier of the policy's ramp (×factor): what auto applies and the card offers first."""
+        return next((t for t in self.tiers if t.tier.factor == self.policy.factor), None)
+
+    def refusal(self, per_device_batch: int, accum: int) -> str | None:
+        """Why this tier cannot run here, now; None when it can."""
+        b, a, cur = per_device_batch, accum, self.current
+        if (b, a) == (cur.per_device_batch, cur.accum):
+            return f"the run already uses {b} x {a}"
+        if b in self.memory.infeasible:
+            return f"per-device batch {b} ran out of memory earlier in this run"
+        if b <= cur.per_device_batch or b in self.memory.measured:
+            return None
+        if self.memory_model is None or cur.capacity_bytes is None:
+            return (
+                f"per-device batch {b} is larger than any measured and no memory plan "
+                "is in yet; try again in a few steps"
+            )
+        capacity, margin = cur.capacity_bytes, self.policy.margin
+        need = self.memory_model.predict(b)
+        if need > self.usable_bytes:
+            return (
+                f"per-device batch {b} needs about {format_gb(need)} > "
+                f"{format_gb(self.usable_bytes)} usable ({format_gb(capacity)} capacity, "
+                f"{margin:.0%} margin)"
+            )
+        return None
+
+
+def advise(
+    policy: RampPolicy,
+    current: Current,
+    gns_steps: Sequence[int],
+    gns_values: Sequence[float | None],
+    gns_lower: Sequence[float | None] | None,
+    memory: MemoryEvidence,
+    since_step: int | None,
+    knows_lr: bool = True,
+) -> Advice:
+    """The ramp decision and its tiers for a run at `current`.
+
+    gns_*: the smoothed noise scale's steps with an estimate, its point (None: no point) and its
+    one-sided 95% lower bound (advisor.gns_window); since_step: the last ramp (the hysteresis
+    restarts there); knows_lr False: the run recorded no original LR, so no new base LR."""
+    decision = policy.decide(gns_steps, gns_values, gns_lower, current.batch, since_step)
+    model, memory_note = memory.model()
+    notes = []
+    usable = None
+    if current.capacity_bytes is None:
+        notes.append(
+            "the run's device capacity is unknown (no capacity_bytes, no mem_capacity): "
+            "only accumulation-only ramps can be judged"
+        )
+    else:
+        usable = usable_bytes(current.capacity_bytes, policy.margin)
+    b_noise = decision.evidence.noise_scale
+    tiers = [
+        TierAdvice(
+            t,
+            policy.new_base_lr(t.effective_batch) if knows_lr else None,
+            noise_scale_warning(t.effective_batch, b_noise) if b_noise else None,
+            predicted_effect(current.batch, t.effective_batch, b_noise)
+            if b_noise and b_noise > 0
+            else None,
+        )
+        for t in _tiers(policy, current, memory.infeasible, model)
+    ]
+    return Advice(policy, current, decision, tiers, memory, model, memory_note, usable, notes)
+
+
+def _tiers(policy: RampPolicy, cur: Current, infeasible, model: MemoryModel | None) -> list[Tier]:
+    factors = tuple(policy.offered_factors)
+    if policy.factor not in factors:
+        factors += (policy.factor,)
+    seq = cur.seq_len or 1
+    if model is not None and cur.capacity_bytes:
+        return candidate_tiers(
+            cur.per_device_batch,
+            cur.accum,
+            cur.world_size,
+            seq,
+            model,
+            cur.capacity_bytes,
+            policy.margin,
+            factors,
+            infeasible=infeasible,
+            rule=policy.lr_rule,
+            keep_noise_scale=policy.keep_noise_scale,
+        )
+    return accumulation_tiers(
+        cur.per_device_batch, cur.accum, cur.world_size, seq, factors, infeasible, policy.lr_rule
+    )

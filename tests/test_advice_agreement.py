@@ -1,0 +1,171 @@
+"""The card and the monitor decide the same ramp on recorded runs.
+
+Each run is seeded through the real store (tests/seed.py replay_run: plans, measured peaks,
+OOMs, ramps, a rising noise scale) and read back with the store's reader. Then it is replayed
+step by step through both deciders: the dashboard's card (dashboard/recommend.py build_card, from
+the rows up to the step) and a real Monitor's auto mode (monitor/ramp.py, fed the same
+estimates and memory rows at the steps they were written). At every step both must say the
+same: ready or not, why, and which tiers — and the monitor's auto proposal is the card's
+suggestion whenever the card says ready. (Before the advisor's `advise` and `memory_evidence`,
+the card merged every plan's newest row per per-device batch where the monitor kept the newest
+plan whole, and suggested ×2 where the policy ramps ×factor: "replanned" and "factor 4".)"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pytest
+import torch
+
+from rampwatch.advisor.memory import GB
+from rampwatch.advisor.policy import RampPolicy
+from rampwatch.dashboard import recommend
+from rampwatch.dashboard.data import event_dict, plan_dict
+from rampwatch.monitor import Monitor
+from rampwatch.monitor.ramp import Ramp
+from rampwatch.store import names as M
+from rampwatch.store.reader import Reader
+from tests import seed
+
+# a second plan of another shape (e.g. planned at another accumulation): 2 GB + 3 GB/sequence
+REPLAN = {8: 26 * GB, 16: 50 * GB, 32: 98 * GB, 64: 194 * GB, 128: 386 * GB}
+FIRST_PLAN = {4: 24 * GB, 8: 28 * GB, 16: 36 * GB, 32: 52 * GB, 64: 84 * GB}
+
+RUNS = {
+    # the newest plan alone puts per-device batch 16 at 49.6 GB; mixed with the first plan's
+    # point at 4, 49.3 GB: usable memory between the two decides the x2 tier
+    "replanned": dict(
+        plans=((0, FIRST_PLAN), (120, REPLAN)),
+        ooms=((60, 64),),
+        capacity=49.46 * GB / 0.95,
+    ),
+    # the auto ramp is x4: the card's suggestion must be the same tier
+    "factor 4": dict(policy={"factor": 4}),
+    # an accumulation ramp at 150 (hysteresis restarts), then an OOM at 16
+    "ramped, then oom": dict(ramps=((150, 8, 4),), ooms=((200, 16),)),
+}
+
+
+def _series(reader: Reader, run_id: str, name: str) -> dict[int, float]:
+    s = reader.series(run_id, name, width=1)
+    return dict(zip(s.last_step.tolist(), s.last.tolist()))
+
+
+class Recorded:
+    """One recorded run as the store's reader gives it."""
+
+    def __init__(self, rec: seed.Recorded):
+        reader = Reader(rec.db)
+        self.run = reader.get_run(rec.run_id)
+        self.events = [event_dict(e) for e in reader.events(rec.run_id)]
+        self.plan = [plan_dict(p) for p in reader.memory_plan(rec.run_id)]
+        names = (M.GNS, M.GNS_LOW, M.PER_DEVICE_BATCH, M.ACCUM, M.BATCH_SEQS, M.MEM_CAPACITY)
+        self.metrics = {n: _series(reader, rec.run_id, n) for n in names}
+        self.steps = rec.steps
+
+    def card(self, k: int) -> recommend.Card:
+        """The card as the live page builds it once the run has logged step k (a ramp recorded
+        at the boundary after k is not in yet)."""
+        gns = [s for s in sorted(self.metrics[M.GNS_LOW]) if s <= k]
+        latest = {n: v[max(s for s in v if s <= k)] for n, v in self.metrics.items() if v}
+        run = {
+            "run_id": self.run.run_id,
+            "config": self.run.config,
+            "world_size": self.run.world_size,
+            "capacity_bytes": self.run.capacity_bytes,
+            "last_step": k,
+        }
+        events = [
+            e
+            for e in self.events
+            if e["step"] < k or (e["step"] == k and e["kind"] != M.EVENT_RAMP)
+        ]
+        return recommend.build_card(
+            run,
+            latest,
+            gns,
+            [self.metrics[M.GNS].get(s) for s in gns],
+            events,
+            [p for p in self.plan if p["step"] <= k],
+            (),
+            [self.metrics[M.GNS_LOW][s] for s in gns],
+        )
+
+
+def _monitor(recorded: Recorded) -> Monitor:
+    """A rank's Monitor as the trainer makes it, in auto mode, on the recorded run's device."""
+    config = recorded.run.config
+    mon = Monitor(
+        None,
+        model=torch.nn.Linear(3, 2),
+        optimizer=None,
+        per_device_batch=config["per_device_batch"],
+        accum=config["accum"],
+        seq_len=config["seq_len"],
+        world_size=1,
+        device=torch.device("cpu"),
+        ramp="auto",
+        policy=RampPolicy.from_config(config),
+        base_lr=config["lr"],
+    )
+    mon.capacity = recorded.run.capacity_bytes  # the recorded device's, not this machine's
+    return mon
+
+
+def _replay(recorded: Recorded):
+    """(step, the monitor's advice, its auto proposal, the card) at every step of the run."""
+    mon = _monitor(recorded)
+    rows = defaultdict(list)
+    for p in recorded.plan:
+        rows[p["step"]].append(p)
+    ramps = {e["step"]: e for e in recorded.events if e["kind"] == M.EVENT_RAMP}
+    for k in range(recorded.steps):
+        if k in recorded.metrics[M.GNS_LOW]:
+            mon.ramps.observe(
+                k, {M.GNS: recorded.metrics[M.GNS][k], M.GNS_LOW: recorded.metrics[M.GNS_LOW][k]}
+            )
+        by_source = defaultdict(list)
+        for p in rows.get(k, ()):
+            by_source[p["source"]].append(p)
+        for source, group in by_source.items():
+            mon.ramps.write_plan_rows(group, source, k)
+        yield k, mon.ramps.advise(), mon.ramps._auto(k), recorded.card(k)
+        if k in ramps:  # the loop applies the recorded ramp at this boundary
+            after = ramps[k]["data"]["after"]
+            b, a = after["per_device_batch"], after["accum"]
+            lr = mon.ramps.policy.new_base_lr(b * a * mon.world_size)
+            mon.ramps.applied(
+                Ramp(
+                    b,
+                    a,
+                    lr / mon.ramps.base_lr,
+                    lr,
+                    k,
+                    "recorded",
+                    None,
+                    (mon.per_device_batch, mon.accum),
+                )
+            )
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_the_card_and_the_monitor_agree_at_every_step(tmp_path, name):
+    recorded = Recorded(seed.replay_run(tmp_path / "r.duckdb", **RUNS[name]))
+    disagree, ready = [], 0
+    for k, advice, proposal, card in _replay(recorded):
+        # the same decision (reason, evidence, forecast) and the same tiers, every step
+        assert card.decision == advice.decision, k
+        assert [v.tier for v in card.tiers] == [t.tier for t in advice.tiers], k
+        assert (card.memory_model, card.usable_bytes) == (advice.memory_model, advice.usable_bytes)
+        s = card.suggested
+        expected = (
+            (s.tier.per_device_batch, s.tier.accum)
+            if card.decision.ready and s is not None and s.fits
+            else None
+        )
+        got = None if proposal is None else (proposal.per_device_batch, proposal.accum)
+        ready += expected is not None
+        if got != expected:
+            disagree.append((k, got, expected))
+    assert ready > 10  # the run does reach its ramp point
+    assert not disagree, f"(step, monitor, card): {disagree[:3]} … ({len(disagree)} steps)"
