@@ -36,7 +36,7 @@ from rampwatch.store.command_rows import (
 from rampwatch.store.db import DEFAULT_TIMEOUT, read_connection, write_connection
 from rampwatch.store.errors import CommandError
 from rampwatch.store.recovery import recover_dead
-from rampwatch.store.txn import transaction
+from rampwatch.store.schema import transaction
 
 
 def submit(

@@ -31,7 +31,7 @@ from rampwatch.store.command_rows import Command, claim_pending, pending
 from rampwatch.store.db import read_connection, spool_root, write_connection
 from rampwatch.store.errors import SpoolOffsetsError, StoreBusyError, StoreError
 from rampwatch.store.outbox import Outbox
-from rampwatch.store.txn import first
+from rampwatch.store.schema import first
 
 _log = logging.getLogger("rampwatch.store")
 _now = time.time

@@ -27,9 +27,7 @@ import pyarrow as pa
 from rampwatch.store import command_rows, rollup, spool
 from rampwatch.store import spool_format as fmt
 from rampwatch.store.errors import CommandError, SpoolOffsetsError
-from rampwatch.store.schema import MEMORY_PLAN, RUNS
-from rampwatch.store.schema import to_json as _json_or_none
-from rampwatch.store.txn import first, transaction
+from rampwatch.store.schema import MEMORY_PLAN, RUNS, first, to_json, transaction
 
 MAX_RECORDS = 1 << 18  # per transaction (8 MB of spool, ~0.1 s): bounds lock hold and memory
 ENDINGS = ("killed", "failed")  # event kinds of a run's end: a resume purge keeps them
@@ -141,7 +139,7 @@ class _Apply:
                 t=r["t"],
                 kind="resume",
                 message=_resume_message(s, purged),
-                data=_json_or_none(
+                data=to_json(
                     {
                         "resume_step": s,
                         "purge_step": s + 1,
@@ -177,9 +175,7 @@ class _Apply:
                 continue
             old = json.loads(data) if data else None
             moved = {**(old if isinstance(old, dict) else {}), "original_step": step}
-            self.events.append(
-                dict(step=s, t=t, kind=kind, message=message, data=_json_or_none(moved))
-            )
+            self.events.append(dict(step=s, t=t, kind=kind, message=message, data=to_json(moved)))
             kept.append({"kind": kind, "step": step})
         rollup.truncate(con, run_id, s)
         cause = "crash" if prev_status in ENDINGS else "resume"
@@ -214,7 +210,7 @@ class _Apply:
                 t=r["t"],
                 kind=r["kind"],
                 message=r.get("message"),
-                data=_json_or_none(r.get("data")),
+                data=to_json(r.get("data")),
             )
         )
 

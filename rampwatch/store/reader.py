@@ -30,8 +30,7 @@ from rampwatch.store import spool
 from rampwatch.store.db import DEFAULT_TIMEOUT, read_connection, spool_root
 from rampwatch.store.errors import RunNotFoundError
 from rampwatch.store.rollup import LEVELS, Level
-from rampwatch.store.schema import MEMORY_PLAN, RUNS, PlanRow, Run
-from rampwatch.store.txn import first
+from rampwatch.store.schema import MEMORY_PLAN, RUNS, PlanRow, Run, first
 
 STALE_AFTER = 30.0  # seconds without a heartbeat before a running run shows as stale
 _NO_START = -(1 << 62)

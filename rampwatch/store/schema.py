@@ -1,6 +1,7 @@
 """The Rampwatch schema: its tables, the migrations that build them, and the version check.
 
-Owns: the ordered MIGRATIONS list (each one runs in its own transaction and records its version
+Owns: the SQL every module runs inside a connection the caller holds (`transaction`, the one
+BEGIN … COMMIT, and `first`, the first row of a result), the ordered MIGRATIONS list (each one runs in its own transaction and records its version
 in `rampwatch_schema`), reading a file's version, refusing foreign or newer files, the rollup
 constant the metrics layout depends on, and the field tables of the runs and memory_plan tables
 (RUNS, MEMORY_PLAN: one list of columns that drives their INSERT, their SELECT and the row a
@@ -26,6 +27,7 @@ second row for a spool must fail its transaction rather than be read back by cha
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import dataclass, field, fields
@@ -34,7 +36,29 @@ import duckdb
 import pyarrow as pa
 
 from rampwatch.store.errors import NotRampwatchError, SchemaTooNewError
-from rampwatch.store.txn import transaction
+
+
+def first(result):
+    """The first row of a result, or None. Reads it to the end: DuckDB 2.0 refuses register()
+    and some other calls on a connection whose last result was not fetched completely."""
+    rows = result.fetchall()
+    return rows[0] if rows else None
+
+
+@contextlib.contextmanager
+def transaction(con):
+    """BEGIN … COMMIT on `con`, ROLLBACK if the block raises."""
+    con.execute("BEGIN TRANSACTION")
+    try:
+        yield con
+    except BaseException:
+        try:
+            con.execute("ROLLBACK")
+        except duckdb.Error:
+            pass  # the connection is being torn down anyway; the original error matters
+        raise
+    con.execute("COMMIT")
+
 
 CURRENT_VERSION = 6
 # Oldest version the readers' queries work on unchanged (read-only reading does not upgrade):

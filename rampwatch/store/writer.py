@@ -38,8 +38,8 @@ from rampwatch.store.errors import RunNotFoundError, StoreError
 from rampwatch.store.flusher import ROTATE_BYTES, Flusher
 from rampwatch.store.naming import check_run_id, check_run_name
 from rampwatch.store.outbox import Outbox
+from rampwatch.store.schema import first
 from rampwatch.store.steps import MAX_STEP, as_step, step_problem
-from rampwatch.store.txn import first
 
 PLAN_SOURCES = ("plan", "measured", "oom", "probe")
 _log = logging.getLogger("rampwatch.store")
