@@ -63,9 +63,9 @@ def _ramped_writer(db):
     for s in (1, 2):
         w.log(s, {"loss": 1.0 / s, "accum": 2})
     assert w.flush()
+    w.take_claimed_commands()  # the trainer's way: the next visit claims
     cid = commands.submit(db, "r", "ramp", RAMP, actor="test")
-    assert w.flush() and [c.command_id for c in w.pending_commands()] == [cid]
-    w.claim(cid)
+    assert w.flush() and [c.command_id for c in w.take_claimed_commands()] == [cid]
     for s in (3, 4):
         w.log(s, {"loss": 1.0 / s, "accum": 2 if s < 4 else 4})
     w.command_applied(cid, 3)

@@ -213,16 +213,16 @@ def test_new_run_id_must_be_new_and_resume_needs_existing(db_path):
         store.get_run(db_path, "nope")
 
 
-def test_pending_commands_reach_the_writer_and_results_go_through_the_spool(db_path):
+def test_claimed_commands_reach_the_writer_and_results_go_through_the_spool(db_path):
     w = store.RunWriter.start(db_path, "cmd", flush_interval=1000)
     cid = store.commands.submit(
         db_path, w.run_id, "ramp", {"per_device_batch": 32, "accum": 8, "note": EVIL}, "op"
     )
-    assert w.pending_commands() == []
+    assert w.take_claimed_commands() == []  # the trainer's way: the next visit claims
     assert w.flush()
-    (cmd,) = w.pending_commands()
+    (cmd,) = w.take_claimed_commands()
     assert (cmd.command_id, cmd.payload["note"]) == (cid, EVIL)
-    assert w.claim(cid).status == "claimed" and w.pending_commands() == []
+    assert cmd.status == "claimed" and w.take_claimed_commands() == []
     w.command_applied(cid, 120)
     w.command_applied(cid, 121)  # illegal second result: an error event, not a crash
     assert w.close()

@@ -3,7 +3,7 @@
 Public API (see each module's docstring for the why):
   RunWriter.start(db, …) → writer.log(step, {name: value}), .event, .memory_plan, .update_run,
       .take_claimed_commands, .command_applied, .command_refused (never wait on the database),
-      .pending_commands, .claim (older, blocking), .flush, .close, .stats (writer.py)
+      .flush, .close, .stats (writer.py; its Flusher: flusher.py)
   Reader(db) and list_runs, get_run, metric_names, series, latest, events, memory_plan,
       export (reader.py)
   commands: submit, claim, apply, refuse, cancel, list_commands, get, log (commands.py)

@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 from rampwatch.store import ingest, recovery, spool
 from rampwatch.store import spool_format as fmt
-from rampwatch.store.command_rows import Command, claim_pending, pending
+from rampwatch.store.command_rows import Command, claim_pending
 from rampwatch.store.db import read_connection, spool_root, write_connection
 from rampwatch.store.errors import SpoolOffsetsError, StoreBusyError, StoreError
 from rampwatch.store.outbox import Outbox
@@ -74,9 +74,7 @@ class Flusher:
         self.backlog = False  # the last ingest stopped at the per-transaction cap
         self.ending = False  # set by close: no rotation, no more claims
         self.last_recover = time.monotonic()
-        # commands: this run's pending ones (older, blocking way), or, once auto_claim is on,
-        # those claimed at the visits and not yet taken by the trainer
-        self.pending: list[Command] = []
+        # commands claimed at the visits once the trainer asked (auto_claim), not yet taken
         self.auto_claim = False
         self.claimed: collections.deque[Command] = collections.deque()
         # what stats() reports
@@ -119,9 +117,9 @@ class Flusher:
     # ---- commands -----------------------------------------------------------------------
     def take_claimed(self) -> list[Command]:
         """The commands claimed since the last call, oldest first; from the first call on, each
-        visit claims the run's pending commands (and offers none to claim() any more)."""
+        visit claims the run's pending commands (before it, none is claimed behind the
+        trainer's back)."""
         self.auto_claim = True
-        self.pending = []
         out = []
         while self.claimed:
             out.append(self.claimed.popleft())
@@ -229,8 +227,6 @@ class Flusher:
                 if self.auto_claim and not self.ending:
                     # handed over right after the claim commits: nothing in between can fail
                     self.claimed.extend(claim_pending(con, self.run_id, self.actor))
-                else:
-                    self.pending = pending(con, self.run_id)
             self.flushes += 1
             self.last_flush = _now()
             return done

@@ -30,9 +30,9 @@ import uuid
 import warnings
 from pathlib import Path
 
-from rampwatch.store import commands, fs, ingest, lifecycle, recovery, spool
+from rampwatch.store import fs, ingest, lifecycle, recovery, spool
 from rampwatch.store import spool_format as fmt
-from rampwatch.store.command_rows import Command, as_command_id, pending
+from rampwatch.store.command_rows import Command, as_command_id
 from rampwatch.store.db import DEFAULT_TIMEOUT, resolve, spool_root, write_connection
 from rampwatch.store.errors import RunNotFoundError, StoreError
 from rampwatch.store.flusher import ROTATE_BYTES, Flusher
@@ -181,7 +181,6 @@ class RunWriter:
             try:
                 files.append_json(start)
                 res = ingest.ingest_spool(con, files.path, heartbeat=_now())
-                waiting = pending(con, run_id)
             except BaseException:
                 files.close(remove=True)
                 raise
@@ -195,7 +194,6 @@ class RunWriter:
             rotate_bytes=rotate_bytes,
         )
         w._flusher.note_committed(files, res)
-        w._flusher.pending = waiting
         w._last_step = resume_step
         lifecycle.register(w, handle_sigterm)
         w._flusher.start()
@@ -416,16 +414,9 @@ class RunWriter:
         writer over: from then on its flusher claims each pending command of the run (pending →
         claimed, actor = this writer's actor) at its visits, about once a second, and hands it
         over here. Report each one with command_applied() or command_refused(). Commands
-        claimed but never taken are refused at close. Do not mix with pending_commands()/claim().
+        claimed but never taken are refused at close.
         """
         return self._flusher.take_claimed()
-
-    def pending_commands(self) -> list[Command]:
-        """This run's pending commands as of the last flush (claim one before acting on it).
-
-        The older, blocking way: claim() waits on the database. Prefer take_claimed_commands().
-        """
-        return list(self._flusher.pending)
 
     def command_applied(self, command_id: int, step: int) -> None:
         """Record, without waiting, that a claimed command took effect at `step`.
@@ -456,15 +447,6 @@ class RunWriter:
                 "step": self._last_step,
             }
         )
-
-    # ---- commands, the older blocking way -----------------------------------------------
-    def claim(self, command_id: int) -> Command:
-        """Claim a pending command (synchronous: waits on the database, raises CommandError if
-        it is gone). Prefer take_claimed_commands(), which never waits."""
-        cmd = commands.claim(self.db, command_id, self._actor, self._lock_timeout)
-        fl = self._flusher
-        fl.pending = [c for c in fl.pending if c.command_id != command_id]
-        return cmd
 
     # ---- ending -------------------------------------------------------------------------
     def close(
