@@ -99,7 +99,7 @@ def test_read_only_serves_runs_without_writing(many, monkeypatch):
     db, live, _ = many
     before = {p: os.stat(db.parent / p).st_mtime_ns for p in os.listdir(db.parent)}
     time.sleep(0.01)
-    live.writer._stop.set()  # nothing else may touch the file during this look
+    live.writer._flusher.end()  # nothing else may touch the file during this look
     at = seed.app(monkeypatch, db, read_only=True, page="views/runs.py")
     assert not at.exception
     at.switch_page("views/compare.py").run()

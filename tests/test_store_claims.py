@@ -92,13 +92,15 @@ def test_claimed_commands_never_taken_are_refused_at_close(db_path):
     assert got.status == "refused" and "before the trainer took" in got.reason
 
 
-def test_the_old_blocking_api_still_works_until_switched(db_path):
+def test_nothing_is_claimed_until_the_trainer_asks(db_path):
     w = store.RunWriter.start(db_path, "old", run_id="r", flush_interval=1000)
     cid = commands.submit(db_path, "r", "ramp", RAMP, "op")
     assert w.flush()
-    (pending,) = w.pending_commands()
     assert commands.get(db_path, cid).status == "pending"  # not claimed behind its back
-    assert w.claim(pending.command_id).status == "claimed"
+    assert w.take_claimed_commands() == []  # the trainer asks: the next visit claims
+    assert w.flush()
+    (claimed,) = w.take_claimed_commands()
+    assert (claimed.command_id, claimed.status) == (cid, "claimed")
     w.command_applied(cid, 3)
     assert w.close()
     assert commands.get(db_path, cid).status == "applied"

@@ -59,13 +59,13 @@ def _offsets(db, spool_name):
 def _ramped_writer(db):
     """The dist test's shape in one process: steps 1-4, a command submitted, claimed, applied."""
     w = store.RunWriter.start(db, "r", run_id="r", flush_interval=3600, handle_sigterm=False)
-    start_offsets = _offsets(db, w._files.path.name)[0]
+    start_offsets = _offsets(db, w._flusher.files.path.name)[0]
     for s in (1, 2):
         w.log(s, {"loss": 1.0 / s, "accum": 2})
     assert w.flush()
+    w.take_claimed_commands()  # the trainer's way: the next visit claims
     cid = commands.submit(db, "r", "ramp", RAMP, actor="test")
-    assert w.flush() and [c.command_id for c in w.pending_commands()] == [cid]
-    w.claim(cid)
+    assert w.flush() and [c.command_id for c in w.take_claimed_commands()] == [cid]
     for s in (3, 4):
         w.log(s, {"loss": 1.0 / s, "accum": 2 if s < 4 else 4})
     w.command_applied(cid, 3)
@@ -78,7 +78,7 @@ def _ramped_writer(db):
 @pytest.mark.parametrize("damage", ["rewound", "missing"])
 def test_stale_or_missing_offsets_stop_the_writer_instead_of_duplicating(db_path, damage):
     w, cid, (bin0, js0) = _ramped_writer(db_path)
-    name = w._files.path.name
+    name = w._flusher.files.path.name
     # What the failing run looked like from the writer's side: the offsets it stored are read
     # back older than what it committed (or not at all), while the rows it inserted are there.
     with write_connection(db_path) as con:
@@ -124,7 +124,7 @@ def test_a_stale_read_inside_the_transaction_cannot_commit(db_path, monkeypatch)
     monkeypatch.setattr(ingest, "first", stale_first)
     with write_connection(db_path) as con:
         with pytest.raises(store.StoreError, match="offsets"):
-            ingest.ingest_spool(con, w._files.path)
+            ingest.ingest_spool(con, w._flusher.files.path)
     monkeypatch.setattr(ingest, "first", real_first)
     dup, errors, ramps, rows = _counts(db_path, "r")
     assert calls and dup == [] and errors == [] and ramps == 1 and rows == 8  # rolled back

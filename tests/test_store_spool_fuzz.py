@@ -123,8 +123,8 @@ def test_damage_through_a_real_ingest_keeps_every_intact_record(case):
         db = Path(tmp) / "f.duckdb"
         w = store.RunWriter.start(db, "fuzz", flush_interval=1000, handle_sigterm=False)
         for name in ("n0", "n1", "n2"):  # ids 0, 1, 2 as _good() uses them
-            w._files.name_id(name)
-        path = w._files.path / "metrics.v2.bin"
+            w._flusher.files.name_id(name)
+        path = w._flusher.files.path / "metrics.v2.bin"
         with open(path, "ab") as f:
             f.write(data)
         w.close()  # never raises, whatever it found

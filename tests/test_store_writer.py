@@ -176,7 +176,7 @@ def test_close_while_busy_leaves_spool_and_recovery_finishes_the_run(procs, db_p
     )
     Lines(holder).wait_for("HOLDING")
     assert w.close(timeout=0.3) is False  # could not ingest: the spool stays for recovery
-    assert [p.name for p in spool.list_spools(spool_root(db_path))] == [w._files.path.name]
+    assert [p.name for p in spool.list_spools(spool_root(db_path))] == [w._flusher.files.path.name]
     holder.wait(timeout=30)
     report = store.recover(db_path)
     assert report.spools[0].records == 50 and report.killed_runs == []
@@ -213,16 +213,16 @@ def test_new_run_id_must_be_new_and_resume_needs_existing(db_path):
         store.get_run(db_path, "nope")
 
 
-def test_pending_commands_reach_the_writer_and_results_go_through_the_spool(db_path):
+def test_claimed_commands_reach_the_writer_and_results_go_through_the_spool(db_path):
     w = store.RunWriter.start(db_path, "cmd", flush_interval=1000)
     cid = store.commands.submit(
         db_path, w.run_id, "ramp", {"per_device_batch": 32, "accum": 8, "note": EVIL}, "op"
     )
-    assert w.pending_commands() == []
+    assert w.take_claimed_commands() == []  # the trainer's way: the next visit claims
     assert w.flush()
-    (cmd,) = w.pending_commands()
+    (cmd,) = w.take_claimed_commands()
     assert (cmd.command_id, cmd.payload["note"]) == (cid, EVIL)
-    assert w.claim(cid).status == "claimed" and w.pending_commands() == []
+    assert cmd.status == "claimed" and w.take_claimed_commands() == []
     w.command_applied(cid, 120)
     w.command_applied(cid, 121)  # illegal second result: an error event, not a crash
     assert w.close()
@@ -252,7 +252,7 @@ def test_spool_rotation_keeps_every_row_once_and_the_disk_small(db_path):
             w.event("tick", step=step)
             assert w.flush()
             dirs = spool.list_spools(root)
-            assert len(dirs) == 1 and dirs[0] == w._files.path  # the old one is gone
+            assert len(dirs) == 1 and dirs[0] == w._flusher.files.path  # the old one is gone
             assert sum(f.stat().st_size for f in dirs[0].iterdir()) < 4096 + 1024
     assert w.close()
     rows = store.export(db_path, w.run_id).to_pylist()
@@ -271,8 +271,8 @@ def test_torn_tails_wait_until_whole(db_path):
     w.log(0, {"a": 1.0})
     raw = spool_format.encode_one(1, 0.0, 2.0, 0) + spool_format.encode_one(2, 0.0, 3.0, 1)
     name_b = spool_format.encode_line([1, "b"])
-    bin_fd = os.open(w._files.path / spool.BIN, os.O_WRONLY | os.O_APPEND)
-    names_fd = os.open(w._files.path / spool.NAMES, os.O_WRONLY | os.O_APPEND)
+    bin_fd = os.open(w._flusher.files.path / spool.BIN, os.O_WRONLY | os.O_APPEND)
+    names_fd = os.open(w._flusher.files.path / spool.NAMES, os.O_WRONLY | os.O_APPEND)
     try:
         os.write(bin_fd, raw[:20])
         assert w.flush()

@@ -3,12 +3,12 @@
 Public API (see each module's docstring for the why):
   RunWriter.start(db, …) → writer.log(step, {name: value}), .event, .memory_plan, .update_run,
       .take_claimed_commands, .command_applied, .command_refused (never wait on the database),
-      .pending_commands, .claim (older, blocking), .flush, .close, .stats (writer.py)
+      .flush, .close, .stats (writer.py; its Flusher: flusher.py)
   Reader(db) and list_runs, get_run, metric_names, series, latest, events, memory_plan,
       export (reader.py)
   commands: submit, claim, apply, refuse, cancel, list_commands, get, log (commands.py)
-  recover(db) and dead_writers(db), which only looks (recovery.py), delete_run(db, run_id)
-      (deletion.py), schema_version(db) (db.py);
+  recover(db) and dead_writers(db), which only looks, delete_run(db, run_id) (recovery.py),
+      schema_version(db) (db.py);
   naming: check_run_id, check_run_name, display_name (naming.py);
   record_refusal, list_refusals, refusal_counts: the dashboard's refused writes (refusals.py);
   the errors (errors.py); `rampwatch info|recover|upgrade|export DB` (cli.py);
@@ -23,7 +23,6 @@ from __future__ import annotations
 from rampwatch.store import commands, naming
 from rampwatch.store.commands import Command, LogEntry
 from rampwatch.store.db import read_connection, schema_version, set_read_only, write_connection
-from rampwatch.store.deletion import delete_run
 from rampwatch.store.errors import (
     CommandError,
     DatabaseCorruptError,
@@ -54,7 +53,7 @@ from rampwatch.store.reader import (
     metric_names,
     series,
 )
-from rampwatch.store.recovery import DeadWriter, RecoveryReport, dead_writers, recover
+from rampwatch.store.recovery import DeadWriter, RecoveryReport, dead_writers, delete_run, recover
 from rampwatch.store.refusals import Refusal, list_refusals, refusal_counts
 from rampwatch.store.refusals import record as record_refusal
 from rampwatch.store.schema import CURRENT_VERSION

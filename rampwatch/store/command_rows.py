@@ -25,8 +25,7 @@ from dataclasses import dataclass
 
 from rampwatch.store import names as M
 from rampwatch.store.errors import CommandError
-from rampwatch.store.schema import ROLLUP_LEVELS
-from rampwatch.store.txn import first, transaction
+from rampwatch.store.schema import ROLLUP_LEVELS, first, transaction
 
 KINDS = ("ramp",)
 STATUSES = ("pending", "claimed", "applied", "refused", "cancelled", "undone")

@@ -7,12 +7,12 @@ store/command_rows.py: validation, the tier rule, idempotency keys, the legal st
 one open ramp per run, the command log.
 
 Lifecycle: pending → claimed | cancelled | refused; claimed → applied (at a step) | refused
-(with a reason); applied → undone (a resume from an earlier step discarded it). Nothing else. The trainer claims a command synchronously (`claim`: it must
-know it owns the command before acting on it), then reports the result either synchronously
-(`apply` / `refuse`) or without waiting through its RunWriter (`command_applied` /
-`command_refused`, spooled and recorded at the next ingest). A RunWriter can also claim for the
-trainer in its background flusher (`claim_pending`, handed over by take_claimed_commands), so
-that no step boundary waits on the database.
+(with a reason); applied → undone (a resume from an earlier step discarded it). Nothing else.
+The trainer never waits on the database for them: its RunWriter's flusher claims the run's
+pending commands at its visits (`claim_pending`, handed over by take_claimed_commands) and
+the results go through the spool (`command_applied` / `command_refused`, recorded at the next
+ingest). `claim`, `apply` and `refuse` are the same changes made synchronously, each in its
+own connection: for tools, and for tests that put a command in a given state (tests/seed.py).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from rampwatch.store.command_rows import (
 from rampwatch.store.db import DEFAULT_TIMEOUT, read_connection, write_connection
 from rampwatch.store.errors import CommandError
 from rampwatch.store.recovery import recover_dead
-from rampwatch.store.txn import transaction
+from rampwatch.store.schema import transaction
 
 
 def submit(

@@ -48,11 +48,6 @@ from rampwatch.store.errors import (
     StoreError,
 )
 
-# Re-exported for callers that import them from here; their home is txn.py (a leaf, which
-# schema.py can import: this module imports schema).
-from rampwatch.store.txn import first as first
-from rampwatch.store.txn import transaction as transaction
-
 # DuckDB 2.0.1 would try to download extensions it knows; there is no network at run time.
 BASE_CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
 DEFAULT_TIMEOUT = 10.0

@@ -27,7 +27,7 @@ import pyarrow as pa
 from rampwatch.store import command_rows, rollup, spool
 from rampwatch.store import spool_format as fmt
 from rampwatch.store.errors import CommandError, SpoolOffsetsError
-from rampwatch.store.txn import first, transaction
+from rampwatch.store.schema import MEMORY_PLAN, RUNS, first, to_json, transaction
 
 MAX_RECORDS = 1 << 18  # per transaction (8 MB of spool, ~0.1 s): bounds lock hold and memory
 ENDINGS = ("killed", "failed")  # event kinds of a run's end: a resume purge keeps them
@@ -41,18 +41,9 @@ _EVENT_SCHEMA = pa.schema(
         ("data", pa.string()),
     ]
 )
-_PLAN_SCHEMA = pa.schema(
-    [
-        ("step", pa.int64()),
-        ("t", pa.float64()),
-        ("per_device_batch", pa.int64()),
-        ("variant", pa.string()),
-        ("predicted_bytes", pa.int64()),
-        ("measured_bytes", pa.int64()),
-        ("source", pa.string()),
-        ("feasible", pa.bool_()),
-        ("breakdown", pa.string()),
-    ]
+_PLAN_SCHEMA = MEMORY_PLAN.arrow_schema()
+_SET_DETAILS = (  # a run update: None keeps a detail
+    f"UPDATE runs SET {', '.join(f'{c} = coalesce(?, {c})' for c in RUNS.details)} WHERE run_id = ?"
 )
 
 
@@ -76,10 +67,6 @@ class IngestResult:
     def damaged(self) -> bool:
         """Something was stepped over: the spool must be kept for inspection, not deleted."""
         return bool(self.damaged_bytes or self.lost_records or self.unusable)
-
-
-def _json_or_none(obj) -> str | None:
-    return None if obj is None else json.dumps(obj, ensure_ascii=False)
 
 
 def _resume_message(s: int, purged: dict) -> str:
@@ -126,22 +113,15 @@ class _Apply:
         self.run_id, self.pid, self.host = run_id, r.get("pid"), r.get("host")
         row = first(con.execute("SELECT status, last_step FROM runs WHERE run_id = ?", [run_id]))
         if row is None:
-            con.execute(
-                """INSERT INTO runs (run_id, name, status, config, created_at, ended_at, device,
-                                     capacity_bytes, world_size, heartbeat, last_step)
-                   VALUES (?, ?, 'running', ?, ?, NULL, ?, ?, ?, ?, ?)""",
-                [
-                    run_id,
-                    r.get("name"),
-                    _json_or_none(r.get("config")),
-                    r["t"],
-                    r.get("device"),
-                    r.get("capacity_bytes"),
-                    r.get("world_size"),
-                    r["t"],
-                    r.get("resume_step"),
-                ],
-            )
+            new = {
+                **self._details(r),
+                "run_id": run_id,
+                "status": "running",
+                "created_at": r["t"],
+                "heartbeat": r["t"],
+                "last_step": r.get("resume_step"),
+            }
+            con.execute(RUNS.insert, [new.get(c) for c in RUNS.columns])  # the rest: NULL
         self._run_fields(r)
         s = r.get("resume_step")
         if s is None:
@@ -159,7 +139,7 @@ class _Apply:
                 t=r["t"],
                 kind="resume",
                 message=_resume_message(s, purged),
-                data=_json_or_none(
+                data=to_json(
                     {
                         "resume_step": s,
                         "purge_step": s + 1,
@@ -195,9 +175,7 @@ class _Apply:
                 continue
             old = json.loads(data) if data else None
             moved = {**(old if isinstance(old, dict) else {}), "original_step": step}
-            self.events.append(
-                dict(step=s, t=t, kind=kind, message=message, data=_json_or_none(moved))
-            )
+            self.events.append(dict(step=s, t=t, kind=kind, message=message, data=to_json(moved)))
             kept.append({"kind": kind, "step": step})
         rollup.truncate(con, run_id, s)
         cause = "crash" if prev_status in ENDINGS else "resume"
@@ -217,20 +195,13 @@ class _Apply:
     def _run(self, r: dict) -> None:
         self._run_fields(r)
 
+    @staticmethod
+    def _details(r: dict) -> dict:
+        """The run details a start or run record carries (None where it says nothing)."""
+        return {c: RUNS.encode(c, r.get(c)) for c in RUNS.details}
+
     def _run_fields(self, r: dict) -> None:
-        self.con.execute(
-            """UPDATE runs SET name = coalesce(?, name), config = coalesce(?, config),
-                   device = coalesce(?, device), capacity_bytes = coalesce(?, capacity_bytes),
-                   world_size = coalesce(?, world_size) WHERE run_id = ?""",
-            [
-                r.get("name"),
-                _json_or_none(r.get("config")),
-                r.get("device"),
-                r.get("capacity_bytes"),
-                r.get("world_size"),
-                r["run_id"],
-            ],
-        )
+        self.con.execute(_SET_DETAILS, [*self._details(r).values(), r["run_id"]])
 
     def _event(self, r: dict) -> None:
         self.events.append(
@@ -239,24 +210,12 @@ class _Apply:
                 t=r["t"],
                 kind=r["kind"],
                 message=r.get("message"),
-                data=_json_or_none(r.get("data")),
+                data=to_json(r.get("data")),
             )
         )
 
     def _plan(self, r: dict) -> None:
-        self.plans.append(
-            dict(
-                step=r.get("step"),
-                t=r["t"],
-                per_device_batch=r["per_device_batch"],
-                variant=r["variant"],
-                predicted_bytes=r.get("predicted_bytes"),
-                measured_bytes=r.get("measured_bytes"),
-                source=r["source"],
-                feasible=r.get("feasible"),
-                breakdown=_json_or_none(r.get("breakdown")),
-            )
-        )
+        self.plans.append(MEMORY_PLAN.from_record(r))
 
     def _status(self, r: dict) -> None:
         ended = r["t"] if r["status"] != "running" else None
@@ -310,13 +269,7 @@ class _Apply:
         if self.plans:
             con.register("rw_plans", pa.Table.from_pylist(self.plans, schema=_PLAN_SCHEMA))
             try:
-                con.execute(
-                    """INSERT INTO memory_plan (run_id, step, t, per_device_batch, variant,
-                           predicted_bytes, measured_bytes, source, feasible, breakdown)
-                       SELECT ?, step, t, per_device_batch, variant, predicted_bytes,
-                              measured_bytes, source, feasible, breakdown FROM rw_plans""",
-                    [self.run_id],
-                )
+                con.execute(MEMORY_PLAN.insert_from("rw_plans"), [self.run_id])
             finally:
                 con.unregister("rw_plans")
 

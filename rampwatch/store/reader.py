@@ -30,7 +30,7 @@ from rampwatch.store import spool
 from rampwatch.store.db import DEFAULT_TIMEOUT, read_connection, spool_root
 from rampwatch.store.errors import RunNotFoundError
 from rampwatch.store.rollup import LEVELS, Level
-from rampwatch.store.txn import first
+from rampwatch.store.schema import MEMORY_PLAN, RUNS, PlanRow, Run, first
 
 STALE_AFTER = 30.0  # seconds without a heartbeat before a running run shows as stale
 _NO_START = -(1 << 62)
@@ -66,26 +66,6 @@ _BUCKETS_ROLLUP = {
 }
 _COARSE = LEVELS[-1]  # the fewest rows: extents, names and latest values come from it
 _EXTENT = f"SELECT min(bucket), max(last_step) FROM ({_rolled(_COARSE)})"
-_RUN_COLUMNS = (
-    "run_id, name, status, config, device, capacity_bytes, world_size, created_at, "
-    "ended_at, heartbeat, last_step"
-)
-
-
-@dataclass(frozen=True)
-class Run:
-    run_id: str
-    name: str | None
-    status: str  # as shown: 'stale' replaces 'running' when its writer looks gone
-    stored_status: str  # as stored: running, finished, failed, killed
-    config: dict | None
-    device: str | None
-    capacity_bytes: int | None
-    world_size: int | None
-    created_at: float
-    ended_at: float | None
-    heartbeat: float | None
-    last_step: int | None
 
 
 @dataclass(frozen=True)
@@ -138,20 +118,6 @@ class Event:
     kind: str
     message: str | None
     data: dict | None
-
-
-@dataclass(frozen=True)
-class PlanRow:
-    run_id: str
-    step: int | None
-    t: float
-    per_device_batch: int
-    variant: str
-    predicted_bytes: int | None
-    measured_bytes: int | None
-    source: str
-    feasible: bool | None
-    breakdown: dict | None
 
 
 def _loads(text):
@@ -220,8 +186,9 @@ class Reader:
                 yield con
 
     def _run(self, con, row, now: float) -> Run:
-        run_id, stored, heartbeat = row[0], row[2], row[9]
-        status = stored
+        values = RUNS.values(row)
+        run_id, heartbeat = values["run_id"], values["heartbeat"]
+        status = stored = values["stored_status"]
         if stored == "running":
             quiet = heartbeat is None or now - heartbeat > self.stale_after
             spools = con.execute(
@@ -230,20 +197,18 @@ class Reader:
             root = spool_root(self.db)
             if quiet or not any(spool.is_live(root / s) for (s,) in spools):
                 status = "stale"
-        return Run(run_id, row[1], status, stored, _loads(row[3]), *row[4:])
+        return Run(status=status, **values)
 
     def list_runs(self) -> list[Run]:
         """Every run, newest first."""
         with self._connection() as con:
-            rows = con.execute(
-                f"SELECT {_RUN_COLUMNS} FROM runs ORDER BY created_at DESC, run_id"
-            ).fetchall()
+            rows = con.execute(f"{RUNS.select} ORDER BY created_at DESC, run_id").fetchall()
             now = time.time()
             return [self._run(con, r, now) for r in rows]
 
     def get_run(self, run_id: str) -> Run:
         with self._connection() as con:
-            row = first(con.execute(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = ?", [run_id]))
+            row = first(con.execute(f"{RUNS.select} WHERE run_id = ?", [run_id]))
             if row is None:
                 raise RunNotFoundError(
                     f"no run {run_id!r} in {self.db}; `rampwatch info {self.db}` lists the runs"
@@ -347,12 +312,9 @@ class Reader:
     def memory_plan(self, run_id: str) -> list[PlanRow]:
         with self._connection() as con:
             rows = con.execute(
-                """SELECT run_id, step, t, per_device_batch, variant, predicted_bytes,
-                          measured_bytes, source, feasible, breakdown
-                   FROM memory_plan WHERE run_id = ? ORDER BY t""",
-                [run_id],
+                f"{MEMORY_PLAN.select} WHERE run_id = ? ORDER BY t", [run_id]
             ).fetchall()
-        return [PlanRow(*r[:9], _loads(r[9])) for r in rows]
+        return [PlanRow(**MEMORY_PLAN.values(r)) for r in rows]
 
     def export(self, run_id: str) -> pa.Table:
         """Every raw metric row of a run (run_id, step, t, name, value), for CSV/Parquet."""

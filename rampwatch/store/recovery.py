@@ -8,6 +8,11 @@ live spool left as 'killed' at its last step, refusing its open commands ('run k
 spool that cannot be parsed is renamed `<session>.corrupt` and reported, not deleted.
 `dead_writers` only looks: which spools wait for that, and how much they hold, for a reader
 that cannot recover (the dashboard's read-only mode).
+
+Deleting a run (`delete_run`: every row recorded for it, in every table, in one transaction)
+lives here too, since it is refused while a writer is logging to the run and recovers dead
+writers first: a dead writer's spool left on disk would otherwise bring the deleted run back
+at the next recovery.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ from pathlib import Path
 from rampwatch.store import command_rows, ingest, spool
 from rampwatch.store import spool_format as fmt
 from rampwatch.store.db import DEFAULT_TIMEOUT, read_connection, spool_root, write_connection
-from rampwatch.store.txn import first, transaction
+from rampwatch.store.errors import StoreError
+from rampwatch.store.schema import RUN_TABLES, first, transaction
 
 
 @dataclass
@@ -196,3 +202,19 @@ def recover(db, timeout: float = DEFAULT_TIMEOUT) -> RecoveryReport:
     """Ingest every dead writer's spool beside `db` and mark their runs killed."""
     with write_connection(db, timeout) as con:
         return recover_dead(con, db)
+
+
+def delete_run(db, run_id: str, timeout: float = 60.0) -> None:
+    """Delete a run and everything recorded for it; refused while a writer is logging to it."""
+    with write_connection(db, timeout) as con:
+        recover_dead(con, db)
+        if live_spools(con, db, run_id):
+            raise StoreError(f"run {run_id!r} has a live writer; stop it before deleting the run")
+        with transaction(con):
+            con.execute(
+                "DELETE FROM command_log WHERE command_id IN "
+                "(SELECT command_id FROM commands WHERE run_id = ?)",
+                [run_id],
+            )
+            for table in RUN_TABLES:  # our constants, never input
+                con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])

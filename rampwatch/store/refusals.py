@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 from rampwatch.store import schema
 from rampwatch.store.db import DEFAULT_TIMEOUT, read_connection, write_connection
-from rampwatch.store.txn import transaction
 
 MAX_TEXT = 200  # per field: a refusal row stays small whatever a client sends
 LIST_LIMIT = 200  # the newest rows a listing returns
@@ -54,7 +53,7 @@ def record(
     """Append one refused write."""
     row = [time.time(), *map(_bounded, (run_id, action, detail, operator, client, reason))]
     with write_connection(db, timeout) as con:
-        with transaction(con):
+        with schema.transaction(con):
             con.execute(
                 f"INSERT INTO write_refusals ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)", row
             )

@@ -1,8 +1,11 @@
 """The Rampwatch schema: its tables, the migrations that build them, and the version check.
 
-Owns: the ordered MIGRATIONS list (each one runs in its own transaction and records its version
-in `rampwatch_schema`), reading a file's version, refusing foreign or newer files, and the
-rollup constant the metrics layout depends on.
+Owns: the SQL every module runs inside a connection the caller holds (`transaction`, the one
+BEGIN … COMMIT, and `first`, the first row of a result), the ordered MIGRATIONS list (each one runs in its own transaction and records its version
+in `rampwatch_schema`), reading a file's version, refusing foreign or newer files, the rollup
+constant the metrics layout depends on, and the field tables of the runs and memory_plan tables
+(RUNS, MEMORY_PLAN: one list of columns that drives their INSERT, their SELECT and the row a
+reader returns, Run and PlanRow).
 
 Version history (a file at any older version is upgraded in place when opened):
   1  rampwatch_schema, runs (id, name, status, config, created/ended), metrics (tall).
@@ -24,12 +27,38 @@ second row for a spool must fail its transaction rather than be read back by cha
 
 from __future__ import annotations
 
+import contextlib
+import json
 import time
+from dataclasses import dataclass, field, fields
 
 import duckdb
+import pyarrow as pa
 
 from rampwatch.store.errors import NotRampwatchError, SchemaTooNewError
-from rampwatch.store.txn import transaction
+
+
+def first(result):
+    """The first row of a result, or None. Reads it to the end: DuckDB 2.0 refuses register()
+    and some other calls on a connection whose last result was not fetched completely."""
+    rows = result.fetchall()
+    return rows[0] if rows else None
+
+
+@contextlib.contextmanager
+def transaction(con):
+    """BEGIN … COMMIT on `con`, ROLLBACK if the block raises."""
+    con.execute("BEGIN TRANSACTION")
+    try:
+        yield con
+    except BaseException:
+        try:
+            con.execute("ROLLBACK")
+        except duckdb.Error:
+            pass  # the connection is being torn down anyway; the original error matters
+        raise
+    con.execute("COMMIT")
+
 
 CURRENT_VERSION = 6
 # Oldest version the readers' queries work on unchanged (read-only reading does not upgrade):
@@ -248,3 +277,109 @@ def create_at_version(path, target: int) -> None:
         upgrade(con, 0, target)
     finally:
         con.close()
+
+
+# ---- field tables: the current columns of runs and memory_plan ----------------------------
+# The dataclass a reader returns lists its table's columns, in the table's order; each column's
+# metadata says how ingest batches it (Arrow type), whether a record must carry it (NOT NULL),
+# whether the table holds it as JSON text, and whether it is a run detail that start and
+# update_run set. A new column is then its migration above and one field here (and the writer
+# argument that fills it, if any).
+
+
+def _column(arrow=None, *, null: bool = True, json: bool = False, detail: bool = False, name=None):
+    return field(
+        metadata={"arrow": arrow, "null": null, "json": json, "detail": detail, "column": name}
+    )
+
+
+def _derived():
+    """A field of the row that is no column: the reader computes it."""
+    return field(metadata={"derived": True})
+
+
+@dataclass(frozen=True)
+class Run:
+    run_id: str = _column()
+    name: str | None = _column(detail=True)
+    status: str = _derived()  # as shown: 'stale' replaces 'running' when its writer looks gone
+    stored_status: str = _column(name="status")  # as stored: running, finished, failed, killed
+    config: dict | None = _column(json=True, detail=True)
+    device: str | None = _column(detail=True)
+    capacity_bytes: int | None = _column(detail=True)
+    world_size: int | None = _column(detail=True)
+    created_at: float = _column()
+    ended_at: float | None = _column()
+    heartbeat: float | None = _column()
+    last_step: int | None = _column()
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    run_id: str = _column(pa.string(), null=False)
+    step: int | None = _column(pa.int64())
+    t: float = _column(pa.float64(), null=False)
+    per_device_batch: int = _column(pa.int64(), null=False)
+    variant: str = _column(pa.string(), null=False)
+    predicted_bytes: int | None = _column(pa.int64())
+    measured_bytes: int | None = _column(pa.int64())
+    source: str = _column(pa.string(), null=False)
+    feasible: bool | None = _column(pa.bool_())
+    breakdown: dict | None = _column(pa.string(), json=True)
+
+
+def to_json(obj) -> str | None:
+    """A JSON column's text (None stays NULL)."""
+    return None if obj is None else json.dumps(obj, ensure_ascii=False)
+
+
+class Fields:
+    """One table's field table, read off its row dataclass (table names: our constants)."""
+
+    def __init__(self, table: str, row: type):
+        self.table, self.row = table, row
+        cols = [f for f in fields(row) if not f.metadata.get("derived")]
+        self._fields = [(f.name, f.metadata["column"] or f.name, f.metadata) for f in cols]
+        self.columns = tuple(c for _, c, _ in self._fields)
+        self.details = tuple(c for _, c, m in self._fields if m["detail"])
+        self._json = {c for _, c, m in self._fields if m["json"]}
+        self.select = f"SELECT {', '.join(self.columns)} FROM {table}"
+        self.insert = (
+            f"INSERT INTO {table} ({', '.join(self.columns)}) "
+            f"VALUES ({', '.join('?' for _ in self.columns)})"
+        )
+
+    def insert_from(self, source: str) -> str:
+        """INSERT of every row of a registered Arrow table that has every column but run_id,
+        which is the statement's one parameter."""
+        rest = ", ".join(c for c in self.columns if c != "run_id")
+        return f"INSERT INTO {self.table} (run_id, {rest}) SELECT ?, {rest} FROM {source}"
+
+    def arrow_schema(self) -> pa.Schema:
+        """The Arrow schema of a batch of from_record() rows (every column but run_id)."""
+        return pa.schema([(c, m["arrow"]) for _, c, m in self._fields if c != "run_id"])
+
+    def from_record(self, r: dict) -> dict:
+        """A spooled record's column values but run_id: KeyError if a NOT NULL one is missing,
+        JSON columns as text."""
+        out = {}
+        for _, c, m in self._fields:
+            if c != "run_id":
+                v = r.get(c) if m["null"] else r[c]
+                out[c] = to_json(v) if m["json"] else v
+        return out
+
+    def encode(self, column: str, value):
+        """A value as the table stores it in `column` (JSON columns as text)."""
+        return to_json(value) if column in self._json else value
+
+    def values(self, row) -> dict:
+        """The row dataclass's column fields from a row of `select`, JSON columns decoded."""
+        return {
+            name: (None if v is None else json.loads(v)) if m["json"] else v
+            for (name, _, m), v in zip(self._fields, row)
+        }
+
+
+RUNS = Fields("runs", Run)
+MEMORY_PLAN = Fields("memory_plan", PlanRow)

@@ -1,26 +1,27 @@
 """RunWriter: what a training process logs through, without ever waiting on the database.
 
-Owns the calls a training loop makes: start, log, claim, close. Starting a writer opens the
+Owns the calls a training loop makes: start, log, the rare records, the command hand-over, close. Starting a writer opens the
 database for writing synchronously: a foreign or too-new file fails there, with a clear error.
 `log()` appends fixed binary records to this session's spool with one os.write and returns in
 microseconds. It never raises: a record it cannot take (a step that is not a non-negative
 integer, a value float() refuses, a full disk) is dropped, counted by reason in
 `stats()['dropped']`, and reported as an 'alert' event on the run at the next flush
 (store/outbox.py). Rare records (events, memory-plan rows, run updates, the final status,
-command results: store/writer_records.py) go to the spool's rare-records file, or, when it
-cannot be written, are held in memory and written straight into the database by the next visit.
-A daemon thread moves new records into DuckDB about once a second, records the run's heartbeat,
-claims the run's pending commands for the trainer (take_claimed_commands: nothing at a step
-boundary waits on the database), rotates the spool and now and then recovers dead writers'
-spools (store/writer_flush.py). At exit (atexit) and on SIGTERM (store/lifecycle.py) the writer
+command results) go to the spool's rare-records file, or, when it cannot be written, are held
+in memory and written straight into the database by the next visit. The writer owns a Flusher
+(store/flusher.py), whose daemon thread moves new records into DuckDB about once a second,
+records the run's heartbeat, claims the run's pending commands for the trainer
+(take_claimed_commands: nothing at a step boundary waits on the database), rotates the spool
+and now and then recovers dead writers' spools. At exit (atexit) and on SIGTERM (store/lifecycle.py) the writer
 flushes what is left; if the database stays busy, the spool stays for recovery, so nothing
 acknowledged is lost.
 """
 
 from __future__ import annotations
 
-import collections
+import json
 import logging
+import operator
 import os
 import socket
 import threading
@@ -29,23 +30,33 @@ import uuid
 import warnings
 from pathlib import Path
 
-from rampwatch.store import commands, fs, ingest, lifecycle, recovery, spool
+from rampwatch.store import fs, ingest, lifecycle, recovery, spool
 from rampwatch.store import spool_format as fmt
-from rampwatch.store.command_rows import Command, pending
+from rampwatch.store.command_rows import Command, as_command_id
 from rampwatch.store.db import DEFAULT_TIMEOUT, resolve, spool_root, write_connection
 from rampwatch.store.errors import RunNotFoundError, StoreError
+from rampwatch.store.flusher import ROTATE_BYTES, Flusher
 from rampwatch.store.naming import check_run_id, check_run_name
 from rampwatch.store.outbox import Outbox
+from rampwatch.store.schema import first
 from rampwatch.store.steps import MAX_STEP, as_step, step_problem
-from rampwatch.store.txn import first
-from rampwatch.store.writer_flush import ROTATE_BYTES, SpoolFlusher
-from rampwatch.store.writer_records import RareRecords, json_ready
 
+PLAN_SOURCES = ("plan", "measured", "oom", "probe")
 _log = logging.getLogger("rampwatch.store")
 _now = time.time
 
 
-class RunWriter(RareRecords, SpoolFlusher):
+def json_ready(obj, what: str):
+    try:
+        json.dumps(obj)
+    except (TypeError, ValueError) as e:
+        raise TypeError(
+            f"{what} must be JSON-serializable (dicts, lists, str, numbers): {e}"
+        ) from None
+    return obj
+
+
+class RunWriter:
     """Logs one run into a Rampwatch database. Create with RunWriter.start(...)."""
 
     def __init__(
@@ -59,39 +70,39 @@ class RunWriter(RareRecords, SpoolFlusher):
         actor: str,
         rotate_bytes: int = ROTATE_BYTES,
     ):
-        self.db, self.run_id, self._files = db, run_id, files
-        self._retired: list[spool.SpoolFiles] = []  # rotated out, tail not yet ingested
-        # spool name -> the (bin, jsonl) offsets this writer last committed for it: an ingest
-        # that reads older stored offsets refuses rather than insert those rows again
-        self._committed: dict[str, tuple[int, int]] = {}
-        self._offsets_alarm = False  # SpoolOffsetsError logged as an error already
-        self._refused: set[str] = set()  # spools whose last ingest raised SpoolOffsetsError
-        self._rotate_bytes = rotate_bytes
-        self._interval, self._lock_timeout, self._actor = flush_interval, lock_timeout, actor
-        self._lock = threading.RLock()  # spool appends (RLock: the SIGTERM handler may
-        self._visit_lock = threading.RLock()  # interrupt log() or flush() in the main thread)
+        self.db, self.run_id = db, run_id
+        self._lock_timeout, self._actor = lock_timeout, actor
+        # spool appends (RLock: the SIGTERM handler may interrupt log() in the main thread)
+        self._lock = threading.RLock()
         self._templates: dict[tuple, fmt.Template] = {}
         self._pid = os.getpid()
         self._closed = False
         self._usable = True  # False once closed, and in a forked child (checked per log())
         self._last_step: int | None = None
-        self._pending: list[Command] = []
-        self._auto_claim = False  # set by the first take_claimed_commands()
-        self._claimed: collections.deque[Command] = collections.deque()
         self._outbox = Outbox()
-        self._damaged: set[str] = set()  # spools in which ingest stepped over damage
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._last_recover = time.monotonic()
-        self._backlog = False  # the last ingest stopped at the per-transaction cap
         self.errors = 0
         self.last_error: str | None = None
         self.logged_records = 0
-        self.ingested_records = 0
-        self.flushes = 0
-        self.busy = 0  # visits that found the database locked for too long (records waited)
-        self.last_busy: str | None = None
-        self.last_flush: float | None = None
+        self._flusher = Flusher(
+            db,
+            run_id,
+            files,
+            lock=self._lock,
+            outbox=self._outbox,
+            last_step=lambda: self._last_step,
+            note_error=self._note_error,
+            interval=flush_interval,
+            lock_timeout=lock_timeout,
+            actor=actor,
+            rotate_bytes=rotate_bytes,
+        )
+
+    # what the flusher counts, read as the writer's own (stats() reports them too)
+    ingested_records = property(lambda self: self._flusher.ingested_records)
+    flushes = property(lambda self: self._flusher.flushes)
+    busy = property(lambda self: self._flusher.busy)  # visits that found the database locked
+    last_busy = property(lambda self: self._flusher.last_busy)
+    last_flush = property(lambda self: self._flusher.last_flush)
 
     # ---- starting -----------------------------------------------------------------------
     @classmethod
@@ -170,7 +181,6 @@ class RunWriter(RareRecords, SpoolFlusher):
             try:
                 files.append_json(start)
                 res = ingest.ingest_spool(con, files.path, heartbeat=_now())
-                waiting = pending(con, run_id)
             except BaseException:
                 files.close(remove=True)
                 raise
@@ -183,14 +193,10 @@ class RunWriter(RareRecords, SpoolFlusher):
             actor=actor,
             rotate_bytes=rotate_bytes,
         )
-        w._note_committed(files, res)
-        w._pending = waiting
+        w._flusher.note_committed(files, res)
         w._last_step = resume_step
         lifecycle.register(w, handle_sigterm)
-        w._thread = threading.Thread(
-            target=w._flusher, name=f"rampwatch-flush-{run_id}", daemon=True
-        )
-        w._thread.start()
+        w._flusher.start()
         w._warn_if_shared()
         return w
 
@@ -227,12 +233,13 @@ class RunWriter(RareRecords, SpoolFlusher):
                         "(only the process that started the writer may log)"
                     )
                 keys = tuple(metrics)
+                files = self._flusher.files
                 tpl = self._templates.get(keys)
                 if tpl is None:
-                    tpl = self._template(keys)
+                    tpl = self._template(files, keys)
                 rec = tpl.fill(step, _now(), [float(v) for v in metrics.values()])
                 try:
-                    self._files.append_records(rec)
+                    files.append_records(rec)
                 except OSError as e:  # cut back to the last whole record by the spool
                     return self._drop(
                         len(keys),
@@ -244,8 +251,8 @@ class RunWriter(RareRecords, SpoolFlusher):
         except Exception as e:  # never into the training loop
             self._log_slow(step, metrics, e)
 
-    def _template(self, keys: tuple) -> fmt.Template:
-        tpl = fmt.Template([self._files.name_id(k) for k in keys])  # names reach the disk first
+    def _template(self, files: spool.SpoolFiles, keys: tuple) -> fmt.Template:
+        tpl = fmt.Template([files.name_id(k) for k in keys])  # names reach the disk first
         if len(self._templates) >= 256:  # key sets that keep changing: bound the cache
             self._templates.clear()
         self._templates[keys] = tpl
@@ -269,10 +276,10 @@ class RunWriter(RareRecords, SpoolFlusher):
                     f"log(step={step}) dropped: metrics must be a dict of "
                     f"name: value, got {type(metrics).__name__}",
                 )
-            t, parts, bad = _now(), [], []
+            files, t, parts, bad = self._flusher.files, _now(), [], []
             for k, v in items:
                 try:
-                    parts.append(fmt.encode_one(step, t, float(v), self._files.name_id(k)))
+                    parts.append(fmt.encode_one(step, t, float(v), files.name_id(k)))
                 except OSError as e:  # a new name could not be written: its record waits never
                     bad.append((_write_reason(e), f"{k!r}: {e!r}"))
                 except Exception as e:
@@ -282,7 +289,7 @@ class RunWriter(RareRecords, SpoolFlusher):
                     bad.append((reason, f"{k!r}: {e}"))
             try:
                 if parts:
-                    self._files.append_records(b"".join(parts))
+                    files.append_records(b"".join(parts))
                     self._last_step = step
                     self.logged_records += len(parts)
             except OSError as e:
@@ -309,13 +316,137 @@ class RunWriter(RareRecords, SpoolFlusher):
                 "rampwatch writer %s: %s (%d errors so far)", self.run_id, message, self.errors
             )
 
-    # ---- commands, the older blocking way -----------------------------------------------
-    def claim(self, command_id: int) -> Command:
-        """Claim a pending command (synchronous: waits on the database, raises CommandError if
-        it is gone). Prefer take_claimed_commands(), which never waits."""
-        cmd = commands.claim(self.db, command_id, self._actor, self._lock_timeout)
-        self._pending = [c for c in self._pending if c.command_id != command_id]
-        return cmd
+    # ---- rare records -------------------------------------------------------------------
+    def _append(self, rec: dict, after_close: bool = False) -> None:
+        """Spool a rare record; if the spool cannot take it, the next visit writes it."""
+        try:
+            with self._lock:
+                if self._closed and not after_close:
+                    raise RuntimeError("writer is closed")
+                try:
+                    self._flusher.files.append_json(rec)
+                except OSError as e:  # disk full: held in memory, written by the next visit
+                    if self._outbox.add(rec):
+                        self._note_error(
+                            f"{rec.get('k')} record not spooled ({e!r}); it waits "
+                            "in memory for the next flush"
+                        )
+        except Exception as e:
+            self._note_error(f"{rec.get('k')} record lost: {e!r}")
+
+    def event(
+        self, kind: str, message: str = "", *, step: int | None = None, data: dict | None = None
+    ) -> None:
+        """An event (ramp, oom, checkpoint, alert …) at `step` (default: the last logged)."""
+        if not isinstance(kind, str) or not kind:
+            raise ValueError(f"event kind must be a non-empty string, got {kind!r}")
+        self._append(
+            {
+                "k": "event",
+                "run_id": self.run_id,
+                "kind": kind,
+                "message": str(message),
+                "step": self._last_step if step is None else as_step(step),
+                "t": _now(),
+                "data": json_ready(data, "event data"),
+            }
+        )
+
+    def memory_plan(
+        self,
+        per_device_batch: int,
+        *,
+        variant: str = "plain",
+        predicted_bytes: int | None = None,
+        measured_bytes: int | None = None,
+        source: str = "plan",
+        feasible: bool | None = None,
+        breakdown: dict | None = None,
+        step: int | None = None,
+    ) -> None:
+        """A memory-plan row: predicted and/or measured peak bytes at a per-device batch."""
+        if source not in PLAN_SOURCES:
+            raise ValueError(f"memory_plan source must be one of {PLAN_SOURCES}, got {source!r}")
+        self._append(
+            {
+                "k": "plan",
+                "run_id": self.run_id,
+                "per_device_batch": operator.index(per_device_batch),
+                "variant": str(variant),
+                "predicted_bytes": None if predicted_bytes is None else int(predicted_bytes),
+                "measured_bytes": None if measured_bytes is None else int(measured_bytes),
+                "source": source,
+                "feasible": None if feasible is None else bool(feasible),
+                "breakdown": json_ready(breakdown, "breakdown"),
+                "step": self._last_step if step is None else as_step(step),
+                "t": _now(),
+            }
+        )
+
+    def update_run(
+        self,
+        *,
+        name: str | None = None,
+        config: dict | None = None,
+        device: str | None = None,
+        capacity_bytes: int | None = None,
+        world_size: int | None = None,
+    ) -> None:
+        """Change run details known only after start (device, capacity …); None keeps a field."""
+        check_run_name(name)
+        self._append(
+            {
+                "k": "run",
+                "run_id": self.run_id,
+                "name": name,
+                "config": json_ready(config, "config"),
+                "device": device,
+                "capacity_bytes": capacity_bytes,
+                "world_size": world_size,
+            }
+        )
+
+    # ---- commands -----------------------------------------------------------------------
+    def take_claimed_commands(self) -> list[Command]:
+        """Commands the flusher has claimed for this run since the last call, oldest first.
+
+        Never touches the database: call it at every step boundary. The first call switches the
+        writer over: from then on its flusher claims each pending command of the run (pending →
+        claimed, actor = this writer's actor) at its visits, about once a second, and hands it
+        over here. Report each one with command_applied() or command_refused(). Commands
+        claimed but never taken are refused at close.
+        """
+        return self._flusher.take_claimed()
+
+    def command_applied(self, command_id: int, step: int) -> None:
+        """Record, without waiting, that a claimed command took effect at `step`.
+
+        Queued (spooled, or held in memory when the disk is full) and written by the flusher at
+        its next visit, retried until written, and at close."""
+        self._append(
+            {
+                "k": "cmd",
+                "command_id": as_command_id(command_id),
+                "to": "applied",
+                "step": as_step(step),
+                "actor": self._actor,
+                "t": _now(),
+            }
+        )
+
+    def command_refused(self, command_id: int, reason: str) -> None:
+        """Record, without waiting, that a command was refused, and why (queued as above)."""
+        self._append(
+            {
+                "k": "cmd",
+                "command_id": as_command_id(command_id),
+                "to": "refused",
+                "reason": str(reason),
+                "actor": self._actor,
+                "t": _now(),
+                "step": self._last_step,
+            }
+        )
 
     # ---- ending -------------------------------------------------------------------------
     def close(
@@ -334,12 +465,10 @@ class RunWriter(RareRecords, SpoolFlusher):
                 return False
             self._closed = True  # log() is refused from here on: nothing follows the status
             self._usable = False
-        self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=max(5.0, 3 * self._interval))
+            self._flusher.end()
+        self._flusher.join()
         with self._lock:
-            while self._claimed:
-                cmd = self._claimed.popleft()
+            for cmd in self._flusher.take_claimed():
                 self._append(
                     {
                         "k": "cmd",
@@ -362,23 +491,14 @@ class RunWriter(RareRecords, SpoolFlusher):
                 },
                 after_close=True,
             )
-        deadline = time.monotonic() + (self._lock_timeout if timeout is None else timeout)
-        ok = self._visit(max(0.1, deadline - time.monotonic()), final=True)
-        while not ok and time.monotonic() < deadline:
-            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))  # a failing database
-            ok = self._visit(max(0.1, deadline - time.monotonic()), final=True)  # no spinning
-        if ok:
-            ok = self._readable_back()
+        ok = self._flusher.final_visits(self._lock_timeout if timeout is None else timeout)
         lifecycle.unregister(self)
-        if not ok:
-            self._outbox_to_spool()
-        for files in [*self._retired, *([] if ok else [self._files])]:
-            if files.path.name in self._refused:  # recovery would trust the stale offsets
-                self._set_aside(files, "its stored offsets disagree with what it committed")
-        for files in self._retired:  # only if the last visits failed: recovery finishes them
-            files.close(remove=False)
-        self._release(self._files, remove=ok)
+        self._flusher.release_spools(ingested=ok)
         return ok
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Ingest everything logged so far now; False if the database stayed busy or failed."""
+        return self._flusher.visit(self._lock_timeout if timeout is None else timeout)
 
     # ---- what the process-wide hooks (lifecycle.py) ask of a writer ---------------------
     @property
@@ -417,7 +537,7 @@ class RunWriter(RareRecords, SpoolFlusher):
             "last_error": self.last_error,
             "dropped": dict(self._outbox.dropped),
             "held_in_memory": len(self._outbox),
-            "claimed_not_taken": len(self._claimed),
+            "claimed_not_taken": len(self._flusher.claimed),
             "last_flush": self.last_flush,
             "closed": self._closed,
         }
