@@ -15,6 +15,7 @@ from rampwatch.monitor.ramp import Ramp
 from rampwatch.store import names as M
 from rampwatch.trainer import checkpoint as ckpt
 from rampwatch.trainer.dist import DistInfo, on_resume
+from rampwatch.trainer.loop import monitor_state
 from rampwatch.trainer.oom import (
     RETIER,
     SAVE,
@@ -292,7 +293,7 @@ def test_the_plan_covers_half_to_eight_times_the_running_per_device_batch(b, lad
     assert plan_ladder(b) == ladder
 
 
-def test_the_controller_hands_the_state_to_the_protocol_and_waits_without_a_ramp():
+def test_the_controller_hands_the_plan_variant_to_the_monitor_and_waits_without_a_ramp():
     monitor, _ = _monitor()
     state = ckpt.TrainState("r", step=7, per_device_batch=4, accum=2, infeasible_batches=[16])
     saves = []
@@ -300,10 +301,18 @@ def test_the_controller_hands_the_state_to_the_protocol_and_waits_without_a_ramp
     controller = RampController(
         state, monitor, plan, is_main=True, save_checkpoint=lambda: saves.append(1)
     )
-    assert monitor.ramps.variant == M.CHUNKED_CE and monitor.ramps.infeasible == {16}
-    assert monitor.ramps.last_ramp_step == 7
+    assert monitor.ramps.variant == M.CHUNKED_CE
     controller.at_boundary()  # no writer, no command: nothing due, no checkpoint
     assert saves == [] and RankBatch.of(state) == RankBatch(4, 2)
+
+
+def test_the_trainer_hands_the_checkpoints_state_to_the_monitor():
+    """What the trainer's _start_monitor loads (trainer/loop.py monitor_state)."""
+    monitor, _ = _monitor()
+    state = ckpt.TrainState("r", step=7, per_device_batch=4, accum=2, infeasible_batches=[16])
+    monitor.load_state_dict(monitor_state(state))
+    assert monitor.ramps.infeasible == {16}
+    assert monitor.ramps.last_ramp_step == 7
 
 
 # -- a resume on another world size -----------------------------------------------------------

@@ -145,7 +145,7 @@ class RampwatchCallback(pl.Callback):
             "run_id": mon.run_id,
             "per_device_batch": mon.per_device_batch,
             "accum": mon.accum,
-            POLICY_KEY: mon.ramps.policy.to_config(),
+            POLICY_KEY: mon.policy.to_config(),
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -54,7 +54,6 @@ except ImportError as e:
         "pip install 'rampwatch[transformers]'"
     ) from e
 
-from rampwatch.advisor.gns_window import NoiseScaleWindow
 from rampwatch.advisor.policy import CONFIG_KEY, RampPolicy
 from rampwatch.integrations.hf_restart import (
     EXIT_RAMP,
@@ -307,10 +306,6 @@ class RampwatchTrainer(Trainer):
         }
         policy = RampPolicy.from_config({CONFIG_KEY: st["policy"]}) if st else self._policy
         kw = {"echo": sys.stderr, **self._monitor_kwargs}  # events as lines on stderr
-        if st:
-            kw.update(
-                base_lr=st["base_lr"], noise_window=NoiseScaleWindow.from_dict(st["noise_window"])
-            )
         self._mon = mon = Monitor.start(
             self._db,
             name=self._name or a.run_name or "hf-trainer",
@@ -327,9 +322,7 @@ class RampwatchTrainer(Trainer):
             **kw,
         )
         if st:
-            mon.tokens_seen, mon.last_step = st["tokens_seen"], st["step"]
-            mon.ramps.infeasible = set(st["infeasible"])
-            mon.ramps.measured = {int(b): v for b, v in st["measured"].items()}
+            mon.load_state_dict(st)  # its Monitor.state_dict() keys: see _saved
 
     def _ramp_blocker(self, loader) -> str | None:
         """Why this run cannot be ramped by save-and-restart (the card says it), or None."""
@@ -386,7 +379,11 @@ class RampwatchTrainer(Trainer):
             if ramp
             else (self._train_batch_size, self.args.gradient_accumulation_steps)
         )
+        kept = mon.state_dict()  # at the top level, where files written before it hold it too
+        if ramp is not None:  # applied once this file is in: the restart runs the new base LR
+            kept["base_lr"] = ramp.base_lr
         state_doc = {
+            **kept,
             "version": 1,
             "run_id": mon.run_id,
             "step": state.global_step,
@@ -394,12 +391,7 @@ class RampwatchTrainer(Trainer):
             "accum": a,
             "samples_seen": self._samples_seen,
             "stream": self._stream,
-            "tokens_seen": mon.tokens_seen,
-            "base_lr": ramp.base_lr if ramp else mon.ramps.base_lr,
-            "policy": mon.ramps.policy.to_config(),
-            "noise_window": mon.noise.to_dict(),
-            "infeasible": sorted(mon.ramps.infeasible),
-            "measured": {str(k): v for k, v in mon.ramps.measured.items()},
+            "policy": mon.policy.to_config(),
             "ramp": None
             if ramp is None
             else {

@@ -48,7 +48,7 @@ from rampwatch.monitor.device import (
     sharded_model,
 )
 from rampwatch.monitor.gradstats import AccumulationStats, StepGradStats
-from rampwatch.monitor.ramp import Ramp, RampChannel, RampProtocol
+from rampwatch.monitor.ramp import Ramp, RampChannel, RampProtocol, RunningTier
 from rampwatch.store import RunWriter
 from rampwatch.store import names as M
 
@@ -104,14 +104,16 @@ class Monitor:
         lr_rule: str | None = None,
         base_lr: float | None = None,
         control_group=None,
+        capacity_bytes: int | None = None,
     ):
         self.writer = writer
         self.echo = echo  # each event is also one line here (the trainer passes stderr)
         self.optimizer = optimizer
-        self.seq_len = seq_len
-        self.world_size = world_size or distributed()[1]
         module = getattr(model, "module", model)  # DistributedDataParallel's wrapped model
         self.device = device or next(module.parameters()).device
+        capacity = capacity_bytes or device_capacity_bytes(self.device)
+        world = world_size or distributed()[1]
+        self.tier = RunningTier(per_device_batch, accum, world, seq_len, capacity)
         self.grads = AccumulationStats(module.parameters(), loss_divided_by_accum)
         if type(model).__name__ == "DistributedDataParallel" and self.world_size > 1:
             self.grads.attach_ddp(model)
@@ -119,7 +121,6 @@ class Monitor:
         self.noise = noise_window or NoiseScaleWindow(max_steps=gns_window_steps)
         self.flops_per_token = flops_per_token
         self.peak_flops = flops_math.peak_flops(device_name(self.device))
-        self.capacity = device_capacity_bytes(self.device)
         self._cpu_peak = None if self.device.type == "cuda" else CpuPeak()
         self.set_tier(per_device_batch, accum)
         self.tokens_seen = 0
@@ -136,7 +137,14 @@ class Monitor:
         )
         channel = RampChannel(control_group) if self.world_size > 1 else None
         self.ramps = RampProtocol(
-            self, policy, mode=ramp, base_lr=base_lr or _base_lr(optimizer), channel=channel
+            writer,
+            self.tier,
+            policy,
+            event=self.event,
+            failed=self._internal_error,
+            mode=ramp,
+            base_lr=base_lr or _base_lr(optimizer),
+            channel=channel,
         )
 
     # -- construction -------------------------------------------------------------------------
@@ -210,23 +218,48 @@ class Monitor:
                 device=device,
                 ramp=ramp,
                 policy=policy,
+                capacity_bytes=capacity,
                 **kwargs,
             )
         except BaseException as e:  # e.g. a second DDP comm hook: the run must not stay running
             if writer is not None:
                 writer.close("failed", f"the monitor could not start: {type(e).__name__}: {e}")
             raise
-        mon.capacity = capacity
         return mon
 
     @property
     def run_id(self) -> str | None:
         return self.writer.run_id if self.writer else None
 
+    # the running tier's values: one home, self.tier, which the ramp protocol reads too
+    @property
+    def per_device_batch(self) -> int:
+        return self.tier.per_device_batch
+
+    @property
+    def accum(self) -> int:
+        return self.tier.accum
+
+    @property
+    def world_size(self) -> int:
+        return self.tier.world_size
+
+    @property
+    def seq_len(self) -> int:
+        return self.tier.seq_len
+
+    @property
+    def capacity(self) -> int:
+        return self.tier.capacity
+
+    @property
+    def policy(self) -> RampPolicy:
+        """The ramp policy the run records (its original batch and LR, the LR rule)."""
+        return self.ramps.policy
+
     def set_tier(self, per_device_batch: int, accum: int) -> None:
         """After a ramp or an OOM fallback: the next step uses this tier (restarts throughput)."""
-        self.per_device_batch = per_device_batch
-        self.accum = accum
+        self.tier.per_device_batch, self.tier.accum = per_device_batch, accum
         self._last_step_t: float | None = None  # the first step of a tier may recompile
         self._one_size_alerted = False  # accumulation 1 on one device: said once per tier
 
@@ -425,6 +458,7 @@ class Monitor:
     def ramp_applied(self, ramp: Ramp) -> None:
         """The loop now runs ramp.per_device_batch × ramp.accum (and has moved its LR): the
         monitor takes the tier, records the ramp event and the command's 'applied at step N'."""
+        self.set_tier(ramp.per_device_batch, ramp.accum)
         self.ramps.applied(ramp)
 
     def ramp_refused(self, ramp: Ramp, reason: str) -> None:
@@ -436,14 +470,23 @@ class Monitor:
     ) -> None:
         """The loop ran out of memory at this per-device batch: no tier uses it again."""
         step = self.last_step if step is None else step
-        self.ramps.mark_infeasible(per_device_batch, step)
+        self.mark_infeasible(per_device_batch, step)
         self.event(
             step,
             M.EVENT_OOM,
             f"out of memory at per-device batch {per_device_batch}: {message}",
             {"per_device_batch": int(per_device_batch), "error": message},
         )
-        self.grads.reset()
+        self.discard_step()
+
+    def mark_infeasible(self, per_device_batch: int, step: int | None = None) -> None:
+        """No tier uses this per-device batch again (its plan row says so), with no event: for a
+        loop that records its own, after what must come first (the trainer's OOM checkpoint)."""
+        self.ramps.mark_infeasible(per_device_batch, self.last_step if step is None else step)
+
+    def set_plan_variant(self, variant: str) -> None:
+        """Which memory-plan rows describe this run (the trainer's: plain or chunked CE)."""
+        self.ramps.variant = variant
 
     def plan_memory(self, setup, per_device_batches=None, *, amp: str | None = None) -> None:
         """Predict the peak at several per-device batches (default ½, 1, 2, 4, 8 × the running
@@ -552,6 +595,29 @@ class Monitor:
             self.writer.event(kind, message, step=step, data=dict(data or {}))
             if echo is not None:
                 print(f"rampwatch: step {step}: {kind}: {message}", file=echo, flush=True)
+
+    # -- what a resume continues -------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run continues, as plain JSON values (torch checkpoints read with
+        weights_only=True hold it, and the Hugging Face restart's rampwatch.json): the last step
+        logged, tokens seen, the noise-scale window, and the ramp protocol's base LR, last ramp,
+        per-device batches that ran out of memory and measured peaks."""
+        return {
+            "step": self.last_step,
+            "tokens_seen": self.tokens_seen,
+            "noise_window": self.noise.to_dict(),
+            **self.ramps.state_dict(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from a state_dict(). A key it lacks keeps this monitor's value (a checkpoint
+        that does not keep it: the trainer's has no measured peaks; an empty noise window is a
+        fresh one); keys it does not know are left alone (it may be part of a larger record)."""
+        self.last_step = int(state.get("step", self.last_step))
+        self.tokens_seen = int(state.get("tokens_seen", self.tokens_seen))
+        if state.get("noise_window"):
+            self.noise = NoiseScaleWindow.from_dict(state["noise_window"])
+        self.ramps.load_state_dict(state)
 
     @property
     def noise_scale(self) -> float | None:

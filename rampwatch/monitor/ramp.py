@@ -9,9 +9,11 @@ it, and says so — the one implementation of claim / check / apply / refuse / a
 
 Owns: `Ramp` (the value a loop acts on), `scale_lr` (an LR move that survives any scheduler) and
 `RampProtocol` (the monitor's part: commands the writer's flusher claimed, the memory check, the
-`ramp="auto"` policy, the measured memory plan). Under torch.distributed its decisions travel
-through monitor/ramp_channel.py `RampChannel` (rank 0 decides, every rank learns the same ramp at
-the same boundary); RampChannel is re-exported here.
+`ramp="auto"` policy, the measured memory plan, their state for a resume). It works with what
+the Monitor hands it (the writer, the `RunningTier`, the policy, an event and an alert function),
+never with the Monitor itself. Under torch.distributed its decisions travel through
+monitor/ramp_channel.py `RampChannel` (rank 0 decides, every rank learns the same ramp at the same
+boundary); RampChannel is re-exported here.
 
 Why the checks live here and not in the dashboard: the memory picture may have changed (an OOM,
 a new measurement) since the operator clicked, so a command is checked again at the boundary.
@@ -21,16 +23,18 @@ Every command ends exactly once: applied at step N, or refused with a reason.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rampwatch.advisor.advice import Advice, Current, MemoryEvidence, advise, memory_evidence
 from rampwatch.advisor.policy import RampPolicy
 from rampwatch.monitor.ramp_channel import Proposal, RampChannel
-from rampwatch.store import CommandError
+from rampwatch.store import CommandError, RunWriter
 from rampwatch.store import names as M
 from rampwatch.store.commands import validate as validate_command
 
-__all__ = ["MODES", "Ramp", "RampChannel", "RampProtocol", "scale_lr"]  # RampChannel: re-exported
+# RampChannel: re-exported
+__all__ = ["MODES", "Ramp", "RampChannel", "RampProtocol", "RunningTier", "scale_lr"]
 
 MODES = ("manual", "auto", "off")
 HISTORY = 2000  # noise-scale points kept for the auto policy (covers its window and min samples)
@@ -87,12 +91,27 @@ def scale_lr(optimizer, multiplier: float, scheduler=None) -> None:
 
 
 @dataclass
-class RampProtocol:
-    """The monitor's ramp state. `Monitor` owns one; loops use it through Monitor.ramp_due,
-    ramp_applied, ramp_refused and report_oom."""
+class RunningTier:
+    """The run as the ramp checks see it: the tier it runs now (Monitor.set_tier moves it), its
+    world size and sequence length, and the device's capacity in bytes."""
 
-    mon: object  # the Monitor (writer, tier, capacity, event, last_metrics)
+    per_device_batch: int
+    accum: int
+    world_size: int
+    seq_len: int
+    capacity: int
+
+
+@dataclass
+class RampProtocol:
+    """The monitor's ramp state. `Monitor` owns one and hands it what it works with; loops use it
+    through Monitor.ramp_due, ramp_applied, ramp_refused and report_oom."""
+
+    writer: RunWriter | None  # rank 0's; other ranks decide nothing and write nothing
+    running: RunningTier  # the Monitor's own: it sees every set_tier
     policy: RampPolicy
+    event: Callable[[int, str, str, dict], None]  # one event of the run (Monitor.event)
+    failed: Callable[[str, Exception, int], None]  # an error of its own: one alert, never raised
     mode: str = "manual"
     base_lr: float = 0.0  # the schedule's base LR now (the policy's rule moves it)
     variant: str = "plain"  # which memory-plan rows describe this run (the trainer: chunked CE)
@@ -121,6 +140,22 @@ class RampProtocol:
         earlier (torch.distributed: every rank stops at the same boundary)."""
         return self.channel.stopping if self.channel is not None else self.stop_requested
 
+    # -- what a resume continues (Monitor.state_dict) -----------------------------------------
+    def state_dict(self) -> dict:
+        return {
+            "base_lr": self.base_lr,
+            "last_ramp_step": self.last_ramp_step,
+            "infeasible": sorted(self.infeasible),
+            "measured": {str(b): v for b, v in sorted(self.measured.items())},  # JSON keys
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("base_lr"):  # 0 or none (older checkpoints): the start's base stays
+            self.base_lr = float(state["base_lr"])
+        self.last_ramp_step = int(state.get("last_ramp_step", self.last_ramp_step))
+        self.infeasible = {int(b) for b in state.get("infeasible", self.infeasible)}
+        self.measured = {int(b): int(v) for b, v in state.get("measured", self.measured).items()}
+
     # -- fed by Monitor.step ------------------------------------------------------------------
     def observe(self, step: int, metrics: dict) -> None:
         if M.GNS_LOW in metrics:  # a fresh estimate this step (a point, a bound or both)
@@ -131,7 +166,7 @@ class RampProtocol:
                 del self._gns_steps[:-HISTORY], self._gns_values[:-HISTORY]
                 del self._gns_lower[:-HISTORY]
         peak = metrics.get(M.MEM_PEAK)
-        b = self.mon.per_device_batch
+        b = self.running.per_device_batch
         if peak is None or not math.isfinite(peak) or b in self.infeasible:
             return
         if peak > self.measured.get(b, 0) * 1.01:  # new information only
@@ -152,11 +187,10 @@ class RampProtocol:
             good = [r for r in rows if r.get("error") is None]
             if good:
                 self.plan_rows = good
-        writer = self.mon.writer
-        if writer is None:
+        if self.writer is None:
             return
         for r in rows:
-            writer.memory_plan(
+            self.writer.memory_plan(
                 r["per_device_batch"],
                 variant=r.get("variant", self.variant),
                 predicted_bytes=r.get("predicted_bytes"),
@@ -182,7 +216,7 @@ class RampProtocol:
         self.plan_pending = False
         failed = [r for r in rows if r.get("error")]
         if failed:  # said, never guessed: the card keeps to what was measured
-            self.mon.event(
+            self.event(
                 step,
                 M.EVENT_ALERT,
                 f"memory plan failed at per-device batch "
@@ -207,10 +241,8 @@ class RampProtocol:
 
     def advise(self) -> Advice:
         """The advisor's advice for the running tier, from this process's evidence."""
-        mon = self.mon
-        current = Current(
-            mon.per_device_batch, mon.accum, mon.world_size, mon.seq_len, mon.capacity
-        )
+        r = self.running
+        current = Current(r.per_device_batch, r.accum, r.world_size, r.seq_len, r.capacity)
         return advise(
             self.policy,
             current,
@@ -225,17 +257,17 @@ class RampProtocol:
     def due(self, step: int) -> Ramp | None:
         self._poll_plan(step)
         proposal = None
-        if self.mon.writer is not None and self.mode != "off":
+        if self.writer is not None and self.mode != "off":
             try:  # never into the loop, and never past the exchange every rank waits in
                 proposal = self._decide(step)
             except Exception as e:
-                self.mon._internal_error("ramp_due", e, step)
+                self.failed("ramp_due", e, step)
         sent = proposal
         if self.channel is not None:  # every rank: what rank 0 decided one boundary earlier
             proposal, sent = self.channel.exchange(proposal, stop=self.stop_requested)
         if proposal is None:
             return None
-        cur_b, cur_a = self.mon.per_device_batch, self.mon.accum
+        cur_b, cur_a = self.running.per_device_batch, self.running.accum
         return Ramp(
             proposal.per_device_batch,
             proposal.accum,
@@ -250,11 +282,10 @@ class RampProtocol:
     def _decide(self, step: int) -> Proposal | None:
         if self.channel is not None and self.channel.sending:
             return None  # one change at a time: the last one reaches every rank first
-        writer = self.mon.writer
         # the writer's flusher claims approved commands in the background: nothing here waits
         # on the database, however long another process holds it
         chosen = None
-        for cmd in writer.take_claimed_commands():
+        for cmd in self.writer.take_claimed_commands():
             if cmd.command_id in self._handled:
                 continue
             self._handled.add(cmd.command_id)
@@ -272,7 +303,7 @@ class RampProtocol:
 
     def _command(self, cmd, step: int) -> Proposal | None:
         if cmd.kind != "ramp":
-            self.mon.writer.command_refused(
+            self.writer.command_refused(
                 cmd.command_id, f"the loop does not know command kind {cmd.kind!r}"
             )
             return None
@@ -282,7 +313,7 @@ class RampProtocol:
             self._refuse(cmd.command_id, step, reason, payload)
             return None
         b, a = payload["per_device_batch"], payload["accum"]
-        by_rule = self.policy.new_base_lr(b * a * self.mon.world_size)
+        by_rule = self.policy.new_base_lr(b * a * self.running.world_size)
         mult = payload.get("lr_multiplier")
         # the operator's multiplier wins only where it disagrees with the rule; otherwise the
         # rule's value from the original LR, so a ramp and its reverse restore it bit for bit
@@ -318,14 +349,13 @@ class RampProtocol:
 
     # -- the loop's answer --------------------------------------------------------------------
     def applied(self, ramp: Ramp) -> None:
-        mon = self.mon
-        world, seq = mon.world_size, mon.seq_len
+        """After Monitor.set_tier to the ramp's tier: the new base LR, the event, 'applied'."""
+        world, seq = self.running.world_size, self.running.seq_len
         (b0, a0), old_lr = ramp.before, self.base_lr
         old_batch, new_batch = b0 * a0 * world, ramp.per_device_batch * ramp.accum * world
         self.base_lr = ramp.base_lr
-        mon.set_tier(ramp.per_device_batch, ramp.accum)
         self.last_ramp_step = ramp.step
-        mon.event(
+        self.event(
             ramp.step,
             M.EVENT_RAMP,
             f"ramp ({ramp.source}): {b0} x {a0} -> {ramp.per_device_batch} x {ramp.accum} "
@@ -350,9 +380,9 @@ class RampProtocol:
                 "rule": self.policy.lr_rule,
             },
         )
-        if ramp.command_id is not None and mon.writer is not None:
+        if ramp.command_id is not None and self.writer is not None:
             self._in_flight.discard(ramp.command_id)
-            mon.writer.command_applied(ramp.command_id, ramp.step)
+            self.writer.command_applied(ramp.command_id, ramp.step)
 
     def refused(self, ramp: Ramp, reason: str) -> None:
         self.last_ramp_step = ramp.step  # an auto ramp the loop refused waits a whole streak
@@ -360,7 +390,7 @@ class RampProtocol:
         if ramp.command_id is not None:
             self._refuse(ramp.command_id, ramp.step, reason, payload)
         else:
-            self.mon.event(
+            self.event(
                 ramp.step,
                 M.EVENT_REFUSED,
                 f"ramp ({ramp.source}) refused: {reason}",
@@ -369,9 +399,9 @@ class RampProtocol:
 
     def _refuse(self, command_id: int, step: int, reason: str, payload) -> None:
         self._in_flight.discard(command_id)
-        if self.mon.writer is not None:
-            self.mon.writer.command_refused(command_id, reason)
-        self.mon.event(
+        if self.writer is not None:
+            self.writer.command_refused(command_id, reason)
+        self.event(
             step,
             M.EVENT_REFUSED,
             f"ramp command {command_id} refused: {reason}",
@@ -384,10 +414,9 @@ class RampProtocol:
             self._plan.cancel()
         if self.channel is not None:
             self.channel.drain(wait=status == "finished")
-        writer = self.mon.writer
         for command_id in sorted(self._in_flight):
-            if writer is not None:
-                writer.command_refused(
+            if self.writer is not None:
+                self.writer.command_refused(
                     command_id, f"the run stopped ({status}) before the tier change took effect"
                 )
         self._in_flight.clear()

@@ -54,6 +54,28 @@ class StepOutcome:
     tier: RankBatch
 
 
+def monitor_state(state: ckpt.TrainState) -> dict:
+    """The Monitor.load_state_dict() of a run at `state`. A checkpoint keeps the monitor's state
+    in TrainState's own fields, as every checkpoint has (so older ones resume as they are): the
+    noise window, the per-device batches that ran out of memory, tokens seen and the base LR.
+    Not kept: measured peaks (measured again) and the last ramp (the resume step stands for it:
+    the noise-scale history behind a ramp decision starts there)."""
+    return {
+        "tokens_seen": state.tokens_seen,
+        "base_lr": state.base_lr,
+        "last_ramp_step": state.step,
+        "noise_window": state.noise_window,
+        "infeasible": state.infeasible_batches,
+    }
+
+
+def keep_monitor_state(state: ckpt.TrainState, monitor: dict) -> None:
+    """Copy a Monitor.state_dict() into the fields monitor_state() reads (tokens seen and the
+    base LR are the loop's own: it keeps them at every step and ramp)."""
+    state.noise_window = monitor["noise_window"]
+    state.infeasible_batches = monitor["infeasible"]
+
+
 # What a resumed run takes from its own checkpoint rather than from this launch's flags: the
 # model, the optimizer and the schedule it started with (the tier and data position come with
 # the checkpoint's state).
@@ -234,7 +256,6 @@ class Trainer:
             echo=sys.stderr,
             ramp=self.args.ramp,
             policy=RampPolicy.from_config(self.run_config),
-            base_lr=self.state.base_lr,
             control_group=self.ddp.side_group,
         )
         if not self.ddp.is_main:
@@ -249,9 +270,7 @@ class Trainer:
                 resume_step=self.state.step if resumed else None,
                 **common,
             )
-        mon.tokens_seen = self.state.tokens_seen
-        if self.state.noise_window:
-            mon.noise = type(mon.noise).from_dict(self.state.noise_window)
+        mon.load_state_dict(monitor_state(self.state))
         return mon
 
     # -- one optimizer step -------------------------------------------------------------------
@@ -363,8 +382,7 @@ class Trainer:
         """What the monitor knows (the noise-scale window, the per-device batches that ran out
         of memory) is copied into the state here, so a resume keeps it. ckpt.SaveFailed when
         the file could not be written."""
-        self.state.noise_window = self.mon.noise.to_dict()
-        self.state.infeasible_batches = sorted(self.mon.ramps.infeasible)
+        keep_monitor_state(self.state, self.mon.state_dict())
         state = self.state
         if tier is not None:
             state = replace(state, per_device_batch=tier.per_device_batch, accum=tier.accum)

@@ -164,7 +164,7 @@ class OomGuard:
     def recover(self, tier: RankBatch, error: str, *, in_optimizer: bool = False) -> RankBatch:
         """After torch.OutOfMemoryError at `tier`: the tier to redo the step at, or StopTraining."""
         self.model.zero_grad(set_to_none=True)  # the failed step's gradients
-        self.monitor.grads.reset()
+        self.monitor.discard_step()
         if self.info.device.type == "cuda":
             torch.cuda.empty_cache()
         decision = decide_oom(
@@ -183,8 +183,9 @@ class OomGuard:
         after, before = decision.after, decision.before
         if after is None:
             raise StopTraining(decision.message)
-        # the protocol's set is what the ramp checks know; a checkpoint copies it into the state
-        self.monitor.ramps.mark_infeasible(before.per_device_batch, decision.event_step)
+        # marked first, so a checkpoint (copying the monitor's state) holds it; Monitor.report_oom's
+        # own event would come before the checkpoint, and the event must not claim one not there
+        self.monitor.mark_infeasible(before.per_device_batch, decision.event_step)
         if decision.checkpoint == SAVE:
             self.write_checkpoint(after, decision.note)
         elif decision.checkpoint == RETIER:

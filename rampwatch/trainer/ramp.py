@@ -103,9 +103,7 @@ class RampController:
         self.is_main = is_main  # only rank 0 plans (it alone writes rows)
         self.save_checkpoint = save_checkpoint
         self.protocol = monitor.ramps
-        self.protocol.variant = plan.variant
-        self.protocol.infeasible = set(state.infeasible_batches)
-        self.protocol.last_ramp_step = state.step
+        monitor.set_plan_variant(plan.variant)  # the rest of the state: loop.monitor_state()
 
     def start(self) -> None:
         self._start_plan()
