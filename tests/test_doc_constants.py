@@ -1,0 +1,39 @@
+"""The constants the prose quotes are the code's: the schema version, the spool's record size and
+file names, the run-id rule. A docs sentence that drifts from the code fails here, not in a
+reader's hands (issue 24: ARCHITECTURE once said version 4 and 32-byte records in metrics.bin)."""
+
+from __future__ import annotations
+
+import re
+
+from rampwatch.store import naming, schema, spool, spool_format
+from tests.procs import REPO
+
+ARCHITECTURE = (REPO / "docs" / "ARCHITECTURE.md").read_text()
+README = (REPO / "README.md").read_text()
+
+
+def test_the_schema_version_quoted_is_the_code_s():
+    quoted = re.findall(r"CURRENT_VERSION = (\d+)", ARCHITECTURE)
+    assert quoted and {int(v) for v in quoted} == {schema.CURRENT_VERSION}, quoted
+
+
+def test_the_spool_s_record_size_and_file_names_are_the_code_s():
+    sizes = {
+        int(n) for n in re.findall(r"(\d+)-byte (?:little-endian |checked )?records", ARCHITECTURE)
+    }
+    legacy = 32  # format 1, still read: the prose names it as such
+    assert sizes - {legacy} == {spool_format.RECORD.itemsize}, sizes
+    for name in (spool.BIN, spool.NAMES, spool.RECORDS):
+        assert name in ARCHITECTURE, name
+    for old in spool.LEGACY_FILES:  # format 1's names appear only where format 1 is meant
+        for line in ARCHITECTURE.splitlines():
+            if old in line:
+                assert "format 1" in line or "Format 1" in line, line
+
+
+def test_the_run_id_rule_quoted_is_the_code_s():
+    pattern = naming.RUN_ID_RULE.pattern
+    assert pattern in ARCHITECTURE
+    assert "1–64 letters, digits" in README and naming.RUN_ID_RULE.fullmatch("a" * 64)
+    assert not naming.RUN_ID_RULE.fullmatch("a" * 65)
