@@ -107,8 +107,8 @@ def _monitor(recorded: Recorded) -> Monitor:
         ramp="auto",
         policy=RampPolicy.from_config(config),
         base_lr=config["lr"],
+        capacity_bytes=recorded.run.capacity_bytes,  # the recorded device's, not this machine's
     )
-    mon.capacity = recorded.run.capacity_bytes  # the recorded device's, not this machine's
     return mon
 
 
@@ -134,7 +134,7 @@ def _replay(recorded: Recorded):
             after = ramps[k]["data"]["after"]
             b, a = after["per_device_batch"], after["accum"]
             lr = mon.ramps.policy.new_base_lr(b * a * mon.world_size)
-            mon.ramps.applied(
+            mon.ramp_applied(
                 Ramp(
                     b,
                     a,
