@@ -46,7 +46,7 @@ from rampwatch.advisor.forecast import (
     calibrated_forecast,
 )
 from rampwatch.advisor.policy import RampPolicy
-from rampwatch.advisor.ramp import ramp_decision
+from rampwatch.advisor.ramp_point import ramp_decision
 from rampwatch.store import names as M
 from rampwatch.store import reader
 

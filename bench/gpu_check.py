@@ -5,7 +5,7 @@ largest batch that fits; prints markdown tables. `--cpu-smoke` runs the same pat
     bash scripts/gpu_check.sh                  # gpu-0.7b, batches 8,16,32,64, bf16 autocast
     python bench/gpu_check.py --cpu-smoke      # test-tiny, batches 1,2,4, on the CPU
 
-Order: start the plan in a child process (trainer.memplan.start_plan, as the trainer does), then
+Order: start the plan in a child process (trainer.gpt_plan.start_plan, as the trainer does), then
 measure the plain ladder in ascending batches until one runs out of memory, then chunked CE at
 the largest batch that fit and, if the plan says it fits, at the next rung. Each configuration
 builds a fresh model: warm steps (optimizer state, cuBLAS handles, cached blocks), then
@@ -32,7 +32,7 @@ import torch
 from bench.memplan_bench import _status_bytes, make_step
 from rampwatch.advisor import flops as advisor_flops
 from rampwatch.trainer.config import PRESETS, matmul_params
-from rampwatch.trainer.memplan import _model_config, calibrate, start_plan
+from rampwatch.trainer.gpt_plan import _model_config, calibrate, start_plan
 from rampwatch.trainer.model import GPT, configure_optimizer
 
 OOM = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError

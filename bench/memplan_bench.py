@@ -1,5 +1,5 @@
 """CPU truth for the memory plan: the real peak of one training step (VmHWM of a fresh process)
-against trainer/memplan.py's fake-tensor plan, per per-device batch; prints markdown tables.
+against trainer/gpt_plan.py's fake-tensor plan, per per-device batch; prints markdown tables.
 
     python bench/memplan_bench.py            # cpu-tiny at per-device batches 4, 8, 16
     python bench/memplan_bench.py --quick    # 2, 4, 8, plain variant only
@@ -46,7 +46,7 @@ def _status_bytes(key: str) -> int:
 
 
 def make_step(model, opt, idx, tgt, amp=None):
-    """One real training step, the one trainer/memplan.py plans: forward (under autocast when
+    """One real training step, the one trainer/gpt_plan.py plans: forward (under autocast when
     `amp` is a dtype), backward, clip, optimizer step. Shared with bench/gpu_check.py."""
     import torch
 
@@ -69,7 +69,7 @@ def _measure_here(cfg: dict, batch: int, optimizer: str, warm_steps: int = 2) ->
     import torch
 
     from rampwatch.store.names import loss_variant
-    from rampwatch.trainer.memplan import (
+    from rampwatch.trainer.gpt_plan import (
         _model_config,  # the plan's own config mapping, so both agree
     )
     from rampwatch.trainer.model import GPT, configure_optimizer
@@ -137,7 +137,7 @@ def compare(
     cfg: dict, batches: list[int], optimizer: str = "adamw", variants: tuple[str, ...] = ("plain",)
 ) -> dict:
     """Plan (in process) + measurement (one child per batch and variant) -> figures."""
-    from rampwatch.trainer.memplan import plan_in_process
+    from rampwatch.trainer.gpt_plan import plan_in_process
 
     t0 = time.perf_counter()
     rows = plan_in_process(cfg, batches, optimizer, "cpu", variants)

@@ -8,7 +8,7 @@
    off (the same loop without Monitor), interleaved A B A B ... so drift hits both alike.
 2. the real peak one training step adds (VmHWM of a fresh process, bench/memplan_bench.py's
    method) with plain vs chunked lm_head + cross-entropy at the same batch, on a logits-heavy
-   shape, beside the plan's per-component breakdown (trainer/memplan.py).
+   shape, beside the plan's per-component breakdown (trainer/gpt_plan.py).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from rampwatch.monitor import Monitor
 from rampwatch.store import names as M
 from rampwatch.trainer.config import PRESET_RUN_DEFAULTS, PRESETS
 from rampwatch.trainer.data import prepare
-from rampwatch.trainer.memplan import plan_in_process
+from rampwatch.trainer.gpt_plan import plan_in_process
 from rampwatch.trainer.model import GPT, configure_optimizer
 
 LOGITS_HEAVY = {

@@ -194,7 +194,7 @@ def run_reference(a) -> int:
     from rampwatch.advisor.lr import scaled_base_lr
     from rampwatch.advisor.policy import RampPolicy
     from rampwatch.monitor import Monitor
-    from rampwatch.monitor.ramp import scale_lr
+    from rampwatch.monitor.ramp_protocol import scale_lr
 
     model, data = build_model(), Samples(a.n)
     model.train()

@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from rampwatch.advisor.lr import scaled_base_lr
 from rampwatch.advisor.policy import RampPolicy
 from rampwatch.integrations.lightning import RampwatchCallback
-from rampwatch.monitor.ramp import scale_lr
+from rampwatch.monitor.ramp_protocol import scale_lr
 from tests.own_loop_child import build, data
 from tests.procs import loop_parser, wait_for_ramp
 

@@ -26,7 +26,7 @@ import torch
 from rampwatch import Monitor
 from rampwatch.advisor.lr import scaled_base_lr
 from rampwatch.advisor.policy import RampPolicy
-from rampwatch.monitor.ramp import scale_lr
+from rampwatch.monitor.ramp_protocol import scale_lr
 from tests.procs import loop_parser, wait_for_ramp
 
 WIDTH = 256  # wide enough that a per-device batch's activations show in the measured peak

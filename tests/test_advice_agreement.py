@@ -3,7 +3,7 @@
 Each run is seeded through the real store (tests/seed.py replay_run: plans, measured peaks,
 OOMs, ramps, a rising noise scale) and read back with the store's reader. Then it is replayed
 step by step through both deciders: the dashboard's card (dashboard/recommend.py build_card, from
-the rows up to the step) and a real Monitor's auto mode (monitor/ramp.py, fed the same
+the rows up to the step) and a real Monitor's auto mode (monitor/ramp_protocol.py, fed the same
 estimates and memory rows at the steps they were written). At every step both must say the
 same: ready or not, why, and which tiers — and the monitor's auto proposal is the card's
 suggestion whenever the card says ready. (Before the advisor's `advise` and `memory_evidence`,
@@ -22,7 +22,7 @@ from rampwatch.advisor.policy import RampPolicy
 from rampwatch.dashboard import recommend
 from rampwatch.dashboard.data import event_dict, plan_dict
 from rampwatch.monitor import Monitor
-from rampwatch.monitor.ramp import Ramp
+from rampwatch.monitor.ramp_protocol import Ramp
 from rampwatch.store import names as M
 from rampwatch.store.reader import Reader
 from tests import seed

@@ -1,4 +1,4 @@
-"""advisor.tiers and advisor.ramp: tiers under a memory model (hand cases + properties), the ramp
+"""advisor.tiers and advisor.ramp_point: tiers under a memory model (hand cases + properties), the ramp
 point, the effect."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from rampwatch.advisor.forecast import FORECAST_CALIBRATION, calibrated_forecast
 from rampwatch.advisor.memory import GB, MemoryModel, fit_memory_model, usable_bytes
-from rampwatch.advisor.ramp import predicted_effect, ramp_decision
+from rampwatch.advisor.ramp_point import predicted_effect, ramp_decision
 from rampwatch.advisor.tiers import Tier, candidate_tiers
 
 # The design example: per-device 16 measured at 70 GB, 32 at 130 GB -> 10 GB + 3.75 GB/sequence.

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from rampwatch.advisor.memory import GB
-from rampwatch.advisor.ramp import predicted_effect
+from rampwatch.advisor.ramp_point import predicted_effect
 from rampwatch.dashboard import charts, comparison, recommend
 from rampwatch.dashboard.buckets import Buckets
 from rampwatch.dashboard.data import parse_options

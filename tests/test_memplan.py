@@ -1,4 +1,4 @@
-"""trainer/memplan.py: the fake-tensor memory plan, its breakdown, its child process, and the
+"""trainer/gpt_plan.py: the fake-tensor memory plan, its breakdown, its child process, and the
 plan's slope against a real CPU measurement (VmHWM of fresh processes, bench/memplan_bench.py)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rampwatch.trainer.config import PRESETS, count_params
-from rampwatch.trainer.memplan import (
+from rampwatch.trainer.gpt_plan import (
     COMPONENTS,
     calibrate,
     plan_in_process,

@@ -17,7 +17,7 @@ import torch
 from rampwatch.advisor.gns_window import NoiseScaleWindow
 from rampwatch.advisor.policy import RampPolicy
 from rampwatch.monitor import Monitor
-from rampwatch.monitor.ramp import Ramp
+from rampwatch.monitor.ramp_protocol import Ramp
 from rampwatch.store import names as M
 from rampwatch.trainer import checkpoint as ckpt
 from rampwatch.trainer.loop import keep_monitor_state, monitor_state

@@ -1,4 +1,4 @@
-"""The ramp protocol in a user's own loop (monitor/ramp.py), each loop a real child process
+"""The ramp protocol in a user's own loop (monitor/ramp_protocol.py), each loop a real child process
 (tests/own_loop_child.py) against a real DuckDB file: an approved ramp lands at a step boundary
 exactly as a switch by hand would, the auto policy ramps by itself, measured memory gives the
 card a line, and a reported OOM or a tier that cannot run is refused with its reason on the card.

@@ -1,7 +1,7 @@
 """The reference trainer's ramp and out-of-memory decisions as values, in this process: the halved
 tier, the --inject-oom parser and when it fires, what an out-of-memory becomes (trainer/oom.py
 decide_oom, and OomGuard applying it to a real Monitor and checkpoint), what a due ramp becomes
-for the trainer's state (trainer/ramp.py), and a resume's world-size note (trainer/dist.py).
+for the trainer's state (trainer/ramp_controller.py), and a resume's world-size note (trainer/dist.py).
 tests/test_ramp.py and tests/test_dist.py run the same paths end to end in real trainers."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 
 from rampwatch.advisor.policy import RampPolicy
 from rampwatch.monitor import Monitor
-from rampwatch.monitor.ramp import Ramp
+from rampwatch.monitor.ramp_protocol import Ramp
 from rampwatch.store import names as M
 from rampwatch.trainer import checkpoint as ckpt
 from rampwatch.trainer.dist import DistInfo, on_resume
@@ -25,7 +25,13 @@ from rampwatch.trainer.oom import (
     decide_oom,
     halve_tier,
 )
-from rampwatch.trainer.ramp import GptPlan, RampController, RankBatch, plan_ladder, tier_switch
+from rampwatch.trainer.ramp_controller import (
+    GptPlan,
+    RampController,
+    RankBatch,
+    plan_ladder,
+    tier_switch,
+)
 
 CPU = torch.device("cpu")
 

@@ -1,4 +1,4 @@
-"""monitor/ramp.py scale_lr: a ramp's LR move survives the loop's scheduler. For every schedule
+"""monitor/ramp_protocol.py scale_lr: a ramp's LR move survives the loop's scheduler. For every schedule
 whose LR is base × f(step), scaling at step s must give exactly the trajectory of a run started
 with m × the base LR, from step s on (torch's own schedulers, chained and sequential ones, and
 the Hugging Face warmup schedules, which are LambdaLR)."""
@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.optim import lr_scheduler as S
 
-from rampwatch.monitor.ramp import scale_lr
+from rampwatch.monitor.ramp_protocol import scale_lr
 
 SCHEDULES = {
     "lambda (HF warmup)": lambda o: S.LambdaLR(o, lambda t: min(1.0, (t + 1) / 5)),

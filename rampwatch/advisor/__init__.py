@@ -9,7 +9,8 @@ Modules, one concern each:
             that the monitor and the card both call
   memory    peak memory as a line in the per-device batch; usable capacity
   lr        learning-rate rules on a ramp (√ for Adam-type, linear for SGD), exact reversal
-  ramp      batch tiers that fit in memory; when to ramp (hysteresis, forecast); its effect
+  tiers     batch tiers that fit in memory (per-device batch × accumulation × world size)
+  ramp_point  when to ramp (hysteresis, forecast); its effect
   flops     FLOPs per token, device peak FLOPs, MFU
   cli       `rampwatch plan`
 Import from the modules (e.g. `from rampwatch.advisor.gns_window import NoiseScaleWindow`); nothing here imports

@@ -4,7 +4,7 @@ Owns `memory_evidence` (memory rows → what is known of memory: measured peaks,
 per-device batches that ran out of memory), `advise` (policy + noise-scale estimates + memory
 evidence + the running tier → one `Advice`: the decision, the tiers with their LR and effect,
 notes) and `Advice.refusal` (why a tier cannot run). The monitor's auto mode and its check of an
-approved command (monitor/ramp.py) and the dashboard's card (dashboard/recommend.py) all call
+approved command (monitor/ramp_protocol.py) and the dashboard's card (dashboard/recommend.py) all call
 these, so they cannot disagree: given the same rows, the same advice.
 
 Memory rows are plain mappings, the store's `memory_plan` rows or what the monitor wrote:
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from rampwatch.advisor.lr import noise_scale_warning
 from rampwatch.advisor.memory import MemoryModel, fit_memory_model, format_gb, usable_bytes
 from rampwatch.advisor.policy import RampPolicy
-from rampwatch.advisor.ramp import Effect, Recommendation, predicted_effect
+from rampwatch.advisor.ramp_point import Effect, Recommendation, predicted_effect
 from rampwatch.advisor.tiers import Tier, accumulation_tiers, candidate_tiers
 
 __all__ = ["Advice", "Current", "MemoryEvidence", "TierAdvice", "advise", "memory_evidence"]

@@ -1,6 +1,6 @@
 """`rampwatch plan`: batch tiers that fit in memory, for people (table) or scripts (--json).
 
-Owns the command line only; the math lives in advisor.memory, advisor.tiers, advisor.ramp and
+Owns the command line only; the math lives in advisor.memory, advisor.tiers, advisor.ramp_point and
 advisor.lr.
 GB on this command line means 10^9 bytes (torch.cuda.max_memory_reserved() / 1e9).
 
@@ -17,7 +17,7 @@ import math
 
 from rampwatch.advisor.lr import noise_scale_warning, rule_for
 from rampwatch.advisor.memory import GB, fit_memory_model, format_gb, usable_bytes
-from rampwatch.advisor.ramp import predicted_effect
+from rampwatch.advisor.ramp_point import predicted_effect
 from rampwatch.advisor.tiers import candidate_tiers
 
 

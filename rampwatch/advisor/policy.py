@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 
 from rampwatch.advisor.lr import rule_for, scaled_base_lr
-from rampwatch.advisor.ramp import ramp_decision
+from rampwatch.advisor.ramp_point import ramp_decision
 
 __all__ = ["CONFIG_KEY", "RampPolicy"]
 
@@ -102,7 +102,7 @@ class RampPolicy:
         batch: float,
         since_step: int | None,
     ):
-        """advisor.ramp.ramp_decision with this policy's thresholds (its only source of them)."""
+        """advisor.ramp_point.ramp_decision with this policy's thresholds (its only source of them)."""
         return ramp_decision(
             steps,
             b_noise,

@@ -18,7 +18,7 @@ from rampwatch.advisor.advice import Current, advise, memory_evidence
 from rampwatch.advisor.lr import rule_for
 from rampwatch.advisor.memory import MemoryModel, format_gb
 from rampwatch.advisor.policy import RampPolicy
-from rampwatch.advisor.ramp import Effect, Recommendation
+from rampwatch.advisor.ramp_point import Effect, Recommendation
 from rampwatch.advisor.tiers import Tier
 from rampwatch.store import names as M
 

@@ -87,7 +87,7 @@ except ImportError:  # the standalone package of the same 2.x API
 from rampwatch.advisor.policy import CONFIG_KEY as POLICY_KEY
 from rampwatch.advisor.policy import RampPolicy
 from rampwatch.monitor import Monitor
-from rampwatch.monitor.ramp import MODES, Ramp, scale_lr
+from rampwatch.monitor.ramp_protocol import MODES, Ramp, scale_lr
 from rampwatch.store import RunNotFoundError
 from rampwatch.store import names as M
 

@@ -3,7 +3,7 @@ predicted on fake tensors (no real memory), with a per-component breakdown; in a
 for a running loop. `probe` (monitor/memprobe.py) is the measured alternative.
 
 Owns: `plan_in_process` and `start_plan` (the plan of a user's setup, traced by
-monitor/memtrace.py, which trainer/memplan.py's GPT plan shares), `plan_points` and `calibrate`
+monitor/memtrace.py, which trainer/gpt_plan.py's GPT plan shares), `plan_points` and `calibrate`
 (plan rows -> advisor/memory.py), and `python -m rampwatch.monitor.memplan` (prints the rows).
 
 A user describes the model with one module-level function (docs/ARCHITECTURE.md, "Memory model"):

@@ -4,7 +4,7 @@ component, from torch's MemTracker (no real memory is allocated).
 Owns: `trace_step` (two iterations of a train_step under a MemTracker subclass, the second's peak
 is the plan: only then does optimizer state exist), `COMPONENTS` / `HEAD` (what a breakdown
 holds), `amp_dtype` and `fake_device`. monitor/memplan.py turns traces into plan rows for any
-model; trainer/memplan.py traces the GPT with its loss head as the extra `HEAD` component.
+model; trainer/gpt_plan.py traces the GPT with its loss head as the extra `HEAD` component.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 COMPONENTS = ("parameters", "gradients", "optimizer", "activations")
-HEAD = "logits"  # the extra component of a traced head (trainer/memplan.py's loss head)
+HEAD = "logits"  # the extra component of a traced head (trainer/gpt_plan.py's loss head)
 # MemTracker keys snapshots by its _MemRefType enum; we read them by value so a renamed member
 # (private API) fails loudly in _breakdown instead of silently landing in the wrong component.
 _CATEGORY = {

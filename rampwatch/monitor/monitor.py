@@ -9,7 +9,7 @@ at each step boundary (the ramp protocol), finish.
             mon.after_backward()          # noise-scale partial sums, stays on the device
         mon.step(step, loss=loss_sum)     # before clipping: reads grad norm, memory, time
         clip_grad_norm_(model.parameters(), 1.0); opt.step(); opt.zero_grad()
-        if ramp := mon.ramp_due():        # an approved (or auto) ramp, checked: monitor/ramp.py
+        if ramp := mon.ramp_due():        # an approved (or auto) ramp, checked: monitor/ramp_protocol.py
             ...                           # new per-device batch / accumulation, ramp.scale_lr()
             mon.ramp_applied(ramp)
     mon.finish()
@@ -48,7 +48,7 @@ from rampwatch.monitor.device import (
     sharded_model,
 )
 from rampwatch.monitor.gradstats import AccumulationStats, StepGradStats
-from rampwatch.monitor.ramp import Ramp, RampChannel, RampProtocol, RunningTier
+from rampwatch.monitor.ramp_protocol import Ramp, RampChannel, RampProtocol, RunningTier
 from rampwatch.store import RunWriter
 from rampwatch.store import names as M
 
@@ -438,7 +438,7 @@ class Monitor:
                 {"sharded": True},
             )
 
-    # -- at each step boundary: the ramp protocol (monitor/ramp.py) ---------------------------
+    # -- at each step boundary: the ramp protocol (monitor/ramp_protocol.py) ------------
     def ramp_due(self, step: int | None = None) -> Ramp | None:
         """At a step boundary (after the optimizer step of `step`, default the last one logged):
         the ramp to apply now, already checked against memory and the policy, or None. Under

@@ -5,7 +5,7 @@ Owns: `setup_ref` / `resolve_setup` (a setup function <-> "package.module:functi
 "/path/script.py:function" for the running script, as multiprocessing's spawn does),
 `check_setup` (what setup must return), `PlanHandle` (a child that never raises into the caller),
 `child_main` (the child's side) and `error_row`. Used by monitor/memplan.py, monitor/memprobe.py
-and trainer/memplan.py (docs/ARCHITECTURE.md, "Memory model").
+and trainer/gpt_plan.py (docs/ARCHITECTURE.md, "Memory model").
 
 Protocol: the parent runs `python -m MODULE --request JSON --watch-parent PID` (one thread,
 niced, its own session; it exits when its parent dies). The child writes one JSON row per line

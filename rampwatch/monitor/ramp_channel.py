@@ -1,6 +1,6 @@
 """The ramp protocol's transport under torch.distributed: rank 0 decides, and every rank learns
 the same decision (`Proposal`) at the same boundary through `RampChannel`, one non-blocking
-broadcast on a gloo group per boundary. RampProtocol (monitor/ramp.py) is its only user.
+broadcast on a gloo group per boundary. RampProtocol (monitor/ramp_protocol.py) is its only user.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ from rampwatch.store import names as M
 from rampwatch.trainer import checkpoint as ckpt
 from rampwatch.trainer.data import rank_slice
 from rampwatch.trainer.oom import OomInjector
-from rampwatch.trainer.ramp import RankBatch
+from rampwatch.trainer.ramp_controller import RankBatch
 
 if TYPE_CHECKING:
     from rampwatch.monitor import Monitor

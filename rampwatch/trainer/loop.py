@@ -1,5 +1,5 @@
 """The reference training loop: data by sample id, accumulation, schedule in tokens, telemetry,
-checkpoints, and where ramps (trainer/ramp.py) and the out-of-memory guard (trainer/oom.py) are
+checkpoints, and where ramps (trainer/ramp_controller.py) and the out-of-memory guard (trainer/oom.py) are
 called.
 
 One optimizer step = `accum` micro-batches of `per_device_batch` sequences on each of
@@ -34,7 +34,7 @@ from rampwatch.trainer.data_files import prepare_for_run
 from rampwatch.trainer.data_loader import Prefetcher
 from rampwatch.trainer.model import GPT, configure_optimizer
 from rampwatch.trainer.oom import OomGuard, StopTraining, error_line
-from rampwatch.trainer.ramp import GptPlan, RampController, RankBatch
+from rampwatch.trainer.ramp_controller import GptPlan, RampController, RankBatch
 
 
 def lr_schedule(

@@ -25,7 +25,7 @@ import torch
 
 from rampwatch.store import names as M
 from rampwatch.trainer import checkpoint as ckpt
-from rampwatch.trainer.ramp import RankBatch
+from rampwatch.trainer.ramp_controller import RankBatch
 
 if TYPE_CHECKING:
     from rampwatch.monitor import Monitor

@@ -4,7 +4,7 @@ loop. The mechanism is monitor/memplan.py's (any model); this module adds what i
 
 Owns: building the GPT from a config dict (`_model_config`, `plan_one`), its loss head's
 "logits" component, the plain/chunked variants, `plan_in_process` / `start_plan` for a config,
-and `python -m rampwatch.trainer.memplan` (prints the rows as JSON). `plan_points`, `calibrate`
+and `python -m rampwatch.trainer.gpt_plan` (prints the rows as JSON). `plan_points`, `calibrate`
 and `PlanHandle` are monitor/memplan.py's, re-exported for the trainer's callers.
 
 How (docs/ARCHITECTURE.md, "Memory model"): build the GPT and its optimizer under FakeTensorMode
@@ -166,7 +166,7 @@ def start_plan(
         "accum_steps": int(accum_steps),
         "grad_clip": grad_clip,
     }
-    return PlanHandle(request, timeout_s, "rampwatch.trainer.memplan")
+    return PlanHandle(request, timeout_s, "rampwatch.trainer.gpt_plan")
 
 
 # -- command line (and the child of start_plan) ---------------------------------------------
@@ -186,7 +186,7 @@ def _run_request(req: dict) -> Iterator[dict]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    prog = "python -m rampwatch.trainer.memplan"
+    prog = "python -m rampwatch.trainer.gpt_plan"
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     ap.add_argument("--preset", help="a trainer.config.PRESETS name")
     ap.add_argument("--batches", default="1,2,4", help="comma-separated per-device batches")

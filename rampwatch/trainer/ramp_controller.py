@@ -1,5 +1,5 @@
 """Batch ramps inside the reference trainer: a client of the monitor's ramp protocol
-(monitor/ramp.py: claim, check, auto, refuse), plus what only this trainer does — the GPT's memory
+(monitor/ramp_protocol.py: claim, check, auto, refuse), plus what only this trainer does — the GPT's memory
 plan in a child process, a checkpoint of each switch, the schedule's base LR in TrainState.
 
 Owns `RankBatch` (what each rank runs per step), `RampController` and its pure parts: `tier_switch`
@@ -14,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
-from rampwatch.monitor.ramp import Ramp
+from rampwatch.monitor.ramp_protocol import Ramp
 from rampwatch.store import names as M
-from rampwatch.trainer import memplan
+from rampwatch.trainer import gpt_plan
 
 if TYPE_CHECKING:
     from rampwatch.monitor import Monitor
@@ -120,7 +120,7 @@ class RampController:
             return
         device_type = self.plan.device_type
         self.protocol.start_plan(
-            memplan.start_plan(
+            gpt_plan.start_plan(
                 self.plan.model_config,
                 plan_ladder(self.state.per_device_batch),
                 self.plan.optimizer,
