@@ -335,8 +335,15 @@ def active_alerts(
     return sorted(held, key=lambda e: -e["step"])
 
 
-@st.cache_data(ttl=300, max_entries=64, show_spinner=False)
-def _refusals(db: str, run_id: str, token: tuple) -> list[dict]:
+# Refusals change rarely, but a live run's file changes every second: keyed on the file's
+# version, the live page would open one more connection per refresh to read them. So they are
+# cached for REFUSALS_TTL and dropped whenever this process records one (another dashboard's
+# show up within the TTL).
+REFUSALS_TTL = 30
+
+
+@st.cache_data(ttl=REFUSALS_TTL, max_entries=64, show_spinner=False)
+def _refusals(db: str, run_id: str) -> list[dict]:
     return [
         {
             "t": r.t,
@@ -352,17 +359,17 @@ def _refusals(db: str, run_id: str, token: tuple) -> list[dict]:
 
 def refusals(db: Path, run_id: str) -> list[dict]:
     """The run's refused writes, newest first (at most store.refusals.LIST_LIMIT)."""
-    return _refusals(str(db), run_id, version_token(db))
+    return _refusals(str(db), run_id)
 
 
-@st.cache_data(ttl=60, max_entries=64, show_spinner=False)
-def _refusal_counts(db: str, token: tuple) -> dict[str, int]:
+@st.cache_data(ttl=REFUSALS_TTL, max_entries=64, show_spinner=False)
+def _refusal_counts(db: str) -> dict[str, int]:
     return store_refusals.refusal_counts(db, timeout=TIMEOUT)
 
 
 def refusal_counts(db: Path) -> dict[str, int]:
     """{run_id: refused writes} (Runs page)."""
-    return _refusal_counts(str(db), version_token(db))
+    return _refusal_counts(str(db))
 
 
 # a writer's death changes no byte of the database, so this is cached for a while, not by version
@@ -475,6 +482,8 @@ def _record_refusal(attempt: dict, operator: str | None, client: str | None, rea
             reason=reason,
             timeout=TIMEOUT,
         )
+        _refusals.clear()  # the pages show it at once (the caches are not keyed on the file)
+        _refusal_counts.clear()
     except Exception as e:  # noqa: BLE001 - a refusal must never become a traceback
         return f" (this refusal could not be recorded: {e})"
     return ""
