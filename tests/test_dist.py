@@ -58,7 +58,7 @@ def finish(proc: subprocess.Popen, timeout: float = 150) -> str:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         kill_group(proc)
-        raise AssertionError(f"{proc.args} did not finish within {timeout}s")
+        raise AssertionError(f"{proc.args} did not finish within {timeout}s") from None
     out = out.decode()
     assert proc.returncode == 0, out[-6000:]
     return out

@@ -43,7 +43,7 @@ def run_trainer(
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         kill_group(proc)
-        raise AssertionError(f"trainer did not finish within {timeout}s: {extra}")
+        raise AssertionError(f"trainer did not finish within {timeout}s: {extra}") from None
     return subprocess.CompletedProcess(proc.args, proc.returncode, out.decode(), "")
 
 
