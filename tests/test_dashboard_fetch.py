@@ -23,7 +23,7 @@ COLS = ("bucket", "last_step", "lo", "hi", "last", "n", "nonfinite")
 
 def reference(steps: np.ndarray, values: np.ndarray, since: int, width: int) -> Buckets:
     """Buckets of raw (step, value) rows with step >= since, computed the slow obvious way."""
-    rows = sorted((int(s), float(v)) for s, v in zip(steps, values) if s >= since)
+    rows = sorted((int(s), float(v)) for s, v in zip(steps, values, strict=True) if s >= since)
     out = {c: [] for c in COLS}
     for b in sorted({s // width for s, _ in rows}):
         vals = [(s, v) for s, v in rows if s // width == b]

@@ -73,4 +73,4 @@ def metric(db: Path, run_id: str, name: str) -> dict[int, float]:
     steps = rows["step"].to_numpy()
     values = rows["value"].to_numpy()
     assert len(np.unique(steps)) == len(steps), f"{name}: a step logged twice"
-    return dict(zip(steps.tolist(), values.tolist()))
+    return dict(zip(steps.tolist(), values.tolist(), strict=True))
