@@ -101,7 +101,7 @@ def _log(w: RunWriter, first: int, last: int) -> None:
         vals = _values(steps)
         cols = [vals[n] for n in METRICS_20]
         for i, s in enumerate(steps.tolist()):
-            w.log(s, {n: c[i] for n, c in zip(METRICS_20, cols)})
+            w.log(s, {n: c[i] for n, c in zip(METRICS_20, cols, strict=True)})
         if lo // chunk % 10 == 9:
             print(f"  logged {min(last, lo + chunk):,} steps", file=sys.stderr, flush=True)
 

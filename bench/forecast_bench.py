@@ -96,7 +96,7 @@ def constant_runs(db: Path) -> list[Run]:
             continue
         pts = reader.series(db, r.run_id, M.GNS, width=1)
         low = reader.series(db, r.run_id, M.GNS_LOW, width=1)
-        by_step = dict(zip(pts.last_step.tolist(), pts.last.tolist()))
+        by_step = dict(zip(pts.last_step.tolist(), pts.last.tolist(), strict=True))
         steps = low.last_step.tolist()
         out.append(
             Run(
@@ -135,7 +135,7 @@ def replay(run: Run, k: int, every: int = QUERY_EVERY) -> list[Query]:
     truth = next(
         (
             s
-            for s, v, lo in zip(run.steps, run.points, run.lower)
+            for s, v, lo in zip(run.steps, run.points, run.lower, strict=True)
             if (v > target if v is not None else lo > target)
         ),
         None,
@@ -205,7 +205,7 @@ def summary(qs: list[Query], which: str) -> dict:
     """Coverage of the 'old' or 'new' range, its point's error, and how often none is given."""
     given = [q for q in qs if getattr(q, which) is not None]
     got = [outcome(getattr(q, which), q.truth, q.end) for q in given]
-    known = [(q, o) for q, o in zip(given, got) if o is not None]
+    known = [(q, o) for q, o in zip(given, got, strict=True) if o is not None]
     hit = np.array([o for _, o in known], bool)
     by_run: dict[str, list[bool]] = {}
     for q, o in known:

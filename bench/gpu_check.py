@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from bench.memplan_bench import _status_bytes, make_step
+from bench.memplan_bench import _status_bytes, make_step, slope
 from rampwatch.advisor import flops as advisor_flops
 from rampwatch.trainer.config import PRESETS, matmul_params
 from rampwatch.trainer.gpt_plan import _model_config, calibrate, start_plan
@@ -129,14 +129,10 @@ def _gb(n) -> str:
 
 
 def _slope(points: dict[int, float]) -> float | None:
-    if len(points) < 2:
-        return None
-    xs, ys = list(points), list(points.values())
-    xm, ym = sum(xs) / len(xs), sum(ys) / len(ys)
-    return sum((x - xm) * (y - ym) for x, y in zip(xs, ys)) / sum((x - xm) ** 2 for x in xs)
+    return slope(points) if len(points) >= 2 else None
 
 
-def main(argv=None) -> int:
+def _args(argv) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="gpu-0.7b")
     ap.add_argument("--batches", default=None, help="plain ladder (default 8,16,32,64)")
@@ -146,8 +142,12 @@ def main(argv=None) -> int:
     ap.add_argument("--peak-flops", type=float, default=None, help="device peak, FLOP/s")
     ap.add_argument("--budget-s", type=float, default=420)
     ap.add_argument("--cpu-smoke", action="store_true", help="test-tiny, tiny batches, CPU")
-    a = ap.parse_args(argv)
-    t_start = time.monotonic()
+    return ap.parse_args(argv)
+
+
+def _target(a: argparse.Namespace) -> tuple[str, list[int], torch.device] | None:
+    """(preset, plain ladder, device); None: no CUDA device and no --cpu-smoke. The CPU smoke
+    run restarts itself once with the malloc setting its RSS figures need."""
     if a.cpu_smoke:
         if os.environ.get("MALLOC_MMAP_THRESHOLD_") is None:  # RSS must follow live tensors
             env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="16384", OMP_NUM_THREADS="1")
@@ -158,96 +158,80 @@ def main(argv=None) -> int:
     elif torch.cuda.is_available():
         preset, ladder, dev = a.preset, [8, 16, 32, 64], torch.device("cuda")
     else:
-        print("gpu_check: no CUDA device (use --cpu-smoke on the CPU)", file=sys.stderr)
-        return 2
+        return None
     if a.batches:
         ladder = [int(x) for x in a.batches.split(",")]
-    amp = torch.bfloat16 if a.amp == "bf16" else None
-    cfg = PRESETS[preset].to_dict()
-    name = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"
-    peak = a.peak_flops or advisor_flops.peak_flops(name)
-    capacity = torch.cuda.get_device_properties(0).total_memory if dev.type == "cuda" else None
+    return preset, ladder, dev
 
-    # The planner runs beside the measurements, as it does beside a training loop.
-    ladder_plan = sorted(set(ladder) | {2 * max(ladder)})
-    t_plan = time.monotonic()
-    handle = start_plan(
-        cfg,
-        ladder_plan,
-        "adamw",
-        dev.type,
-        ("plain", "chunked"),
-        amp=a.amp if amp is not None else None,
-        timeout_s=max(60.0, a.budget_s - 30),
-    )
-    sampler = DeviceSampler() if dev.type == "cuda" else None
 
-    def left() -> float:
-        return a.budget_s - (time.monotonic() - t_start)
-
+def _plain_ladder(ladder: list[int], handle, measure, left) -> list[dict]:
+    """Plain cross-entropy at each batch, ascending, until the first OOM or the budget's end."""
     results = []
-    for b in ladder:  # plain, ascending, until the first OOM
+    for b in ladder:
         if left() < 60:
             print(f"(budget: skipped plain batch {b} and above)")
             break
         planner_running = not handle.done()
-        r = run_config(cfg, b, "plain", dev, amp, a.warm, a.steps, peak)
+        r = measure(b, "plain")
         if r["oom"] and planner_running and left() > 90:
             # The planner child's CUDA context shares the device: rule it out before calling
             # this batch too big.
             handle.result(timeout=max(1.0, left() - 80))
-            r = dict(
-                run_config(cfg, b, "plain", dev, amp, a.warm, a.steps, peak),
-                note="OOM beside the planner; rerun alone",
-            )
+            r = dict(measure(b, "plain"), note="OOM beside the planner; rerun alone")
         results.append(r)
         if r["oom"]:
             break
-    fits = [r["per_device_batch"] for r in results if not r["oom"]]
-    rows = handle.result(timeout=max(1.0, left() - 30))
-    plan_wall = time.monotonic() - t_plan if rows is not None else None
-    if sampler is not None:
-        sampler.stop.set()
-    rows = rows or []
-    meas_key = "peak_reserved" if dev.type == "cuda" else "peak_step_rss"
-    measured_plain = {r["per_device_batch"]: r[meas_key] for r in results if not r["oom"]}
-    # On the CPU the measured figure is what the step adds: compare the plan's peak - steady.
-    cmp_rows = (
-        rows
-        if dev.type == "cuda"
-        else [
-            dict(r, predicted_bytes=r["predicted_bytes"] - r["steady_bytes"])
-            if r["error"] is None
-            else r
-            for r in rows
-        ]
-    )
-    cal = {}
-    if measured_plain and rows and all(r["error"] is None for r in rows):
-        anchor = {min(measured_plain): measured_plain[min(measured_plain)]}
-        cal = {
-            (r["per_device_batch"], r["variant"]): r.get("calibrated_bytes")
-            for r in calibrate(cmp_rows, anchor)
-        }
-    if fits and left() > 45:
-        b = max(fits)
-        results.append(run_config(cfg, b, "chunked", dev, amp, a.warm, a.steps, peak))
-        nxt = 2 * b
-        predicted = cal.get((nxt, "chunked"))
-        room = capacity * 0.97 if capacity else None
-        if left() > 45 and predicted is not None and (room is None or predicted < room):
-            results.append(run_config(cfg, nxt, "chunked", dev, amp, a.warm, a.steps, peak))
-        elif predicted is not None:
-            print(
-                f"(chunked at {nxt} not run: calibrated plan {_gb(predicted)} {UNIT[0]} > 97% "
-                f"of {_gb(capacity)} {UNIT[0]})"
-            )
+    return results
 
-    plan = {(r["per_device_batch"], r["variant"]): r for r in cmp_rows}
-    U = UNIT[0]
-    unit = f"peak reserved {U}" if dev.type == "cuda" else f"step RSS {U}"
+
+def _comparable(rows: list[dict], dev: torch.device) -> list[dict]:
+    """The plan rows as the measurements see them: on the CPU the measured figure is what the
+    step adds, so the plan's peak - steady."""
+    if dev.type == "cuda":
+        return rows
+    return [
+        dict(r, predicted_bytes=r["predicted_bytes"] - r["steady_bytes"])
+        if r["error"] is None
+        else r
+        for r in rows
+    ]
+
+
+def _calibrated(cmp_rows: list[dict], measured_plain: dict[int, float]) -> dict:
+    """{(batch, variant): calibrated bytes}, anchored on the smallest measured plain batch;
+    empty when nothing was measured or a plan row failed."""
+    if not (measured_plain and cmp_rows and all(r["error"] is None for r in cmp_rows)):
+        return {}
+    anchor = {min(measured_plain): measured_plain[min(measured_plain)]}
+    return {
+        (r["per_device_batch"], r["variant"]): r.get("calibrated_bytes")
+        for r in calibrate(cmp_rows, anchor)
+    }
+
+
+def _chunked_runs(results: list[dict], cal: dict, capacity, measure, left) -> None:
+    """Chunked cross-entropy at the largest plain batch that fit and, where the calibrated plan
+    says it fits, at twice that batch: appended to results."""
+    fits = [r["per_device_batch"] for r in results if not r["oom"]]
+    if not fits or left() <= 45:
+        return
+    b = max(fits)
+    results.append(measure(b, "chunked"))
+    nxt = 2 * b
+    predicted = cal.get((nxt, "chunked"))
+    room = capacity * 0.97 if capacity else None
+    if left() > 45 and predicted is not None and (room is None or predicted < room):
+        results.append(measure(nxt, "chunked"))
+    elif predicted is not None:
+        print(
+            f"(chunked at {nxt} not run: calibrated plan {_gb(predicted)} {UNIT[0]} > 97% "
+            f"of {_gb(capacity)} {UNIT[0]})"
+        )
+
+
+def _print_header(preset: str, name: str, amp: str, rows: list[dict], plan_wall, sampler):
     print(
-        f"### GPU check: `{preset}` on {name}, amp {a.amp}, "
+        f"### GPU check: `{preset}` on {name}, amp {amp}, "
         f"{torch.__version__}, PYTORCH_CUDA_ALLOC_CONF={os.environ.get('PYTORCH_CUDA_ALLOC_CONF', '')!r}"
     )
     secs = [r["seconds"] for r in rows if r.get("seconds")]
@@ -262,7 +246,12 @@ def main(argv=None) -> int:
         )
     )
     if sampler is not None:
-        print(f"planner child's extra device memory (max sampled): {_gb(sampler.extra)} {U}")
+        print(f"planner child's extra device memory (max sampled): {_gb(sampler.extra)} {UNIT[0]}")
+
+
+def _print_measurements(results: list[dict], plan: dict, cal: dict, meas_key: str, dev):
+    U = UNIT[0]
+    unit = f"peak reserved {U}" if dev.type == "cuda" else f"step RSS {U}"
     print(
         f"\n| batch | variant | plan {U} | plan calibrated {U} | measured {unit} | "
         f"measured allocated {U} | calibrated error | tokens/s | MFU |"
@@ -282,6 +271,9 @@ def main(argv=None) -> int:
             f"| {key[0]} | {key[1]} | {_gb(p)} | {_gb(c)} | {_gb(m)} | "
             f"{_gb(r.get('peak_allocated'))} | {err} | {r['tokens_per_s']:,.0f} | {mfu} |"
         )
+
+
+def _print_slope(plan: dict, measured_plain: dict[int, float]):
     sp = _slope(
         {
             b: plan[(b, "plain")]["predicted_bytes"]
@@ -292,20 +284,76 @@ def main(argv=None) -> int:
     sm = _slope(measured_plain)
     if sp and sm:
         print(
-            f"\nslope (plain, {U} per sequence): plan {_gb(sp)}, measured {_gb(sm)} "
+            f"\nslope (plain, {UNIT[0]} per sequence): plan {_gb(sp)}, measured {_gb(sm)} "
             f"({(sp - sm) / sm:+.1%})"
         )
-    if rows and rows[0].get("breakdown"):
-        comps = list(rows[0]["breakdown"])
-        print("\n| batch | variant | peak phase | " + " | ".join(comps) + f" | plan {U} |")
-        print("|---:|---|---|" + "---:|" * (len(comps) + 1))
-        for r in rows:
-            if r["breakdown"]:
-                print(
-                    f"| {r['per_device_batch']} | {r['variant']} | {r['peak_phase']} | "
-                    + " | ".join(_gb(r["breakdown"][c]) for c in comps)
-                    + f" | {_gb(r['predicted_bytes'])} |"
-                )
+
+
+def _print_breakdown(rows: list[dict]):
+    if not (rows and rows[0].get("breakdown")):
+        return
+    comps = list(rows[0]["breakdown"])
+    print("\n| batch | variant | peak phase | " + " | ".join(comps) + f" | plan {UNIT[0]} |")
+    print("|---:|---|---|" + "---:|" * (len(comps) + 1))
+    for r in rows:
+        if r["breakdown"]:
+            print(
+                f"| {r['per_device_batch']} | {r['variant']} | {r['peak_phase']} | "
+                + " | ".join(_gb(r["breakdown"][c]) for c in comps)
+                + f" | {_gb(r['predicted_bytes'])} |"
+            )
+
+
+def main(argv=None) -> int:
+    a = _args(argv)
+    t_start = time.monotonic()
+    target = _target(a)
+    if target is None:
+        print("gpu_check: no CUDA device (use --cpu-smoke on the CPU)", file=sys.stderr)
+        return 2
+    preset, ladder, dev = target
+    amp = torch.bfloat16 if a.amp == "bf16" else None
+    cfg = PRESETS[preset].to_dict()
+    name = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"
+    peak = a.peak_flops or advisor_flops.peak_flops(name)
+    capacity = torch.cuda.get_device_properties(0).total_memory if dev.type == "cuda" else None
+
+    def left() -> float:
+        return a.budget_s - (time.monotonic() - t_start)
+
+    def measure(batch: int, variant: str) -> dict:
+        return run_config(cfg, batch, variant, dev, amp, a.warm, a.steps, peak)
+
+    # The planner runs beside the measurements, as it does beside a training loop.
+    ladder_plan = sorted(set(ladder) | {2 * max(ladder)})
+    t_plan = time.monotonic()
+    handle = start_plan(
+        cfg,
+        ladder_plan,
+        "adamw",
+        dev.type,
+        ("plain", "chunked"),
+        amp=a.amp if amp is not None else None,
+        timeout_s=max(60.0, a.budget_s - 30),
+    )
+    sampler = DeviceSampler() if dev.type == "cuda" else None
+    results = _plain_ladder(ladder, handle, measure, left)
+    rows = handle.result(timeout=max(1.0, left() - 30))
+    plan_wall = time.monotonic() - t_plan if rows is not None else None
+    if sampler is not None:
+        sampler.stop.set()
+    rows = rows or []
+    meas_key = "peak_reserved" if dev.type == "cuda" else "peak_step_rss"
+    measured_plain = {r["per_device_batch"]: r[meas_key] for r in results if not r["oom"]}
+    cmp_rows = _comparable(rows, dev)
+    cal = _calibrated(cmp_rows, measured_plain)
+    _chunked_runs(results, cal, capacity, measure, left)
+
+    plan = {(r["per_device_batch"], r["variant"]): r for r in cmp_rows}
+    _print_header(preset, name, a.amp, rows, plan_wall, sampler)
+    _print_measurements(results, plan, cal, meas_key, dev)
+    _print_slope(plan, measured_plain)
+    _print_breakdown(rows)
     print(f"\ntotal {time.monotonic() - t_start:.0f} s")
     return 0 if results and any(not r["oom"] for r in results) else 1
 

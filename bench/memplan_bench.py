@@ -130,7 +130,7 @@ def slope(points: dict[int, float]) -> float:
     """Least-squares bytes per sequence through {batch: bytes}."""
     xs, ys = list(points), list(points.values())
     xm, ym = sum(xs) / len(xs), sum(ys) / len(ys)
-    return sum((x - xm) * (y - ym) for x, y in zip(xs, ys)) / sum((x - xm) ** 2 for x in xs)
+    return sum((x - xm) * (y - ym) for x, y in points.items()) / sum((x - xm) ** 2 for x in xs)
 
 
 def compare(

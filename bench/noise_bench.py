@@ -137,7 +137,7 @@ def _quartiles(xs: list[float]) -> tuple[float, float, float]:
 
 def _paired(times: dict[str, list[float]], v: str) -> list[float]:
     """Per round: this variant's step over the same round's 'off' step, minus 1."""
-    return [a / o - 1.0 for a, o in zip(times[v], times["off"])]
+    return [a / o - 1.0 for a, o in zip(times[v], times["off"], strict=True)]
 
 
 def table(bench: Bench, res: dict) -> str:

@@ -39,7 +39,7 @@ def recorded(db: Path, run_id: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     cols = {}
     for name in (M.GNS_G2, M.GNS_TRACE, M.BATCH_SEQS):
         rows = table.filter(pc.equal(table["name"], name))
-        cols[name] = dict(zip(rows["step"].to_pylist(), rows["value"].to_pylist()))
+        cols[name] = dict(zip(rows["step"].to_pylist(), rows["value"].to_pylist(), strict=True))
     steps = sorted(set(cols[M.GNS_G2]) & set(cols[M.GNS_TRACE]))
     return (
         np.array(steps),
@@ -52,7 +52,7 @@ def recorded(db: Path, run_id: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]
 def window_path(g2, trace) -> np.ndarray:
     w = NoiseScaleWindow()
     out = np.full(len(g2), np.nan)
-    for i, (g, t) in enumerate(zip(g2, trace)):
+    for i, (g, t) in enumerate(zip(g2, trace, strict=True)):
         est = w.update(g, t)
         if est is not None and est.b_simple is not None:
             out[i] = est.b_simple
@@ -63,7 +63,7 @@ def ema_path(g2, trace, batch, half_life: float) -> np.ndarray:
     """Bias-corrected EMAs decayed per sequence, as Rampwatch's NoiseScaleEMA computed them."""
     m_g = m_t = weight = 0.0
     out = np.full(len(g2), np.nan)
-    for i, (g, t, b) in enumerate(zip(g2, trace, batch)):
+    for i, (g, t, b) in enumerate(zip(g2, trace, batch, strict=True)):
         fresh = -math.expm1(math.log(0.5) * b / half_life)
         weight = (1 - fresh) * weight + fresh
         m_g += fresh / weight * (g - m_g)

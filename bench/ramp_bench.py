@@ -98,7 +98,7 @@ def series(db: Path, run_id: str, name: str) -> dict[int, float]:
 
     table = reader.export(db, run_id)
     rows = table.filter(pc.equal(table["name"], name))
-    return dict(zip(rows["step"].to_pylist(), rows["value"].to_pylist()))
+    return dict(zip(rows["step"].to_pylist(), rows["value"].to_pylist(), strict=True))
 
 
 def sweep(out: Path, seed: int, batches, target: float, jobs: int):
@@ -279,7 +279,7 @@ def main() -> int:
             best, autos, results = sweep(out, seed, batches, target, a.jobs)
             summary.append(report(seed, best, results, autos, target))
     print("\n### summary\n")
-    for seed, s in zip(seeds, summary):
+    for seed, s in zip(seeds, summary, strict=True):
         rt = "—" if s["ratio"] is None else f"{s['ratio']:.2f}"
         autos = "; ".join(
             f"ramp at {at:g}×: "

@@ -58,7 +58,7 @@ def bench_log(tmp: Path, calls: int, gap_us: float, flush_interval: float, sleep
     clock = time.perf_counter_ns
     for step in range(calls):
         row = vals[step & 1023]
-        metrics = dict(zip(NAMES, row))
+        metrics = dict(zip(NAMES, row, strict=True))
         t0 = clock()
         w.log(step, metrics)
         samples.append(clock() - t0)
@@ -82,7 +82,7 @@ def bench_tensorboard(tmp: Path, calls: int, gap_us: float):
     for step in range(calls):
         row = vals[step & 1023]
         t0 = clock()
-        for name, v in zip(NAMES, row):
+        for name, v in zip(NAMES, row, strict=True):
             tb.add_scalar(name, v, step)
         samples.append(clock() - t0)
         _spin(gap_us)
@@ -103,7 +103,7 @@ def build_run(db: Path, steps: int, name: str):
     rows = walk.tolist()
     t0 = time.perf_counter()
     for step in range(steps):
-        w.log(step, dict(zip(NAMES, rows[step])))
+        w.log(step, dict(zip(NAMES, rows[step], strict=True)))
     t_log = time.perf_counter() - t0
     t0 = time.perf_counter()
     assert w.flush(timeout=600), w.last_error

@@ -274,7 +274,7 @@ def _direct(model, mbs, b: int) -> dict:
         w = tokens if kind == "weighted" else [1.0] * k
         xs, ys = [], []
         for j in range(1, k + 1):
-            mean = sum(wi * gi for wi, gi in zip(w[:j], grads[:j])) / sum(w[:j])
+            mean = sum(wi * gi for wi, gi in zip(w[:j], grads[:j], strict=True)) / sum(w[:j])
             ys.append(float(mean.square().sum()))
             xs.append(1.0 / (b * sum(w[:j]) / (sum(w) / k)))
         slope, intercept = np.polyfit(xs, ys, 1)

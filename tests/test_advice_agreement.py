@@ -48,7 +48,7 @@ RUNS = {
 
 def _series(reader: Reader, run_id: str, name: str) -> dict[int, float]:
     s = reader.series(run_id, name, width=1)
-    return dict(zip(s.last_step.tolist(), s.last.tolist()))
+    return dict(zip(s.last_step.tolist(), s.last.tolist(), strict=True))
 
 
 class Recorded:

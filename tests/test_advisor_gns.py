@@ -166,7 +166,7 @@ def test_fit_critical_batch_exact_and_noisy():
     steps = [s_min * (1 + b_crit / b) for b in batches]
     got = fit_critical_batch(batches, steps)
     assert got == (pytest.approx(s_min), pytest.approx(b_crit))
-    noisy = [s * f for s, f in zip(steps, (1.01, 0.99, 1.0, 1.02, 0.98))]
+    noisy = [s * f for s, f in zip(steps, (1.01, 0.99, 1.0, 1.02, 0.98), strict=True)]
     s_fit, b_fit = fit_critical_batch(batches, noisy)
     assert s_fit == pytest.approx(s_min, rel=0.1) and b_fit == pytest.approx(b_crit, rel=0.1)
 

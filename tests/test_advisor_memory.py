@@ -24,7 +24,8 @@ def test_measured_line_replaces_plan_and_never_predicts_below_a_measurement():
     # least-squares slope over (8, 40), (16, 71), (32, 130): x̄ = 56/3, ȳ = 241/3
     xs, ys = [8, 16, 32], [40, 71, 130]
     xm, ym = sum(xs) / 3, sum(ys) / 3
-    slope = sum((x - xm) * (y - ym) for x, y in zip(xs, ys)) / sum((x - xm) ** 2 for x in xs)
+    cov = sum((x - xm) * (y - ym) for x, y in zip(xs, ys, strict=True))
+    slope = cov / sum((x - xm) ** 2 for x in xs)
     assert m.bytes_per_sequence == pytest.approx(slope * GB)
     for b, peak in measured.items():
         assert m.predict(b) >= peak * (1 - 1e-12)

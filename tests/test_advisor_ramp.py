@@ -165,7 +165,7 @@ def test_property_more_memory_never_yields_a_smaller_feasible_tier(
     )
     small = candidate_tiers(device_batch, accum, world, 1024, model, cap_gb * GB, **kw)
     big = candidate_tiers(device_batch, accum, world, 1024, model, (cap_gb + extra_gb) * GB, **kw)
-    for a, b in zip(small, big):
+    for a, b in zip(small, big, strict=True):
         if a.fits:
             assert b.fits and b.per_device_batch >= a.per_device_batch
 

@@ -5,6 +5,7 @@ merged with a refetch from the last partial bucket equal a full fetch, across wi
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import numpy as np
 import pytest
@@ -22,7 +23,7 @@ COLS = ("bucket", "last_step", "lo", "hi", "last", "n", "nonfinite")
 
 def reference(steps: np.ndarray, values: np.ndarray, since: int, width: int) -> Buckets:
     """Buckets of raw (step, value) rows with step >= since, computed the slow obvious way."""
-    rows = sorted((int(s), float(v)) for s, v in zip(steps, values) if s >= since)
+    rows = sorted((int(s), float(v)) for s, v in zip(steps, values, strict=True) if s >= since)
     out = {c: [] for c in COLS}
     for b in sorted({s // width for s, _ in rows}):
         vals = [(s, v) for s, v in rows if s // width == b]
@@ -72,7 +73,7 @@ def test_incremental_equals_full_fetch(chunks, target, nan_every, seed_):
         visible_s, visible_v = steps[:upto], values[:upto]
         prev = cache.data
         width = width_for(upto - 1, target)
-        got = cache.refresh(lambda since, w: reference(visible_s, visible_v, since, w), upto - 1)
+        got = cache.refresh(partial(reference, visible_s, visible_v), upto - 1)
         assert_same(got, reference(visible_s, visible_v, 0, width))
         if prev is not None:  # refetched only from the start of the last (partial) bucket
             last_start = int(prev.bucket[-1]) * prev.width

@@ -90,7 +90,7 @@ def test_windows_are_shifted_corpus_slices(ds):
 def test_stream_continuity_under_batch_changes(ds, first, k, n):
     whole = ds.batch(first, n)
     parts = [ds.batch(first, k), ds.batch(first + k, n - k)]
-    for got, want in zip(zip(*parts), whole):
+    for got, want in zip(zip(*parts, strict=True), whole, strict=True):
         assert torch.equal(torch.cat(got), want)
 
 
@@ -98,7 +98,7 @@ def test_stream_continuity_across_epoch_boundary(ds):
     first = ds.epoch_samples - 5
     whole = ds.batch(first, 10)
     parts = [ds.batch(first, 5), ds.batch(first + 5, 5)]
-    for got, want in zip(zip(*parts), whole):
+    for got, want in zip(zip(*parts, strict=True), whole, strict=True):
         assert torch.equal(torch.cat(got), want)
 
 
@@ -108,7 +108,7 @@ def test_rank_slices_cover_global_batch(ds):
     assert [s[0] for s in slices] == [123, 126, 129, 132] and {s[1] for s in slices} == {3}
     whole = ds.batch(first, n)
     per_rank = [ds.batch(*s) for s in slices]
-    for got, want in zip(zip(*per_rank), whole):
+    for got, want in zip(zip(*per_rank, strict=True), whole, strict=True):
         assert torch.equal(torch.cat(got), want)
     with pytest.raises(AssertionError):
         rank_slice(0, 10, 0, 4)
@@ -136,7 +136,7 @@ def test_val_batch_fixed(ds):
     x, y = ds.val_batch(8)
     assert x.shape == (8, TINY.seq_len)
     other_seed = TokenDataset(ds.train, ds.val, TINY.seq_len, seed=99)
-    for a, b in zip((x, y), other_seed.val_batch(8)):
+    for a, b in zip((x, y), other_seed.val_batch(8), strict=True):
         assert torch.equal(a, b)
     assert torch.equal(x[0], torch.from_numpy(ds.val[: TINY.seq_len].astype(np.int64)))
 
@@ -161,7 +161,7 @@ def test_bpe_trains_caches_and_reloads(small_root, tmp_cache, monkeypatch):
     second = prepare(cfg, root=small_root)
     assert second.meta == first.meta
     assert np.array_equal(second.train, first.train) and np.array_equal(second.val, first.val)
-    for a, b in zip(first.batch(7, 3), second.batch(7, 3)):
+    for a, b in zip(first.batch(7, 3), second.batch(7, 3), strict=True):
         assert torch.equal(a, b)
     # Another corpus is another cache entry.
     (small_root / "extra.py").write_text("x = 1\n" * 100)

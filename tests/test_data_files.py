@@ -139,7 +139,7 @@ def test_windows_span_shard_boundaries_and_keep_ids_under_a_ramp(four_shards):
     # epoch: exactly the windows of one pass
     a = K - 6
     parts = [ds.batch(a, 4), ds.batch(a + 4, 11)]
-    for got, want in zip(zip(*parts), ds.batch(a, 15)):
+    for got, want in zip(zip(*parts, strict=True), ds.batch(a, 15), strict=True):
         assert torch.equal(torch.cat(got), want)
     # the same through the prefetching loader, whose queued batches of the old tier are dropped
     loader = Prefetcher(ds, "cpu")
@@ -349,7 +349,7 @@ def test_make_shards_trains_on_what_the_text_gives(tmp_path, capsys):
     assert from_shards.meta["val_split"] == "the files named as validation"
     assert np.array_equal(everything(from_shards.train), everything(from_text.train))
     assert np.array_equal(everything(from_shards.val), everything(from_text.val))
-    for a, b in zip(from_text.batch(11, 6), from_shards.batch(11, 6)):
+    for a, b in zip(from_text.batch(11, 6), from_shards.batch(11, 6), strict=True):
         assert torch.equal(a, b)
     with pytest.raises(SystemExit):  # never into a directory that holds shards already
         _train(tmp_path, "--make-shards", str(out), *argv)

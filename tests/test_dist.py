@@ -58,7 +58,7 @@ def finish(proc: subprocess.Popen, timeout: float = 150) -> str:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         kill_group(proc)
-        raise AssertionError(f"{proc.args} did not finish within {timeout}s")
+        raise AssertionError(f"{proc.args} did not finish within {timeout}s") from None
     out = out.decode()
     assert proc.returncode == 0, out[-6000:]
     return out
@@ -166,7 +166,7 @@ def test_per_rank_noise_points_match_a_recomputation(step1):
         return sum(float(v.square().sum()) for v in vectors)
 
     g = [[grad(rank * 16 + j * 8) for j in range(2)] for rank in range(2)]  # g[rank][micro]
-    mean = lambda *gs: [sum(parts) / len(gs) for parts in zip(*gs)]  # noqa: E731
+    mean = lambda *gs: [sum(parts) / len(gs) for parts in zip(*gs, strict=True)]  # noqa: E731
     points = [
         sum(sq(g[r][0]) for r in range(2)) / 2,
         sum(sq(mean(*g[r])) for r in range(2)) / 2,
@@ -175,10 +175,14 @@ def test_per_rank_noise_points_match_a_recomputation(step1):
     # the recomputation starts from the trainer's own initial weights
     one = load_model(ck / "one.pt")
     init_minus_grad = [
-        p.detach().double() - q for p, q in zip(model.parameters(), mean(*g[0], *g[1]))
+        p.detach().double() - q for p, q in zip(model.parameters(), mean(*g[0], *g[1]), strict=True)
     ]
     assert (
-        max(float((a - one[k].double()).abs().max()) for a, k in zip(init_minus_grad, one)) < 1e-5
+        max(
+            float((a - one[k].double()).abs().max())
+            for a, k in zip(init_minus_grad, one, strict=True)
+        )
+        < 1e-5
     )
     g2, trace = line_estimates([8, 16, 32], points)
     assert metric(db, "ddp", M.GRAD_NORM)[1] ** 2 == pytest.approx(points[2], rel=1e-5)

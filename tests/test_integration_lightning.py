@@ -51,11 +51,11 @@ def only_run(db) -> str:
 
 def series(db, run_id, name) -> dict[int, float]:
     s = store.series(db, run_id, name, width=1)
-    return dict(zip(s.step.tolist(), s.last.tolist()))
+    return dict(zip(s.step.tolist(), s.last.tolist(), strict=True))
 
 
 def assert_same_params(a, b, atol=1e-5):
-    for x, y in zip(a["params"], b["params"]):
+    for x, y in zip(a["params"], b["params"], strict=True):
         torch.testing.assert_close(x, y, atol=atol, rtol=0)
 
 
@@ -199,7 +199,9 @@ def test_the_unsafe_switch_it_avoids_would_apply_a_gradient_twice(tmp_path):
     finished(own)
     result, ref = torch.load(tmp_path / "unsafe.pt"), torch.load(tmp_path / "own.pt")
     assert (result["steps"], result["stale"]) == (8, 1)
-    diff = max(float((a - b).abs().max()) for a, b in zip(result["params"], ref["params"]))
+    diff = max(
+        float((a - b).abs().max()) for a, b in zip(result["params"], ref["params"], strict=True)
+    )
     assert diff > 1e-3
 
 

@@ -132,7 +132,7 @@ def test_an_approved_ramp_restarts_at_the_new_tier_like_a_switch_by_hand(ramped)
     # by hand (achieved: bit for bit; the tolerance is the brief's)
     hf_params, ref_params = ramped["hf"]["params"], ramped["ref"]["params"]
     assert len(hf_params) == len(ref_params)
-    for a, b in zip(hf_params, ref_params):
+    for a, b in zip(hf_params, ref_params, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
     assert ramped["hf"]["lr"] == pytest.approx(ramped["ref"]["lr"], rel=1e-9)
 

@@ -61,7 +61,7 @@ def test_an_approved_ramp_equals_a_switch_by_hand(tmp_path, procs):
     run_child(db, tmp_path / "by_hand.pt", "--switch-at", "5:4:4", "--steps", "12", "--ramp", "off")
     ramped, by_hand = torch.load(tmp_path / "ramped.pt"), torch.load(tmp_path / "by_hand.pt")
     assert ramped["applied"] == by_hand["applied"] == [5]
-    for a, b in zip(ramped["params"], by_hand["params"]):
+    for a, b in zip(ramped["params"], by_hand["params"], strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
     assert ramped["lr"] == pytest.approx(1e-2 * 2**0.5)  # √ rule, past the scheduler's warmup
     cmd = commands.get(db, cid)
@@ -93,7 +93,7 @@ def test_the_auto_policy_ramps_by_itself(tmp_path):
     # one device, no memory model: ×2 by accumulation, which keeps two batch sizes per step
     assert first.data["after"] == {**first.data["after"], "per_device_batch": 2, "accum": 4}
     series = store.series(db, run.run_id, M.ACCUM, width=1)
-    accum = dict(zip(series.step.tolist(), series.last.tolist()))
+    accum = dict(zip(series.step.tolist(), series.last.tolist(), strict=True))
     assert accum[first.step] == 2 and accum[first.step + 1] == 4
 
 
@@ -161,7 +161,7 @@ def test_under_torchrun_every_rank_applies_rank_0s_ramp_at_the_same_step(tmp_pat
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     ranks = [torch.load(tmp_path / f"ddp.pt.rank{r}") for r in (0, 1)]
     assert ranks[0]["applied"] and ranks[0]["applied"] == ranks[1]["applied"]
-    for a, b in zip(ranks[0]["params"], ranks[1]["params"]):
+    for a, b in zip(ranks[0]["params"], ranks[1]["params"], strict=True):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
     [run] = store.list_runs(db)
     assert run.world_size == 2

@@ -259,7 +259,7 @@ def test_card_says_when_the_noise_scale_stopped_being_measured(db_path, monkeypa
         assert "at step 300 — **99 steps old: the run measures no noise scale now**" in text
         noise = seed.figures(at)["Gradient noise scale vs batch"]
         points = next(t for t in noise["data"] if t["name"] == "noise scale (B_simple)")
-        assert max(x for x, y in zip(points["x"], points["y"]) if y is not None) <= 300
+        assert max(x for x, y in zip(points["x"], points["y"], strict=True) if y is not None) <= 300
     finally:
         run.close()
 

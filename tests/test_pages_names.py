@@ -74,7 +74,7 @@ def test_runs_table_and_export_picker(deceiving, monkeypatch):
     at = seed.app(monkeypatch, db, page="views/runs.py")
     assert not at.exception, [e.message for e in at.exception]
     table = next(d.value for d in at.dataframe if "status" in d.value.columns)
-    names = dict(zip(table["run id"], table["name"]))
+    names = dict(zip(table["run id"], table["name"], strict=True))
     assert all(_safe(n) for n in names.values())
     assert names[liar].startswith("\\u202e") and names[huge].endswith("…")
     _check_liar_and_huge(_labels(at.selectbox(key="export_run")), liar)

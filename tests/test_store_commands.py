@@ -4,6 +4,7 @@ the log of every change, and refusal of a dead run's commands."""
 from __future__ import annotations
 
 import subprocess
+from itertools import pairwise
 
 import pytest
 
@@ -107,7 +108,7 @@ def test_lifecycle_log_and_one_open_ramp_per_run(run, db_path):
         (cid3, "pending", "refused", "trainer"),
     ]
     assert log[2].detail == "at step 400" and log[-1].detail.startswith("64 does not fit")
-    assert all(a.t <= b.t for a, b in zip(log, log[1:]))
+    assert all(a.t <= b.t for a, b in pairwise(log))
 
 
 ILLEGAL = [

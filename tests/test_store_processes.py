@@ -87,7 +87,7 @@ def test_live_writer_and_polling_reader(procs, db_path):
     # every row arrived once, with its value
     step, name, val = _rows(db_path, "live")
     assert len(step) == steps * n_metrics
-    got = {(int(s), n): v for s, n, v in zip(step, name, val)}
+    got = {(int(s), n): v for s, n, v in zip(step, name, val, strict=True)}
     assert got == {(s, metric(j)): value(1, s, j) for s in range(steps) for j in range(n_metrics)}
     assert store.get_run(db_path, "live").status == "finished"
 
@@ -143,9 +143,9 @@ def test_sigkill_at_random_moments_loses_no_acknowledged_step(procs, db_path):
     )
     assert rec.returncode == 0, rec.stderr
     step, name, val = _rows(db_path, "k")
-    pairs = list(zip(step.tolist(), name))
+    pairs = list(zip(step.tolist(), name, strict=True))
     assert len(pairs) == len(set(pairs)), "a (step, metric) row is present twice"
-    got = {(s, n): v for (s, n), v in zip(pairs, val)}
+    got = {(s, n): v for (s, n), v in zip(pairs, val, strict=True)}
     for s, gen in acked_by.items():
         for j in range(n_metrics):
             assert got.get((s, metric(j))) == value(gen, s, j), (s, j, gen)
@@ -211,7 +211,7 @@ def test_resume_discards_steps_after_the_checkpoint(procs, db_path):
     assert second.wait(timeout=60) == 0, out.finish()[-10:]
     step, name, val = _rows(db_path, "r")
     got = {}
-    for s, n, v in zip(step.tolist(), name, val):
+    for s, n, v in zip(step.tolist(), name, val, strict=True):
         got.setdefault((s, n), []).append(v)
     assert sorted(got) == sorted((s, metric(j)) for s in range(61) for j in range(n_metrics))
     for (s, n), vs in got.items():

@@ -84,7 +84,7 @@ def test_damage_loses_at_most_the_damaged_records(case, cuts):
     # every byte is accounted for: read into a record, or reported (whole records removed
     # cleanly leave no trace that any check could see, and need none: no byte is damaged)
     assert len(got) * SIZE + damage.nbytes + damage.torn == len(data)
-    for rec, off in zip(recs, offs):  # each offset points at its record's bytes
+    for rec, off in zip(recs, offs, strict=True):  # each offset points at its record's bytes
         assert data[off : off + SIZE] == rec.tobytes()
     # the same bytes read in pieces, as a live reader does while the file grows
     pieces, pos = [], 0

@@ -98,7 +98,7 @@ def _old_run_with_negative_steps(db):
     steps = np.array([-3, -1, 0, 2, 5], np.int64)
     values = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
     with write_connection(db) as con:
-        for s, v in zip(steps.tolist(), values.tolist()):
+        for s, v in zip(steps.tolist(), values.tolist(), strict=True):
             con.execute("INSERT INTO metrics VALUES ('neg', ?, 0, 'x', ?)", [s, v])
         rollup.add_batch(con, "neg", steps, values, np.zeros(5, np.int64), ["x"])
 

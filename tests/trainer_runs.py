@@ -43,7 +43,7 @@ def run_trainer(
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         kill_group(proc)
-        raise AssertionError(f"trainer did not finish within {timeout}s: {extra}")
+        raise AssertionError(f"trainer did not finish within {timeout}s: {extra}") from None
     return subprocess.CompletedProcess(proc.args, proc.returncode, out.decode(), "")
 
 
@@ -73,4 +73,4 @@ def metric(db: Path, run_id: str, name: str) -> dict[int, float]:
     steps = rows["step"].to_numpy()
     values = rows["value"].to_numpy()
     assert len(np.unique(steps)) == len(steps), f"{name}: a step logged twice"
-    return dict(zip(steps.tolist(), values.tolist()))
+    return dict(zip(steps.tolist(), values.tolist(), strict=True))

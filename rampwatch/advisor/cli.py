@@ -245,7 +245,9 @@ def _table(result: dict) -> str:
         body.append(row)
     widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head) - 1)]
     for r in [head, *body]:
-        lines.append("  ".join(c.rjust(w) for c, w in zip(r[:-1], widths)) + "  " + r[-1])
+        lines.append(
+            "  ".join(c.rjust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1]
+        )
     if effect:
         lines.append("")
         lines.append(

@@ -75,7 +75,7 @@ def _clean(steps: Sequence[int], values: Sequence[float | None]) -> list[tuple[i
             f"got {len(steps)} steps but {len(values)} noise-scale values: pass one per step"
         )
     out = []
-    for s, v in zip(steps, values):
+    for s, v in zip(steps, values, strict=True):
         fv = None
         if v is not None:
             fv = float(v)

@@ -119,11 +119,7 @@ def candidate_tiers(
             divisors = [d for d in divisors if d <= per_rank // 2]
         allowed = [d for d in divisors if d not in bad]
         pred = {d: memory_model.predict(d) for d in divisors}
-
-        def fits(d: int) -> bool:
-            return (running_ok and d <= device_batch) or pred[d] <= usable
-
-        fitting = [d for d in allowed if fits(d)]
+        fitting = [d for d in allowed if (running_ok and d <= device_batch) or pred[d] <= usable]
         mult = lr_multiplier(current, current * factor, lr_rule)
         if fitting:
             p = fitting[-1]

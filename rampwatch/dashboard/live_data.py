@@ -152,7 +152,7 @@ class LiveState:
         points, bounds = self._gns[M.GNS], self._gns[M.GNS_LOW]
         if not len(bounds):
             return points.last_step, points.last, None
-        by_step = dict(zip(points.last_step.tolist(), points.last.tolist()))
+        by_step = dict(zip(points.last_step.tolist(), points.last.tolist(), strict=True))
         values = np.array([by_step.get(s, np.nan) for s in bounds.last_step.tolist()])
         return bounds.last_step, values, bounds.last
 

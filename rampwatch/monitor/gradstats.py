@@ -229,7 +229,7 @@ class AccumulationStats:
         that is S_j/j over j·b sequences; with token weights, a token-weighted mean."""
         inv_scale2 = 1.0 / (grad_scale * grad_scale)
         sq_norms, sizes, total, mean_w = [], [], 0.0, sum(weights) / len(weights)
-        for value, w in zip(raw, weights):
+        for value, w in zip(raw, weights, strict=True):
             total += w
             if total > 0:  # micro-batches of weight 0 so far (every label masked): no point yet
                 sq_norms.append(value / (total * total) * inv_scale2)

@@ -32,6 +32,117 @@ _CATEGORY = {
 }
 
 
+class _PlanTracking:
+    """What PlanTracker adds to torch's MemTracker: it records the breakdown at the peak of the
+    recorded iteration only, with the phase of the step (forward, backward, optimizer: told apart
+    by autograd's graph task, so train_step stays a black box), and, given a `head` module, tags
+    the storages created inside it, to know how many of its bytes are alive at that peak. Uses
+    only MemTracker's public surface (dispatch, snapshots). A mixin, so that this module can be
+    imported without torch.distributed._tools: _tracker_class joins it to MemTracker."""
+
+    _storages: Callable  # get_untyped_storages, given by _tracker_class (imported lazily there)
+
+    def __init__(self, head: torch.nn.Module | None, params: Sequence[torch.Tensor]):
+        super().__init__()
+        self._workspace = _workspace_ops()
+        self.recording = False
+        self.phase = "setup"
+        self.peak_total = -1
+        self.peak: dict[str, Any] = {}
+        self.tagging = False  # inside the head's region
+        self._pending = 0  # head inputs whose gradient has not arrived yet
+        self._tagged: dict[int, tuple[Any, int]] = {}
+        self.tagged_bytes = 0
+        self._handles = []
+        if head is None:
+            return
+        self._handles += [
+            head.register_forward_pre_hook(self._head_pre),
+            head.register_forward_hook(self._head_post),
+        ]
+        for p in params:  # a parameter's gradient is "gradients", never the head's
+            self._handles.append(p.register_hook(self._untag))
+            self._handles.append(
+                p.register_post_accumulate_grad_hook(lambda p: self._untag(p.grad))
+            )
+
+    def remove_hooks(self):
+        for h in self._handles:
+            h.remove()
+
+    # -- phases of one iteration -----------------------------------------------------------
+    def start_iteration(self):
+        self.phase = "forward"
+
+    def _follow_phase(self):
+        in_backward = torch._C._current_graph_task_id() != -1
+        if in_backward and self.phase != "backward":
+            self.phase = "backward"
+            self.tagging = self._pending > 0  # backward runs through the head first
+        elif not in_backward and self.phase == "backward":
+            self.phase = "optimizer"  # clipping, the step, anything after backward
+            self.tagging, self._pending = False, 0
+
+    def _record_peak(self):
+        snap = self.get_tracker_snapshot()
+        total = sum(d["Total"] for d in snap.values())
+        if total > self.peak_total:  # strict: the first moment of the peak, as MemTracker
+            self.peak_total = total
+            self.peak = {"snapshot": snap, "head": self.tagged_bytes, "phase": self.phase}
+
+    # -- region of the head ----------------------------------------------------------------
+    def _head_pre(self, module, inputs):
+        self.tagging = True
+        h = inputs[0] if inputs else None
+        if isinstance(h, torch.Tensor) and h.requires_grad and torch.is_grad_enabled():
+            self._pending += 1
+            h.register_hook(self._head_grad_done)
+
+    def _head_post(self, module, inputs, output):
+        self.tagging = False
+
+    def _head_grad_done(self, grad):
+        # The gradient w.r.t. the head's input exists: backward has left the head.
+        self._pending -= 1
+        if self._pending <= 0:
+            self.tagging = False
+
+    # -- storage bookkeeping ---------------------------------------------------------------
+    def _untag(self, t):
+        if isinstance(t, torch.Tensor):
+            for st in self._storages(t):
+                entry = self._tagged.pop(id(st), None)
+                if entry is not None:
+                    self.tagged_bytes -= entry[1]
+
+    def _forget(self, key, ref):
+        entry = self._tagged.get(key)
+        if entry is not None and entry[0] is ref:
+            del self._tagged[key]
+            self.tagged_bytes -= entry[1]
+
+    def _tag_new_outputs(self, args, kwargs, res):
+        seen = {
+            id(st)
+            for t in tree_flatten((args, kwargs))[0]
+            if isinstance(t, torch.Tensor)
+            for st in self._storages(t)
+        }
+        for t in tree_flatten(res)[0]:
+            if not isinstance(t, torch.Tensor):
+                continue
+            for st in self._storages(t):
+                key = id(st)
+                if key in seen or key in self._tagged:
+                    continue  # a view or an in-place result: its storage is not new
+                n = st.nbytes()
+                if t.device.type == "cuda":  # the same 512-byte rounding as MemTracker
+                    n = math.ceil(n / 512) * 512
+                ref = weakref.ref(st, lambda r, k=key: self._forget(k, r))
+                self._tagged[key] = (ref, n)
+                self.tagged_bytes += n
+
+
 @functools.lru_cache(maxsize=None)
 def _tracker_class():
     # Imported lazily: torch.distributed._tools pulls in DTensor, ~1 s that a loop importing
@@ -39,105 +150,10 @@ def _tracker_class():
     from torch.distributed._tools.common_utils import get_untyped_storages
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    class PlanTracker(MemTracker):
-        """MemTracker that also (1) records the breakdown at the peak of the recorded iteration
-        only, with the phase of the step (forward, backward, optimizer: told apart by autograd's
-        graph task, so train_step stays a black box), and (2) given a `head` module, tags the
-        storages created inside it, to know how many of its bytes are alive at that peak. Uses
-        only MemTracker's public surface (dispatch, snapshots)."""
+    class PlanTracker(_PlanTracking, MemTracker):
+        """_PlanTracking on MemTracker; its dispatch also holds what fake kernels skip."""
 
-        def __init__(self, head: torch.nn.Module | None, params: Sequence[torch.Tensor]):
-            super().__init__()
-            self._workspace = _workspace_ops()
-            self.recording = False
-            self.phase = "setup"
-            self.peak_total = -1
-            self.peak: dict[str, Any] = {}
-            self.tagging = False  # inside the head's region
-            self._pending = 0  # head inputs whose gradient has not arrived yet
-            self._tagged: dict[int, tuple[Any, int]] = {}
-            self.tagged_bytes = 0
-            self._handles = []
-            if head is None:
-                return
-            self._handles += [
-                head.register_forward_pre_hook(self._head_pre),
-                head.register_forward_hook(self._head_post),
-            ]
-            for p in params:  # a parameter's gradient is "gradients", never the head's
-                self._handles.append(p.register_hook(self._untag))
-                self._handles.append(
-                    p.register_post_accumulate_grad_hook(lambda p: self._untag(p.grad))
-                )
-
-        def remove_hooks(self):
-            for h in self._handles:
-                h.remove()
-
-        # -- phases of one iteration -------------------------------------------------------
-        def start_iteration(self):
-            self.phase = "forward"
-
-        def _follow_phase(self):
-            in_backward = torch._C._current_graph_task_id() != -1
-            if in_backward and self.phase != "backward":
-                self.phase = "backward"
-                self.tagging = self._pending > 0  # backward runs through the head first
-            elif not in_backward and self.phase == "backward":
-                self.phase = "optimizer"  # clipping, the step, anything after backward
-                self.tagging, self._pending = False, 0
-
-        # -- region of the head ------------------------------------------------------------
-        def _head_pre(self, module, inputs):
-            self.tagging = True
-            h = inputs[0] if inputs else None
-            if isinstance(h, torch.Tensor) and h.requires_grad and torch.is_grad_enabled():
-                self._pending += 1
-                h.register_hook(self._head_grad_done)
-
-        def _head_post(self, module, inputs, output):
-            self.tagging = False
-
-        def _head_grad_done(self, grad):
-            # The gradient w.r.t. the head's input exists: backward has left the head.
-            self._pending -= 1
-            if self._pending <= 0:
-                self.tagging = False
-
-        # -- storage bookkeeping -----------------------------------------------------------
-        def _untag(self, t):
-            if isinstance(t, torch.Tensor):
-                for st in get_untyped_storages(t):
-                    entry = self._tagged.pop(id(st), None)
-                    if entry is not None:
-                        self.tagged_bytes -= entry[1]
-
-        def _forget(self, key, ref):
-            entry = self._tagged.get(key)
-            if entry is not None and entry[0] is ref:
-                del self._tagged[key]
-                self.tagged_bytes -= entry[1]
-
-        def _tag_new_outputs(self, args, kwargs, res):
-            seen = {
-                id(st)
-                for t in tree_flatten((args, kwargs))[0]
-                if isinstance(t, torch.Tensor)
-                for st in get_untyped_storages(t)
-            }
-            for t in tree_flatten(res)[0]:
-                if not isinstance(t, torch.Tensor):
-                    continue
-                for st in get_untyped_storages(t):
-                    key = id(st)
-                    if key in seen or key in self._tagged:
-                        continue  # a view or an in-place result: its storage is not new
-                    n = st.nbytes()
-                    if t.device.type == "cuda":  # the same 512-byte rounding as MemTracker
-                        n = math.ceil(n / 512) * 512
-                    ref = weakref.ref(st, lambda r, k=key: self._forget(k, r))
-                    self._tagged[key] = (ref, n)
-                    self.tagged_bytes += n
+        _storages = staticmethod(get_untyped_storages)
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if self.recording or self._handles:
@@ -157,11 +173,7 @@ def _tracker_class():
             if self.tagging:
                 self._tag_new_outputs(args, kwargs, res)
             if self.recording:
-                snap = self.get_tracker_snapshot()
-                total = sum(d["Total"] for d in snap.values())
-                if total > self.peak_total:  # strict: the first moment of the peak, as MemTracker
-                    self.peak_total = total
-                    self.peak = {"snapshot": snap, "head": self.tagged_bytes, "phase": self.phase}
+                self._record_peak()
             del scratch
             return res
 

@@ -177,8 +177,11 @@ def _add(con, run_id, lv: Level, old: int | None, fresh: _Rows, names, index) ->
             index,
             names,
         )
-        pairs = set(zip(fresh.key[late].tolist(), fresh.bucket[late].tolist()))
-        hit = np.array([p in pairs for p in zip(stored.key.tolist(), stored.bucket.tolist())], bool)
+        pairs = set(zip(fresh.key[late].tolist(), fresh.bucket[late].tolist(), strict=True))
+        hit = np.array(
+            [p in pairs for p in zip(stored.key.tolist(), stored.bucket.tolist(), strict=True)],
+            bool,
+        )
         parts.append(stored.take(hit))
         con.register("rw_late", _arrow(stored.take(hit), names))
         try:

@@ -377,7 +377,7 @@ class Fields:
         """The row dataclass's column fields from a row of `select`, JSON columns decoded."""
         return {
             name: (None if v is None else json.loads(v)) if m["json"] else v
-            for (name, _, m), v in zip(self._fields, row)
+            for (name, _, m), v in zip(self._fields, row, strict=True)
         }
 
 

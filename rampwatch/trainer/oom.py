@@ -236,7 +236,7 @@ class OomInjector:
         except ValueError:
             raise SystemExit(
                 f"--inject-oom {spec!r}: expected STEP:MICRO:PHASE, e.g. 12:1:backward"
-            )
+            ) from None
         if injector.phase not in cls.PHASES:
             raise SystemExit(f"--inject-oom phase {phase!r}: one of {', '.join(cls.PHASES)}")
         if restart > 0 or (only_rank is not None and only_rank != rank):

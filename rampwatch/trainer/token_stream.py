@@ -22,7 +22,7 @@ class TokenStream:
     def view(self, start: int, stop: int) -> TokenStream:
         """Tokens [start, stop) as a stream of their own (slices of the same memory maps)."""
         pieces, names = [], []
-        for p, name, lo in zip(self.pieces, self.names, self._bounds):
+        for p, name, lo in zip(self.pieces, self.names, self._bounds[:-1], strict=True):
             a, b = max(start - lo, 0), min(stop - lo, len(p))
             if a < b:
                 pieces.append(p[a:b])
@@ -36,7 +36,7 @@ class TokenStream:
             raise IndexError(f"window outside the stream of {len(self)} tokens")
         out = np.empty((len(starts), length), dtype=np.int64)
         piece = (np.searchsorted(self.bounds, starts, side="right") - 1).tolist()
-        for r, (g, i) in enumerate(zip(starts.tolist(), piece)):
+        for r, (g, i) in enumerate(zip(starts.tolist(), piece, strict=True)):
             pos, off = 0, g - self._bounds[i]
             while pos < length:  # more than one turn only for a window across a boundary
                 p = self.pieces[i]
