@@ -11,9 +11,11 @@ Owns: `Ramp` (the value a loop acts on), `scale_lr` (an LR move that survives an
 `RampProtocol` (the monitor's part: commands the writer's flusher claimed, the memory check, the
 `ramp="auto"` policy, the measured memory plan, their state for a resume). It works with what
 the Monitor hands it (the writer, the `RunningTier`, the policy, an event and an alert function),
-never with the Monitor itself. Under torch.distributed its decisions travel through
-monitor/ramp_channel.py `RampChannel` (rank 0 decides, every rank learns the same ramp at the same
-boundary); RampChannel is re-exported here.
+never with the Monitor itself. A tier is advisor/tiers.py's `Tier` and the run as it is now
+advisor/advice.py's `RunningTier`, which the protocol holds and Monitor.set_tier replaces. Under
+torch.distributed its decisions travel through monitor/ramp_channel.py `RampChannel` (rank 0
+decides, every rank learns the same ramp at the same boundary); RampChannel and RunningTier are
+re-exported here.
 
 Why the checks live here and not in the dashboard: the memory picture may have changed (an OOM,
 a new measurement) since the operator clicked, so a command is checked again at the boundary.
