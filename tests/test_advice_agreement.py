@@ -19,6 +19,7 @@ import torch
 
 from rampwatch.advisor.memory import GB
 from rampwatch.advisor.policy import RampPolicy
+from rampwatch.advisor.tiers import Tier
 from rampwatch.dashboard import recommend
 from rampwatch.dashboard.data import event_dict, plan_dict
 from rampwatch.monitor import Monitor
@@ -131,21 +132,9 @@ def _replay(recorded: Recorded):
             mon.ramps.write_plan_rows(group, source, k)
         yield k, mon.ramps.advise(), mon.ramps._auto(k), recorded.card(k)
         if k in ramps:  # the loop applies the recorded ramp at this boundary
-            after = ramps[k]["data"]["after"]
-            b, a = after["per_device_batch"], after["accum"]
-            lr = mon.ramps.policy.new_base_lr(b * a * mon.world_size)
-            mon.ramp_applied(
-                Ramp(
-                    b,
-                    a,
-                    lr / mon.ramps.base_lr,
-                    lr,
-                    k,
-                    "recorded",
-                    None,
-                    (mon.per_device_batch, mon.accum),
-                )
-            )
+            tier = Tier.from_payload(ramps[k]["data"]["after"], mon.world_size)
+            lr = mon.ramps.policy.new_base_lr(tier.batch)
+            mon.ramp_applied(Ramp(tier, lr / mon.ramps.base_lr, lr, k, "recorded", None, mon.tier))
 
 
 @pytest.mark.parametrize("name", list(RUNS))
@@ -155,15 +144,15 @@ def test_the_card_and_the_monitor_agree_at_every_step(tmp_path, name):
     for k, advice, proposal, card in _replay(recorded):
         # the same decision (reason, evidence, forecast) and the same tiers, every step
         assert card.decision == advice.decision, k
-        assert [v.tier for v in card.tiers] == [t.tier for t in advice.tiers], k
+        assert [v.option for v in card.tiers] == [t.option for t in advice.tiers], k
         assert (card.memory_model, card.usable_bytes) == (advice.memory_model, advice.usable_bytes)
         s = card.suggested
         expected = (
-            (s.tier.per_device_batch, s.tier.accum)
+            (s.option.tier.per_device_batch, s.option.tier.accum)
             if card.decision.ready and s is not None and s.fits
             else None
         )
-        got = None if proposal is None else (proposal.per_device_batch, proposal.accum)
+        got = None if proposal is None else (proposal.tier.per_device_batch, proposal.tier.accum)
         ready += expected is not None
         if got != expected:
             disagree.append((k, got, expected))

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from rampwatch.advisor.forecast import FORECAST_CALIBRATION, calibrated_forecast
 from rampwatch.advisor.memory import GB, MemoryModel, fit_memory_model, usable_bytes
 from rampwatch.advisor.ramp_point import predicted_effect, ramp_decision
-from rampwatch.advisor.tiers import Tier, candidate_tiers
+from rampwatch.advisor.tiers import RAMP_MAX_FACTOR, Tier, TierOption, candidate_tiers
 
 # The design example: per-device 16 measured at 70 GB, 32 at 130 GB -> 10 GB + 3.75 GB/sequence.
 MODEL = fit_memory_model({16: 70 * GB, 32: 130 * GB})
@@ -24,14 +24,42 @@ H200 = 141 * GB  # usable at 5%: 133.95 GB
 
 
 def test_tier_derived_sizes():
-    t = Tier(per_device_batch=16, accum=16, world_size=2, seq_len=2048)
-    assert t.effective_batch == 512 and t.tokens_per_step == 512 * 2048
+    t = TierOption(Tier(per_device_batch=16, accum=16, world_size=2), seq_len=2048)
+    assert t.tier.batch == 512 and t.tokens_per_step == 512 * 2048
     assert t.to_dict()["tokens_per_step"] == 512 * 2048
+
+
+def test_a_tier_is_one_value_with_its_sizes_sentence_and_payload():
+    t = Tier(16, 4, world_size=2)
+    assert (t.per_rank, t.batch, Tier(3, 5).world_size) == (64, 128, 1)
+    assert t.describe() == "16 per device × 4 accumulation × 2 device(s) = 128 sequences"
+    assert t.describe(1024).endswith("= 128 sequences = 131,072 tokens")
+    assert t.to_payload() == {"per_device_batch": 16, "accum": 4}  # the world is the run's
+    assert Tier.from_payload({**t.to_payload(), "lr_multiplier": 2.0}, 2) == t
+    assert hash(t) == hash(Tier(16, 4, 2)) and Tier(16, 4) != t
+    assert (Tier(8, 1).measures_noise, Tier(8, 2).measures_noise, t.measures_noise) == (
+        False,
+        True,
+        True,
+    )
+    for bad in ({"per_device_batch": 0}, {"accum": 2.5}, {"world_size": True}):
+        with pytest.raises(ValueError, match=f"{next(iter(bad))} must be a positive integer"):
+            Tier(**{"per_device_batch": 1, "accum": 1, **bad})
+
+
+def test_the_candidates_and_the_store_share_one_ramp_limit():
+    from rampwatch.store import commands
+
+    assert commands.RAMP_MAX_FACTOR is RAMP_MAX_FACTOR  # the store's rule is the advisor's
+    tiers = candidate_tiers(16, 1, 1, 2048, MODEL, H200, factors=(RAMP_MAX_FACTOR,))
+    assert tiers[0].factor == RAMP_MAX_FACTOR
+    with pytest.raises(ValueError, match=f"factor must be at most {RAMP_MAX_FACTOR}"):
+        candidate_tiers(16, 1, 1, 2048, MODEL, H200, factors=(2 * RAMP_MAX_FACTOR,))
 
 
 def test_design_example_grows_per_device_to_32_then_accumulation():
     tiers = candidate_tiers(16, 16, 1, 2048, MODEL, H200)
-    assert [(t.factor, t.per_device_batch, t.accum) for t in tiers] == [
+    assert [(t.factor, t.tier.per_device_batch, t.tier.accum) for t in tiers] == [
         (2, 32, 16),
         (4, 32, 32),
         (8, 32, 64),
@@ -48,12 +76,17 @@ def test_design_example_grows_per_device_to_32_then_accumulation():
 def test_multi_gpu_per_rank_split():
     tiers = candidate_tiers(16, 2, 8, 2048, MODEL, H200, factors=(2,))
     (t,) = tiers
-    assert (t.per_device_batch, t.accum, t.world_size, t.effective_batch) == (32, 2, 8, 512)
+    assert (t.tier.per_device_batch, t.tier.accum, t.tier.world_size, t.tier.batch) == (
+        32,
+        2,
+        8,
+        512,
+    )
 
 
 def test_oom_batch_stays_infeasible_and_ramp_is_accumulation_only():
     (t,) = candidate_tiers(16, 16, 1, 2048, MODEL, H200, factors=(2,), infeasible=[32])
-    assert (t.per_device_batch, t.accum, t.fits) == (16, 32, True)
+    assert (t.tier.per_device_batch, t.tier.accum, t.fits) == (16, 32, True)
     assert (
         t.reason
         == "accumulation only: per-device batch 16 is already running; per-device 32 ran out of memory before"
@@ -63,14 +96,14 @@ def test_oom_batch_stays_infeasible_and_ramp_is_accumulation_only():
 def test_tight_memory_still_allows_accumulation_only():
     # the model says only 70 GB fits, but 16 is running: accumulation-only needs no new memory
     (t,) = candidate_tiers(16, 4, 1, 2048, MODEL, 72 * GB, margin=0.0, factors=(4,))
-    assert (t.per_device_batch, t.accum, t.fits) == (16, 16, True)
+    assert (t.tier.per_device_batch, t.tier.accum, t.fits) == (16, 16, True)
     assert "per-device 32 would need 130.0 GB > 72.0 GB" in t.reason
 
 
 def test_tier_that_cannot_fit_says_why():
     huge = MemoryModel(150 * GB, 0.2 * GB, "plan")
     (t,) = candidate_tiers(16, 1, 1, 2048, huge, 140 * GB, factors=(2,), infeasible=[16])
-    assert not t.fits and t.per_device_batch == 1 and t.accum == 32
+    assert not t.fits and t.tier.per_device_batch == 1 and t.tier.accum == 32
     assert (
         t.reason
         == "even per-device batch 1 needs 150.2 GB > 133.0 GB usable (known to run out of memory: 16)"
@@ -82,9 +115,9 @@ def test_tier_that_cannot_fit_says_why():
 def test_non_power_of_two_divisors_and_cap():
     model = MemoryModel(10 * GB, 5 * GB, "plan")  # fits up to per-device 24 under 133.95 GB
     (t,) = candidate_tiers(12, 3, 1, 1024, model, H200, factors=(2,))  # per-rank 72
-    assert (t.per_device_batch, t.accum) == (24, 3)
+    assert (t.tier.per_device_batch, t.tier.accum) == (24, 3)
     (t,) = candidate_tiers(12, 3, 1, 1024, model, H200, factors=(2,), max_per_device=20)
-    assert (t.per_device_batch, t.accum) == (18, 4)
+    assert (t.tier.per_device_batch, t.tier.accum) == (18, 4)
 
 
 def test_candidate_tiers_rejects_bad_input():
@@ -132,17 +165,17 @@ def test_property_a_fitting_tier_stays_under_capacity_minus_margin(
     )
     running_fits = model.predict(device_batch) <= usable and device_batch not in infeasible
     for t in tiers:
-        assert t.effective_batch == t.factor * device_batch * accum * world
-        assert t.world_size == world
+        assert t.tier.batch == t.factor * device_batch * accum * world
+        assert t.tier.world_size == world
         if not t.fits:
             assert t.reason
             continue
-        assert t.per_device_batch not in infeasible
-        assert max_per_device is None or t.per_device_batch <= max_per_device
+        assert t.tier.per_device_batch not in infeasible
+        assert max_per_device is None or t.tier.per_device_batch <= max_per_device
         if running_fits:
             assert t.predicted_peak_bytes <= usable
         else:  # only what is already running (or smaller) may exceed the model's usable memory
-            assert t.predicted_peak_bytes <= usable or t.per_device_batch <= device_batch
+            assert t.predicted_peak_bytes <= usable or t.tier.per_device_batch <= device_batch
 
 
 @settings(max_examples=300, deadline=None)
@@ -167,7 +200,7 @@ def test_property_more_memory_never_yields_a_smaller_feasible_tier(
     big = candidate_tiers(device_batch, accum, world, 1024, model, (cap_gb + extra_gb) * GB, **kw)
     for a, b in zip(small, big, strict=True):
         if a.fits:
-            assert b.fits and b.per_device_batch >= a.per_device_batch
+            assert b.fits and b.tier.per_device_batch >= a.tier.per_device_batch
 
 
 @settings(max_examples=200, deadline=None)
@@ -189,8 +222,8 @@ def test_property_chosen_per_device_batch_is_the_largest_that_fits(
         infeasible,
         max_per_device=max_per_device,
     ):
-        per_rank = t.per_device_batch * t.accum
-        bigger = [d for d in range(t.per_device_batch + 1, per_rank + 1) if per_rank % d == 0]
+        per_rank = t.tier.per_rank
+        bigger = [d for d in range(t.tier.per_device_batch + 1, per_rank + 1) if per_rank % d == 0]
         for d in bigger:
             excluded = d in infeasible or (max_per_device is not None and d > max_per_device)
             assert excluded or model.predict(d) > usable or not t.fits

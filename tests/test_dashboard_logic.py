@@ -85,12 +85,13 @@ def _gns(above: bool, n: int = 300):
 def test_card_ready_with_tiers_lr_and_effect():
     card = recommend.build_card(RUN, LATEST, *_gns(True), [], PLAN)
     assert card.decision.ready and card.current.batch == 16
-    assert [t.tier.factor for t in card.tiers] == [2, 4, 8]
+    assert [t.option.factor for t in card.tiers] == [2, 4, 8]
     x2 = card.suggested
     # 32 x 1 fits (74 GB <= 76 GB usable) but on one device it would measure no noise scale:
     # the policy keeps accumulation 2 and the table says what the faster tier would cost
-    assert (x2.tier.per_device_batch, x2.tier.accum) == (16, 2) and x2.tier.measures_noise
-    assert "32 × 1 would fit too but measures no noise scale" in x2.tier.reason
+    assert (x2.option.tier.per_device_batch, x2.option.tier.accum) == (16, 2)
+    assert x2.option.tier.measures_noise
+    assert "32 × 1 would fit too but measures no noise scale" in x2.option.reason
     assert x2.predicted_bytes == 42 * GB and x2.fits
     assert x2.payload() == {
         "per_device_batch": 16,
@@ -132,7 +133,10 @@ def test_card_not_ready_forecasts_and_measured_peaks_win():
     )
     assert card.memory_note == "memory model: measured peak + plan slope"
     # measured 30 GB at 8 + 2 GB/seq: 16 -> 46, 32 -> 78 > 76 usable, so x2 runs 16 x 2
-    assert (card.suggested.tier.per_device_batch, card.suggested.tier.accum) == (16, 2)
+    assert (card.suggested.option.tier.per_device_batch, card.suggested.option.tier.accum) == (
+        16,
+        2,
+    )
 
 
 def test_card_since_last_ramp_and_infeasible_batches():
@@ -156,14 +160,14 @@ def test_card_since_last_ramp_and_infeasible_batches():
     assert card.policy.hysteresis_steps == 50 and card.last_ramp_step == 250
     assert card.decision.evidence.steps_above == 49  # hysteresis restarted at the ramp
     assert not card.decision.ready
-    assert card.suggested.tier.per_device_batch == 8  # 16 and 32 ran out of memory
+    assert card.suggested.option.tier.per_device_batch == 8  # 16 and 32 ran out of memory
     assert card.key == "r1:250:8x4"
 
 
 def test_card_without_memory_data_offers_accumulation_only():
     card = recommend.build_card(RUN, LATEST, *_gns(True), [], [])
     assert card.memory_note.startswith("no memory model yet:")
-    assert [(t.tier.per_device_batch, t.tier.accum, t.fits) for t in card.tiers] == [
+    assert [(t.option.tier.per_device_batch, t.option.tier.accum, t.fits) for t in card.tiers] == [
         (8, 4, True),
         (8, 8, True),
         (8, 16, True),

@@ -348,7 +348,7 @@ def test_card_and_trainer_agree_on_the_new_lr_after_a_resume_on_another_world_si
     lr = run_.config["lr"]
     assert card.current.batch == 64 and first_batch == 32 and run_.world_size == 1
     x2 = card.suggested
-    assert x2.tier.effective_batch == 128
+    assert x2.option.tier.batch == 128
     assert x2.new_base_lr == pytest.approx(lr * math.sqrt(128 / first_batch), rel=1e-12)
     # the trainer applied its ramp (at world size 2) with the same policy: same number, exactly
     [ramp] = reader.events(db, "r", kinds=[M.EVENT_RAMP])

@@ -16,6 +16,7 @@ import torch
 
 from rampwatch.advisor.gns_window import NoiseScaleWindow
 from rampwatch.advisor.policy import RampPolicy
+from rampwatch.advisor.tiers import Tier
 from rampwatch.monitor import Monitor
 from rampwatch.monitor.ramp_protocol import Ramp
 from rampwatch.store import names as M
@@ -81,7 +82,7 @@ def _ran(model, data) -> Monitor:
     mon = _monitor(model)
     for step in range(1, 9):
         _step([mon], model, step, data, 2, 2)
-    mon.ramp_applied(Ramp(4, 2, 1.5, 0.15, step=8, source="test", before=(2, 2)))
+    mon.ramp_applied(Ramp(Tier(4, 2), 1.5, 0.15, step=8, source="test", before=Tier(2, 2)))
     mon.report_oom(8, 8, "out of memory")
     mon.add_memory_plan(
         [

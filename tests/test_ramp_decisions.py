@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from rampwatch.advisor.policy import RampPolicy
+from rampwatch.advisor.tiers import Tier
 from rampwatch.monitor import Monitor
 from rampwatch.monitor.ramp_protocol import Ramp
 from rampwatch.store import names as M
@@ -28,7 +29,6 @@ from rampwatch.trainer.oom import (
 from rampwatch.trainer.ramp_controller import (
     GptPlan,
     RampController,
-    RankBatch,
     plan_ladder,
     tier_switch,
 )
@@ -49,9 +49,9 @@ CPU = torch.device("cpu")
     ],
 )
 def test_halve_tier_keeps_the_effective_batch_where_it_divides(before, after):
-    old = RankBatch(*before)
+    old = Tier(*before)
     new = halve_tier(old)
-    assert new == RankBatch(*after) and new.sequences == old.sequences
+    assert new == Tier(*after) and new.per_rank == old.per_rank
 
 
 @pytest.mark.parametrize(
@@ -59,24 +59,24 @@ def test_halve_tier_keeps_the_effective_batch_where_it_divides(before, after):
     [((5, 3), (2, 8)), ((7, 1), (3, 3)), ((9, 1), (4, 3)), ((9, 3), (4, 7))],
 )
 def test_halve_tier_rounds_accumulation_up_when_it_cannot_keep_it(before, after):
-    old = RankBatch(*before)
+    old = Tier(*before)
     new = halve_tier(old)
-    assert new == RankBatch(*after)
-    assert old.sequences < new.sequences < old.sequences + new.per_device_batch  # least above
+    assert new == Tier(*after)
+    assert old.per_rank < new.per_rank < old.per_rank + new.per_device_batch  # least above
 
 
 def test_halve_tier_never_shrinks_the_batch_and_takes_the_least_accumulation():
     for b in range(2, 41):
         for accum in range(1, 9):
-            old = RankBatch(b, accum)
+            old = Tier(b, accum)
             new = halve_tier(old)
             assert new.per_device_batch == b // 2
-            assert new.sequences >= old.sequences > (new.accum - 1) * new.per_device_batch
+            assert new.per_rank >= old.per_rank > (new.accum - 1) * new.per_device_batch
 
 
 @pytest.mark.parametrize("accum", [1, 2, 7])
 def test_halve_tier_at_per_device_batch_one_has_nothing_smaller(accum):
-    assert halve_tier(RankBatch(1, accum)) is None
+    assert halve_tier(Tier(1, accum)) is None
 
 
 # -- the --inject-oom parser and when it fires -----------------------------------------------
@@ -134,8 +134,8 @@ def test_attach_backward_raises_from_inside_autograd_once():
 
 # -- what an out-of-memory becomes --------------------------------------------------------------
 def test_one_process_redoes_the_step_at_the_halved_tier():
-    d = decide_oom(RankBatch(4, 2), 5, error="CUDA out of memory", run_id="r")
-    assert d.redo and d.after == RankBatch(2, 4) and d.checkpoint is None and d.note is None
+    d = decide_oom(Tier(4, 2), 5, error="CUDA out of memory", run_id="r")
+    assert d.redo and d.after == Tier(2, 4) and d.checkpoint is None and d.note is None
     assert d.event_step == 6  # the step that failed, and is redone
     assert d.message == "out of memory at per-device batch 4: step redone at 2 x 4"
     assert d.data == {
@@ -147,15 +147,15 @@ def test_one_process_redoes_the_step_at_the_halved_tier():
 
 
 def test_an_inexact_halving_says_so():
-    d = decide_oom(RankBatch(5, 3), 0, error="oom", run_id="r")
-    assert d.after == RankBatch(2, 8) and d.data["exact"] is False
+    d = decide_oom(Tier(5, 3), 0, error="oom", run_id="r")
+    assert d.after == Tier(2, 8) and d.data["exact"] is False
     assert d.message.endswith("(effective batch not kept exactly: odd per-device batch)")
 
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_under_ddp_the_rank_checkpoints_the_halved_tier_and_stops(rank):
-    d = decide_oom(RankBatch(8, 2), 2, error="oom", run_id="o", rank=rank, world_size=2)
-    assert not d.redo and d.checkpoint == SAVE and d.after == RankBatch(4, 4)
+    d = decide_oom(Tier(8, 2, world_size=2), 2, error="oom", run_id="o", rank=rank)
+    assert not d.redo and d.checkpoint == SAVE and d.after == Tier(4, 4, world_size=2)
     assert d.event_step == 2  # the checkpoint's step: a resume purges events after it
     assert d.message == (
         f"out of memory on rank {rank} at per-device batch 8 in step 3: all ranks stop; the "
@@ -170,15 +170,14 @@ def test_under_ddp_the_rank_checkpoints_the_halved_tier_and_stops(rank):
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_an_optimizer_oom_retiers_the_last_checkpoint_and_stops(world_size):
     d = decide_oom(
-        RankBatch(4, 2),
+        Tier(4, 2, world_size),
         5,
         error="oom",
         run_id="opt",
         in_optimizer=True,
-        world_size=world_size,
         checkpoint_exists=True,
     )
-    assert not d.redo and d.checkpoint == RETIER and d.after == RankBatch(2, 4)
+    assert not d.redo and d.checkpoint == RETIER and d.after == Tier(2, 4, world_size)
     assert d.event_step == 6 and d.data["phase"] == "optimizer"
     assert d.message == (
         "out of memory inside the optimizer step at step 6 (per-device batch 4); the checkpoint "
@@ -187,17 +186,17 @@ def test_an_optimizer_oom_retiers_the_last_checkpoint_and_stops(world_size):
 
 
 def test_an_optimizer_oom_before_any_checkpoint_says_start_again():
-    d = decide_oom(RankBatch(4, 2), 1, error="oom", run_id="opt", in_optimizer=True)
+    d = decide_oom(Tier(4, 2), 1, error="oom", run_id="opt", in_optimizer=True)
     assert not d.redo and d.checkpoint is None
     assert d.message.endswith("no checkpoint yet: start again at 2 x 4")
 
 
 @pytest.mark.parametrize(
-    "scope",
-    [{}, {"rank": 1, "world_size": 2}, {"in_optimizer": True, "checkpoint_exists": True}],
+    "world, scope",
+    [(1, {}), (2, {"rank": 1}), (1, {"in_optimizer": True, "checkpoint_exists": True})],
 )
-def test_at_per_device_batch_one_every_case_stops_and_records_nothing(scope):
-    d = decide_oom(RankBatch(1, 4), 3, error="oom", run_id="r", **scope)
+def test_at_per_device_batch_one_every_case_stops_and_records_nothing(world, scope):
+    d = decide_oom(Tier(1, 4, world), 3, error="oom", run_id="r", **scope)
     assert d.after is None and not d.redo and d.checkpoint is None and d.event_step is None
     assert d.message.startswith("out of memory at per-device batch 1: nothing smaller")
 
@@ -241,8 +240,8 @@ def _guard(tmp_path, per_device_batch=4, accum=2, rank=0, world_size=1):
 
 def test_guard_redo_moves_the_state_and_monitor_to_the_halved_tier(tmp_path):
     guard, state, monitor, written = _guard(tmp_path)
-    assert guard.recover(RankBatch(4, 2), "oom") == RankBatch(2, 4)
-    assert RankBatch.of(state) == RankBatch(2, 4)
+    assert guard.recover(Tier(4, 2), "oom") == Tier(2, 4)
+    assert state.tier(1) == Tier(2, 4)
     assert (monitor.per_device_batch, monitor.accum) == (2, 4)
     assert monitor.ramps.infeasible == {4} and written == []
     # the ramp check now refuses the per-device batch that ran out of memory
@@ -252,11 +251,11 @@ def test_guard_redo_moves_the_state_and_monitor_to_the_halved_tier(tmp_path):
 def test_guard_under_ddp_writes_the_halved_tier_with_the_note_and_stops(tmp_path):
     guard, state, monitor, written = _guard(tmp_path, 8, 2, rank=1, world_size=2)
     with pytest.raises(StopTraining, match="out of memory on rank 1") as stop:
-        guard.recover(RankBatch(8, 2), "oom")
+        guard.recover(Tier(8, 2, world_size=2), "oom")
     assert stop.value.status == "failed" and stop.value.code == 3
     [(tier, note)] = written
-    assert tier == RankBatch(4, 4) and note["kind"] == M.EVENT_OOM
-    assert RankBatch.of(state) == RankBatch(8, 2)  # this process stops; the checkpoint moves
+    assert tier == Tier(4, 4, world_size=2) and note["kind"] == M.EVENT_OOM
+    assert state.tier(2) == Tier(8, 2, 2)  # this process stops; the checkpoint moves
     assert monitor.ramps.infeasible == {8}
 
 
@@ -265,30 +264,32 @@ def test_guard_after_an_optimizer_oom_retiers_the_checkpoint_on_disk(tmp_path):
     optimizer = torch.optim.SGD(guard.model.parameters(), lr=0.1)
     ckpt.save(tmp_path / "r.pt", state=state, model=guard.model, optimizer=optimizer, config={})
     with pytest.raises(StopTraining, match="--resume r"):
-        guard.recover(RankBatch(4, 2), "oom", in_optimizer=True)
+        guard.recover(Tier(4, 2), "oom", in_optimizer=True)
     saved = ckpt.load(tmp_path / "r.pt")["state"]
-    assert RankBatch.of(saved) == RankBatch(2, 4) and saved.infeasible_batches == [4]
+    assert saved.tier(1) == Tier(2, 4) and saved.infeasible_batches == [4]
     assert written == [] and monitor.ramps.infeasible == {4}
 
 
 def test_guard_at_per_device_batch_one_stops_without_marking_anything(tmp_path):
     guard, state, monitor, _ = _guard(tmp_path, 1, 2)
     with pytest.raises(StopTraining, match="out of memory at per-device batch 1"):
-        guard.recover(RankBatch(1, 2), "oom")
-    assert monitor.ramps.infeasible == set() and RankBatch.of(state) == RankBatch(1, 2)
+        guard.recover(Tier(1, 2), "oom")
+    assert monitor.ramps.infeasible == set() and state.tier(1) == Tier(1, 2)
 
 
 # -- what a due ramp becomes for the trainer's state ------------------------------------------
 def _ramp(per_device_batch, accum, before=(4, 2)):
-    return Ramp(per_device_batch, accum, 1.5, 0.003, step=10, source="command 1", before=before)
+    return Ramp(
+        Tier(per_device_batch, accum), 1.5, 0.003, step=10, source="command 1", before=Tier(*before)
+    )
 
 
 def test_a_ramp_sets_the_tier_and_base_lr_and_replans_when_the_per_device_batch_moves():
-    switch = tier_switch(RankBatch(4, 2), _ramp(8, 2))
-    assert switch.tier == RankBatch(8, 2) and switch.base_lr == 0.003 and switch.replan
-    by_accumulation = tier_switch(RankBatch(4, 2), _ramp(4, 4))
-    assert by_accumulation.tier == RankBatch(4, 4) and not by_accumulation.replan
-    assert tier_switch(RankBatch(4, 2), _ramp(2, 8)).replan  # smaller: plan around it too
+    switch = tier_switch(Tier(4, 2), _ramp(8, 2))
+    assert switch.tier == Tier(8, 2) and switch.base_lr == 0.003 and switch.replan
+    by_accumulation = tier_switch(Tier(4, 2), _ramp(4, 4))
+    assert by_accumulation.tier == Tier(4, 4) and not by_accumulation.replan
+    assert tier_switch(Tier(4, 2), _ramp(2, 8)).replan  # smaller: plan around it too
 
 
 @pytest.mark.parametrize(
@@ -309,7 +310,7 @@ def test_the_controller_hands_the_plan_variant_to_the_monitor_and_waits_without_
     )
     assert monitor.ramps.variant == M.CHUNKED_CE
     controller.at_boundary()  # no writer, no command: nothing due, no checkpoint
-    assert saves == [] and RankBatch.of(state) == RankBatch(4, 2)
+    assert saves == [] and state.tier(1) == Tier(4, 2)
 
 
 def test_the_trainer_hands_the_checkpoints_state_to_the_monitor():
@@ -330,7 +331,7 @@ def test_a_resume_on_fewer_ranks_keeps_the_batch_and_records_why():
         "note": stop_note,
     }
     state, notes = on_resume(blob, 1)
-    assert RankBatch.of(state) == RankBatch(8, 4)
+    assert state.tier(1) == Tier(8, 4)
     assert notes[0] == stop_note and notes[1]["kind"] == M.EVENT_RESUME
     assert notes[1]["message"] == (
         "world size 2 -> 1: tier 8 x 2 -> 8 x 4 per device; batch 32 -> 32 sequences"

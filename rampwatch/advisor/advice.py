@@ -1,6 +1,7 @@
 """The advice: the one place a ramp is decided, for every caller.
 
-Owns `memory_evidence` (memory rows → what is known of memory: measured peaks, the newest plan,
+Owns `RunningTier` (the run as it is now: its tier, sequence length and device capacity),
+`memory_evidence` (memory rows → what is known of memory: measured peaks, the newest plan,
 per-device batches that ran out of memory), `advise` (policy + noise-scale estimates + memory
 evidence + the running tier → one `Advice`: the decision, the tiers with their LR and effect,
 notes) and `Advice.refusal` (why a tier cannot run). The monitor's auto mode and its check of an
@@ -21,31 +22,26 @@ from rampwatch.advisor.lr import noise_scale_warning
 from rampwatch.advisor.memory import MemoryModel, fit_memory_model, format_gb, usable_bytes
 from rampwatch.advisor.policy import RampPolicy
 from rampwatch.advisor.ramp_point import Effect, Recommendation, predicted_effect
-from rampwatch.advisor.tiers import Tier, accumulation_tiers, candidate_tiers
+from rampwatch.advisor.tiers import Tier, TierOption, accumulation_tiers, candidate_tiers
 
-__all__ = ["Advice", "Current", "MemoryEvidence", "TierAdvice", "advise", "memory_evidence"]
+__all__ = ["Advice", "MemoryEvidence", "RunningTier", "TierAdvice", "advise", "memory_evidence"]
 
 
 @dataclass(frozen=True)
-class Current:
-    """The running tier, and what the device and data say about it."""
+class RunningTier:
+    """The run as it is now: the tier it runs (the monitor replaces it at every set_tier), its
+    sequence length and its device's capacity in bytes (None where not known: the card)."""
 
-    per_device_batch: int
-    accum: int
-    world_size: int
-    seq_len: int | None
-    capacity_bytes: float | None
+    tier: Tier
+    seq_len: int | None = None
+    capacity_bytes: float | None = None
 
     @property
     def batch(self) -> int:
-        return self.per_device_batch * self.accum * self.world_size
+        return self.tier.batch
 
     def describe(self) -> str:
-        tok = f" = {self.batch * self.seq_len:,} tokens" if self.seq_len else ""
-        return (
-            f"{self.per_device_batch} per device × {self.accum} accumulation × "
-            f"{self.world_size} device(s) = {self.batch} sequences{tok}"
-        )
+        return self.tier.describe(self.seq_len)
 
 
 # ------------------------------------------------------------------------------ memory evidence
@@ -122,20 +118,20 @@ def _step(row: Mapping) -> int:
 class TierAdvice:
     """A candidate tier and what moving to it means."""
 
-    tier: Tier
+    option: TierOption
     new_base_lr: float | None  # by the policy's rule from the original LR (None: not known)
     lr_warning: str | None
     effect: Effect | None
 
     @property
     def fits(self) -> bool:
-        return self.tier.fits
+        return self.option.fits
 
 
 @dataclass(frozen=True)
 class Advice:
     policy: RampPolicy
-    current: Current
+    current: RunningTier
     decision: Recommendation
     tiers: list[TierAdvice]  # the policy's offered factors, then its auto factor if not among them
     memory: MemoryEvidence
@@ -147,16 +143,17 @@ class Advice:
     @property
     def suggested(self) -> TierAdvice | None:
         """The tier of the policy's ramp (×factor): what auto applies and the card offers first."""
-        return next((t for t in self.tiers if t.tier.factor == self.policy.factor), None)
+        return next((t for t in self.tiers if t.option.factor == self.policy.factor), None)
 
-    def refusal(self, per_device_batch: int, accum: int) -> str | None:
-        """Why this tier cannot run here, now; None when it can."""
-        b, a, cur = per_device_batch, accum, self.current
-        if (b, a) == (cur.per_device_batch, cur.accum):
-            return f"the run already uses {b} x {a}"
+    def refusal(self, tier: Tier) -> str | None:
+        """Why this tier (per-device batch × accumulation; the world is the run's) cannot run
+        here, now; None when it can."""
+        b, cur = tier.per_device_batch, self.current
+        if tier.to_payload() == cur.tier.to_payload():
+            return f"the run already uses {b} x {tier.accum}"
         if b in self.memory.infeasible:
             return f"per-device batch {b} ran out of memory earlier in this run"
-        if b <= cur.per_device_batch or b in self.memory.measured:
+        if b <= cur.tier.per_device_batch or b in self.memory.measured:
             return None
         if self.memory_model is None or cur.capacity_bytes is None:
             return (
@@ -176,7 +173,7 @@ class Advice:
 
 def advise(
     policy: RampPolicy,
-    current: Current,
+    current: RunningTier,
     gns_steps: Sequence[int],
     gns_values: Sequence[float | None],
     gns_lower: Sequence[float | None] | None,
@@ -203,28 +200,30 @@ def advise(
     b_noise = decision.evidence.noise_scale
     tiers = [
         TierAdvice(
-            t,
-            policy.new_base_lr(t.effective_batch) if knows_lr else None,
-            noise_scale_warning(t.effective_batch, b_noise) if b_noise else None,
-            predicted_effect(current.batch, t.effective_batch, b_noise)
+            o,
+            policy.new_base_lr(o.tier.batch) if knows_lr else None,
+            noise_scale_warning(o.tier.batch, b_noise) if b_noise else None,
+            predicted_effect(current.batch, o.tier.batch, b_noise)
             if b_noise and b_noise > 0
             else None,
         )
-        for t in _tiers(policy, current, memory.infeasible, model)
+        for o in _options(policy, current, memory.infeasible, model)
     ]
     return Advice(policy, current, decision, tiers, memory, model, memory_note, usable, notes)
 
 
-def _tiers(policy: RampPolicy, cur: Current, infeasible, model: MemoryModel | None) -> list[Tier]:
+def _options(
+    policy: RampPolicy, cur: RunningTier, infeasible, model: MemoryModel | None
+) -> list[TierOption]:
     factors = tuple(policy.offered_factors)
     if policy.factor not in factors:
         factors += (policy.factor,)
-    seq = cur.seq_len or 1
+    seq, t = cur.seq_len or 1, cur.tier
     if model is not None and cur.capacity_bytes:
         return candidate_tiers(
-            cur.per_device_batch,
-            cur.accum,
-            cur.world_size,
+            t.per_device_batch,
+            t.accum,
+            t.world_size,
             seq,
             model,
             cur.capacity_bytes,
@@ -235,5 +234,5 @@ def _tiers(policy: RampPolicy, cur: Current, infeasible, model: MemoryModel | No
             keep_noise_scale=policy.keep_noise_scale,
         )
     return accumulation_tiers(
-        cur.per_device_batch, cur.accum, cur.world_size, seq, factors, infeasible, policy.lr_rule
+        t.per_device_batch, t.accum, t.world_size, seq, factors, infeasible, policy.lr_rule
     )

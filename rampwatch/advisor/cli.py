@@ -18,7 +18,7 @@ import math
 from rampwatch.advisor.lr import noise_scale_warning, rule_for
 from rampwatch.advisor.memory import GB, fit_memory_model, format_gb, usable_bytes
 from rampwatch.advisor.ramp_point import predicted_effect
-from rampwatch.advisor.tiers import candidate_tiers
+from rampwatch.advisor.tiers import Tier, candidate_tiers
 
 
 def _positive_int(text: str) -> int:
@@ -181,13 +181,13 @@ def plan(args) -> dict:
         )
     except ValueError as e:
         sub.error(str(e))
-    current = args.per_device_batch * args.accum * args.world
+    current = Tier(args.per_device_batch, args.accum, args.world).batch
     rows = []
     for t in tiers:
         row = t.to_dict()
         if args.noise_scale is not None:
-            row["effect"] = predicted_effect(current, t.effective_batch, args.noise_scale).to_dict()
-            row["warning"] = noise_scale_warning(t.effective_batch, args.noise_scale)
+            row["effect"] = predicted_effect(current, t.tier.batch, args.noise_scale).to_dict()
+            row["warning"] = noise_scale_warning(t.tier.batch, args.noise_scale)
         rows.append(row)
     return {
         "current": {

@@ -1,31 +1,82 @@
-"""Batch tiers: how far the batch can grow in memory.
+"""Batch tiers: what a run runs per optimizer step, and how far it can grow in memory.
 
-Owns `Tier` and `candidate_tiers` (effective batch ×2/×4/×8 split into per-device batch ×
-accumulation × world size under a memory model) and `accumulation_tiers` (the same without a
-memory model: accumulation only). They follow docs/ARCHITECTURE.md "Tier": prefer the largest
-per-device batch that fits, make up the rest with accumulation; a per-device batch that ran out
-of memory stays infeasible.
+Owns `Tier` (per-device batch × accumulation × world size: the one value every part of
+Rampwatch passes around for "a tier", with its sizes, its sentence and its command payload),
+`RAMP_MAX_FACTOR` (the most one ramp may grow the batch: the store refuses more, the candidates
+never offer more), `TierOption` (a candidate tier with its predictions), `candidate_tiers`
+(effective batch ×2/×4/×8 split into per-device batch × accumulation × world size under a memory
+model) and `accumulation_tiers` (the same without a memory model: accumulation only). They follow
+docs/ARCHITECTURE.md "Tier": prefer the largest per-device batch that fits, make up the rest
+with accumulation; a per-device batch that ran out of memory stays infeasible.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
 
 from rampwatch.advisor.checks import positive_int as _pos_int
 from rampwatch.advisor.lr import lr_multiplier, rule_for
 from rampwatch.advisor.memory import MemoryModel, format_gb, usable_bytes
 
-__all__ = ["Tier", "candidate_tiers", "accumulation_tiers"]
+__all__ = ["RAMP_MAX_FACTOR", "Tier", "TierOption", "candidate_tiers", "accumulation_tiers"]
+
+RAMP_MAX_FACTOR = 8  # effective-batch growth per ramp: a larger jump is a typo, not a ramp
+FACTORS = (2, 4, 8)  # the card's offers, ×2 first (never above RAMP_MAX_FACTOR)
 
 
 @dataclass(frozen=True)
 class Tier:
-    """One way to run an effective batch: per-device batch × accumulation × world size."""
+    """One optimizer step: `accum` micro-batches of `per_device_batch` sequences on each of
+    `world_size` ranks."""
 
     per_device_batch: int
     accum: int
-    world_size: int
+    world_size: int = 1
+    PAYLOAD: ClassVar[tuple[str, str]] = ("per_device_batch", "accum")  # a ramp command's keys
+
+    def __post_init__(self):
+        for name in ("per_device_batch", "accum", "world_size"):
+            object.__setattr__(self, name, _pos_int(name, getattr(self, name)))
+
+    @property
+    def per_rank(self) -> int:
+        """Sequences per rank per optimizer step."""
+        return self.per_device_batch * self.accum
+
+    @property
+    def batch(self) -> int:
+        """Effective batch: sequences per optimizer step, all ranks together."""
+        return self.per_rank * self.world_size
+
+    @property
+    def measures_noise(self) -> bool:
+        """Two batch sizes per step (accumulation >= 2 or several ranks): the noise scale goes on."""
+        return self.accum >= 2 or self.world_size >= 2
+
+    def describe(self, seq_len: int | None = None) -> str:
+        tok = f" = {self.batch * seq_len:,} tokens" if seq_len else ""
+        return (
+            f"{self.per_device_batch} per device × {self.accum} accumulation × "
+            f"{self.world_size} device(s) = {self.batch} sequences{tok}"
+        )
+
+    def to_payload(self) -> dict:
+        """{"per_device_batch", "accum"}: a ramp command's tier, and the tier of events and
+        checkpoints (the world size is the run's, never sent)."""
+        return {k: getattr(self, k) for k in self.PAYLOAD}
+
+    @classmethod
+    def from_payload(cls, payload: Mapping, world_size: int = 1) -> Tier:
+        return cls(payload["per_device_batch"], payload["accum"], world_size)
+
+
+@dataclass(frozen=True)
+class TierOption:
+    """A candidate tier and what is predicted of it at the run's sequence length."""
+
+    tier: Tier
     seq_len: int
     predicted_peak_bytes: float | None = None
     fits: bool = True
@@ -34,24 +85,25 @@ class Tier:
     factor: int = 1  # effective batch / current effective batch
 
     @property
-    def measures_noise(self) -> bool:
-        """Two batch sizes per step (accumulation >= 2 or several ranks): the noise scale goes on."""
-        return self.accum >= 2 or self.world_size >= 2
-
-    @property
-    def effective_batch(self) -> int:
-        """Sequences per optimizer step."""
-        return self.per_device_batch * self.accum * self.world_size
-
-    @property
     def tokens_per_step(self) -> int:
-        return self.effective_batch * self.seq_len
+        return self.tier.batch * self.seq_len
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["effective_batch"] = self.effective_batch
-        d["tokens_per_step"] = self.tokens_per_step
-        return d
+        """The keys the `rampwatch plan` CLI prints and writes (one flat row)."""
+        t = self.tier
+        return {
+            "per_device_batch": t.per_device_batch,
+            "accum": t.accum,
+            "world_size": t.world_size,
+            "seq_len": self.seq_len,
+            "predicted_peak_bytes": self.predicted_peak_bytes,
+            "fits": self.fits,
+            "reason": self.reason,
+            "lr_multiplier": self.lr_multiplier,
+            "factor": self.factor,
+            "effective_batch": t.batch,
+            "tokens_per_step": self.tokens_per_step,
+        }
 
 
 def _divisors(n: int) -> list[int]:
@@ -74,13 +126,13 @@ def candidate_tiers(
     memory_model: MemoryModel,
     capacity_bytes: float,
     margin: float = 0.05,
-    factors: Iterable[int] = (2, 4, 8),
+    factors: Iterable[int] = FACTORS,
     infeasible: Iterable[int] = (),
     optimizer: str | None = "adamw",
     max_per_device: int | None = None,
     rule: str | None = None,
     keep_noise_scale: bool = False,
-) -> list[Tier]:
+) -> list[TierOption]:
     """A tier for each factor × the current effective batch, in the order of `factors`.
 
     For target effective batch E' = factor·E the per-rank batch is R = E'/world_size; the
@@ -94,9 +146,8 @@ def candidate_tiers(
     >= 2, so every step still has two batch sizes for the noise scale (accumulation 1 on one
     device has one); the reason says what the larger per-device batch would have cost.
     """
-    device_batch = _pos_int("per_device_batch", per_device_batch)
-    acc = _pos_int("accum", accum)
-    world = _pos_int("world_size", world_size)
+    running = Tier(per_device_batch, accum, world_size)
+    device_batch, world = running.per_device_batch, running.world_size
     seq = _pos_int("seq_len", seq_len)
     if not isinstance(memory_model, MemoryModel):
         raise ValueError(
@@ -109,11 +160,11 @@ def candidate_tiers(
     running_ok = (
         device_batch not in bad
     )  # the current per-device batch is running, so it and smaller fit
-    current = device_batch * acc * world
+    current = running.batch
     tiers = []
     for f in factors:
-        factor = _pos_int("factor", f)
-        per_rank = factor * device_batch * acc
+        factor = _factor(f)
+        per_rank = factor * running.per_rank
         divisors = [d for d in _divisors(per_rank) if cap is None or d <= cap]
         if keep_noise_scale and world == 1 and per_rank >= 2:
             divisors = [d for d in divisors if d <= per_rank // 2]
@@ -139,7 +190,8 @@ def candidate_tiers(
                     f"size per step): accumulation 2 keeps it, at the cost of smaller "
                     f"micro-batches"
                 )
-            tiers.append(Tier(p, per_rank // p, world, seq, pred[p], True, reason, mult, factor))
+            tier = Tier(p, per_rank // p, world)
+            tiers.append(TierOption(tier, seq, pred[p], True, reason, mult, factor))
             continue
         if allowed:
             p = allowed[0]
@@ -158,7 +210,8 @@ def candidate_tiers(
             if cap is not None:
                 why.append(f"max per-device batch {cap}")
             reason = f"every per-device batch dividing {per_rank} is excluded ({'; '.join(why)})"
-        tiers.append(Tier(p, per_rank // p, world, seq, pred.get(p), False, reason, mult, factor))
+        tier = Tier(p, per_rank // p, world)
+        tiers.append(TierOption(tier, seq, pred.get(p), False, reason, mult, factor))
     return tiers
 
 
@@ -167,36 +220,43 @@ def accumulation_tiers(
     accum: int,
     world_size: int,
     seq_len: int,
-    factors: Iterable[int] = (2, 4, 8),
+    factors: Iterable[int] = FACTORS,
     infeasible: Iterable[int] = (),
     rule: str = "sqrt",
-) -> list[Tier]:
+) -> list[TierOption]:
     """Tiers without a memory model: only the running per-device batch is known to fit, so each
     factor is made up by accumulation alone (which also keeps two batch sizes per step)."""
-    device_batch, acc = _pos_int("per_device_batch", per_device_batch), _pos_int("accum", accum)
-    world, seq = _pos_int("world_size", world_size), _pos_int("seq_len", seq_len)
-    ok = device_batch not in set(infeasible)
+    running = Tier(per_device_batch, accum, world_size)
+    seq = _pos_int("seq_len", seq_len)
+    ok = running.per_device_batch not in set(infeasible)
     reason = (
         "accumulation only: the running per-device batch fits; no memory model to judge a "
         "larger one"
         if ok
-        else f"per-device batch {device_batch} ran out of memory"
+        else f"per-device batch {running.per_device_batch} ran out of memory"
     )
-    current = device_batch * acc * world
     return [
-        Tier(
-            device_batch,
-            acc * f,
-            world,
+        TierOption(
+            Tier(running.per_device_batch, running.accum * f, running.world_size),
             seq,
             None,
             ok,
             reason,
-            lr_multiplier(current, current * f, rule),
+            lr_multiplier(running.batch, running.batch * f, rule),
             f,
         )
-        for f in (_pos_int("factor", f) for f in factors)
+        for f in (_factor(f) for f in factors)
     ]
+
+
+def _factor(f) -> int:
+    factor = _pos_int("factor", f)
+    if factor > RAMP_MAX_FACTOR:
+        raise ValueError(
+            f"factor must be at most {RAMP_MAX_FACTOR} (RAMP_MAX_FACTOR: the store refuses a "
+            f"larger ramp), got {f!r}"
+        )
+    return factor
 
 
 def _list(xs: Sequence[int]) -> str:

@@ -209,24 +209,24 @@ def _evidence(card: Card) -> None:
 def _tier_rows(card: Card) -> list[dict]:
     rows = []
     for v in card.tiers:
-        t = v.tier
+        o = v.option
         rows.append(
             {
-                "tier": f"×{t.factor}",
-                "per-device batch": t.per_device_batch,
-                "accumulation": t.accum,
-                "batch (sequences)": t.effective_batch,
-                "tokens/step": t.tokens_per_step if card.current and card.current.seq_len else None,
-                "predicted peak": format_gb(t.predicted_peak_bytes)
-                if t.predicted_peak_bytes
+                "tier": f"×{o.factor}",
+                "per-device batch": o.tier.per_device_batch,
+                "accumulation": o.tier.accum,
+                "batch (sequences)": o.tier.batch,
+                "tokens/step": o.tokens_per_step if card.current and card.current.seq_len else None,
+                "predicted peak": format_gb(o.predicted_peak_bytes)
+                if o.predicted_peak_bytes
                 else "—",
-                "fits": "yes" if t.fits else "no",
-                "LR ×": round(t.lr_multiplier, 4),
+                "fits": "yes" if o.fits else "no",
+                "LR ×": round(o.lr_multiplier, 4),
                 "new base LR": f"{v.new_base_lr:.3g}" if v.new_base_lr else "—",
                 "noise scale": "measured"
-                if t.measures_noise
+                if o.tier.measures_noise
                 else "not measured: one batch size per step",
-                "why": t.reason,
+                "why": o.reason,
             }
         )
     return rows
@@ -244,11 +244,11 @@ def _chosen(card: Card) -> TierView | None:
 
 
 def _tier_detail(card: Card, v: TierView) -> None:
-    t, cur = v.tier, card.current
+    t, cur = v.option, card.current
     cols = st.columns(4)
     cols[0].metric(
         "Batch",
-        f"{t.effective_batch:,} seq",
+        f"{t.tier.batch:,} seq",
         f"from {cur.batch:,}",
         delta_color="off",
         delta_arrow="off",
@@ -371,7 +371,8 @@ def _approval_key(card: Card, v: TierView) -> str:
     """The command's idempotency key: the same for every click (or replay) on this card state,
     new once the latest command changed (applied, refused, cancelled) or a ramp happened."""
     last = card.command.command_id if card.command else 0
-    return f"{card.key}:{v.tier.per_device_batch}x{v.tier.accum}:after-{last}"
+    tier = v.option.tier
+    return f"{card.key}:{tier.per_device_batch}x{tier.accum}:after-{last}"
 
 
 def _typed(field: str) -> None:
@@ -415,8 +416,8 @@ def _controls(card: Card, v: TierView | None, db, run_id: str) -> None:
     _operator()
     cols = st.columns([3, 1, 2])
     if v is not None:
-        t = v.tier
-        label = f"{t.per_device_batch} × {t.accum}"
+        t = v.option
+        label = f"{t.tier.per_device_batch} × {t.tier.accum}"
         blocked = (
             t.reason
             if not t.fits
@@ -436,9 +437,9 @@ def _controls(card: Card, v: TierView | None, db, run_id: str) -> None:
         args = (db, run_id, v.payload(), label, _approval_key(card, v), blocked)
         callback_ran = st.session_state.pop(CLICK_SEEN, False)
         clicked = cols[0].button(
-            f"Approve ramp to {label} (batch {t.effective_batch:,})"
+            f"Approve ramp to {label} (batch {t.tier.batch:,})"
             if ready
-            else f"Approve early: ramp to {label} (batch {t.effective_batch:,})",
+            else f"Approve early: ramp to {label} (batch {t.tier.batch:,})",
             key="approve",
             type="primary" if ready and blocked is None else "secondary",
             help=blocked

@@ -14,18 +14,18 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from rampwatch.advisor.advice import Current, advise, memory_evidence
+from rampwatch.advisor.advice import RunningTier, advise, memory_evidence
 from rampwatch.advisor.lr import rule_for
 from rampwatch.advisor.memory import MemoryModel, format_gb
 from rampwatch.advisor.policy import RampPolicy
 from rampwatch.advisor.ramp_point import Effect, Recommendation
-from rampwatch.advisor.tiers import Tier
+from rampwatch.advisor.tiers import Tier, TierOption
 from rampwatch.store import names as M
 
 
 @dataclass(frozen=True)
 class TierView:
-    tier: Tier
+    option: TierOption
     label: str
     new_base_lr: float | None
     lr_warning: str | None
@@ -33,19 +33,15 @@ class TierView:
 
     @property
     def fits(self) -> bool:
-        return self.tier.fits
+        return self.option.fits
 
     @property
     def predicted_bytes(self) -> float | None:
-        return self.tier.predicted_peak_bytes
+        return self.option.predicted_peak_bytes
 
     def payload(self) -> dict:
         """The ramp command's payload (store.commands.validate)."""
-        return {
-            "per_device_batch": self.tier.per_device_batch,
-            "accum": self.tier.accum,
-            "lr_multiplier": float(self.tier.lr_multiplier),
-        }
+        return {**self.option.tier.to_payload(), "lr_multiplier": float(self.option.lr_multiplier)}
 
     def chart_line(self) -> dict:
         return {"label": self.label, "predicted_bytes": self.predicted_bytes, "fits": self.fits}
@@ -68,7 +64,7 @@ class CommandView:
 @dataclass(frozen=True)
 class Card:
     run_id: str
-    current: Current | None
+    current: RunningTier | None
     decision: Recommendation | None
     tiers: list[TierView] = field(default_factory=list)
     memory_model: MemoryModel | None = None
@@ -98,7 +94,7 @@ class Card:
         monitor's auto mode would apply."""
         factor = self.policy.factor if self.policy is not None else 2
         return next(
-            (t for t in self.tiers if t.tier.factor == factor),
+            (t for t in self.tiers if t.option.factor == factor),
             self.tiers[0] if self.tiers else None,
         )
 
@@ -106,7 +102,7 @@ class Card:
     def key(self) -> str:
         """Identity of this recommendation: a ramp or a different suggested tier is a new one."""
         s = self.suggested
-        tier = f"{s.tier.per_device_batch}x{s.tier.accum}" if s else "-"
+        tier = f"{s.option.tier.per_device_batch}x{s.option.tier.accum}" if s else "-"
         return f"{self.run_id}:{self.last_ramp_step}:{tier}"
 
 
@@ -131,7 +127,7 @@ def _pos_int(v) -> int | None:
 
 def current_tier(
     config: Mapping | None, latest: Mapping[str, float], world_size=None, capacity_bytes=None
-) -> Current | None:
+) -> RunningTier | None:
     """The running tier from the latest metrics, falling back on the run config."""
     device_batch = _pos_int(latest.get(M.PER_DEVICE_BATCH)) or _pos_int(
         _get(config, "per_device_batch")
@@ -145,7 +141,7 @@ def current_tier(
         seq = _pos_int(latest[M.BATCH_TOKENS] / latest[M.BATCH_SEQS])
     cap = capacity_bytes if capacity_bytes and capacity_bytes > 0 else latest.get(M.MEM_CAPACITY)
     cap = float(cap) if cap is not None and math.isfinite(float(cap)) and cap > 0 else None
-    return Current(device_batch, acc, world, seq, cap)
+    return RunningTier(Tier(device_batch, acc, world), seq, cap)
 
 
 def running_variant(config: Mapping | None) -> str:
@@ -252,7 +248,7 @@ def build_card(
     )
     problems += advice.notes
     views = [
-        TierView(t.tier, _label(t.tier), t.new_base_lr, t.lr_warning, t.effect)
+        TierView(t.option, _label(t.option), t.new_base_lr, t.lr_warning, t.effect)
         for t in advice.tiers
     ]
     newest = int(gns_steps[-1]) if len(gns_steps) else None
@@ -275,7 +271,7 @@ def build_card(
     )
 
 
-def _label(t: Tier) -> str:
-    return f"×{t.factor}: {t.per_device_batch} × {t.accum}" + (
-        f" ({format_gb(t.predicted_peak_bytes)})" if t.predicted_peak_bytes else ""
+def _label(o: TierOption) -> str:
+    return f"×{o.factor}: {o.tier.per_device_batch} × {o.tier.accum}" + (
+        f" ({format_gb(o.predicted_peak_bytes)})" if o.predicted_peak_bytes else ""
     )

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from transformers.trainer_utils import get_last_checkpoint
 
+from rampwatch.advisor.tiers import Tier
+
 EXIT_RAMP = 75  # EX_TEMPFAIL: not an error; run the same command again to continue
 STATE_FILE = "rampwatch.json"  # beside the Trainer's files in every checkpoint it saves
 
@@ -20,9 +22,9 @@ STATE_FILE = "rampwatch.json"  # beside the Trainer's files in every checkpoint 
 class RampRestart(SystemExit):
     """Raised by train() after a ramp's checkpoint is saved: the process exits with EXIT_RAMP."""
 
-    def __init__(self, message: str, checkpoint: str, per_device_batch: int, accum: int):
+    def __init__(self, message: str, checkpoint: str, tier: Tier):
         super().__init__(EXIT_RAMP)
-        self.message, self.checkpoint, self.tier = message, checkpoint, (per_device_batch, accum)
+        self.message, self.checkpoint, self.tier = message, checkpoint, tier
 
     def __str__(self) -> str:
         return self.message

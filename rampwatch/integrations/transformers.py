@@ -151,7 +151,7 @@ class RampwatchTrainer(Trainer):
             )
             self._close("finished", msg)
             print(msg, file=sys.stderr, flush=True)
-            raise RampRestart(msg, path, ramp.per_device_batch, ramp.accum)
+            raise RampRestart(msg, path, ramp.tier)
         self._close("finished")
         return out
 
@@ -395,7 +395,7 @@ class RampwatchTrainer(Trainer):
             "ramp": None
             if ramp is None
             else {
-                "before": list(ramp.before),
+                "before": [ramp.before.per_device_batch, ramp.before.accum],
                 "source": ramp.source,
                 "command_id": ramp.command_id,
             },

@@ -29,6 +29,7 @@ import math
 import statistics
 import sys
 import time
+from dataclasses import replace
 from typing import Any, Mapping, TextIO
 
 import torch
@@ -39,6 +40,7 @@ from rampwatch.advisor.gns_window import NoiseScaleWindow
 from rampwatch.advisor.lr import rule_for
 from rampwatch.advisor.policy import CONFIG_KEY as POLICY_KEY
 from rampwatch.advisor.policy import RampPolicy
+from rampwatch.advisor.tiers import Tier
 from rampwatch.monitor.device import (
     CpuPeak,
     device_capacity_bytes,
@@ -112,17 +114,18 @@ class Monitor:
         module = getattr(model, "module", model)  # DistributedDataParallel's wrapped model
         self.device = device or next(module.parameters()).device
         capacity = capacity_bytes or device_capacity_bytes(self.device)
-        world = world_size or distributed()[1]
-        self.tier = RunningTier(per_device_batch, accum, world, seq_len, capacity)
+        running = RunningTier(
+            Tier(per_device_batch, accum, world_size or distributed()[1]), seq_len, capacity
+        )
+        world = running.tier.world_size
         self.grads = AccumulationStats(module.parameters(), loss_divided_by_accum)
-        if type(model).__name__ == "DistributedDataParallel" and self.world_size > 1:
+        if type(model).__name__ == "DistributedDataParallel" and world > 1:
             self.grads.attach_ddp(model)
         self.grads.sharded = sharded_model(model)
         self.noise = noise_window or NoiseScaleWindow(max_steps=gns_window_steps)
         self.flops_per_token = flops_per_token
         self.peak_flops = flops_math.peak_flops(device_name(self.device))
         self._cpu_peak = None if self.device.type == "cuda" else CpuPeak()
-        self.set_tier(per_device_batch, accum)
         self.tokens_seen = 0
         self.last_step = 0
         self.last_metrics: dict[str, float] = {}
@@ -132,13 +135,11 @@ class Monitor:
         self._backwards = 0  # after_backward() calls, and their count at the last step()
         self._backwards_at_step = 0
         self._norms: collections.deque[float] = collections.deque(maxlen=SPIKE_WINDOW)
-        policy = policy or default_policy(
-            optimizer, per_device_batch * accum * self.world_size, lr_rule
-        )
-        channel = RampChannel(control_group) if self.world_size > 1 else None
+        policy = policy or default_policy(optimizer, running.batch, lr_rule)
+        channel = RampChannel(control_group) if world > 1 else None
         self.ramps = RampProtocol(
             writer,
-            self.tier,
+            running,
             policy,
             event=self.event,
             failed=self._internal_error,
@@ -146,6 +147,7 @@ class Monitor:
             base_lr=base_lr or _base_lr(optimizer),
             channel=channel,
         )
+        self.set_tier(per_device_batch, accum)
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -182,7 +184,9 @@ class Monitor:
         policy = kwargs.pop("policy", None)
         if policy is None and POLICY_KEY in config:
             policy = RampPolicy.from_config(config)
-        policy = policy or default_policy(optimizer, per_device_batch * accum * world, lr_rule)
+        policy = policy or default_policy(
+            optimizer, Tier(per_device_batch, accum, world).batch, lr_rule
+        )
         writer = None
         if rank == 0:
             recorded = {
@@ -231,7 +235,11 @@ class Monitor:
     def run_id(self) -> str | None:
         return self.writer.run_id if self.writer else None
 
-    # the running tier's values: one home, self.tier, which the ramp protocol reads too
+    # the running tier: one home, the ramp protocol's RunningTier, which set_tier replaces
+    @property
+    def tier(self) -> Tier:
+        return self.ramps.running.tier
+
     @property
     def per_device_batch(self) -> int:
         return self.tier.per_device_batch
@@ -246,11 +254,11 @@ class Monitor:
 
     @property
     def seq_len(self) -> int:
-        return self.tier.seq_len
+        return self.ramps.running.seq_len
 
     @property
     def capacity(self) -> int:
-        return self.tier.capacity
+        return self.ramps.running.capacity_bytes
 
     @property
     def policy(self) -> RampPolicy:
@@ -259,7 +267,9 @@ class Monitor:
 
     def set_tier(self, per_device_batch: int, accum: int) -> None:
         """After a ramp or an OOM fallback: the next step uses this tier (restarts throughput)."""
-        self.tier.per_device_batch, self.tier.accum = per_device_batch, accum
+        running = self.ramps.running
+        tier = Tier(per_device_batch, accum, running.tier.world_size)
+        self.ramps.running = replace(running, tier=tier)
         self._last_step_t: float | None = None  # the first step of a tier may recompile
         self._one_size_alerted = False  # accumulation 1 on one device: said once per tier
 
@@ -334,7 +344,7 @@ class Monitor:
             else:
                 stats = self.grads.collect(self.per_device_batch, grad_scale)
         now = time.perf_counter()
-        batch_seqs = self.per_device_batch * self.accum * self.world_size
+        batch_seqs = self.tier.batch
         batch_tokens = batch_seqs * self.seq_len
         self.tokens_seen += batch_tokens
         m: dict[str, float] = {
@@ -456,9 +466,9 @@ class Monitor:
         return self.ramps.stopping
 
     def ramp_applied(self, ramp: Ramp) -> None:
-        """The loop now runs ramp.per_device_batch × ramp.accum (and has moved its LR): the
-        monitor takes the tier, records the ramp event and the command's 'applied at step N'."""
-        self.set_tier(ramp.per_device_batch, ramp.accum)
+        """The loop now runs ramp.tier (and has moved its LR): the monitor takes the tier,
+        records the ramp event and the command's 'applied at step N'."""
+        self.set_tier(ramp.tier.per_device_batch, ramp.tier.accum)
         self.ramps.applied(ramp)
 
     def ramp_refused(self, ramp: Ramp, reason: str) -> None:

@@ -10,13 +10,14 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as torch_dist
 
+from rampwatch.advisor.tiers import Tier
+
 
 @dataclass
 class Proposal:
     """A tier change rank 0 decided: what every rank applies, and what it came from."""
 
-    per_device_batch: int
-    accum: int
+    tier: Tier
     base_lr: float
     source: str
     command_id: int | None
@@ -35,6 +36,7 @@ class RampChannel:
     def __init__(self, group=None):
         self.group = group if group is not None else torch_dist.new_group(backend="gloo")
         self.rank = torch_dist.get_rank()
+        self.world_size = torch_dist.get_world_size(self.group)  # the tier's (never sent)
         self._inflight = None  # (work, buffer, the proposal rank 0 sent in it)
         self.stopping = False  # rank 0 asked every rank to stop at this boundary
 
@@ -56,8 +58,8 @@ class RampChannel:
             buf[:6] = torch.tensor(
                 [
                     1.0,
-                    proposal.per_device_batch,
-                    proposal.accum,
+                    proposal.tier.per_device_batch,
+                    proposal.tier.accum,
                     proposal.base_lr,
                     proposal.command_id or -1,
                     proposal.source.startswith("auto"),
@@ -79,7 +81,8 @@ class RampChannel:
         if not flag:
             return None, None
         source = sent.source if sent else ("auto (rank 0)" if auto else "rank 0")
-        got = Proposal(int(b), int(a), lr, source, int(cid) if cid >= 0 else None)
+        tier = Tier(int(b), int(a), self.world_size)
+        got = Proposal(tier, lr, source, int(cid) if cid >= 0 else None)
         return got, sent
 
     def drain(self, wait: bool) -> Proposal | None:

@@ -11,9 +11,11 @@ Owns: `Ramp` (the value a loop acts on), `scale_lr` (an LR move that survives an
 `RampProtocol` (the monitor's part: commands the writer's flusher claimed, the memory check, the
 `ramp="auto"` policy, the measured memory plan, their state for a resume). It works with what
 the Monitor hands it (the writer, the `RunningTier`, the policy, an event and an alert function),
-never with the Monitor itself. Under torch.distributed its decisions travel through
-monitor/ramp_channel.py `RampChannel` (rank 0 decides, every rank learns the same ramp at the same
-boundary); RampChannel is re-exported here.
+never with the Monitor itself. A tier is advisor/tiers.py's `Tier` and the run as it is now
+advisor/advice.py's `RunningTier`, which the protocol holds and Monitor.set_tier replaces. Under
+torch.distributed its decisions travel through monitor/ramp_channel.py `RampChannel` (rank 0
+decides, every rank learns the same ramp at the same boundary); RampChannel and RunningTier are
+re-exported here.
 
 Why the checks live here and not in the dashboard: the memory picture may have changed (an OOM,
 a new measurement) since the operator clicked, so a command is checked again at the boundary.
@@ -26,14 +28,15 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from rampwatch.advisor.advice import Advice, Current, MemoryEvidence, advise, memory_evidence
+from rampwatch.advisor.advice import Advice, MemoryEvidence, RunningTier, advise, memory_evidence
 from rampwatch.advisor.policy import RampPolicy
+from rampwatch.advisor.tiers import Tier
 from rampwatch.monitor.ramp_channel import Proposal, RampChannel
 from rampwatch.store import CommandError, RunWriter
 from rampwatch.store import names as M
 from rampwatch.store.commands import validate as validate_command
 
-# RampChannel: re-exported
+# RampChannel and RunningTier (advisor/advice.py's): re-exported
 __all__ = ["MODES", "Ramp", "RampChannel", "RampProtocol", "RunningTier", "scale_lr"]
 
 MODES = ("manual", "auto", "off")
@@ -45,17 +48,25 @@ _SCHEDULER_LR_ATTRS = ("base_lrs", "max_lrs", "min_lrs")
 
 @dataclass(frozen=True)
 class Ramp:
-    """A ramp due at the boundary after `step`: the loop runs per_device_batch × accum from
-    step + 1 and moves its LR by lr_multiplier (base_lr is the new base the policy's rule gives)."""
+    """A ramp due at the boundary after `step`: the loop runs `tier` from step + 1 and moves
+    its LR by lr_multiplier (base_lr is the new base the policy's rule gives)."""
 
-    per_device_batch: int
-    accum: int
+    tier: Tier
     lr_multiplier: float
     base_lr: float
     step: int
     source: str  # "command 7" or "auto: <the policy's reason>"
     command_id: int | None = None
-    before: tuple[int, int] = (1, 1)  # (per_device_batch, accum) it replaces
+    before: Tier = Tier(1, 1)  # the tier it replaces
+
+    # what a loop reads to switch its loader and accumulation (the README's snippet)
+    @property
+    def per_device_batch(self) -> int:
+        return self.tier.per_device_batch
+
+    @property
+    def accum(self) -> int:
+        return self.tier.accum
 
     def scale_lr(self, optimizer, scheduler=None) -> None:
         scale_lr(optimizer, self.lr_multiplier, scheduler)
@@ -91,24 +102,12 @@ def scale_lr(optimizer, multiplier: float, scheduler=None) -> None:
 
 
 @dataclass
-class RunningTier:
-    """The run as the ramp checks see it: the tier it runs now (Monitor.set_tier moves it), its
-    world size and sequence length, and the device's capacity in bytes."""
-
-    per_device_batch: int
-    accum: int
-    world_size: int
-    seq_len: int
-    capacity: int
-
-
-@dataclass
 class RampProtocol:
     """The monitor's ramp state. `Monitor` owns one and hands it what it works with; loops use it
     through Monitor.ramp_due, ramp_applied, ramp_refused and report_oom."""
 
     writer: RunWriter | None  # rank 0's; other ranks decide nothing and write nothing
-    running: RunningTier  # the Monitor's own: it sees every set_tier
+    running: RunningTier  # the run now: Monitor.set_tier replaces it (one home for the tier)
     policy: RampPolicy
     event: Callable[[int, str, str, dict], None]  # one event of the run (Monitor.event)
     failed: Callable[[str, Exception, int], None]  # an error of its own: one alert, never raised
@@ -166,7 +165,7 @@ class RampProtocol:
                 del self._gns_steps[:-HISTORY], self._gns_values[:-HISTORY]
                 del self._gns_lower[:-HISTORY]
         peak = metrics.get(M.MEM_PEAK)
-        b = self.running.per_device_batch
+        b = self.running.tier.per_device_batch
         if peak is None or not math.isfinite(peak) or b in self.infeasible:
             return
         if peak > self.measured.get(b, 0) * 1.01:  # new information only
@@ -241,11 +240,9 @@ class RampProtocol:
 
     def advise(self) -> Advice:
         """The advisor's advice for the running tier, from this process's evidence."""
-        r = self.running
-        current = Current(r.per_device_batch, r.accum, r.world_size, r.seq_len, r.capacity)
         return advise(
             self.policy,
-            current,
+            self.running,
             self._gns_steps,
             self._gns_values,
             self._gns_lower,
@@ -267,16 +264,14 @@ class RampProtocol:
             proposal, sent = self.channel.exchange(proposal, stop=self.stop_requested)
         if proposal is None:
             return None
-        cur_b, cur_a = self.running.per_device_batch, self.running.accum
         return Ramp(
-            proposal.per_device_batch,
-            proposal.accum,
+            proposal.tier,
             lr_multiplier=proposal.base_lr / self.base_lr,
             base_lr=proposal.base_lr,
             step=step,
             source=(sent or proposal).source,
             command_id=(sent or proposal).command_id,
-            before=(cur_b, cur_a),
+            before=self.running.tier,
         )
 
     def _decide(self, step: int) -> Proposal | None:
@@ -312,8 +307,8 @@ class RampProtocol:
         if reason is not None:
             self._refuse(cmd.command_id, step, reason, payload)
             return None
-        b, a = payload["per_device_batch"], payload["accum"]
-        by_rule = self.policy.new_base_lr(b * a * self.running.world_size)
+        tier = Tier.from_payload(payload, self.running.tier.world_size)
+        by_rule = self.policy.new_base_lr(tier.batch)
         mult = payload.get("lr_multiplier")
         # the operator's multiplier wins only where it disagrees with the rule; otherwise the
         # rule's value from the original LR, so a ramp and its reverse restore it bit for bit
@@ -322,7 +317,7 @@ class RampProtocol:
             if mult is None or math.isclose(self.base_lr * mult, by_rule, rel_tol=1e-9)
             else self.base_lr * mult
         )
-        return Proposal(b, a, base, f"command {cmd.command_id}", cmd.command_id)
+        return Proposal(tier, base, f"command {cmd.command_id}", cmd.command_id)
 
     def check(self, payload: dict, advice: Advice | None = None) -> str | None:
         """Why this tier cannot run here, now; None when it can."""
@@ -331,7 +326,7 @@ class RampProtocol:
         except CommandError as e:
             return str(e)
         advice = advice or self.advise()
-        return advice.refusal(payload["per_device_batch"], payload["accum"])
+        return advice.refusal(Tier.from_payload(payload, self.running.tier.world_size))
 
     def _auto(self, step: int) -> Proposal | None:
         advice = self.advise()
@@ -339,44 +334,35 @@ class RampProtocol:
             return None
         if advice.memory_model is None and self.plan_pending:
             return None  # the plan is still running: judge the per-device batch when it is in
-        tier = advice.suggested
-        if tier is None or not tier.fits:
+        suggested = advice.suggested
+        if suggested is None or not suggested.fits:
             return None
-        b, a = tier.tier.per_device_batch, tier.tier.accum
-        if self.check({"per_device_batch": b, "accum": a}, advice) is not None:
+        tier = suggested.option.tier
+        if self.check(tier.to_payload(), advice) is not None:
             return None
-        return Proposal(b, a, tier.new_base_lr, f"auto: {advice.decision.reason}", None)
+        return Proposal(tier, suggested.new_base_lr, f"auto: {advice.decision.reason}", None)
 
     # -- the loop's answer --------------------------------------------------------------------
     def applied(self, ramp: Ramp) -> None:
         """After Monitor.set_tier to the ramp's tier: the new base LR, the event, 'applied'."""
-        world, seq = self.running.world_size, self.running.seq_len
-        (b0, a0), old_lr = ramp.before, self.base_lr
-        old_batch, new_batch = b0 * a0 * world, ramp.per_device_batch * ramp.accum * world
+        seq, old_lr = self.running.seq_len, self.base_lr
+        before, after = ramp.before, ramp.tier
         self.base_lr = ramp.base_lr
         self.last_ramp_step = ramp.step
+
+        def side(t: Tier, base_lr: float) -> dict:
+            return {**t.to_payload(), "batch": t.batch, "tokens": t.batch * seq, "base_lr": base_lr}
+
         self.event(
             ramp.step,
             M.EVENT_RAMP,
-            f"ramp ({ramp.source}): {b0} x {a0} -> {ramp.per_device_batch} x {ramp.accum} "
-            f"per device; batch {old_batch} -> {new_batch} sequences; base lr "
-            f"{old_lr:.3g} -> {ramp.base_lr:.3g}",
+            f"ramp ({ramp.source}): {before.per_device_batch} x {before.accum} -> "
+            f"{after.per_device_batch} x {after.accum} per device; batch {before.batch} -> "
+            f"{after.batch} sequences; base lr {old_lr:.3g} -> {ramp.base_lr:.3g}",
             {
                 "source": ramp.source,
-                "before": {
-                    "per_device_batch": b0,
-                    "accum": a0,
-                    "batch": old_batch,
-                    "tokens": old_batch * seq,
-                    "base_lr": old_lr,
-                },
-                "after": {
-                    "per_device_batch": ramp.per_device_batch,
-                    "accum": ramp.accum,
-                    "batch": new_batch,
-                    "tokens": new_batch * seq,
-                    "base_lr": ramp.base_lr,
-                },
+                "before": side(before, old_lr),
+                "after": side(after, ramp.base_lr),
                 "rule": self.policy.lr_rule,
             },
         )
@@ -386,7 +372,7 @@ class RampProtocol:
 
     def refused(self, ramp: Ramp, reason: str) -> None:
         self.last_ramp_step = ramp.step  # an auto ramp the loop refused waits a whole streak
-        payload = {"per_device_batch": ramp.per_device_batch, "accum": ramp.accum}
+        payload = ramp.tier.to_payload()
         if ramp.command_id is not None:
             self._refuse(ramp.command_id, ramp.step, reason, payload)
         else:

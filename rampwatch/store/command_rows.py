@@ -2,17 +2,18 @@
 
 Owns: payload validation per kind (every field bounded: a command is an instruction to a
 training run, so a typo must not become a 10^9 accumulation or a 1e300 learning rate), the
-tier rule (a ramp moves the effective batch at most RAMP_MAX_FACTOR up per command and never
-below the run's starting tier, where the store knows them), idempotency keys (a double click or
-a replayed request makes one command), the legal status changes, the rule of at most one open
-ramp per run, undoing the ramps a resume discarded, the command log (every change timestamped
-and attributed to an actor), and the SQL that reads and writes the commands and command_log
-tables.
+tier rule (a ramp moves the effective batch at most advisor/tiers.py's RAMP_MAX_FACTOR up per
+command and never below the run's starting tier, where the store knows them), idempotency
+keys (a double click or a replayed request makes one command), the legal status changes, the
+rule of at most one open ramp per run, undoing the ramps a resume discarded, the command log
+(every change timestamped and attributed to an actor), and the SQL that reads and writes the
+commands and command_log tables.
 
 Nothing here opens a connection or recovers dead writers: that is the API (store/commands.py).
 So ingest (a spooled command result), recovery (a dead run's open commands are refused) and the
 writer's flusher (claim_pending) change commands inside their own transactions by importing
-this module alone, which imports only leaf modules of the store.
+this module alone, which imports only leaf modules of the store (and advisor/tiers.py: what a
+tier is, and how far one ramp may grow it, has one home).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import operator
 import time
 from dataclasses import dataclass
 
+from rampwatch.advisor.tiers import RAMP_MAX_FACTOR, Tier
 from rampwatch.store import names as M
 from rampwatch.store.errors import CommandError
 from rampwatch.store.schema import ROLLUP_LEVELS, first, transaction
@@ -36,13 +38,12 @@ LEGAL = {
     "applied": ("undone",),
 }
 OPEN = ("pending", "claimed")
-_RAMP_FIELDS = ("per_device_batch", "accum", "lr_multiplier", "note")
+_RAMP_FIELDS = (*Tier.PAYLOAD, "lr_multiplier", "note")
 MAX_PER_DEVICE_BATCH = 1 << 20  # sequences per micro-batch
 MAX_ACCUM = 4096  # micro-batches per optimizer step
 MAX_LR_MULTIPLIER = 64.0  # more is a typo or a unit mistake, never a ramp
 MAX_NOTE = 1000  # characters
 MAX_KEY = 200
-RAMP_MAX_FACTOR = 8  # effective-batch growth per command
 
 _SELECT = (
     "SELECT command_id, run_id, kind, payload, status, actor, created_at, updated_at, "
@@ -273,12 +274,10 @@ def _positive(x) -> int | None:
     return int(x) if x >= 1 else None
 
 
-def _tiers(con, run_id: str, config, world_size) -> tuple[int | None, int | None, int]:
-    """(starting effective batch, current effective batch, world size) as far as known."""
-    config = config if isinstance(config, dict) else {}
-    ws = _positive(world_size) or _positive(config.get("world_size")) or 1
+def _tiers(con, run_id: str, config: dict, ws: int) -> tuple[Tier | None, Tier | None]:
+    """(the starting tier, the current tier) as far as known."""
     b0, a0 = _positive(config.get("per_device_batch")), _positive(config.get("accum"))
-    start = b0 * a0 * ws if b0 and a0 else None
+    start = Tier(b0, a0, ws) if b0 and a0 else None
     _, complete, partial = ROLLUP_LEVELS[-1]  # table names: our constants, never input
     rows = con.execute(
         f"""SELECT name, arg_max(last_value, last_step) FROM (
@@ -290,8 +289,8 @@ def _tiers(con, run_id: str, config, world_size) -> tuple[int | None, int | None
     ).fetchall()
     latest = {n: _positive(v) for n, v in rows}
     b, a = latest.get(M.PER_DEVICE_BATCH), latest.get(M.ACCUM)
-    current = b * a * ws if b and a else start
-    return start, current, ws
+    current = Tier(b, a, ws) if b and a else start
+    return start, current
 
 
 def ramp_refusal(config) -> str | None:
@@ -308,20 +307,24 @@ def ramp_refusal(config) -> str | None:
 
 
 def _check_tier(con, run_id: str, payload: dict, config, world_size) -> None:
-    start, current, ws = _tiers(con, run_id, config, world_size)
-    b, a = payload["per_device_batch"], payload["accum"]
-    new = b * a * ws
-    what = f"a ramp to {b} x {a} on {ws} rank(s) (effective batch {new})"
-    if start is not None and new < start:
+    config = config if isinstance(config, dict) else {}
+    ws = _positive(world_size) or _positive(config.get("world_size")) or 1
+    start, current = _tiers(con, run_id, config, ws)
+    new = Tier.from_payload(payload, ws)
+    what = (
+        f"a ramp to {new.per_device_batch} x {new.accum} on {ws} rank(s) (effective batch "
+        f"{new.batch})"
+    )
+    if start is not None and new.batch < start.batch:
         raise CommandError(
-            f"{what} is below the run's starting tier {start} (per_device_batch "
+            f"{what} is below the run's starting tier {start.batch} (per_device_batch "
             "x accum x world_size of its config); ramps grow the batch"
         )
-    if current is not None and new > RAMP_MAX_FACTOR * current:
+    if current is not None and new.batch > RAMP_MAX_FACTOR * current.batch:
         raise CommandError(
             f"{what} grows the batch more than x{RAMP_MAX_FACTOR} in one "
-            f"command (from {current} to {new}; at most "
-            f"{RAMP_MAX_FACTOR * current}); ramp in smaller steps"
+            f"command (from {current.batch} to {new.batch}; at most "
+            f"{RAMP_MAX_FACTOR * current.batch}); ramp in smaller steps"
         )
 
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from rampwatch.advisor.tiers import Tier
 from rampwatch.store.naming import check_run_id
 from rampwatch.trainer.data_formats import DataError
 
@@ -64,6 +65,13 @@ class TrainState:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    # the tier is kept as its two fields, as every checkpoint has it (the world is the launch's)
+    def tier(self, world_size: int) -> Tier:
+        return Tier(self.per_device_batch, self.accum, world_size)
+
+    def set_tier(self, tier: Tier) -> None:
+        self.per_device_batch, self.accum = tier.per_device_batch, tier.accum
 
 
 def checkpoint_path(directory: str | os.PathLike, run_id: str) -> Path:

@@ -45,11 +45,11 @@ import torch
 import torch.distributed as torch_dist
 from torch.distributed.constants import default_pg_timeout
 
+from rampwatch.advisor.tiers import Tier
 from rampwatch.store import names as M
 from rampwatch.trainer import checkpoint as ckpt
 from rampwatch.trainer.data import rank_slice
 from rampwatch.trainer.oom import OomInjector
-from rampwatch.trainer.ramp_controller import RankBatch
 
 if TYPE_CHECKING:
     from rampwatch.monitor import Monitor
@@ -148,7 +148,7 @@ def keep_effective_batch(state, old_world: int, new_world: int):
     batch <= the old one that divides the per-rank share (never a larger one: it may not fit);
     otherwise keep the per-device batch and round accumulation up (the batch grows a little).
     """
-    total = state.per_device_batch * state.accum * old_world
+    total = state.tier(old_world).batch
     if total % new_world == 0:
         per_rank = total // new_world
         b = max(d for d in range(1, min(state.per_device_batch, per_rank) + 1) if per_rank % d == 0)
@@ -188,24 +188,25 @@ def on_resume(blob: dict, world_size: int) -> tuple[ckpt.TrainState, list[dict]]
     notes = [blob["note"]] if blob.get("note") else []
     old = blob["config"].get("world_size", 1)
     if old != world_size:
-        before = RankBatch.of(state)
-        after = RankBatch.of(keep_effective_batch(state, old, world_size))
-        notes.append(world_size_note(before, after, old, world_size))
+        before = state.tier(old)
+        after = keep_effective_batch(state, old, world_size).tier(world_size)
+        notes.append(world_size_note(before, after))
     return state, notes
 
 
-def world_size_note(before: RankBatch, after: RankBatch, old: int, new: int) -> dict:
+def world_size_note(before: Tier, after: Tier) -> dict:
+    old, new = before.world_size, after.world_size
     return {
         "kind": M.EVENT_RESUME,
         "data": {
-            "before": before.as_dict(),
-            "after": after.as_dict(),
+            "before": before.to_payload(),
+            "after": after.to_payload(),
             "world_before": old,
             "world_after": new,
         },
         "message": f"world size {old} -> {new}: tier {before.per_device_batch} x "
         f"{before.accum} -> {after.per_device_batch} x {after.accum} per device; batch "
-        f"{before.sequences * old} -> {after.sequences * new} sequences",
+        f"{before.batch} -> {after.batch} sequences",
     }
 
 
@@ -243,11 +244,11 @@ def oom_injector(spec: str | None, info: DistInfo) -> OomInjector:
     )
 
 
-def debug_step(info: DistInfo, state: ckpt.TrainState, tier: RankBatch, lr: float) -> None:
+def debug_step(info: DistInfo, state: ckpt.TrainState, tier: Tier, lr: float) -> None:
     """$RAMPWATCH_DEBUG_RANKS: one line per rank and step (tier, this rank's first sample id)."""
     if not os.environ.get("RAMPWATCH_DEBUG_RANKS"):
         return
-    n = tier.sequences * info.world_size
+    n = tier.batch
     first, _ = rank_slice(state.next_sample - n, n, info.rank, info.world_size)
     print(
         f"rampwatch-rank rank={info.rank} step={state.step} tier={tier.per_device_batch}x"

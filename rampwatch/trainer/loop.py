@@ -24,6 +24,7 @@ import torch
 from rampwatch.advisor.lr import rule_for
 from rampwatch.advisor.policy import CONFIG_KEY as POLICY_KEY
 from rampwatch.advisor.policy import RampPolicy
+from rampwatch.advisor.tiers import Tier
 from rampwatch.monitor import Monitor
 from rampwatch.store import names as M
 from rampwatch.trainer import checkpoint as ckpt
@@ -34,7 +35,7 @@ from rampwatch.trainer.data_files import prepare_for_run
 from rampwatch.trainer.data_loader import Prefetcher
 from rampwatch.trainer.model import GPT, configure_optimizer
 from rampwatch.trainer.oom import OomGuard, StopTraining, error_line
-from rampwatch.trainer.ramp_controller import GptPlan, RampController, RankBatch
+from rampwatch.trainer.ramp_controller import GptPlan, RampController
 
 
 def lr_schedule(
@@ -51,7 +52,7 @@ def lr_schedule(
 @dataclass
 class StepOutcome:
     loss: float
-    tier: RankBatch
+    tier: Tier
 
 
 def monitor_state(state: ckpt.TrainState) -> dict:
@@ -232,7 +233,7 @@ class Trainer:
             if v is not None
         }
         return RampPolicy(
-            original_batch=a.per_device_batch * a.accum * self.ddp.world_size,
+            original_batch=Tier(a.per_device_batch, a.accum, self.ddp.world_size).batch,
             original_lr=a.lr,
             lr_rule=rule_for(a.optimizer),
             **overrides,
@@ -274,11 +275,11 @@ class Trainer:
         return mon
 
     # -- one optimizer step -------------------------------------------------------------------
-    def _micro_batches(self, tier: RankBatch):
+    def _micro_batches(self, tier: Tier):
         """This rank's micro-batches of the step that starts at the run's data position; the
         loader makes the next step's in the background meanwhile (assuming the tier holds)."""
-        b, world, rank = tier.per_device_batch, self.ddp.world_size, self.ddp.rank
-        global_n = b * tier.accum * world
+        b, world, rank = tier.per_device_batch, tier.world_size, self.ddp.rank
+        global_n = tier.batch
         first, _ = rank_slice(self.state.next_sample, global_n, rank, world)
         after, _ = rank_slice(self.state.next_sample + global_n, global_n, rank, world)
         keys = [(start + j * b, b) for start in (first, after) for j in range(tier.accum)]
@@ -287,7 +288,7 @@ class Trainer:
             x, y = self.loader.get(*key)
             yield j, x, y
 
-    def _forward_backward(self, tier: RankBatch) -> torch.Tensor:
+    def _forward_backward(self, tier: Tier) -> torch.Tensor:
         loss_sum = torch.zeros((), device=self.device)
         for j, x, y in self._micro_batches(tier):
             last = j == tier.accum - 1
@@ -303,7 +304,7 @@ class Trainer:
 
     def train_step(self) -> StepOutcome:
         """Forward/backward with the OOM guard, then clip and step. Returns the mean loss."""
-        tier = RankBatch.of(self.state)
+        tier = self.state.tier(self.ddp.world_size)
         while True:
             try:
                 loss = self._forward_backward(tier)
@@ -323,7 +324,7 @@ class Trainer:
             self.oom.recover(tier, error_line(exc), in_optimizer=True)  # raises StopTraining
         self.optimizer.zero_grad(set_to_none=True)
         self.state.step = step
-        self.state.next_sample += tier.sequences * self.ddp.world_size
+        self.state.next_sample += tier.batch
         self.state.tokens_seen = self.mon.tokens_seen
         return StepOutcome(metrics[M.LOSS], tier)
 
@@ -369,7 +370,7 @@ class Trainer:
             {"path": str(self.checkpoint_path), "next_sample": self.state.next_sample},
         )
 
-    def write_checkpoint(self, tier: RankBatch | None = None, note: dict | None = None) -> None:
+    def write_checkpoint(self, tier: Tier | None = None, note: dict | None = None) -> None:
         """The checkpoint file, from any rank (an out-of-memory stop writes it from the rank that
         failed, and stops failed instead when the save fails). tier: the one to resume at, when
         not the running one; note: an event for the resumed run to record."""
@@ -378,14 +379,15 @@ class Trainer:
         except ckpt.SaveFailed as failed:
             raise StopTraining(str(failed)) from None
 
-    def _save(self, tier: RankBatch | None = None, note: dict | None = None) -> None:
+    def _save(self, tier: Tier | None = None, note: dict | None = None) -> None:
         """What the monitor knows (the noise-scale window, the per-device batches that ran out
         of memory) is copied into the state here, so a resume keeps it. ckpt.SaveFailed when
         the file could not be written."""
         keep_monitor_state(self.state, self.mon.state_dict())
         state = self.state
         if tier is not None:
-            state = replace(state, per_device_batch=tier.per_device_batch, accum=tier.accum)
+            state = replace(state)  # a copy: the running state keeps its own tier
+            state.set_tier(tier)
         ckpt.save(
             self.checkpoint_path,
             state=state,

@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from rampwatch.advisor.tiers import Tier
 from rampwatch.store import names as M
 from rampwatch.trainer import checkpoint as ckpt
-from rampwatch.trainer.ramp_controller import RankBatch
 
 if TYPE_CHECKING:
     from rampwatch.monitor import Monitor
@@ -45,14 +45,14 @@ class StopTraining(Exception):
         self.code = code
 
 
-def halve_tier(tier: RankBatch) -> RankBatch | None:
+def halve_tier(tier: Tier) -> Tier | None:
     """⌊b/2⌋ per device, accumulation rounded up so the effective batch never shrinks below what
     was approved (it grows when b·accum is odd at the new per-device batch); None at per-device
     batch 1, where there is nothing smaller."""
     if tier.per_device_batch <= 1:
         return None
     half = tier.per_device_batch // 2
-    return RankBatch(half, -(-tier.sequences // half))
+    return Tier(half, -(-tier.per_rank // half), tier.world_size)
 
 
 def error_line(exc: BaseException) -> str:
@@ -67,8 +67,8 @@ class OomDecision:
     """What one out-of-memory changes. `after` None: nothing smaller, the run stops with
     `message` and records nothing."""
 
-    before: RankBatch
-    after: RankBatch | None
+    before: Tier
+    after: Tier | None
     redo: bool  # redo the failed step in place at `after`; otherwise the run stops
     checkpoint: str | None  # SAVE, RETIER or None
     event_step: int | None  # where the event and the infeasible plan row go
@@ -78,17 +78,17 @@ class OomDecision:
 
 
 def decide_oom(
-    tier: RankBatch,
+    tier: Tier,
     completed_step: int,
     *,
     error: str,
     run_id: str,
     in_optimizer: bool = False,
     rank: int = 0,
-    world_size: int = 1,
     checkpoint_exists: bool = False,
 ) -> OomDecision:
-    """The out-of-memory in step completed_step + 1 at `tier`, on `rank` of `world_size`."""
+    """The out-of-memory in step completed_step + 1 at `tier`, on `rank` of its world size."""
+    world_size = tier.world_size
     after = halve_tier(tier)
     if after is None:
         return OomDecision(
@@ -101,10 +101,15 @@ def decide_oom(
             "Use a smaller model or sequence length, or --chunked-ce.",
         )
     failed = completed_step + 1
-    exact = after.sequences == tier.sequences
+    exact = after.batch == tier.batch
     inexact = "" if exact else " (effective batch not kept exactly: odd per-device batch)"
     b, new = tier.per_device_batch, f"{after.per_device_batch} x {after.accum}"
-    data = {"before": tier.as_dict(), "after": after.as_dict(), "exact": exact, "error": error}
+    data = {
+        "before": tier.to_payload(),
+        "after": after.to_payload(),
+        "exact": exact,
+        "error": error,
+    }
     if world_size > 1:
         data.update(rank=rank, world_size=world_size)
     if in_optimizer:
@@ -152,7 +157,7 @@ class OomGuard:
         info: DistInfo,
         *,
         checkpoint_path: Path,
-        write_checkpoint: Callable[[RankBatch | None, dict | None], object],
+        write_checkpoint: Callable[[Tier | None, dict | None], object],
     ):
         self.state = state
         self.monitor = monitor
@@ -161,7 +166,7 @@ class OomGuard:
         self.checkpoint_path = checkpoint_path
         self.write_checkpoint = write_checkpoint  # (tier to resume at, note): any rank writes
 
-    def recover(self, tier: RankBatch, error: str, *, in_optimizer: bool = False) -> RankBatch:
+    def recover(self, tier: Tier, error: str, *, in_optimizer: bool = False) -> Tier:
         """After torch.OutOfMemoryError at `tier`: the tier to redo the step at, or StopTraining."""
         self.model.zero_grad(set_to_none=True)  # the failed step's gradients
         self.monitor.discard_step()
@@ -174,12 +179,11 @@ class OomGuard:
             run_id=self.state.run_id,
             in_optimizer=in_optimizer,
             rank=self.info.rank,
-            world_size=self.info.world_size,
             checkpoint_exists=self.checkpoint_path.exists(),
         )
         return self.apply(decision)
 
-    def apply(self, decision: OomDecision) -> RankBatch:
+    def apply(self, decision: OomDecision) -> Tier:
         after, before = decision.after, decision.before
         if after is None:
             raise StopTraining(decision.message)
@@ -201,7 +205,7 @@ class OomGuard:
         self.monitor.event(decision.event_step, M.EVENT_OOM, decision.message, decision.data)
         if not decision.redo:
             raise StopTraining(decision.message)
-        after.apply_to(self.state)
+        self.state.set_tier(after)
         self.monitor.set_tier(after.per_device_batch, after.accum)
         return after
 

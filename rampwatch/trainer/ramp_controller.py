@@ -2,18 +2,20 @@
 (monitor/ramp_protocol.py: claim, check, auto, refuse), plus what only this trainer does — the GPT's memory
 plan in a child process, a checkpoint of each switch, the schedule's base LR in TrainState.
 
-Owns `RankBatch` (what each rank runs per step), `RampController` and its pure parts: `tier_switch`
-(what a due ramp becomes for the trainer's state) and `plan_ladder` (the per-device batches the
-plan covers). The out-of-memory fallback is trainer/oom.py's.
+Owns `RampController` and its pure parts: `tier_switch` (what a due ramp becomes for the
+trainer's state) and `plan_ladder` (the per-device batches the plan covers). A tier is
+advisor/tiers.py's `Tier`; the trainer's state holds it as TrainState.tier(world size). The
+out-of-memory fallback is trainer/oom.py's.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from rampwatch.advisor.tiers import Tier
 from rampwatch.monitor.ramp_protocol import Ramp
 from rampwatch.store import names as M
 from rampwatch.trainer import gpt_plan
@@ -21,31 +23,6 @@ from rampwatch.trainer import gpt_plan
 if TYPE_CHECKING:
     from rampwatch.monitor import Monitor
     from rampwatch.trainer.checkpoint import TrainState
-
-
-@dataclass(frozen=True)
-class RankBatch:
-    """What each rank runs per optimizer step: `accum` micro-batches of `per_device_batch`
-    sequences. (advisor/tiers.py `Tier` is a whole candidate tier: world size, predicted memory,
-    whether it fits, its LR multiplier.)"""
-
-    per_device_batch: int
-    accum: int
-
-    @classmethod
-    def of(cls, state: TrainState) -> RankBatch:
-        return cls(state.per_device_batch, state.accum)
-
-    def apply_to(self, state: TrainState) -> None:
-        state.per_device_batch, state.accum = self.per_device_batch, self.accum
-
-    @property
-    def sequences(self) -> int:
-        """Sequences per rank per optimizer step."""
-        return self.per_device_batch * self.accum
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def plan_ladder(per_device_batch: int) -> list[int]:
@@ -59,13 +36,13 @@ def plan_ladder(per_device_batch: int) -> list[int]:
 class TierSwitch:
     """What a due ramp becomes for the trainer's state."""
 
-    tier: RankBatch
+    tier: Tier
     base_lr: float  # the schedule's new base (set_lr shapes it from the next step)
     replan: bool  # the per-device batch moved: plan the ladder around the new one
 
 
-def tier_switch(running: RankBatch, ramp: Ramp) -> TierSwitch:
-    tier = RankBatch(ramp.per_device_batch, ramp.accum)
+def tier_switch(running: Tier, ramp: Ramp) -> TierSwitch:
+    tier = ramp.tier
     return TierSwitch(tier, ramp.base_lr, tier.per_device_batch != running.per_device_batch)
 
 
@@ -143,9 +120,9 @@ class RampController:
         ramp = self.monitor.ramp_due(self.state.step)
         if ramp is None:
             return
-        switch = tier_switch(RankBatch.of(self.state), ramp)
+        switch = tier_switch(self.state.tier(self.monitor.world_size), ramp)
         self.state.base_lr = switch.base_lr
-        switch.tier.apply_to(self.state)
+        self.state.set_tier(switch.tier)
         self.save_checkpoint()
         self.monitor.ramp_applied(ramp)
         if switch.replan:
