@@ -84,7 +84,7 @@ def test_bracket(passes, k_star, bracket):
 def test_no_progress_passes_only_a_surely_better_branch():
     verdict = _verdict({2: 0.0, 4: -0.01, 8: 0.01}, progress=-0.05)
     assert [b.tolerance for b in verdict.branches] == [0.0, 0.0, 0.0]
-    assert [b.passed for b in verdict.branches] == [True, True, False]  # bound = mean here
+    assert [b.passed for b in verdict.branches] == [False, True, False]  # bound = mean here
     assert "could not tell" in verdict.summary
 
 
@@ -104,6 +104,7 @@ def test_plan_steps_lr_and_cost():
         (dict(batch=0), "batch"),
         (dict(ks=(4, 2)), "ks"),
         (dict(ks=(1, 2)), "ks"),
+        (dict(ks=(2, 3)), "delta_tokens"),  # 64 tokens are 8 steps of ×2, not whole ones of ×3
         (dict(ks=()), "ks"),
         (dict(delta_tokens=100), "delta_tokens"),
         (dict(rule="cubic"), "LR rule"),

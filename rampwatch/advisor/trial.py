@@ -68,7 +68,7 @@ class TrialPlan:
     `delta_tokens` tokens on the same data, the branches at k·batch with the LR × `lr_factor(k)`.
 
     `rule` is 'sqrt', 'linear' or 'none' (advisor/lr.py; `TrialPlan.for_optimizer` picks it from
-    the optimizer's name). Δ must be a whole number of steps of the largest branch, so every arm
+    the optimizer's name). Δ must be a whole number of steps of every branch, so every arm
     sees exactly the same examples.
     """
 
@@ -92,13 +92,14 @@ class TrialPlan:
         object.__setattr__(self, "rule", rule_for(rule=self.rule))
         if not 0.5 < float(self.level) < 1:
             raise ValueError(f"level must be a one-sided level in (0.5, 1), got {self.level!r}")
-        largest = ks[-1] * self.batch * self.tokens_per_example
-        if self.delta_tokens % largest:
-            raise ValueError(
-                f"delta_tokens ({self.delta_tokens}) must be a multiple of the largest branch's "
-                f"step ({ks[-1]} × {self.batch} × {self.tokens_per_example} = {largest} tokens), "
-                "so every arm trains on exactly the same examples"
-            )
+        for k in ks:
+            step = k * self.batch * self.tokens_per_example
+            if self.delta_tokens % step:
+                raise ValueError(
+                    f"delta_tokens ({self.delta_tokens}) must be a multiple of every branch's step "
+                    f"(×{k}: {k} × {self.batch} × {self.tokens_per_example} = {step} tokens), "
+                    "so every arm trains on exactly the same examples"
+                )
 
     @classmethod
     def for_optimizer(cls, optimizer: str, **fields) -> TrialPlan:
@@ -214,7 +215,7 @@ def _branch(plan: TrialPlan, k: int, control: np.ndarray, losses, progress: floa
         mean_diff=float(diff.mean()),
         bound=bound,
         tolerance=tolerance,
-        passed=bound <= tolerance,
+        passed=bound <= tolerance if tolerance > 0 else bound < 0,
     )
 
 
