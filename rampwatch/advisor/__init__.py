@@ -11,6 +11,7 @@ Modules, one concern each:
   lr        learning-rate rules on a ramp (√ for Adam-type, linear for SGD), exact reversal
   tiers     batch tiers that fit in memory (per-device batch × accumulation × world size)
   ramp_point  when to ramp (hysteresis, forecast); its effect
+  trial     the judgement of a ramp trial: paired bound, tolerance, bracket of the critical batch
   flops     FLOPs per token, device peak FLOPs, MFU
   cli       `rampwatch plan`
 Import from the modules (e.g. `from rampwatch.advisor.gns_window import NoiseScaleWindow`); nothing here imports

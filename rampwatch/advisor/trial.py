@@ -1,0 +1,278 @@
+"""The judgement of a ramp trial: is a k× larger batch as good, token for token, as the running one?
+
+Owns `TrialPlan` (what a trial runs: the batch B, the factors k, Δ tokens per arm, the LR rule),
+`BranchResult` and `TrialVerdict` (what it found), `tolerance_fraction` and `judge`. Pure: the
+losses come in as arrays; running the arms is the caller's (monitor/trial_runner.py for a plain
+torch model and optimizer).
+
+The method is Merrill, Arora, Groeneveld, Hajishirzi 2025, "Critical Batch Size Revisited"
+(arXiv 2505.23971) §3.1: from one snapshot at batch B, train the control (k = 1) and each branch
+at k·B, with the LR × f(k) (advisor/lr.py: √k for Adam-type, k for SGD), for the same Δ tokens on
+the same data; k* is the largest k that is as good as every smaller k, and the critical batch
+lies in [k*·B, next k·B). Two things differ from theirs:
+
+The test. They compared smoothed losses within ε = 0.01, "chosen arbitrarily", and named "a
+statistical test" as future work. Here every arm is evaluated on the same fixed held-out examples,
+so the per-example differences d_i = loss_branch,i − loss_control,i are paired (the examples'
+own spread, much larger than d, cancels), and a branch passes when the one-sided upper 95% bound
+of mean(d), the paired t bound d̄ + t(0.95, n−1)·s_d/√n, is at most the tolerance. Why the
+t bound and not a bootstrap: the eval batch has hundreds of examples, where d̄ is close to normal
+(central limit) and the t bound is as accurate as a bootstrap's; it is exact arithmetic on the
+stored losses (a verdict can be recomputed, no resampling seed), and the percentile bootstrap
+covers less than its level at small n (its spread is too narrow by √((n−1)/n) and it ignores the
+t tail). A passing branch is one we are 95% sure is not worse than the tolerance; a noisy eval
+makes branches fail, never pass, so the bracket errs low (a ramp it allows is safe).
+
+The tolerance. Not a fixed ε in loss units (0.01 is a lot late in a run and nothing early), but a
+fraction of the control's own progress over the trial, P = loss at the snapshot − the control's
+loss after Δ: what the trial can tell scales with how much a run learns in Δ tokens. The fraction
+is the deficit that a branch exactly at the critical batch would show, from McCandlish et al.
+2018 §2.3: examples to a given loss are E = E_min·(1 + b/B_crit), so Δ examples at batch b are
+worth Δ/(1 + b/B_crit) tiny-batch examples. The branch's share of the control's progress is
+e = (1 + B/B_crit)/(1 + k·B/B_crit), its deficit (1 − e)·P to first order, and at k·B = B_crit
+    fraction(k) = (k − 1) / (2k)          (¼ at k = 2, ⅜ at k = 4, 7/16 at k = 8).
+So "deficit ≤ fraction(k)·P" is "k·B ≤ B_crit" in that model, and pass/fail brackets the same
+B_crit that a constant-batch sweep fits (bench/trial_bench.py checks it on a known problem). The
+loss falls ever more slowly, so the true deficit at k·B = B_crit is below the linear (1 − e)·P:
+a branch just past B_crit can still pass, which the 95% bound offsets. P ≤ 0 (the control did not
+learn over Δ) leaves no tolerance: only a branch surely better than the control passes, and the
+summary says the trial could not tell.
+
+Each branch is tested on its own at the stated level; k* needs every smaller k to pass, so a
+non-monotone pattern (fail at 4, pass at 8) keeps k* at 2 and the bracket [2B, 4B).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from rampwatch.advisor.checks import positive_int, positive_number
+from rampwatch.advisor.gns_window import _t_quantile, significant
+from rampwatch.advisor.lr import lr_multiplier, rule_for
+
+__all__ = ["TrialPlan", "BranchResult", "TrialVerdict", "tolerance_fraction", "judge"]
+
+
+def tolerance_fraction(k: int) -> float:
+    """(k − 1)/(2k): the share of the control's progress a branch at k·B = B_crit loses (above)."""
+    return (k - 1) / (2 * k)
+
+
+@dataclass(frozen=True)
+class TrialPlan:
+    """A trial from a snapshot at `batch` examples per step: the control and each k in `ks` run
+    `delta_tokens` tokens on the same data, the branches at k·batch with the LR × `lr_factor(k)`.
+
+    `rule` is 'sqrt', 'linear' or 'none' (advisor/lr.py; `TrialPlan.for_optimizer` picks it from
+    the optimizer's name). Δ must be a whole number of steps of every branch, so every arm
+    sees exactly the same examples.
+    """
+
+    batch: int  # examples (sequences) per optimizer step at the snapshot
+    ks: tuple[int, ...]  # batch factors of the branches, increasing, each ≥ 2
+    delta_tokens: int  # tokens each arm trains for
+    rule: str  # LR rule on the branch's batch
+    tokens_per_example: int = 1  # sequence length; 1 for a model that is not a language model
+    level: float = 0.95  # one-sided level of the bound
+
+    def __post_init__(self):
+        positive_int("batch", self.batch)
+        positive_int("tokens_per_example", self.tokens_per_example)
+        positive_int("delta_tokens", self.delta_tokens)
+        ks = tuple(self.ks)
+        if not ks or any(positive_int("ks", k) < 2 for k in ks) or list(ks) != sorted(set(ks)):
+            raise ValueError(
+                f"ks must be increasing batch factors of at least 2, e.g. (2, 4, 8), got {self.ks!r}"
+            )
+        object.__setattr__(self, "ks", ks)
+        object.__setattr__(self, "rule", rule_for(rule=self.rule))
+        if not 0.5 < float(self.level) < 1:
+            raise ValueError(f"level must be a one-sided level in (0.5, 1), got {self.level!r}")
+        for k in ks:
+            step = k * self.batch * self.tokens_per_example
+            if self.delta_tokens % step:
+                raise ValueError(
+                    f"delta_tokens ({self.delta_tokens}) must be a multiple of every branch's step "
+                    f"(×{k}: {k} × {self.batch} × {self.tokens_per_example} = {step} tokens), "
+                    "so every arm trains on exactly the same examples"
+                )
+
+    @classmethod
+    def for_optimizer(cls, optimizer: str, **fields) -> TrialPlan:
+        """The plan with the LR rule of `optimizer` ('AdamW' → sqrt, 'SGD' → linear)."""
+        return cls(rule=rule_for(optimizer), **fields)
+
+    def steps(self, k: int = 1) -> int:
+        """Optimizer steps of the arm at k·batch (k = 1: the control)."""
+        return self.delta_tokens // (k * self.batch * self.tokens_per_example)
+
+    def lr_factor(self, k: int) -> float:
+        """The branch's LR relative to the control's: √k, k or 1 by the rule."""
+        return lr_multiplier(self.batch, k * self.batch, self.rule)
+
+    @property
+    def cost_tokens(self) -> int:
+        """Tokens trained and thrown away: every arm but the one kept, len(ks)·Δ whichever it is."""
+        return len(self.ks) * self.delta_tokens
+
+
+@dataclass(frozen=True)
+class BranchResult:
+    """One branch against the control on the paired held-out examples."""
+
+    k: int
+    batch: int  # k · plan.batch
+    lr_factor: float
+    mean_diff: float  # mean(branch − control) per example; > 0 is worse
+    bound: float  # one-sided upper bound of mean_diff at the plan's level
+    tolerance: float  # tolerance_fraction(k) · the control's progress
+    passed: bool
+
+
+@dataclass(frozen=True)
+class TrialVerdict:
+    """What a trial found; `bracket` is [lower, upper) of the critical batch in examples."""
+
+    plan: TrialPlan
+    examples: int  # held-out examples, paired
+    progress: float  # loss at the snapshot − the control's loss after Δ (held-out means)
+    branches: tuple[BranchResult, ...]
+    k_star: int | None  # largest k passing with every smaller k passing; None: none passed
+    bracket: tuple[int | None, int | None]  # (None, ks[0]·B) or (k*·B, next k·B or None = open)
+    calibration: float | None  # bracket's lower end / B_simple, when a noise scale was given
+    b_simple: float | None
+    kept_k: int  # the arm the run continues from: k_star, or 1 (the control)
+    cost_tokens: int
+
+    @property
+    def summary(self) -> str:
+        """What the trial found, in plain words (the card's and the bench's line)."""
+        b = self.plan.batch
+        arms = ", ".join(f"×{r.k} {'pass' if r.passed else 'fail'}" for r in self.branches)
+        kept = f"continue at ×{self.k_star} ({self.k_star * b:,})" if self.k_star else f"keep {b:,}"
+        parts = [
+            f"Critical batch {_in_words(self.bracket, '{:,}'.format)} examples ({arms}); {kept}.",
+            f"Cost: {self.cost_tokens:,} tokens of discarded arms.",
+        ]
+        if self.progress <= 0:
+            parts.append(
+                "The control did not improve over Δ, so the trial could not tell: lengthen Δ."
+            )
+        if self.b_simple is not None:
+            ratios = tuple(None if x is None else x / self.b_simple for x in self.bracket)
+            parts.append(
+                f"That is {_in_words(ratios, significant)}× the noise scale "
+                f"({significant(self.b_simple)})."
+            )
+        return " ".join(parts)
+
+
+def _in_words(bracket: tuple, show) -> str:
+    """[lower, upper) as 'between A and B', 'at least A' or 'below B'."""
+    lower, upper = bracket
+    if lower is None:
+        return f"below {show(upper)}"
+    if upper is None:
+        return f"at least {show(lower)}"
+    return f"between {show(lower)} and {show(upper)}"
+
+
+def _losses(name: str, values, n: int | None = None) -> np.ndarray:
+    a = np.asarray(values, dtype=np.float64)
+    if a.ndim != 1 or a.size < 2:
+        raise ValueError(
+            f"{name} must be one loss per held-out example (a 1-d array of at least 2), "
+            f"got shape {a.shape}"
+        )
+    if n is not None and a.size != n:
+        raise ValueError(
+            f"{name} has {a.size} losses but the control has {n}: every arm must be evaluated on "
+            "the same held-out examples, in the same order"
+        )
+    if not np.all(np.isfinite(a)):
+        raise ValueError(f"{name} holds non-finite losses: a diverged arm cannot be judged")
+    return a
+
+
+def _upper_bound(diff: np.ndarray, level: float) -> float:
+    """Paired one-sided t bound: mean + t(level, n−1)·sd/√n."""
+    n = diff.size
+    return float(diff.mean() + _t_quantile(level, n - 1) * diff.std(ddof=1) / math.sqrt(n))
+
+
+def _branch(plan: TrialPlan, k: int, control: np.ndarray, losses, progress: float):
+    diff = _losses(f"branch_losses[{k}]", losses, control.size) - control
+    tolerance = tolerance_fraction(k) * max(progress, 0.0)
+    bound = _upper_bound(diff, plan.level)
+    return BranchResult(
+        k=k,
+        batch=k * plan.batch,
+        lr_factor=plan.lr_factor(k),
+        mean_diff=float(diff.mean()),
+        bound=bound,
+        tolerance=tolerance,
+        passed=bound <= tolerance if tolerance > 0 else bound < 0,
+    )
+
+
+def _k_star(branches: Sequence[BranchResult]) -> int | None:
+    k_star = None
+    for b in branches:
+        if not b.passed:
+            break
+        k_star = b.k
+    return k_star
+
+
+def _bracket(plan: TrialPlan, k_star: int | None) -> tuple[int | None, int | None]:
+    if k_star is None:
+        return None, plan.ks[0] * plan.batch
+    later = [k for k in plan.ks if k > k_star]
+    return k_star * plan.batch, (later[0] * plan.batch if later else None)
+
+
+def judge(
+    plan: TrialPlan,
+    snapshot_losses,
+    control_losses,
+    branch_losses: Mapping[int, Sequence[float]],
+    b_simple: float | None = None,
+) -> TrialVerdict:
+    """The verdict from per-example held-out losses: at the snapshot (or its mean, a number), of
+    the control after Δ, and of each branch k after Δ, all on the same examples in one order."""
+    control = _losses("control_losses", control_losses)
+    snapshot = np.asarray(snapshot_losses, dtype=np.float64)
+    if snapshot.ndim > 1 or not np.all(np.isfinite(snapshot)) or snapshot.size == 0:
+        raise ValueError(
+            "snapshot_losses must be the finite held-out loss at the snapshot (per example or their mean)"
+        )
+    missing = [k for k in plan.ks if k not in branch_losses]
+    extra = [k for k in branch_losses if k not in plan.ks]
+    if missing or extra:
+        raise ValueError(
+            f"branch_losses must have one entry per planned k {list(plan.ks)}: "
+            f"missing {missing}, not planned {extra}"
+        )
+    if b_simple is not None:
+        b_simple = positive_number("b_simple", b_simple, "positive noise scale (examples)")
+    progress = float(snapshot.mean() - control.mean())
+    branches = tuple(_branch(plan, k, control, branch_losses[k], progress) for k in plan.ks)
+    k_star = _k_star(branches)
+    bracket = _bracket(plan, k_star)
+    calibration = bracket[0] / b_simple if b_simple is not None and bracket[0] else None
+    return TrialVerdict(
+        plan=plan,
+        examples=control.size,
+        progress=progress,
+        branches=branches,
+        k_star=k_star,
+        bracket=bracket,
+        calibration=calibration,
+        b_simple=b_simple,
+        kept_k=k_star or 1,
+        cost_tokens=plan.cost_tokens,
+    )

@@ -1,0 +1,121 @@
+"""A ramp trial on a plain torch model and optimizer: snapshot, run each arm, restore, judge, keep.
+
+Owns `Snapshot` (model, optimizer, scheduler and torch RNG state, deep-copied into host memory)
+and `run_trial`. The judgement is advisor/trial.py's; the LR of a branch moves by
+ramp_protocol.scale_lr, the same call a ramp makes. The loop owns its data: it hands in
+`train_step(model, optimizer, start, count)`, one optimizer step on examples start..start+count
+of the trial's data, so every arm reads the same examples (the control in plan.steps(1) steps of
+B, branch k in plan.steps(k) steps of k·B), and `evaluate(model)`, one loss per held-out example
+in a fixed order.
+
+Arms run one after another from the same snapshot: the control first (the tolerance needs its
+progress), then each k. The end state of the control and of the longest passing chain of branches
+are kept (at most three copies beside the snapshot, while an arm is judged); the model ends in the kept arm's state, ready
+to continue at its batch, on the examples after the trial's Δ.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+
+from rampwatch.advisor.trial import TrialPlan, TrialVerdict, judge
+from rampwatch.monitor.ramp_protocol import scale_lr
+
+__all__ = ["Snapshot", "run_trial"]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything an arm's future depends on that torch holds: restore() puts it back exactly."""
+
+    model: dict
+    optimizer: dict
+    scheduler: dict | None
+    cpu_rng: torch.Tensor
+    cuda_rng: list | None
+
+    @classmethod
+    def take(cls, model, optimizer, scheduler=None) -> Snapshot:
+        state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+        return cls(
+            model=state,
+            optimizer=_to_cpu(copy.deepcopy(optimizer.state_dict())),
+            scheduler=None if scheduler is None else copy.deepcopy(scheduler.state_dict()),
+            cpu_rng=torch.get_rng_state(),
+            cuda_rng=torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None,
+        )
+
+    def restore(self, model, optimizer, scheduler=None) -> None:
+        model.load_state_dict(self.model)
+        # load_state_dict moves the state to the parameters' device and keeps our copy intact
+        optimizer.load_state_dict(copy.deepcopy(self.optimizer))
+        if scheduler is not None and self.scheduler is not None:
+            scheduler.load_state_dict(copy.deepcopy(self.scheduler))
+        torch.set_rng_state(self.cpu_rng)
+        if self.cuda_rng is not None:
+            torch.cuda.set_rng_state_all(self.cuda_rng)
+
+
+def _to_cpu(state):
+    if isinstance(state, torch.Tensor):
+        return state.detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        return {k: _to_cpu(v) for k, v in state.items()}
+    if isinstance(state, list):
+        return [_to_cpu(v) for v in state]
+    return state
+
+
+def _run_arm(plan, k, model, optimizer, scheduler, train_step, start) -> None:
+    if k > 1:
+        scale_lr(optimizer, plan.lr_factor(k), scheduler)
+    count = k * plan.batch
+    for i in range(plan.steps(k)):
+        train_step(model, optimizer, start + i * count, count)
+
+
+def run_trial(
+    plan: TrialPlan,
+    model,
+    optimizer,
+    train_step: Callable,
+    evaluate: Callable,
+    start: int = 0,
+    scheduler=None,
+    b_simple: float | None = None,
+) -> tuple[TrialVerdict, dict]:
+    """Run the control and every branch of `plan` from the current state; leave the model,
+    optimizer and scheduler in the kept arm's end state. Returns the verdict and, per arm k
+    (1 = the control), its held-out losses (numpy)."""
+    snapshot = Snapshot.take(model, optimizer, scheduler)
+    losses = {0: _eval(evaluate, model)}  # 0: at the snapshot
+    kept = {}
+    for k in (1, *plan.ks):
+        snapshot.restore(model, optimizer, scheduler)
+        _run_arm(plan, k, model, optimizer, scheduler, train_step, start)
+        end = Snapshot.take(model, optimizer, scheduler)  # before evaluate, which may draw RNG
+        losses[k] = _eval(evaluate, model)
+        if k == 1 or _passes_chain(plan, losses, k):
+            kept[1 if k == 1 else "branch"] = (k, end)
+    verdict = judge(plan, losses[0], losses[1], {k: losses[k] for k in plan.ks}, b_simple=b_simple)
+    k, state = kept.get("branch", kept[1])
+    assert k == verdict.kept_k, (k, verdict.kept_k)
+    state.restore(model, optimizer, scheduler)
+    return verdict, losses
+
+
+def _passes_chain(plan, losses, k) -> bool:
+    """Whether k and every smaller planned k pass, judged on what has run so far."""
+    done = tuple(j for j in plan.ks if j <= k)
+    verdict = judge(replace(plan, ks=done), losses[0], losses[1], {j: losses[j] for j in done})
+    return verdict.k_star == k
+
+
+def _eval(evaluate, model):
+    with torch.no_grad():
+        out = evaluate(model)
+    return out.detach().double().cpu().numpy() if isinstance(out, torch.Tensor) else out

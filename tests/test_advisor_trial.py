@@ -1,0 +1,134 @@
+"""advisor.trial: the paired bound's coverage on synthetic losses with a known difference, pass
+and fail at the tolerance's edge, the bracket (non-monotone passes included), cost, LR rule, and
+bad input named by its field."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rampwatch.advisor.trial import TrialPlan, judge, tolerance_fraction
+
+PLAN = TrialPlan.for_optimizer("adamw", batch=4, ks=(2, 4, 8), delta_tokens=4 * 8 * 10)
+
+
+def _paired(rng, n=400, true_diff=0.0, noise=0.05):
+    """Per-example control losses with a large spread of their own, a branch that differs by
+    `true_diff` on average with a small paired noise."""
+    control = rng.gamma(2.0, 1.0, n)  # skewed, spread ≫ the paired differences
+    return control, control + true_diff + rng.normal(0.0, noise, n)
+
+
+def _verdict(diffs: dict[int, float], progress=0.1, plan=PLAN, n=400, **kw):
+    """A verdict whose branches differ from the control by exactly `diffs` (no noise)."""
+    control = np.random.default_rng(0).gamma(2.0, 1.0, n)
+    branches = {k: control + d for k, d in diffs.items()}
+    return judge(plan, control + progress, control, branches, **kw)
+
+
+def test_bound_covers_the_true_difference_95_times_in_100():
+    """Over 400 seeds the one-sided 95% bound lies above the true mean difference in ~95%."""
+    true = 0.02
+    covered = []
+    for seed in range(400):
+        control, branch = _paired(np.random.default_rng(seed), n=60, true_diff=true)
+        verdict = judge(PLAN, control + 1.0, control, {2: branch, 4: branch, 8: branch})
+        covered.append(verdict.branches[0].bound >= true)
+    assert 0.92 <= np.mean(covered) <= 0.98
+
+
+def test_pass_and_fail_at_the_tolerance_edge():
+    """Tolerance = (k−1)/(2k) of the control's progress; a difference just inside passes, just
+    outside fails (no paired noise: the bound is the mean)."""
+    progress = 0.2
+    edge = {k: tolerance_fraction(k) * progress for k in PLAN.ks}
+    inside = _verdict({k: e - 1e-9 for k, e in edge.items()}, progress)
+    outside = _verdict({k: e + 1e-9 for k, e in edge.items()}, progress)
+    assert [b.passed for b in inside.branches] == [True, True, True]
+    assert [b.passed for b in outside.branches] == [False, False, False]
+    assert [b.tolerance for b in inside.branches] == pytest.approx([0.05, 0.075, 0.0875])
+
+
+def test_noise_makes_a_branch_fail_not_pass():
+    """A true difference at 80% of the tolerance passes with a tight eval and fails when the
+    paired noise makes the bound wider than the room left."""
+    tol = tolerance_fraction(2) * 0.1
+    rng = np.random.default_rng(1)
+    for noise, expect in ((0.001, True), (0.2, False)):
+        control, branch = _paired(rng, n=400, true_diff=0.8 * tol, noise=noise)
+        verdict = judge(PLAN, control + 0.1, control, {2: branch, 4: branch + 1, 8: branch + 1})
+        assert verdict.branches[0].passed is expect
+
+
+@pytest.mark.parametrize(
+    "passes, k_star, bracket",
+    [
+        ((True, True, True), 8, (32, None)),  # open above
+        ((True, True, False), 4, (16, 32)),
+        ((True, False, True), 2, (8, 16)),  # non-monotone: ×8 passing does not count
+        ((False, True, True), None, (None, 8)),  # [—, 2B)
+        ((False, False, False), None, (None, 8)),
+    ],
+)
+def test_bracket(passes, k_star, bracket):
+    diffs = {k: (-0.01 if ok else 0.5) for k, ok in zip(PLAN.ks, passes)}
+    verdict = _verdict(diffs, b_simple=2.0)
+    assert [b.passed for b in verdict.branches] == list(passes)
+    assert verdict.k_star == k_star and verdict.bracket == bracket
+    assert verdict.kept_k == (k_star or 1)
+    assert verdict.calibration == (None if k_star is None else bracket[0] / 2.0)
+    assert verdict.cost_tokens == 3 * PLAN.delta_tokens
+    assert ("at least 32" if bracket[1] is None else f"{bracket[1]:,}") in verdict.summary
+
+
+def test_no_progress_passes_only_a_surely_better_branch():
+    verdict = _verdict({2: 0.0, 4: -0.01, 8: 0.01}, progress=-0.05)
+    assert [b.tolerance for b in verdict.branches] == [0.0, 0.0, 0.0]
+    assert [b.passed for b in verdict.branches] == [False, True, False]  # bound = mean here
+    assert "could not tell" in verdict.summary
+
+
+def test_plan_steps_lr_and_cost():
+    plan = TrialPlan.for_optimizer(
+        "SGD", batch=8, ks=(2, 4), delta_tokens=8 * 4 * 16 * 3, tokens_per_example=16
+    )
+    assert plan.rule == "linear" and plan.lr_factor(4) == 4.0
+    assert PLAN.rule == "sqrt" and PLAN.lr_factor(8) == pytest.approx(8**0.5)
+    assert [plan.steps(k) for k in (1, 2, 4)] == [12, 6, 3]
+    assert plan.cost_tokens == 2 * plan.delta_tokens
+
+
+@pytest.mark.parametrize(
+    "fields, name",
+    [
+        (dict(batch=0), "batch"),
+        (dict(ks=(4, 2)), "ks"),
+        (dict(ks=(1, 2)), "ks"),
+        (dict(ks=(2, 3)), "delta_tokens"),  # 64 tokens are 8 steps of ×2, not whole ones of ×3
+        (dict(ks=()), "ks"),
+        (dict(delta_tokens=100), "delta_tokens"),
+        (dict(rule="cubic"), "LR rule"),
+        (dict(level=1.0), "level"),
+    ],
+)
+def test_bad_plan_names_the_field(fields, name):
+    base = dict(batch=4, ks=(2, 4), delta_tokens=64, rule="sqrt")
+    with pytest.raises(ValueError, match=name):
+        TrialPlan(**{**base, **fields})
+
+
+def test_bad_losses_name_the_field():
+    control = np.ones(10)
+    good = {k: control for k in PLAN.ks}
+    cases = [
+        ((control, control[:1], good), "control_losses"),
+        ((control, control, {**good, 4: control[:9]}), r"branch_losses\[4\]"),
+        ((control, control, {**good, 8: np.full(10, np.nan)}), r"branch_losses\[8\]"),
+        ((control, control, {2: control}), "branch_losses"),
+        ((np.inf, control, good), "snapshot_losses"),
+    ]
+    for args, name in cases:
+        with pytest.raises(ValueError, match=name):
+            judge(PLAN, *args)
+    with pytest.raises(ValueError, match="b_simple"):
+        judge(PLAN, control, control, good, b_simple=-1)
