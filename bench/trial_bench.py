@@ -92,7 +92,7 @@ class Quadratic:
     def examples(self, data_seed: int, start: int, count: int):
         """Examples start..start+count of the run's stream: the same index, the same example."""
         first, last = start // BLOCK, (start + count - 1) // BLOCK
-        xs, ys = zip(*(self.block(data_seed, j) for j in range(first, last + 1)))
+        xs, ys = zip(*(self.block(data_seed, j) for j in range(first, last + 1)), strict=True)
         lo = start - first * BLOCK
         return torch.cat(xs)[lo : lo + count], torch.cat(ys)[lo : lo + count]
 
@@ -105,7 +105,9 @@ def per_example_loss(w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch
 def steps_to_targets(problem, batch, lrs, targets, data_seed, max_steps) -> list[list[float]]:
     """Per target, per LR: the step at which the excess loss first reaches it (runs share data)."""
     ws = [torch.zeros(problem.dim, dtype=torch.float64, requires_grad=True) for _ in lrs]
-    opt = torch.optim.Adam([{"params": [w], "lr": lr} for w, lr in zip(ws, lrs)], betas=BETAS)
+    opt = torch.optim.Adam(
+        [{"params": [w], "lr": lr} for w, lr in zip(ws, lrs, strict=True)], betas=BETAS
+    )
     hit = [[math.inf] * len(lrs) for _ in targets]
     for step in range(1, max_steps + 1):
         x, y = problem.examples(data_seed, (step - 1) * batch, batch)
@@ -114,8 +116,11 @@ def steps_to_targets(problem, batch, lrs, targets, data_seed, max_steps) -> list
         opt.step()
         with torch.no_grad():
             excess = problem.excess(torch.stack(ws)).tolist()
-        for row, target in zip(hit, targets):
-            row[:] = [step if e <= target and h == math.inf else h for e, h in zip(excess, row)]
+        for row, target in zip(hit, targets, strict=True):
+            row[:] = [
+                step if e <= target and h == math.inf else h
+                for e, h in zip(excess, row, strict=True)
+            ]
         deepest = hit[-1]
         if all(h < math.inf for h in deepest) or step > 4 * min(deepest):  # the rest are slower
             break
@@ -132,7 +137,7 @@ def sweep(problem, batches, lrs, targets, seeds, max_steps) -> dict:
     for t, target in enumerate(targets):
         rows = {}
         for b, per_seed in runs.items():
-            means = [sum(col) / len(col) for col in zip(*(hit[t] for hit in per_seed))]
+            means = [sum(col) / len(col) for col in zip(*(hit[t] for hit in per_seed), strict=True)]
             i = min(range(len(lrs)), key=means.__getitem__)
             rows[b] = (means[i], lrs[i])
         reached = {b: r for b, r in rows.items() if r[0] < math.inf}
@@ -267,7 +272,7 @@ class Report:
             "bracket | within 2× | cost (examples) | verdict |",
             "|---:|---:|---:|---:|---|---|---:|---|",
         ]
-        for target, (before, b_simple, v) in zip(targets, self.trials):
+        for target, (before, b_simple, v) in zip(targets, self.trials, strict=True):
             b_crit = self.sweeps[target][2]
             lo, hi = v.bracket
             shown = f"[{'—' if lo is None else lo}, {'∞' if hi is None else hi})"

@@ -71,7 +71,7 @@ def test_noise_makes_a_branch_fail_not_pass():
     ],
 )
 def test_bracket(passes, k_star, bracket):
-    diffs = {k: (-0.01 if ok else 0.5) for k, ok in zip(PLAN.ks, passes)}
+    diffs = {k: (-0.01 if ok else 0.5) for k, ok in zip(PLAN.ks, passes, strict=True)}
     verdict = _verdict(diffs, b_simple=2.0)
     assert [b.passed for b in verdict.branches] == list(passes)
     assert verdict.k_star == k_star and verdict.bracket == bracket

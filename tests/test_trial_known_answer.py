@@ -32,7 +32,7 @@ def _deep_points(report):
     """(sweep B_crit, B_simple, verdict) where the noise scale is off by 10× and the control
     still learns over Δ (the deepest point sits on its LR's noise floor)."""
     out = []
-    for target, (_, b_simple, verdict) in zip(report.sweeps, report.trials):
+    for target, (_, b_simple, verdict) in zip(report.sweeps, report.trials, strict=True):
         b_crit = report.sweeps[target][2]
         if b_simple >= 10 * b_crit and verdict.progress > 0:
             out.append((b_crit, b_simple, verdict))
