@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from rampwatch.advisor.lr import rule_for, scaled_base_lr
 from rampwatch.advisor.ramp_point import ramp_decision
 
-__all__ = ["CONFIG_KEY", "RampPolicy"]
+__all__ = ["CONFIG_KEY", "RampPolicy", "default"]
 
 CONFIG_KEY = "ramp_policy"  # where the run config keeps RampPolicy.to_config()
 # keys of run configs written before the policy existed
@@ -148,6 +148,12 @@ class RampPolicy:
         if config.get(LEGACY_MIN_ESTIMATES) is not None:
             kw["min_estimates"] = int(config[LEGACY_MIN_ESTIMATES])
         return replace(cls(**kw), **overrides)
+
+
+def default(knob: str):
+    """The policy's default of one knob: a function that takes the knob defaults to this,
+    never to a copy of the number."""
+    return {f.name: f.default for f in fields(RampPolicy)}[knob]
 
 
 def _first_batch(config: Mapping) -> int | None:

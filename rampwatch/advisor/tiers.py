@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from rampwatch.advisor.checks import positive_int as _pos_int
 from rampwatch.advisor.lr import lr_multiplier, rule_for
 from rampwatch.advisor.memory import MemoryModel, format_gb, usable_bytes
+from rampwatch.advisor.policy import default
 
 __all__ = ["Tier", "candidate_tiers", "accumulation_tiers"]
 
@@ -73,8 +74,8 @@ def candidate_tiers(
     seq_len: int,
     memory_model: MemoryModel,
     capacity_bytes: float,
-    margin: float = 0.05,
-    factors: Iterable[int] = (2, 4, 8),
+    margin: float = default("margin"),
+    factors: Iterable[int] = default("offered_factors"),
     infeasible: Iterable[int] = (),
     optimizer: str | None = "adamw",
     max_per_device: int | None = None,
