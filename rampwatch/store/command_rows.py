@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from rampwatch.store import names as M
 from rampwatch.store.errors import CommandError
-from rampwatch.store.schema import ROLLUP_LEVELS, first, transaction
+from rampwatch.store.schema import COMMANDS, ROLLUP_LEVELS, Command, first, transaction
 
 KINDS = ("ramp",)
 STATUSES = ("pending", "claimed", "applied", "refused", "cancelled", "undone")
@@ -44,25 +44,6 @@ MAX_NOTE = 1000  # characters
 MAX_KEY = 200
 RAMP_MAX_FACTOR = 8  # effective-batch growth per command
 
-_SELECT = (
-    "SELECT command_id, run_id, kind, payload, status, actor, created_at, updated_at, "
-    "applied_step, reason FROM commands"
-)
-
-
-@dataclass(frozen=True)
-class Command:
-    command_id: int
-    run_id: str
-    kind: str
-    payload: dict
-    status: str
-    actor: str
-    created_at: float
-    updated_at: float
-    applied_step: int | None
-    reason: str | None
-
 
 @dataclass(frozen=True)
 class LogEntry:
@@ -75,7 +56,7 @@ class LogEntry:
 
 
 def _command(row) -> Command:
-    return Command(int(row[0]), row[1], row[2], json.loads(row[3]), *row[4:])
+    return Command(**COMMANDS.values(row))
 
 
 def _bounded_int(payload: dict, key: str, hi: int) -> int:
@@ -230,7 +211,7 @@ def undo_after(con, run_id: str, step: int, cause: str, actor: str) -> list[int]
 
 def pending(con, run_id: str) -> list[Command]:
     rows = con.execute(
-        _SELECT + " WHERE run_id = ? AND status = 'pending' ORDER BY command_id", [run_id]
+        COMMANDS.select + " WHERE run_id = ? AND status = 'pending' ORDER BY command_id", [run_id]
     ).fetchall()
     return [_command(r) for r in rows]
 
@@ -245,7 +226,9 @@ def claim_pending(con, run_id: str, actor: str) -> list[Command]:
         if not ids:
             return []
         rows = con.execute(
-            _SELECT + " WHERE command_id IN (SELECT unnest(?::BIGINT[])) ORDER BY command_id", [ids]
+            COMMANDS.select
+            + " WHERE command_id IN (SELECT unnest(?::BIGINT[])) ORDER BY command_id",
+            [ids],
         ).fetchall()
     return [_command(r) for r in rows]
 
@@ -384,12 +367,9 @@ def queue(con, db, run_id: str, kind: str, payload: dict, actor: str, key: str |
         _check_tier(con, run_id, payload, config, row[2])
     [(cid,)] = con.execute("SELECT nextval('command_ids')").fetchall()
     now = time.time()
-    con.execute(
-        "INSERT INTO commands (command_id, run_id, kind, payload, status, actor, "
-        "created_at, updated_at, applied_step, reason, idempotency_key) "
-        "VALUES (?, ?, ?, ?, 'pending', ?, ?, ?, NULL, NULL, ?)",
-        [cid, run_id, kind, text, actor, now, now, key],
-    )
+    new = dict(command_id=cid, run_id=run_id, kind=kind, payload=text, status="pending")
+    new.update(actor=actor, created_at=now, updated_at=now, idempotency_key=key)
+    con.execute(COMMANDS.insert, COMMANDS.params(new))  # the rest: NULL
     con.execute(
         "INSERT INTO command_log VALUES (?, ?, NULL, 'pending', ?, ?)",
         [cid, now, actor, "submitted"],
@@ -399,14 +379,14 @@ def queue(con, db, run_id: str, kind: str, payload: dict, actor: str, key: str |
 
 def find(con, command_id: int) -> Command | None:
     """The command with this id, or None."""
-    row = first(con.execute(_SELECT + " WHERE command_id = ?", [command_id]))
+    row = first(con.execute(COMMANDS.select + " WHERE command_id = ?", [command_id]))
     return None if row is None else _command(row)
 
 
 def matching(con, run_id: str | None = None, status: str | None = None) -> list[Command]:
     """Commands, oldest first, optionally of one run and/or one status."""
     rows = con.execute(
-        _SELECT + " WHERE (?::VARCHAR IS NULL OR run_id = ?) AND "
+        COMMANDS.select + " WHERE (?::VARCHAR IS NULL OR run_id = ?) AND "
         "(?::VARCHAR IS NULL OR status = ?) ORDER BY command_id",
         [run_id, run_id, status, status],
     ).fetchall()
