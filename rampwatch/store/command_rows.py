@@ -308,7 +308,8 @@ def _check_tier(con, run_id: str, payload: dict, config, world_size) -> None:
         )
 
 
-def _json_or_none(text):
+def _config_from_json(text):
+    """The run config's JSON text as a dict; None for none, or for text that is no JSON."""
     try:
         return json.loads(text) if text else None
     except ValueError:
@@ -360,7 +361,7 @@ def queue(con, db, run_id: str, kind: str, payload: dict, actor: str, key: str |
                 f"run {run_id!r} already has ramp command #{open_[0]} {open_[1]}; cancel "
                 "it or wait until it is applied or refused before submitting another"
             )
-        config = _json_or_none(row[1])
+        config = _config_from_json(row[1])
         refusal = ramp_refusal(config)
         if refusal:
             raise CommandError(f"run {run_id!r} {refusal}")

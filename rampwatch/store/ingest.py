@@ -16,7 +16,6 @@ read (compare-and-set). Any of these failing rolls the transaction back (SpoolOf
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -344,7 +343,9 @@ def _alert(
         "line_ranges": js_damage.ranges,
         "unusable_records": len(unusable),
     }
-    return dict(step=result.max_step, t=t, kind="alert", message=message, data=json.dumps(data))
+    return EVENTS.from_record(
+        dict(step=result.max_step, t=t, kind="alert", message=message, data=data)
+    )
 
 
 def ingest_spool(

@@ -359,6 +359,11 @@ def to_json(obj) -> str | None:
     return None if obj is None else json.dumps(obj, ensure_ascii=False)
 
 
+def from_json(text: str | None):
+    """A JSON column's value (NULL stays None)."""
+    return None if text is None else json.loads(text)
+
+
 class Fields:
     """One table's field table, read off its row dataclass (table names: our constants)."""
 
@@ -406,8 +411,7 @@ class Fields:
     def values(self, row) -> dict:
         """The row dataclass's column fields from a row of `select`, JSON columns decoded."""
         return {
-            name: (None if v is None else json.loads(v)) if m["json"] else v
-            for (name, _, m), v in zip(self._fields, row)
+            name: from_json(v) if m["json"] else v for (name, _, m), v in zip(self._fields, row)
         }
 
 
