@@ -20,7 +20,7 @@ import torch
 from rampwatch.advisor.memory import GB
 from rampwatch.advisor.policy import RampPolicy
 from rampwatch.dashboard import recommend
-from rampwatch.dashboard.data import event_dict, plan_dict
+from rampwatch.dashboard.store_access import event_dict, plan_dict
 from rampwatch.monitor import Monitor
 from rampwatch.monitor.ramp_protocol import Ramp
 from rampwatch.store import names as M
