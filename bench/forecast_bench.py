@@ -14,7 +14,8 @@ seeds 0 and 1, three learning rates each; each stops at its target validation lo
 Replay: for each run and each ramp point k in RAMP_POINTS (the policy's `ramp_at`: the card of a
 run whose policy ramps at k × the batch B), the card's inputs at every QUERY_EVERY-th step t with
 an estimate — the last 2,048 steps of `gns_b_simple` and `gns_b_simple_low`, as
-dashboard/data.py reads them — go through RampPolicy.decide, as dashboard/recommend.py calls it.
+dashboard/store_access.py reads them — go through RampPolicy.decide, as dashboard/recommend.py
+calls it.
 A query is a step before the first crossing at which the card shows a trend forecast. The truth
 is the run's first step after t whose estimate is above k·B (a point above it, or no point and a
 lower bound above it: what ramp_decision calls above). Pairs (run, k) that never crossed before
@@ -56,7 +57,7 @@ STEPS = {8: 1400, 16: 900, 32: 600}
 BASE_LR, BASE_BATCH = 3e-3, 16  # the √ rule from 3e-3 at 16, as bench/ramp_bench.py
 RAMP_POINTS = (1, 2, 4)  # the policy's ramp_at: forecasts of crossing k × the batch
 QUERY_EVERY = 2  # query every other step with an estimate
-CARD_STEPS = 2048  # dashboard/data.py GNS_WINDOW: the raw steps the card reads
+CARD_STEPS = 2048  # dashboard/store_access.py GNS_WINDOW: the raw steps the card reads
 LEVEL = 0.90  # the coverage the range must reach with each run left out
 HORIZONS = ((1, 10), (10, 30), (30, 100), (100, 300), (300, 10**9))
 

@@ -10,9 +10,12 @@ data are tests/own_loop_child.py's, in the same order, so the two loops compare 
                                            step S, wherever Lightning's counters are
         [--policy JSON] [--stop-after S]   stop after step S (the data still sized by --steps)
         [--scaler SCALE]                   16-mixed with a GradScaler starting at SCALE
+        [--checkpoint-dir DIR --checkpoint-every N]  Lightning's ModelCheckpoint every N steps
+        [--resume CKPT]                    fit(ckpt_path=CKPT): resume from that checkpoint
 
-OUT.pt gets the final parameters, the steps ramps were applied at, the LR, the optimizer steps
-and how many of them ran with no zero_grad since the step before (gradients applied twice).
+OUT.pt gets the final parameters, the steps ramps were applied at, the LR, the optimizer steps,
+how many of them ran with no zero_grad since the step before (gradients applied twice), and the
+monitor's state_dict() when the fit started (a resumed one: what it continued).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import sys
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins import MixedPrecision
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -107,6 +111,7 @@ class Waiting(RampwatchCallback):
 
     def on_train_start(self, trainer, pl_module):
         super().on_train_start(trainer, pl_module)
+        self.started_with = self.monitor.state_dict()
         print(f"run {self.monitor.run_id}", flush=True)
 
     def ramp_due(self, step):
@@ -120,6 +125,9 @@ def main(argv=None) -> int:
     p.add_argument("--unsafe-switch-at")
     p.add_argument("--stop-after", type=int)
     p.add_argument("--scaler", type=float)
+    p.add_argument("--checkpoint-dir")
+    p.add_argument("--checkpoint-every", type=int)
+    p.add_argument("--resume")
     a = p.parse_args(argv)
 
     x, y = data(a.batch * a.accum * a.steps * 16)  # the own loop's n: same samples, same order
@@ -147,13 +155,18 @@ def main(argv=None) -> int:
             wait_at=a.wait_ramp_at,
         )
         callbacks.append(cb)
+    if a.checkpoint_dir:
+        every = a.checkpoint_every
+        callbacks.append(
+            ModelCheckpoint(a.checkpoint_dir, every_n_train_steps=every, save_top_k=-1)
+        )
     # fp16 autocast on the CPU with a real loss scale (Lightning's "16-mixed" has none on the CPU)
     amp = [MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu", init_scale=a.scaler))]
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=1,
         logger=False,
-        enable_checkpointing=False,
+        enable_checkpointing=bool(a.checkpoint_dir),
         enable_progress_bar=False,
         enable_model_summary=False,
         plugins=amp if a.scaler else None,
@@ -164,7 +177,8 @@ def main(argv=None) -> int:
         callbacks=callbacks,
         reload_dataloaders_every_n_epochs=1 if a.reload else 0,
     )
-    trainer.fit(module, datamodule=Slices(x, y, a.batch, a.epoch_samples or len(x)))
+    data_module = Slices(x, y, a.batch, a.epoch_samples or len(x))
+    trainer.fit(module, datamodule=data_module, ckpt_path=a.resume)
     applied = [r.step for r in cb.history] if cb else []
     for r in cb.history if cb else ():
         print(f"ramp applied at step {r.step}: {r.per_device_batch} x {r.accum}", flush=True)
@@ -175,6 +189,7 @@ def main(argv=None) -> int:
             "lr": module.opt.param_groups[0]["lr"],
             "steps": stale.steps,
             "stale": stale.stale,
+            "monitor_at_start": cb.started_with if cb else None,
         },
         a.out,
     )

@@ -21,7 +21,7 @@ from rampwatch.advisor.memory import GB
 from rampwatch.advisor.policy import RampPolicy
 from rampwatch.advisor.tiers import Tier
 from rampwatch.dashboard import recommend
-from rampwatch.dashboard.data import event_dict, plan_dict
+from rampwatch.dashboard.store_access import event_dict, plan_dict
 from rampwatch.monitor import Monitor
 from rampwatch.monitor.ramp_protocol import Ramp
 from rampwatch.store import names as M

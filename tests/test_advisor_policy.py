@@ -81,3 +81,12 @@ def test_bad_policies_are_refused():
         RampPolicy(original_batch=8, original_lr=math.nan)
     with pytest.raises(ValueError):
         RampPolicy(original_batch=8, original_lr=1e-3, lr_rule="cubic")
+
+
+def test_a_policy_never_jumps_past_the_stores_limit():
+    from rampwatch.advisor.policy import RAMP_MAX_FACTOR
+
+    with pytest.raises(ValueError, match="at most 8"):
+        RampPolicy(16, 1e-3, factor=2 * RAMP_MAX_FACTOR)
+    with pytest.raises(ValueError, match="offered_factors"):
+        RampPolicy(16, 1e-3, offered_factors=(2, 16))

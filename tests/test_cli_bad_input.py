@@ -118,7 +118,9 @@ CASES = [
     (["--betas", "2", "2"], "--betas", None),
     (["--ramp-at", "nan"], "--ramp-at must be a positive number", None),
     (["--ramp-at", "-1"], "--ramp-at must be a positive number", None),
-    (["--ramp-hysteresis", "-1"], "--ramp-hysteresis", None),
+    (["--hysteresis-steps", "0"], "--hysteresis-steps must be at least 1", None),
+    (["--ramp-hysteresis", "-1"], "--hysteresis-steps must be at least 1", None),  # old spelling
+    (["--min-estimates", "-1"], "--min-estimates must be 0 or more", None),
     (["--gns-window", "0"], "--gns-window", None),
     (["--val-batch", "-3"], "--val-batch must be positive", None),
     (["--val-batch", "0"], "--val-batch must be positive", None),

@@ -126,13 +126,13 @@ def agent_api_on():
 
 
 def test_agent_api_on_means_no_writes(live, monkeypatch, agent_api_on):
-    from rampwatch.dashboard import data
+    from rampwatch.dashboard import store_access
 
     at = seed.app(monkeypatch, live.db)
     assert "approve" not in {b.key for b in at.button}
     assert any("agent API is on" in str(w.value) for w in at.warning)
-    with pytest.raises(data.CommandError, match="agent API"):
-        data.submit_ramp(
+    with pytest.raises(store_access.CommandError, match="agent API"):
+        store_access.submit_ramp(
             live.db, live.run_id, seed.RAMP_PAYLOAD, operator="alice", token=seed.TOKEN
         )
 

@@ -13,8 +13,8 @@ from rampwatch.advisor.memory import GB
 from rampwatch.advisor.ramp_point import predicted_effect
 from rampwatch.dashboard import charts, comparison, recommend
 from rampwatch.dashboard.buckets import Buckets
-from rampwatch.dashboard.data import parse_options
 from rampwatch.dashboard.smoothing import debiased_ema, first_crossing
+from rampwatch.dashboard.store_access import parse_options
 from rampwatch.store import names as M
 
 # ------------------------------------------------------------------------------- smoothing

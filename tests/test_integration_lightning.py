@@ -4,7 +4,8 @@ loop (tests/own_loop_child.py) on the same samples: approved ramps wait for a bo
 Lightning's accumulation counters agree and then equal a switch by hand; the switch they avoid
 applies a gradient twice; 16-mixed's loss scale is undone; a per-device batch ramp the Trainer
 cannot run is refused with its reason on the card; the auto policy ramps by itself; the telemetry
-is the own loop's to the bit; examples/lightning_loop.py runs as written.
+is the own loop's to the bit; examples/lightning_loop.py runs as written; a fit resumed from
+Lightning's checkpoint continues the monitor's state.
 """
 
 from __future__ import annotations
@@ -320,3 +321,30 @@ def test_the_example_runs_as_written(tmp_path):
     assert sorted(loss) == list(range(1, 61)) and all(np.isfinite(list(loss.values())))
     assert len(series(db, run.run_id, M.GNS_G2)) == 60  # accumulation 4: partial sums per step
     assert run.config["accum"] == 4 and run.config["integration"] == "lightning"
+
+
+def test_a_resumed_fit_continues_the_monitors_state(tmp_path):
+    """fit(ckpt_path=...) in a fresh process: the monitor's state rode in Lightning's own
+    checkpoint (noise window, tokens seen, base LR, ...) and the resumed monitor continues it."""
+    db, ck = tmp_path / "runs.duckdb", tmp_path / "ck"
+
+    def fit(out: str, *flags: str):
+        return spawn([*LIGHTNING, str(db), str(tmp_path / out), "--steps", "30", *flags], **PIPES)
+
+    first = fit(
+        "first.pt", "--stop-after", "20", "--checkpoint-dir", str(ck), "--checkpoint-every", "10"
+    )
+    run_id = started(first)
+    finished(first)
+    saved = ck / "epoch=0-step=10.ckpt"
+    blob = torch.load(saved, weights_only=False)
+    (kept,) = [s["monitor_state"] for s in blob["callbacks"].values() if "run_id" in s]
+    per_step = 4 * 2  # the child's 4 per device x 2 micro-batches, one token each
+    assert kept["tokens_seen"] == 10 * per_step and len(kept["noise_window"]["g2"]) == 10
+    second = fit("second.pt", "--resume", str(saved))
+    assert started(second) == run_id
+    finished(second)
+    resumed = torch.load(tmp_path / "second.pt")["monitor_at_start"]
+    assert resumed == kept  # every key: window, tokens, base LR, infeasible, measured, last ramp
+    tokens = series(db, run_id, M.TOKENS_SEEN)
+    assert (tokens[10], tokens[11], tokens[30]) == (10 * per_step, 11 * per_step, 30 * per_step)

@@ -212,11 +212,11 @@ def test_finished_run_has_card_but_no_buttons(db_path, monkeypatch):
 def test_busy_database_keeps_the_last_refresh(live, monkeypatch):
     import threading
 
-    from rampwatch.dashboard import data
+    from rampwatch.dashboard import store_access
     from rampwatch.store import write_connection
 
     at = seed.app(monkeypatch, live.db)
-    monkeypatch.setattr(data, "TIMEOUT", 0.3)
+    monkeypatch.setattr(store_access, "TIMEOUT", 0.3)
     held, release = threading.Event(), threading.Event()
 
     def hold():
@@ -238,11 +238,11 @@ def test_busy_database_keeps_the_last_refresh(live, monkeypatch):
 
 
 def test_read_only_never_submits(live, monkeypatch):
-    from rampwatch.dashboard import data
+    from rampwatch.dashboard import store_access
 
     monkeypatch.setenv("RAMPWATCH_READ_ONLY", "1")
-    with pytest.raises(data.CommandError, match="read-only"):
-        data.submit_ramp(
+    with pytest.raises(store_access.CommandError, match="read-only"):
+        store_access.submit_ramp(
             live.db, live.run_id, seed.RAMP_PAYLOAD, operator=seed.OPERATOR, token=seed.TOKEN
         )
     assert commands.list_commands(live.db, live.run_id) == []

@@ -102,18 +102,20 @@ def test_compare_picker_legend_and_tables(deceiving, monkeypatch):
 def test_a_hiding_or_long_operator_name_is_refused_on_the_server(db_path, monkeypatch, operator):
     """The Operator field's max_chars=64 is the browser's: a scripted client sends what it
     likes, so submit and cancel check the typed name again before anything is written."""
-    from rampwatch.dashboard import data
+    from rampwatch.dashboard import store_access
 
     monkeypatch.setenv("RAMPWATCH_TOKEN", seed.TOKEN)
     live = seed.with_command(db_path, "pending")
     try:
         before = commands.list_commands(db_path, live.run_id)
-        with pytest.raises(data.CommandError, match="operator name must be printable"):
-            data.submit_ramp(
+        with pytest.raises(store_access.CommandError, match="operator name must be printable"):
+            store_access.submit_ramp(
                 db_path, live.run_id, seed.RAMP_PAYLOAD, operator=operator, token=seed.TOKEN
             )
-        with pytest.raises(data.CommandError, match="operator name must be printable"):
-            data.cancel_command(db_path, live.command_id, operator=operator, token=seed.TOKEN)
+        with pytest.raises(store_access.CommandError, match="operator name must be printable"):
+            store_access.cancel_command(
+                db_path, live.command_id, operator=operator, token=seed.TOKEN
+            )
         assert commands.list_commands(db_path, live.run_id) == before  # still one, pending
         assert before[0].status == "pending"
     finally:

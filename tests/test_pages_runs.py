@@ -14,7 +14,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import pytest
 
-from rampwatch.dashboard import data
+from rampwatch.dashboard import store_access
 from tests import seed
 from tests.procs import REPO, child_env
 
@@ -84,11 +84,11 @@ def test_export_csv_and_parquet(many, monkeypatch):
     assert at.get("download_button"), "no download button"
     at.selectbox(key="export_run").set_value(b32).run()
     assert not at.exception
-    raw = data.export_bytes(db, b32, "csv")
+    raw = store_access.export_bytes(db, b32, "csv")
     table = pa_csv.read_csv(io.BytesIO(raw))
     assert table.column_names == ["run_id", "step", "t", "name", "value"]
     assert table.num_rows == 600 * 7  # 7 metrics per step
-    pq_table = pq.read_table(io.BytesIO(data.export_bytes(db, b32, "parquet")))
+    pq_table = pq.read_table(io.BytesIO(store_access.export_bytes(db, b32, "parquet")))
     assert pq_table.num_rows == table.num_rows
     assert set(pq_table.column("run_id").to_pylist()) == {b32}
     at.radio(key="export_format").set_value("Parquet").run()

@@ -17,6 +17,7 @@ import math
 
 from rampwatch.advisor.lr import noise_scale_warning, rule_for
 from rampwatch.advisor.memory import GB, fit_memory_model, format_gb, usable_bytes
+from rampwatch.advisor.policy import default
 from rampwatch.advisor.ramp_point import predicted_effect
 from rampwatch.advisor.tiers import Tier, candidate_tiers
 
@@ -119,10 +120,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="LR rule, overriding the optimizer's",
     )
     p.add_argument(
-        "--margin", type=_margin, default=0.05, help="safety margin, fraction of capacity (0.05)"
+        "--margin",
+        type=_margin,
+        default=default("margin"),
+        help=f"safety margin, fraction of capacity ({default('margin')})",
     )
     p.add_argument(
-        "--factors", type=_factors, default=(2, 4, 8), help="batch multiples, e.g. 2,4,8"
+        "--factors",
+        type=_factors,
+        default=default("offered_factors"),
+        help="batch multiples, e.g. 2,4,8",
     )
     p.add_argument(
         "--infeasible",

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from rampwatch.advisor.checks import ols_line, positive_int
+from rampwatch.advisor.policy import default
 
 __all__ = ["MemoryModel", "fit_memory_model", "usable_bytes", "format_gb", "GB"]
 
@@ -153,8 +154,8 @@ def _show(points: dict[int, float]) -> str:
     return "{" + ", ".join(f"{b}: {format_gb(v)}" for b, v in sorted(points.items())) + "}"
 
 
-def usable_bytes(capacity: float, margin: float = 0.05) -> float:
-    """capacity·(1 − margin): the most a tier may be predicted to use (default 5% headroom)."""
+def usable_bytes(capacity: float, margin: float = default("margin")) -> float:
+    """capacity·(1 − margin): the most a tier may be predicted to use (default: the policy's)."""
     c = float(capacity)
     if not math.isfinite(c) or c <= 0:
         raise ValueError(f"capacity must be positive bytes, got {capacity!r}")

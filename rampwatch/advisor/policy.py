@@ -29,7 +29,9 @@ from dataclasses import asdict, dataclass, fields, replace
 from rampwatch.advisor.lr import rule_for, scaled_base_lr
 from rampwatch.advisor.ramp_point import ramp_decision
 
-__all__ = ["CONFIG_KEY", "RampPolicy"]
+__all__ = ["CONFIG_KEY", "RAMP_MAX_FACTOR", "RampPolicy", "default"]
+
+RAMP_MAX_FACTOR = 8  # effective-batch growth per ramp: a larger jump is a typo, not a ramp
 
 CONFIG_KEY = "ramp_policy"  # where the run config keeps RampPolicy.to_config()
 # keys of run configs written before the policy existed
@@ -65,6 +67,11 @@ class RampPolicy:
             raise ValueError("ramp_at must be > 0, bound_at >= 0 and factor >= 2")
         if self.hysteresis_steps < 1 or self.min_estimates < 0 or not 0 <= self.margin < 1:
             raise ValueError("hysteresis_steps >= 1, min_estimates >= 0 and margin in [0, 1)")
+        if max(self.factor, *self.offered_factors) > RAMP_MAX_FACTOR:
+            raise ValueError(
+                f"factor and offered_factors must be at most {RAMP_MAX_FACTOR} (RAMP_MAX_FACTOR: "
+                "the store refuses a larger jump in one ramp)"
+            )
 
     # -- what it says ---------------------------------------------------------------------
     def band_cost(self) -> dict[str, float]:
@@ -148,6 +155,12 @@ class RampPolicy:
         if config.get(LEGACY_MIN_ESTIMATES) is not None:
             kw["min_estimates"] = int(config[LEGACY_MIN_ESTIMATES])
         return replace(cls(**kw), **overrides)
+
+
+def default(knob: str):
+    """The policy's default of one knob: a function that takes the knob defaults to this,
+    never to a copy of the number."""
+    return {f.name: f.default for f in fields(RampPolicy)}[knob]
 
 
 def _first_batch(config: Mapping) -> int | None:

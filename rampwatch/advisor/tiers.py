@@ -2,8 +2,8 @@
 
 Owns `Tier` (per-device batch × accumulation × world size: the one value every part of
 Rampwatch passes around for "a tier", with its sizes, its sentence and its command payload),
-`RAMP_MAX_FACTOR` (the most one ramp may grow the batch: the store refuses more, the candidates
-never offer more), `TierOption` (a candidate tier with its predictions), `candidate_tiers`
+`RAMP_MAX_FACTOR` (policy.py's, the most one ramp may grow the batch: the store refuses
+more, the candidates never offer more), `TierOption` (a candidate tier with its predictions), `candidate_tiers`
 (effective batch ×2/×4/×8 split into per-device batch × accumulation × world size under a memory
 model) and `accumulation_tiers` (the same without a memory model: accumulation only). They follow
 docs/ARCHITECTURE.md "Tier": prefer the largest per-device batch that fits, make up the rest
@@ -19,11 +19,9 @@ from typing import ClassVar
 from rampwatch.advisor.checks import positive_int as _pos_int
 from rampwatch.advisor.lr import lr_multiplier, rule_for
 from rampwatch.advisor.memory import MemoryModel, format_gb, usable_bytes
+from rampwatch.advisor.policy import RAMP_MAX_FACTOR, default
 
 __all__ = ["RAMP_MAX_FACTOR", "Tier", "TierOption", "candidate_tiers", "accumulation_tiers"]
-
-RAMP_MAX_FACTOR = 8  # effective-batch growth per ramp: a larger jump is a typo, not a ramp
-FACTORS = (2, 4, 8)  # the card's offers, ×2 first (never above RAMP_MAX_FACTOR)
 
 
 @dataclass(frozen=True)
@@ -125,8 +123,8 @@ def candidate_tiers(
     seq_len: int,
     memory_model: MemoryModel,
     capacity_bytes: float,
-    margin: float = 0.05,
-    factors: Iterable[int] = FACTORS,
+    margin: float = default("margin"),
+    factors: Iterable[int] = default("offered_factors"),
     infeasible: Iterable[int] = (),
     optimizer: str | None = "adamw",
     max_per_device: int | None = None,
@@ -220,7 +218,7 @@ def accumulation_tiers(
     accum: int,
     world_size: int,
     seq_len: int,
-    factors: Iterable[int] = FACTORS,
+    factors: Iterable[int] = default("offered_factors"),
     infeasible: Iterable[int] = (),
     rule: str = "sqrt",
 ) -> list[TierOption]:

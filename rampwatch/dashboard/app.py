@@ -14,7 +14,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from rampwatch.dashboard import data
+from rampwatch.dashboard import store_access
 from rampwatch.store.naming import display_name
 
 # The page scripts live in the package, so an installed dashboard needs no pages/ folder beside
@@ -74,7 +74,7 @@ def _pages() -> list:
 def main() -> None:
     """One run of the app: sidebar, database checks, then the page the URL names."""
     st.set_page_config(page_title="Rampwatch", page_icon="📈", layout="wide")
-    opts = data.options()
+    opts = store_access.options()
     st.session_state["rw_db"] = opts.db
     st.session_state["rw_read_only"] = opts.read_only
     nav = st.navigation(_pages())
@@ -85,7 +85,7 @@ def main() -> None:
         if opts.read_only:
             st.caption(":lock: read-only: no controls, nothing is written")
 
-    problem = data.options_problem(opts) or data.db_problem(opts.db)
+    problem = store_access.options_problem(opts) or store_access.db_problem(opts.db)
     if problem is not None and problem.fatal:
         st.session_state["rw_run_id"] = None
         st.title("Rampwatch")
@@ -97,12 +97,12 @@ def main() -> None:
 
         @st.fragment(run_every=5)
         def _wait_for_runs():
-            if data.db_problem(opts.db) is None:
+            if store_access.db_problem(opts.db) is None:
                 st.rerun(scope="app")
 
         _wait_for_runs()
     else:
-        runs = data.list_runs(opts.db)
+        runs = store_access.list_runs(opts.db)
         _pick_run(runs)
         nav.run()
 

@@ -6,8 +6,8 @@ width), and `SeriesCache` (what a live page keeps in session state: the buckets 
 with a refetch of only the last, partial bucket onward; coarsened locally when the run outgrows
 the width, which is exact because buckets are aligned powers of two).
 
-No Streamlit and no store here: the fetch is a function passed in (dashboard/data.py supplies the
-store-backed one), so the merge logic is unit-tested against a full fetch.
+No Streamlit and no store here: the fetch is a function passed in (dashboard/store_access.py
+supplies the store-backed one), so the merge logic is unit-tested against a full fetch.
 """
 
 from __future__ import annotations

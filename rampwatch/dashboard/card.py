@@ -8,7 +8,7 @@ refused with the reason), and the buttons. Stable widget keys for tests and the 
 "Approve early" behind the "override" checkbox), "reject", "cancel_command", "tier_choice", and the
 operator's "rw_operator" (name) and "rw_token" (the operator token, dashboard/guard.py).
 Read-only mode and runs that are not running draw the same card with no buttons. A click is
-checked again on the server (data.py): the token and the operator's name.
+checked again on the server (store_access.py): the token and the operator's name.
 Reject hides that recommendation (Card.key) for this session until a new one appears.
 A refusal stays on the card for ERROR_SECONDS (the page refreshes every few seconds, and a refresh
 can interrupt the rerun that showed it), or until the operator edits their name or token; a
@@ -36,7 +36,7 @@ import streamlit as st
 
 from rampwatch.advisor.gns_window import significant
 from rampwatch.advisor.memory import format_gb
-from rampwatch.dashboard import data
+from rampwatch.dashboard import store_access
 from rampwatch.dashboard.recommend import Card, TierView
 
 STALE_STEPS = 50  # an estimate this many steps behind the run means the measurement is off
@@ -94,13 +94,13 @@ def send_pending(slot) -> None:
         return
     slot.info(f"Sending the ramp to {label}…", icon=":material/send:")
     try:
-        cid = data.submit_ramp(db, run_id, payload, key=key, **_who())
+        cid = store_access.submit_ramp(db, run_id, payload, key=key, **_who())
         _set_flash(
             "success",
             f"Ramp #{cid} to {label} submitted: pending until "
             "the trainer picks it up at its next step boundary.",
         )
-    except data.StoreError as e:
+    except store_access.StoreError as e:
         _set_flash("error", f"Not submitted: {e}")
     del st.session_state[SENDING]  # after the flash: an interruption here loses no answer
     slot.empty()  # the answer is the card's to show
@@ -108,9 +108,9 @@ def send_pending(slot) -> None:
 
 def _cancel(db, command_id: int) -> None:
     try:
-        data.cancel_command(db, command_id, **_who())
+        store_access.cancel_command(db, command_id, **_who())
         _set_flash("info", f"Ramp #{command_id} cancelled.")
-    except data.StoreError as e:
+    except store_access.StoreError as e:
         _set_flash("error", f"Could not cancel #{command_id}: {e}")
 
 
@@ -360,7 +360,7 @@ def render(card: Card, *, db, run, read_only: bool) -> None:
         if run.stored_status != "running" or run.status != "running":
             st.caption(f"The run is {run.status}: ramp commands go only to running runs.")
             return
-        refusal = data.ramp_refusal(run.config)
+        refusal = store_access.ramp_refusal(run.config)
         if refusal:
             st.info(f"This run {refusal}.", icon=":material/pan_tool:")
             return
@@ -410,8 +410,8 @@ def _operator() -> None:
 
 def _controls(card: Card, v: TierView | None, db, run_id: str) -> None:
     open_cmd = card.command if card.command and card.command.open else None
-    if data.agent_api_enabled():
-        st.warning(data.AGENT_API_REFUSAL)
+    if store_access.agent_api_enabled():
+        st.warning(store_access.AGENT_API_REFUSAL)
         return
     _operator()
     cols = st.columns([3, 1, 2])

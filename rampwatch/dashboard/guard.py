@@ -8,8 +8,8 @@ constant time, plus a typed operator name that goes into the command log. A shar
 an identity: for real identity put the dashboard behind `st.login` or a proxy that sets a user
 header, and TLS. Streamlit-free, so the command line and the tests share it.
 
-A refused write is recorded (data.py, into the store), with the operator name as typed unless
-it holds a piece of a token (`recordable_name`), and the refusals slow a client down: after
+A refused write is recorded (store_access.py, into the store), with the operator name as typed
+unless it holds a piece of a token (`recordable_name`), and the refusals slow a client down: after
 MAX_REFUSALS within WINDOW_S, its writes are refused unchecked for COOLDOWN_S (`THROTTLE`,
 in this process's memory: a restart forgets it). Tokens are random, 144 bits (`new_token`),
 so the cooldown is not what stops guessing; it keeps a script from filling the audit table

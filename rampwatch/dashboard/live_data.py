@@ -5,7 +5,7 @@ Owns: `LiveState` (a SeriesCache per chart, the raw noise-scale window the recom
 the run's ramp commands, read only when due) and `live_snapshot` (the Streamlit-side entry: state
 in st.session_state, the previous snapshot kept while the database is busy). Each tick fetches
 only from the last partial bucket on, all inside one Reader session. Reads and writes that are
-not live-page specific live in dashboard/data.py.
+not live-page specific live in dashboard/store_access.py.
 """
 
 from __future__ import annotations
@@ -17,7 +17,13 @@ import numpy as np
 import streamlit as st
 
 from rampwatch.dashboard.buckets import Buckets, SeriesCache
-from rampwatch.dashboard.data import COMMANDS_DIRTY, TIMEOUT, buckets_from, event_dict, plan_dict
+from rampwatch.dashboard.store_access import (
+    COMMANDS_DIRTY,
+    TIMEOUT,
+    buckets_from,
+    event_dict,
+    plan_dict,
+)
 from rampwatch.store import commands as store_commands
 from rampwatch.store import names as M
 from rampwatch.store.errors import StoreBusyError

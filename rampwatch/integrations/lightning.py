@@ -40,9 +40,11 @@ What it relies on in Lightning (2.6.6, files under lightning/pytorch/):
   on_fit_start (trainer.py:1057): the monitor starts in on_train_start, before any batch, so it can
   read the per-device batch from the loader.
 
-A checkpoint carries the callback's tier, run id and ramp policy (state_dict): resuming one
-restores accumulate_grad_batches and the batch attribute, which Lightning does not (they are
-constructor arguments), and continues the same database run from the restored global_step.
+A checkpoint carries the callback's tier, run id, ramp policy and the monitor's state_dict()
+(Callback.state_dict, kept in Lightning's own checkpoint file): resuming one restores
+accumulate_grad_batches and the batch attribute, which Lightning does not (they are constructor
+arguments), continues the same database run from the restored global_step, and continues the
+monitor (noise-scale window, tokens seen, base LR, last ramp, measured and infeasible batches).
 
 Under DDP every rank runs the callback; Monitor.start opens the database on rank 0 only, and the
 monitor gets `trainer.model` (the DistributedDataParallel wrapper) to attach its per-rank norm
@@ -91,6 +93,7 @@ from rampwatch.monitor.ramp_protocol import MODES, Ramp, scale_lr
 from rampwatch.store import RunNotFoundError
 from rampwatch.store import names as M
 
+MONITOR_STATE = "monitor_state"  # where the callback's state_dict keeps Monitor.state_dict()
 _NO_GROUPS = SimpleNamespace(param_groups=[])  # scale_lr on a scheduler alone (groups done once)
 
 
@@ -146,6 +149,7 @@ class RampwatchCallback(pl.Callback):
             "per_device_batch": mon.per_device_batch,
             "accum": mon.accum,
             POLICY_KEY: mon.policy.to_config(),
+            MONITOR_STATE: mon.state_dict(),
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -206,6 +210,8 @@ class RampwatchCallback(pl.Callback):
                 pass
         if self.monitor is None:
             self.monitor = Monitor.start(self.db, **start)
+        elif MONITOR_STATE in self._restored:  # the resumed run's window, tokens, base LR, ...
+            self.monitor.load_state_dict(self._restored[MONITOR_STATE])
         self._boundary = trainer.global_step
 
     def on_train_end(self, trainer, pl_module) -> None:

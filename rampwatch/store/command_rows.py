@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from rampwatch.advisor.tiers import RAMP_MAX_FACTOR, Tier
 from rampwatch.store import names as M
 from rampwatch.store.errors import CommandError
-from rampwatch.store.schema import ROLLUP_LEVELS, first, transaction
+from rampwatch.store.schema import COMMANDS, ROLLUP_LEVELS, Command, first, transaction
 
 KINDS = ("ramp",)
 STATUSES = ("pending", "claimed", "applied", "refused", "cancelled", "undone")
@@ -45,25 +45,6 @@ MAX_LR_MULTIPLIER = 64.0  # more is a typo or a unit mistake, never a ramp
 MAX_NOTE = 1000  # characters
 MAX_KEY = 200
 
-_SELECT = (
-    "SELECT command_id, run_id, kind, payload, status, actor, created_at, updated_at, "
-    "applied_step, reason FROM commands"
-)
-
-
-@dataclass(frozen=True)
-class Command:
-    command_id: int
-    run_id: str
-    kind: str
-    payload: dict
-    status: str
-    actor: str
-    created_at: float
-    updated_at: float
-    applied_step: int | None
-    reason: str | None
-
 
 @dataclass(frozen=True)
 class LogEntry:
@@ -76,7 +57,7 @@ class LogEntry:
 
 
 def _command(row) -> Command:
-    return Command(int(row[0]), row[1], row[2], json.loads(row[3]), *row[4:])
+    return Command(**COMMANDS.values(row))
 
 
 def _bounded_int(payload: dict, key: str, hi: int) -> int:
@@ -231,7 +212,7 @@ def undo_after(con, run_id: str, step: int, cause: str, actor: str) -> list[int]
 
 def pending(con, run_id: str) -> list[Command]:
     rows = con.execute(
-        _SELECT + " WHERE run_id = ? AND status = 'pending' ORDER BY command_id", [run_id]
+        COMMANDS.select + " WHERE run_id = ? AND status = 'pending' ORDER BY command_id", [run_id]
     ).fetchall()
     return [_command(r) for r in rows]
 
@@ -246,7 +227,9 @@ def claim_pending(con, run_id: str, actor: str) -> list[Command]:
         if not ids:
             return []
         rows = con.execute(
-            _SELECT + " WHERE command_id IN (SELECT unnest(?::BIGINT[])) ORDER BY command_id", [ids]
+            COMMANDS.select
+            + " WHERE command_id IN (SELECT unnest(?::BIGINT[])) ORDER BY command_id",
+            [ids],
         ).fetchall()
     return [_command(r) for r in rows]
 
@@ -328,7 +311,8 @@ def _check_tier(con, run_id: str, payload: dict, config, world_size) -> None:
         )
 
 
-def _json_or_none(text):
+def _config_from_json(text):
+    """The run config's JSON text as a dict; None for none, or for text that is no JSON."""
     try:
         return json.loads(text) if text else None
     except ValueError:
@@ -380,19 +364,16 @@ def queue(con, db, run_id: str, kind: str, payload: dict, actor: str, key: str |
                 f"run {run_id!r} already has ramp command #{open_[0]} {open_[1]}; cancel "
                 "it or wait until it is applied or refused before submitting another"
             )
-        config = _json_or_none(row[1])
+        config = _config_from_json(row[1])
         refusal = ramp_refusal(config)
         if refusal:
             raise CommandError(f"run {run_id!r} {refusal}")
         _check_tier(con, run_id, payload, config, row[2])
     [(cid,)] = con.execute("SELECT nextval('command_ids')").fetchall()
     now = time.time()
-    con.execute(
-        "INSERT INTO commands (command_id, run_id, kind, payload, status, actor, "
-        "created_at, updated_at, applied_step, reason, idempotency_key) "
-        "VALUES (?, ?, ?, ?, 'pending', ?, ?, ?, NULL, NULL, ?)",
-        [cid, run_id, kind, text, actor, now, now, key],
-    )
+    new = dict(command_id=cid, run_id=run_id, kind=kind, payload=text, status="pending")
+    new.update(actor=actor, created_at=now, updated_at=now, idempotency_key=key)
+    con.execute(COMMANDS.insert, COMMANDS.params(new))  # the rest: NULL
     con.execute(
         "INSERT INTO command_log VALUES (?, ?, NULL, 'pending', ?, ?)",
         [cid, now, actor, "submitted"],
@@ -402,14 +383,14 @@ def queue(con, db, run_id: str, kind: str, payload: dict, actor: str, key: str |
 
 def find(con, command_id: int) -> Command | None:
     """The command with this id, or None."""
-    row = first(con.execute(_SELECT + " WHERE command_id = ?", [command_id]))
+    row = first(con.execute(COMMANDS.select + " WHERE command_id = ?", [command_id]))
     return None if row is None else _command(row)
 
 
 def matching(con, run_id: str | None = None, status: str | None = None) -> list[Command]:
     """Commands, oldest first, optionally of one run and/or one status."""
     rows = con.execute(
-        _SELECT + " WHERE (?::VARCHAR IS NULL OR run_id = ?) AND "
+        COMMANDS.select + " WHERE (?::VARCHAR IS NULL OR run_id = ?) AND "
         "(?::VARCHAR IS NULL OR status = ?) ORDER BY command_id",
         [run_id, run_id, status, status],
     ).fetchall()

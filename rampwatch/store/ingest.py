@@ -16,7 +16,6 @@ read (compare-and-set). Any of these failing rolls the transaction back (SpoolOf
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,20 +26,12 @@ import pyarrow as pa
 from rampwatch.store import command_rows, rollup, spool
 from rampwatch.store import spool_format as fmt
 from rampwatch.store.errors import CommandError, SpoolOffsetsError
-from rampwatch.store.schema import MEMORY_PLAN, RUNS, first, to_json, transaction
+from rampwatch.store.schema import EVENTS, MEMORY_PLAN, RUNS, first, to_json, transaction
 
 MAX_RECORDS = 1 << 18  # per transaction (8 MB of spool, ~0.1 s): bounds lock hold and memory
 ENDINGS = ("killed", "failed")  # event kinds of a run's end: a resume purge keeps them
 
-_EVENT_SCHEMA = pa.schema(
-    [
-        ("step", pa.int64()),
-        ("t", pa.float64()),
-        ("kind", pa.string()),
-        ("message", pa.string()),
-        ("data", pa.string()),
-    ]
-)
+_EVENT_SCHEMA = EVENTS.arrow_schema()
 _PLAN_SCHEMA = MEMORY_PLAN.arrow_schema()
 _SET_DETAILS = (  # a run update: None keeps a detail
     f"UPDATE runs SET {', '.join(f'{c} = coalesce(?, {c})' for c in RUNS.details)} WHERE run_id = ?"
@@ -121,7 +112,7 @@ class _Apply:
                 "heartbeat": r["t"],
                 "last_step": r.get("resume_step"),
             }
-            con.execute(RUNS.insert, [new.get(c) for c in RUNS.columns])  # the rest: NULL
+            con.execute(RUNS.insert, RUNS.params(new))  # the rest: NULL
         self._run_fields(r)
         s = r.get("resume_step")
         if s is None:
@@ -163,19 +154,17 @@ class _Apply:
             "DELETE FROM metrics WHERE run_id = ? AND step > ?", [run_id, s]
         ).fetchall()
         later = con.execute(
-            "SELECT step, t, kind, message, data FROM events WHERE run_id = ? AND step > ? "
-            "ORDER BY step, t",
-            [run_id, s],
+            f"{EVENTS.select} WHERE run_id = ? AND step > ? ORDER BY step, t", [run_id, s]
         ).fetchall()
         con.execute("DELETE FROM events WHERE run_id = ? AND step > ?", [run_id, s])
         kept, discarded = [], {}
-        for step, t, kind, message, data in later:
+        for ev in map(EVENTS.values, later):
+            kind, step, old = ev["kind"], ev["step"], ev["data"]
             if kind not in ENDINGS:
                 discarded[kind] = discarded.get(kind, 0) + 1
                 continue
-            old = json.loads(data) if data else None
             moved = {**(old if isinstance(old, dict) else {}), "original_step": step}
-            self.events.append(dict(step=s, t=t, kind=kind, message=message, data=to_json(moved)))
+            self.events.append(EVENTS.from_record({**ev, "step": s, "data": moved}))
             kept.append({"kind": kind, "step": step})
         rollup.truncate(con, run_id, s)
         cause = "crash" if prev_status in ENDINGS else "resume"
@@ -204,15 +193,7 @@ class _Apply:
         self.con.execute(_SET_DETAILS, [*self._details(r).values(), r["run_id"]])
 
     def _event(self, r: dict) -> None:
-        self.events.append(
-            dict(
-                step=r.get("step"),
-                t=r["t"],
-                kind=r["kind"],
-                message=r.get("message"),
-                data=to_json(r.get("data")),
-            )
-        )
+        self.events.append(EVENTS.from_record(r))
 
     def _plan(self, r: dict) -> None:
         self.plans.append(MEMORY_PLAN.from_record(r))
@@ -224,11 +205,7 @@ class _Apply:
             [r["status"], ended, self.run_id],
         )
         if r.get("message"):
-            self.events.append(
-                dict(
-                    step=r.get("step"), t=r["t"], kind=r["status"], message=r["message"], data=None
-                )
-            )
+            self.events.append(EVENTS.from_record({**r, "kind": r["status"], "data": None}))
 
     def _cmd(self, r: dict) -> None:
         # The trainer resolved a command it had claimed; the writer spooled it so the training
@@ -244,13 +221,10 @@ class _Apply:
                 t=r["t"],
             )
         except CommandError as e:
+            message = f"command result not recorded: {e}"
             self.events.append(
-                dict(
-                    step=r.get("step"),
-                    t=r["t"],
-                    kind="error",
-                    message=f"command result not recorded: {e}",
-                    data=None,
+                EVENTS.from_record(
+                    dict(step=r.get("step"), t=r["t"], kind="error", message=message)
                 )
             )
 
@@ -259,11 +233,7 @@ class _Apply:
         if self.events:
             con.register("rw_events", pa.Table.from_pylist(self.events, schema=_EVENT_SCHEMA))
             try:
-                con.execute(
-                    "INSERT INTO events (run_id, step, t, kind, message, data) "
-                    "SELECT ?, step, t, kind, message, data FROM rw_events",
-                    [self.run_id],
-                )
+                con.execute(EVENTS.insert_from("rw_events"), [self.run_id])
             finally:
                 con.unregister("rw_events")
         if self.plans:
@@ -373,7 +343,9 @@ def _alert(
         "line_ranges": js_damage.ranges,
         "unusable_records": len(unusable),
     }
-    return dict(step=result.max_step, t=t, kind="alert", message=message, data=json.dumps(data))
+    return EVENTS.from_record(
+        dict(step=result.max_step, t=t, kind="alert", message=message, data=data)
+    )
 
 
 def ingest_spool(

@@ -18,7 +18,6 @@ the writer for seconds while it sorts a chunk, while rollups fold in on each ing
 from __future__ import annotations
 
 import contextlib
-import json
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -30,7 +29,7 @@ from rampwatch.store import spool
 from rampwatch.store.db import DEFAULT_TIMEOUT, read_connection, spool_root
 from rampwatch.store.errors import RunNotFoundError
 from rampwatch.store.rollup import LEVELS, Level
-from rampwatch.store.schema import MEMORY_PLAN, RUNS, PlanRow, Run, first
+from rampwatch.store.schema import EVENTS, MEMORY_PLAN, RUNS, Event, PlanRow, Run, first
 
 STALE_AFTER = 30.0  # seconds without a heartbeat before a running run shows as stale
 _NO_START = -(1 << 62)
@@ -108,20 +107,6 @@ class Series:
             for f in ("step", "min", "max", "last", "last_step", "count", "nonfinite")
         }
         return replace(self, **cols)
-
-
-@dataclass(frozen=True)
-class Event:
-    run_id: str
-    step: int | None
-    t: float
-    kind: str
-    message: str | None
-    data: dict | None
-
-
-def _loads(text):
-    return None if text is None else json.loads(text)
 
 
 def _empty_series(run_id, name, width, start) -> Series:
@@ -301,13 +286,13 @@ class Reader:
         """Events in step order (those with step >= since_step; of the given kinds)."""
         with self._connection() as con:
             rows = con.execute(
-                """SELECT run_id, step, t, kind, message, data FROM events
+                f"""{EVENTS.select}
                    WHERE run_id = $r AND ($s::BIGINT IS NULL OR step >= $s)
                      AND ($k::VARCHAR[] IS NULL OR list_contains($k::VARCHAR[], kind))
                    ORDER BY step NULLS FIRST, t""",
                 {"r": run_id, "s": since_step, "k": kinds},
             ).fetchall()
-        return [Event(*r[:5], _loads(r[5])) for r in rows]
+        return [Event(**EVENTS.values(r)) for r in rows]
 
     def memory_plan(self, run_id: str) -> list[PlanRow]:
         with self._connection() as con:

@@ -26,7 +26,7 @@ from rampwatch.store import command_rows, ingest, spool
 from rampwatch.store import spool_format as fmt
 from rampwatch.store.db import DEFAULT_TIMEOUT, read_connection, spool_root, write_connection
 from rampwatch.store.errors import StoreError
-from rampwatch.store.schema import RUN_TABLES, first, transaction
+from rampwatch.store.schema import EVENTS, RUN_TABLES, first, transaction
 
 
 @dataclass
@@ -146,18 +146,12 @@ def _mark_killed(con, db, run_id: str, recovered: int, ended: float | None) -> i
             )
         )
         writer = f"pid {who[0]} on {who[1]}" if who and who[0] is not None else "unknown"
-        con.execute(
-            "INSERT INTO events (run_id, step, t, kind, message, data) VALUES (?, ?, ?, ?, ?, ?)",
-            [
-                run_id,
-                last_step,
-                time.time(),
-                "killed",
-                f"the writer ({writer}) died without closing the run; {recovered} records were "
-                f"recovered from its spool; marked killed at step {last_step}",
-                None,
-            ],
+        message = (
+            f"the writer ({writer}) died without closing the run; {recovered} records were "
+            f"recovered from its spool; marked killed at step {last_step}"
         )
+        killed = dict(run_id=run_id, step=last_step, t=time.time(), kind="killed", message=message)
+        con.execute(EVENTS.insert, EVENTS.params(killed))
         return command_rows.refuse_open(con, run_id, "run killed", "recovery")
 
 

@@ -3,9 +3,9 @@
 Owns: the SQL every module runs inside a connection the caller holds (`transaction`, the one
 BEGIN … COMMIT, and `first`, the first row of a result), the ordered MIGRATIONS list (each one runs in its own transaction and records its version
 in `rampwatch_schema`), reading a file's version, refusing foreign or newer files, the rollup
-constant the metrics layout depends on, and the field tables of the runs and memory_plan tables
-(RUNS, MEMORY_PLAN: one list of columns that drives their INSERT, their SELECT and the row a
-reader returns, Run and PlanRow).
+constant the metrics layout depends on, and the field tables of the runs, memory_plan, events
+and commands tables (RUNS, MEMORY_PLAN, EVENTS, COMMANDS: one list of columns that drives their
+INSERT, their SELECT and the row a reader returns, Run, PlanRow, Event and Command).
 
 Version history (a file at any older version is upgraded in place when opened):
   1  rampwatch_schema, runs (id, name, status, config, created/ended), metrics (tall).
@@ -279,8 +279,9 @@ def create_at_version(path, target: int) -> None:
         con.close()
 
 
-# ---- field tables: the current columns of runs and memory_plan ----------------------------
-# The dataclass a reader returns lists its table's columns, in the table's order; each column's
+# ---- field tables: the current columns of runs, memory_plan, events and commands -----------
+# The dataclass a reader returns lists its table's columns (every statement names them, so
+# their order is the row's, not the table's); each column's
 # metadata says how ingest batches it (Arrow type), whether a record must carry it (NOT NULL),
 # whether the table holds it as JSON text, and whether it is a run detail that start and
 # update_run set. A new column is then its migration above and one field here (and the writer
@@ -328,9 +329,39 @@ class PlanRow:
     breakdown: dict | None = _column(pa.string(), json=True)
 
 
+@dataclass(frozen=True)
+class Event:
+    run_id: str = _column(pa.string(), null=False)
+    step: int | None = _column(pa.int64())
+    t: float = _column(pa.float64(), null=False)
+    kind: str = _column(pa.string(), null=False)
+    message: str | None = _column(pa.string())
+    data: dict | None = _column(pa.string(), json=True)
+
+
+@dataclass(frozen=True)
+class Command:
+    command_id: int = _column()
+    run_id: str = _column()
+    kind: str = _column()
+    payload: dict = _column(json=True)  # stored with sorted keys: the idempotency check compares it
+    status: str = _column()
+    actor: str = _column()
+    created_at: float = _column()
+    updated_at: float = _column()
+    applied_step: int | None = _column()
+    reason: str | None = _column()
+    idempotency_key: str | None = _column()  # the submit's key (None: none given)
+
+
 def to_json(obj) -> str | None:
     """A JSON column's text (None stays NULL)."""
     return None if obj is None else json.dumps(obj, ensure_ascii=False)
+
+
+def from_json(text: str | None):
+    """A JSON column's value (NULL stays None)."""
+    return None if text is None else json.loads(text)
 
 
 class Fields:
@@ -348,6 +379,10 @@ class Fields:
             f"INSERT INTO {table} ({', '.join(self.columns)}) "
             f"VALUES ({', '.join('?' for _ in self.columns)})"
         )
+
+    def params(self, values: dict) -> list:
+        """The parameters of `insert` from {column: value} (a column not given is NULL)."""
+        return [values.get(c) for c in self.columns]
 
     def insert_from(self, source: str) -> str:
         """INSERT of every row of a registered Arrow table that has every column but run_id,
@@ -376,10 +411,12 @@ class Fields:
     def values(self, row) -> dict:
         """The row dataclass's column fields from a row of `select`, JSON columns decoded."""
         return {
-            name: (None if v is None else json.loads(v)) if m["json"] else v
+            name: from_json(v) if m["json"] else v
             for (name, _, m), v in zip(self._fields, row, strict=True)
         }
 
 
 RUNS = Fields("runs", Run)
 MEMORY_PLAN = Fields("memory_plan", PlanRow)
+EVENTS = Fields("events", Event)
+COMMANDS = Fields("commands", Command)

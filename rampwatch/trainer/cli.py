@@ -16,6 +16,9 @@ from pathlib import Path
 from rampwatch.store.naming import check_run_id, check_run_name
 from rampwatch.trainer.config import PRESET_RUN_DEFAULTS, PRESETS
 
+# config.POLICY_FLAGS as spelled before they took the policy's names: hidden aliases.
+OLD_POLICY_FLAGS = {"--ramp-hysteresis": "hysteresis_steps", "--ramp-min-samples": "min_estimates"}
+
 
 def add_arguments(t: argparse.ArgumentParser) -> None:
     """The run config of `rampwatch train`."""
@@ -72,21 +75,23 @@ def add_arguments(t: argparse.ArgumentParser) -> None:
     ramp = t.add_argument_group("ramps")
     ramp.add_argument("--ramp", default="manual", choices=("manual", "auto", "off"))
     ramp.add_argument(
-        "--ramp-hysteresis",
-        type=int,
-        help="estimates above the ramp point before a ramp (default: the policy's)",
-    )
-    ramp.add_argument(
-        "--ramp-min-samples",
-        type=int,
-        help="noise-scale estimates before any ramp (default: the policy's)",
-    )
-    ramp.add_argument(
         "--ramp-at",
         type=float,
         help="ramp once the noise scale is >= this × the batch (default: the "
         "policy's 1, i.e. keep the batch within [B_noise, 2·B_noise])",
     )
+    ramp.add_argument(
+        "--hysteresis-steps",
+        type=int,
+        help="estimates above the ramp point before a ramp (default: the policy's)",
+    )
+    ramp.add_argument(
+        "--min-estimates",
+        type=int,
+        help="noise-scale estimates before any ramp (default: the policy's)",
+    )
+    for old, knob in OLD_POLICY_FLAGS.items():  # a user's old command line still works
+        ramp.add_argument(old, dest=knob, type=int, help=argparse.SUPPRESS)
     ramp.add_argument(
         "--no-plan", dest="plan", action="store_false", help="skip the fake-tensor memory plan"
     )
@@ -223,8 +228,8 @@ NUMBERS = {
     "grad_clip": (_non_negative, "a number >= 0 (0: no clipping)"),
     "target_val_loss": (math.isfinite, "a finite number"),
     "ramp_at": (_positive, "a positive number"),
-    "ramp_hysteresis": (lambda n: n >= 1, "at least 1 (estimates in a row)"),
-    "ramp_min_samples": (_non_negative, "0 or more"),
+    "hysteresis_steps": (lambda n: n >= 1, "at least 1 (estimates in a row)"),
+    "min_estimates": (_non_negative, "0 or more"),
 }
 
 

@@ -64,6 +64,11 @@ class RunDefaults:
         return asdict(self)
 
 
+# Run options that set a RampPolicy knob, each named by its field (--ramp-at sets ramp_at). The
+# loop hands those given to the policy; unset, the policy's own default holds.
+POLICY_FLAGS = ("ramp_at", "hysteresis_steps", "min_estimates")
+
+
 PRESETS: dict[str, ModelConfig] = {
     # What tests use: ~0.46M parameters, tens of ms per step on one CPU thread.
     "test-tiny": ModelConfig(vocab_size=256, n_layer=2, n_head=4, d_model=128, seq_len=128),

@@ -29,7 +29,7 @@ from rampwatch.monitor import Monitor
 from rampwatch.store import names as M
 from rampwatch.trainer import checkpoint as ckpt
 from rampwatch.trainer import dist
-from rampwatch.trainer.config import PRESETS, ModelConfig, matmul_params
+from rampwatch.trainer.config import POLICY_FLAGS, PRESETS, ModelConfig, matmul_params
 from rampwatch.trainer.data import TokenDataset, rank_slice
 from rampwatch.trainer.data_files import prepare_for_run
 from rampwatch.trainer.data_loader import Prefetcher
@@ -223,15 +223,7 @@ class Trainer:
 
     def _policy(self) -> RampPolicy:
         a = self.args
-        overrides = {
-            k: v
-            for k, v in (
-                ("hysteresis_steps", a.ramp_hysteresis),
-                ("min_estimates", a.ramp_min_samples),
-                ("ramp_at", getattr(a, "ramp_at", None)),
-            )
-            if v is not None
-        }
+        overrides = {k: getattr(a, k) for k in POLICY_FLAGS if getattr(a, k, None) is not None}
         return RampPolicy(
             original_batch=Tier(a.per_device_batch, a.accum, self.ddp.world_size).batch,
             original_lr=a.lr,

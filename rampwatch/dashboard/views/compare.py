@@ -2,8 +2,8 @@
 
 Thin page: choose runs; overlay any metric against step, tokens or time; the config keys that
 differ; steps, tokens and time to a chosen loss; and, with >= 3 runs at different constant batch
-sizes, the critical batch from S = S_min(1 + B_crit/B). Data via dashboard/data.py, arithmetic in
-dashboard/comparison.py, the figure in dashboard/charts.py.
+sizes, the critical batch from S = S_min(1 + B_crit/B). Data via dashboard/store_access.py,
+arithmetic in dashboard/comparison.py, the figure in dashboard/charts.py.
 """
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from rampwatch.dashboard import charts, comparison, data
+from rampwatch.dashboard import charts, comparison, store_access
 from rampwatch.store import names as M
 from rampwatch.store.naming import display_name
 
-db, current, _ = data.page_context(need_run=False)
+db, current, _ = store_access.page_context(need_run=False)
 
 st.title("Compare runs")
-runs = data.list_runs(db)
+runs = store_access.list_runs(db)
 by_id = {r.run_id: r for r in runs}
 default = [current] if current in by_id else []
 default += [r.run_id for r in runs if r.run_id not in default][: max(0, 6 - len(default))]
@@ -43,7 +43,7 @@ labels = {rid: display_name(by_id[rid].name or rid) for rid in chosen}
 if len(set(labels.values())) < len(labels):
     labels = {rid: f"{labels[rid]} ({display_name(rid)})" for rid in chosen}
 
-names = sorted(set().union(*[set(data.metric_names(db, rid)) for rid in chosen]))
+names = sorted(set().union(*[set(store_access.metric_names(db, rid)) for rid in chosen]))
 if not names:
     st.info("The chosen runs have not logged any metrics yet.")
     st.stop()
@@ -65,7 +65,7 @@ smoothing = c3.slider(
 
 curves, time_how = [], set()
 for rid in chosen:
-    b = data.series(db, rid, metric)
+    b = store_access.series(db, rid, metric)
     if not len(b):
         continue
     y = (
@@ -75,9 +75,9 @@ for rid in chosen:
     )
     x = b.steps.astype(np.float64)
     if axis == "tokens":
-        x = comparison.tokens_at(b.steps, data.series(db, rid, M.TOKENS_SEEN))
+        x = comparison.tokens_at(b.steps, store_access.series(db, rid, M.TOKENS_SEEN))
     elif axis == "time":
-        x, how = comparison.elapsed_at(b.steps, data.series(db, rid, M.STEP_TIME))
+        x, how = comparison.elapsed_at(b.steps, store_access.series(db, rid, M.STEP_TIME))
         time_how.add(how)
     if x is None:
         st.caption(
@@ -110,12 +110,12 @@ else:
     st.dataframe(diff, hide_index=True, key="config_diff")
 
 st.subheader("Steps, tokens and time to a target loss")
-loss = {rid: data.series(db, rid, M.LOSS) for rid in chosen}
+loss = {rid: store_access.series(db, rid, M.LOSS) for rid in chosen}
 aux = {
     rid: (
-        data.series(db, rid, M.TOKENS_SEEN),
-        data.series(db, rid, M.STEP_TIME),
-        data.series(db, rid, M.BATCH_SEQS),
+        store_access.series(db, rid, M.TOKENS_SEEN),
+        store_access.series(db, rid, M.STEP_TIME),
+        store_access.series(db, rid, M.BATCH_SEQS),
     )
     for rid in chosen
 }

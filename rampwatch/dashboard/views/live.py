@@ -14,13 +14,13 @@ import time
 import streamlit as st
 
 from rampwatch.dashboard import card as card_view
-from rampwatch.dashboard import charts, data, live_data, recommend
+from rampwatch.dashboard import charts, live_data, recommend, store_access
 from rampwatch.store import names as M
 from rampwatch.store.naming import display_name
 
 REFRESH_CHOICES = {"off": None, "2 s": 2, "5 s": 5, "10 s": 10, "30 s": 30}
 
-db, run_id, read_only = data.page_context()
+db, run_id, read_only = store_access.page_context()
 
 with st.sidebar:
     smoothing = st.slider(
@@ -60,7 +60,7 @@ def _header(snap: live_data.Snapshot) -> None:
         bits.insert(2, f"tokens **{tokens:,.0f}**")
     st.markdown(" · ".join(bits))
     stale, lost, alerts = st.empty(), st.empty(), st.container()
-    dead = data.dead_writer_notes(db, run.run_id)
+    dead = store_access.dead_writer_notes(db, run.run_id)
     if dead:  # the next writer would ingest them, but read-only mode never will
         stale.warning(" ".join(n + "." for n in dead), icon=":material/warning:")
     elif run.status == "stale":
@@ -68,7 +68,7 @@ def _header(snap: live_data.Snapshot) -> None:
             "No heartbeat from this run's writer: it may have died. Its last data is "
             "shown; the next writer to open the database marks it killed."
         )
-    n_lost = data.lost_records(snap.events)
+    n_lost = store_access.lost_records(snap.events)
     if n_lost:
         lost.warning(
             f"{n_lost:,} records of this run never reached the database (dropped by "
@@ -78,7 +78,7 @@ def _header(snap: live_data.Snapshot) -> None:
         )
     newest = int(snap.gns_steps[-1]) if len(snap.gns_steps) else None
     with alerts:
-        for e in data.active_alerts(snap.events, run.last_step, newest)[:4]:
+        for e in store_access.active_alerts(snap.events, run.last_step, newest)[:4]:
             what = "Out of memory" if e["kind"] == M.EVENT_OOM else "Alert"
             st.warning(
                 f"**{what} at step {e['step']:,}:** {e['message']}", icon=":material/warning:"
@@ -131,7 +131,7 @@ def _events_table(snap: live_data.Snapshot) -> None:
 
 
 def _refusals_table() -> None:
-    rows = data.refusals(db, run_id)
+    rows = store_access.refusals(db, run_id)
     if not rows:
         return
     with st.expander(f"Refused writes ({len(rows)})", expanded=False):
@@ -152,7 +152,7 @@ def _when(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
 
-_status = next((r.status for r in data.list_runs(db) if r.run_id == run_id), None)
+_status = next((r.status for r in store_access.list_runs(db) if r.run_id == run_id), None)
 interval = REFRESH_CHOICES[refresh_label] if _status in ("running", "stale") else None
 
 
@@ -162,13 +162,13 @@ def live_view() -> None:
     card_view.send_pending(note)  # a click's approval first: the card below then shows it
     try:
         snap = live_data.live_snapshot(db, run_id)
-    except data.RunNotFoundError:
+    except store_access.RunNotFoundError:
         st.warning(
             f"Run {display_name(run_id)} is no longer in the database (it was deleted). Pick "
             "another run in the sidebar."
         )
         return
-    except data.StoreError as e:
+    except store_access.StoreError as e:
         st.info(f"Could not refresh: {e}")
         return
     card = recommend.build_card(

@@ -1,9 +1,9 @@
 """Runs page: every run in the database, its status and summary, and export of its raw rows.
 
-Thin page: store.reader.Run rows via dashboard/data.py (status 'stale' when a running run's writer is
-gone), a per-run summary (tokens, best loss, peak memory, refused writes), a note for each dead
-writer whose spool waits for `rampwatch recover`, and CSV / Parquet export through
-st.download_button (the file is built only when the button is clicked).
+Thin page: store.reader.Run rows via dashboard/store_access.py (status 'stale' when a running
+run's writer is gone), a per-run summary (tokens, best loss, peak memory, refused writes), a
+note for each dead writer whose spool waits for `rampwatch recover`, and CSV / Parquet export
+through st.download_button (the file is built only when the button is clicked).
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import time
 
 import streamlit as st
 
-from rampwatch.dashboard import data
+from rampwatch.dashboard import store_access
 from rampwatch.store.naming import display_name
 
-db, current, _ = data.page_context(need_run=False)
+db, current, _ = store_access.page_context(need_run=False)
 
 STATUS_HELP = (
     "running: its writer is alive · stale: marked running but no heartbeat or no live "
@@ -39,12 +39,12 @@ def _duration(r) -> str | None:
 
 
 st.title("Runs")
-runs = data.list_runs(db)
-refused = data.refusal_counts(db)
+runs = store_access.list_runs(db)
+refused = store_access.refusal_counts(db)
 rows = []
 for r in runs:
-    s = data.run_summary(db, r.run_id)
-    evs = data.events(db, r.run_id)
+    s = store_access.run_summary(db, r.run_id)
+    evs = store_access.events(db, r.run_id)
     rows.append(
         {
             "name": display_name(r.name or r.run_id),
@@ -58,7 +58,7 @@ for r in runs:
             if s["peak_bytes"] is None
             else round(s["peak_bytes"] / 1e9, 2),
             "alerts": sum(e["kind"] == "alert" for e in evs),
-            "lost records": data.lost_records(evs),
+            "lost records": store_access.lost_records(evs),
             "refused writes": refused.get(r.run_id, 0),
             "device": r.device,
             "run id": display_name(r.run_id),
@@ -71,7 +71,7 @@ st.dataframe(
     column_config={"tokens": st.column_config.NumberColumn(format="localized")},
 )
 st.caption(STATUS_HELP)
-for note in data.dead_writer_notes(db):  # the dashboard never recovers: say who can
+for note in store_access.dead_writer_notes(db):  # the dashboard never recovers: say who can
     st.warning(note + ".", icon=":material/warning:")
 lossy = [row["name"] for row in rows if row["lost records"]]
 if lossy:
@@ -96,7 +96,7 @@ fmt = c2.radio("Format", ["CSV", "Parquet"], key="export_format", horizontal=Tru
 ext, mime = ("csv", "text/csv") if fmt == "CSV" else ("parquet", "application/vnd.apache.parquet")
 c3.download_button(
     f"Download {fmt}",
-    data=lambda: data.export_bytes(db, rid, ext),
+    data=lambda: store_access.export_bytes(db, rid, ext),
     file_name=re.sub(
         r"[/\\]", "_", f"{display_name(by_id[rid].name or rid, 80)}-{display_name(rid)}.{ext}"
     ),

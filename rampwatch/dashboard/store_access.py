@@ -1,6 +1,6 @@
-"""Every store access of the dashboard but the live page's refresh, in one place: options,
-database checks, cached reads, and the two writes (submit / cancel a ramp command), with the
-record of those refused.
+"""The dashboard's one door to the store: every store access but the live page's refresh, in
+one place: options, database checks, cached reads, and the two writes (submit / cancel a ramp
+command), with the record of those refused.
 
 Owns: where the database path and read-only flag come from (`rampwatch dashboard --db PATH
 [--read-only]`, which passes them after `--` to the app; else RAMPWATCH_DB /
