@@ -132,3 +132,14 @@ def test_bad_losses_name_the_field():
             judge(PLAN, *args)
     with pytest.raises(ValueError, match="b_simple"):
         judge(PLAN, control, control, good, b_simple=-1)
+
+
+def test_a_verdict_survives_json():
+    import json
+
+    from rampwatch.advisor.trial import TrialVerdict
+
+    verdict = _verdict({2: -0.01, 4: 0.5, 8: 0.5}, b_simple=2.0)
+    back = TrialVerdict.from_dict(json.loads(json.dumps(verdict.to_dict())))
+    assert back == verdict
+    assert back.summary == verdict.summary

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -147,6 +147,22 @@ class TrialVerdict:
     b_simple: float | None
     kept_k: int  # the arm the run continues from: k_star, or 1 (the control)
     cost_tokens: int
+
+    def to_dict(self) -> dict:
+        """JSON-safe: what a trial's end event carries (plan and branches nested, lists)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> TrialVerdict:
+        plan = TrialPlan(**{**d["plan"], "ks": tuple(d["plan"]["ks"])})
+        return cls(
+            **{
+                **d,
+                "plan": plan,
+                "branches": tuple(BranchResult(**r) for r in d["branches"]),
+                "bracket": tuple(d["bracket"]),
+            }
+        )
 
     @property
     def summary(self) -> str:
