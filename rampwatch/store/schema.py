@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 
 import duckdb
 import pyarrow as pa
@@ -288,10 +288,13 @@ def create_at_version(path, target: int) -> None:
 # argument that fills it, if any).
 
 
-def _column(arrow=None, *, null: bool = True, json: bool = False, detail: bool = False, name=None):
-    return field(
-        metadata={"arrow": arrow, "null": null, "json": json, "detail": detail, "column": name}
-    )
+def _column(
+    arrow=None, *, null=True, json=False, detail=False, name=None, read=True, default=MISSING
+):
+    """A column of the table. read=False: written, never read back (a column that a later schema
+    version added and no reader needs, so that older files, read read-only, still read)."""
+    meta = {"arrow": arrow, "null": null, "json": json, "detail": detail, "column": name}
+    return field(default=default, metadata={**meta, "read": read})
 
 
 def _derived():
@@ -351,7 +354,8 @@ class Command:
     updated_at: float = _column()
     applied_step: int | None = _column()
     reason: str | None = _column()
-    idempotency_key: str | None = _column()  # the submit's key (None: none given)
+    # the submit's key (v5; None: none given): written, never read back, so v3-v4 files still read
+    idempotency_key: str | None = _column(read=False, default=None)
 
 
 def to_json(obj) -> str | None:
@@ -374,7 +378,8 @@ class Fields:
         self.columns = tuple(c for _, c, _ in self._fields)
         self.details = tuple(c for _, c, m in self._fields if m["detail"])
         self._json = {c for _, c, m in self._fields if m["json"]}
-        self.select = f"SELECT {', '.join(self.columns)} FROM {table}"
+        self._read = [(n, c, m) for n, c, m in self._fields if m["read"]]
+        self.select = f"SELECT {', '.join(c for _, c, _ in self._read)} FROM {table}"
         self.insert = (
             f"INSERT INTO {table} ({', '.join(self.columns)}) "
             f"VALUES ({', '.join('?' for _ in self.columns)})"
@@ -412,7 +417,7 @@ class Fields:
         """The row dataclass's column fields from a row of `select`, JSON columns decoded."""
         return {
             name: from_json(v) if m["json"] else v
-            for (name, _, m), v in zip(self._fields, row, strict=True)
+            for (name, _, m), v in zip(self._read, row, strict=True)
         }
 
 
