@@ -37,8 +37,9 @@ What it prints:
 
 Why the local sweep runs each B at the snapshot's LR × √(B/B0), the trial's rule, and not an LR
 tuned per B: from a snapshot, Adam's first moment points downhill, and the first-hit step count
-rewards one large step along it. Measured with the from-init LR grid: one step at LR ≥ 0.16
-reaches 0.8 × the snapshot's excess at every B, so the tuned fit gives B_crit ≈ 0. A ramp keeps
+rewards one large step along it. Measured at the first two points with the from-init LR grid:
+one step at LR 0.16-0.23 reaches 0.8 × the snapshot's excess at every B, so the tuned fit gives
+B_crit ≈ 0 (to 0.4 ×: 0.4 and 3.2, the LR jumping 0.08-0.9 between batches). A ramp keeps
 the run's LR and moves it by the rule, and the trial asks exactly that question; the √ rule's
 cost is a higher noise floor at larger B (Adam's jitter scales with the LR, not with 1/B), which
 shows as steps that stop falling with B (the fit then gives "—").
