@@ -7,30 +7,42 @@ The problem: least squares y = x·w* + σε with x ~ N(0, H), H = diag(h), h spr
 `decades` decades, trained from w = 0 by Adam (β = 0.9, 0.95) in float64. Its excess loss
 ½(w − w*)ᵀH(w − w*) and its gradient noise are known in closed form: with δ = w − w*,
 G = Hδ and the per-example gradient covariance is Σ = H(δᵀHδ + σ²) + HδδᵀH (Isserlis), so
-B_simple = tr(Σ)/|G|² = tr(H)(δᵀHδ + σ²)/|Hδ|² + 1 exactly, at any point of training.
+B_simple = tr(Σ)/|G|² = tr(H)(δᵀHδ + σ²)/|Hδ|² + 1 exactly, at any point of training, and the
+Hessian-weighted B_noise = tr(HΣ)/(GᵀHG) = tr(H²)(δᵀHδ + σ²)/(δᵀH³δ) + 1 (McCandlish et al. 2018
+§2.2, the critical batch of SGD in their quadratic model).
 
-Why the noise scale is wrong here. B_simple weighs every direction by its gradient: tr(Σ) is
-tr(H) times the residual, |G|² is dominated by the few stiff directions (large h). SGD moves each
-direction by h_i times its error, so the stiff ones set both its step limit and its noise, and
-B_simple ≈ its critical batch (McCandlish et al. 2018 derive it for H ∝ I). Adam divides each
-coordinate's step by its own gradient's RMS, so every coordinate moves about lr per step whatever
-its h: the stiff coordinates are no longer the bottleneck (they converge in a few steps, then
-jitter at the lr's scale), and a step's noise is set per coordinate, against that coordinate's
-own signal. The batch past which more examples stop buying fewer steps is then a property of the
-per-coordinate signal-to-noise of the coordinates still converging, which B_simple's global ratio
-does not see. On this problem B_simple grows from ~3× the sweep's B_crit early to ~35× it at the
-target, while the sweep's B_crit stays within 5-10 (the README's figures).
+Why the noise scale is wrong here. Both noise scales weigh directions by their curvature: |G|²
+and GᵀHG are dominated by the few stiff directions (large h), so on this problem B_noise and
+B_simple stay within 1.5× of each other (measured: it is not a problem where they differ by 10×).
+SGD moves each direction by h_i times its error, so the stiff ones set both its step limit and
+its noise, and B_noise ≈ its critical batch. Adam divides each coordinate's step by its own
+gradient's RMS, so every coordinate moves about lr per step whatever its h: the stiff coordinates
+are no longer the bottleneck (they converge in a few steps, then jitter at the lr's scale), and a
+step's noise is set per coordinate, against that coordinate's own signal. The batch past which
+more examples stop buying fewer steps is then a property of the per-coordinate signal-to-noise
+of the coordinates still converging, which neither global ratio sees.
 
 What it prints:
-- the sweep: for each constant batch B, the fewest steps from w = 0 to each of four excess losses
+- the sweep from w = 0: for each constant batch B, the fewest steps to each of four excess losses
   (8, 4, 2, 1 × the target) over an LR grid (√2 apart; mean over seeds), and per loss the fit
   S = S_min(1 + B_crit/B) (rampwatch.advisor.gns.fit_critical_batch, McCandlish et al. §2.3);
-- per loss, a run at batch B0 (its best LR) trained until it reaches that loss, B_simple there
-  from the closed form, and a trial there (advisor/trial.py's verdict through
-  monitor/trial_runner.py: control and branches ×2 … ×64 on the same examples, LR × √k, judged
-  on 2,048 fixed held-out examples): its bracket, whether it agrees with B_crit within 2×
-  (`agrees`), its cost;
+- per loss, a run at batch B0 (its best LR) trained until it reaches that loss: the local sweep
+  from that snapshot (each B from the snapshot's w and Adam moments, steps to half its excess
+  loss, the fit: the local B_crit there), both noise scales there from the closed forms, and a
+  trial there (advisor/trial.py's verdict through monitor/trial_runner.py: control and branches
+  ×2 … ×64 on the same examples, LR × √k, judged on 2,048 fixed held-out examples): its bracket,
+  whether it agrees with the local B_crit within 2× (`agrees`), its cost; then the same trial
+  with shorter Δ;
 - the restore check: the control restored and continued equals a run that never branched.
+
+Why the local sweep runs each B at the snapshot's LR × √(B/B0), the trial's rule, and not an LR
+tuned per B: from a snapshot, Adam's first moment points downhill, and the first-hit step count
+rewards one large step along it. Measured at the first two points with the from-init LR grid:
+one step at LR 0.16-0.23 reaches 0.8 × the snapshot's excess at every B, so the tuned fit gives
+B_crit ≈ 0 (to 0.4 ×: 0.4 and 3.2, the LR jumping 0.08-0.9 between batches). A ramp keeps
+the run's LR and moves it by the rule, and the trial asks exactly that question; the √ rule's
+cost is a higher noise floor at larger B (Adam's jitter scales with the LR, not with 1/B), which
+shows as steps that stop falling with B (the fit then gives "—").
 """
 
 from __future__ import annotations
@@ -44,6 +56,7 @@ import torch
 
 from rampwatch.advisor.gns import fit_critical_batch
 from rampwatch.advisor.gns_window import significant
+from rampwatch.advisor.lr import lr_multiplier
 from rampwatch.advisor.trial import TrialPlan
 from rampwatch.monitor.ramp_protocol import scale_lr
 from rampwatch.monitor.trial_runner import run_trial
@@ -76,10 +89,20 @@ class Quadratic:
 
     def b_simple(self, w: torch.Tensor) -> float:
         """tr(Σ)/|G|² at w, exactly (module docstring)."""
+        return self._noise_scale(w, power=0)
+
+    def b_noise(self, w: torch.Tensor) -> float:
+        """tr(HΣ)/(GᵀHG) at w, exactly: McCandlish et al. 2018 §2.2's Hessian-weighted noise
+        scale, the critical batch of SGD in their quadratic model."""
+        return self._noise_scale(w, power=1)
+
+    def _noise_scale(self, w: torch.Tensor, power: int) -> float:
+        """tr(HᵖΣ)/(GᵀHᵖG) with Σ = H(δᵀHδ + σ²) + GGᵀ, G = Hδ: the GGᵀ term adds exactly 1."""
         delta = w.detach() - self.w_star
-        g2 = ((self.h * delta) ** 2).sum()
-        trace = self.h.sum() * ((self.h * delta**2).sum() + self.noise**2) + g2
-        return float(trace / g2)
+        weight = self.h**power
+        residual = (self.h * delta**2).sum() + self.noise**2
+        signal = (weight * (self.h * delta) ** 2).sum()
+        return float((weight * self.h).sum() * residual / signal + 1)
 
     def block(self, data_seed: int, j: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self._last[0] != (data_seed, j):  # small batches read one block many times
@@ -102,12 +125,19 @@ def per_example_loss(w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch
     return 0.5 * (torch.atleast_2d(w) @ x.T - y) ** 2
 
 
-def steps_to_targets(problem, batch, lrs, targets, data_seed, max_steps) -> list[list[float]]:
-    """Per target, per LR: the step at which the excess loss first reaches it (runs share data)."""
-    ws = [torch.zeros(problem.dim, dtype=torch.float64, requires_grad=True) for _ in lrs]
+def steps_to_targets(
+    problem, batch, lrs, targets, data_seed, max_steps, start=None
+) -> list[list[float]]:
+    """Per target, per LR: the step at which the excess loss first reaches it (runs share data).
+    From w = 0 and a fresh Adam, or from `start` = (w, Adam's state for w): a snapshot."""
+    w0, state = start or (torch.zeros(problem.dim, dtype=torch.float64), None)
+    ws = [w0.clone().requires_grad_(True) for _ in lrs]
     opt = torch.optim.Adam(
         [{"params": [w], "lr": lr} for w, lr in zip(ws, lrs, strict=True)], betas=BETAS
     )
+    if state is not None:  # every copy resumes the snapshot's moments and step count
+        for w in ws:
+            opt.state[w] = {k: v.clone() for k, v in state.items()}
     hit = [[math.inf] * len(lrs) for _ in targets]
     for step in range(1, max_steps + 1):
         x, y = problem.examples(data_seed, (step - 1) * batch, batch)
@@ -127,23 +157,41 @@ def steps_to_targets(problem, batch, lrs, targets, data_seed, max_steps) -> list
     return hit
 
 
-def sweep(problem, batches, lrs, targets, seeds, max_steps) -> dict:
-    """target → ({batch: (mean steps over seeds at the best LR, that LR)}, S_min, B_crit)."""
+def sweep(problem, lrs, targets, seeds, max_steps, start=None) -> dict:
+    """target → ({batch: (mean steps over seeds at the best LR, that LR)}, S_min, B_crit).
+    `lrs` maps each batch to its LR grid; `start` as in steps_to_targets."""
     runs = {
-        b: [steps_to_targets(problem, b, lrs, targets, s, max_steps) for s in seeds]
-        for b in batches
+        b: [steps_to_targets(problem, b, grid, targets, s, max_steps, start) for s in seeds]
+        for b, grid in lrs.items()
     }
     out = {}
     for t, target in enumerate(targets):
         rows = {}
         for b, per_seed in runs.items():
             means = [sum(col) / len(col) for col in zip(*(hit[t] for hit in per_seed), strict=True)]
-            i = min(range(len(lrs)), key=means.__getitem__)
-            rows[b] = (means[i], lrs[i])
-        reached = {b: r for b, r in rows.items() if r[0] < math.inf}
-        s_min, b_crit = fit_critical_batch(list(reached), [r[0] for r in reached.values()])
-        out[target] = (rows, s_min, b_crit)
+            i = min(range(len(means)), key=means.__getitem__)
+            rows[b] = (means[i], lrs[b][i])
+        out[target] = (rows, *_fit(rows))
     return out
+
+
+def _fit(rows) -> tuple[float, float]:
+    """(S_min, B_crit) over the batches that reached the target; NaN where the steps do not
+    fall with B (a local sweep past its LR's noise floor: larger B, larger LR, a higher floor)."""
+    reached = {b: r[0] for b, r in rows.items() if r[0] < math.inf}
+    try:
+        return fit_critical_batch(list(reached), list(reached.values()))
+    except ValueError:
+        return math.nan, math.nan
+
+
+def local_sweep(problem, run, batches, fraction, seeds, max_steps) -> tuple:
+    """The sweep from `run`'s snapshot to `fraction` × its excess loss: (rows, S_min, B_crit).
+    Each batch B at the run's LR × √(B/B0), the trial's rule (module docstring: why not tuned)."""
+    lr = run.opt.param_groups[0]["lr"]
+    lrs = {b: [lr * lr_multiplier(run.batch, b, "sqrt")] for b in batches}
+    target = fraction * run.excess()
+    return sweep(problem, lrs, [target], seeds, max_steps, start=run.state())[target]
 
 
 class BaseRun:
@@ -185,6 +233,11 @@ class BaseRun:
     def excess(self) -> float:
         return float(self.problem.excess(self.w.detach()))
 
+    def state(self) -> tuple:
+        """(w, Adam's state for w), copied: where a local sweep starts."""
+        moments = {k: v.clone() for k, v in self.opt.state[self.w].items()}
+        return self.w.detach().clone(), moments
+
     def trial(self, plan: TrialPlan):
         verdict, losses = run_trial(
             plan, self.model, self.opt, self.train_step, self.evaluate, start=self.seen,
@@ -221,15 +274,37 @@ def plan_at(batch: int, ks: tuple[int, ...], steps_of_largest: int) -> TrialPlan
     return TrialPlan.for_optimizer("adam", batch=batch, ks=ks, delta_tokens=delta)
 
 
-def trials(problem, batch, lr, ks, steps_of_largest, points):
-    """Per point: a run at `batch` trained until its excess loss first reaches it, then a trial.
-    Returns (excess there, B_simple there, verdict) per point."""
+@dataclass
+class Point:
+    """One point of training: the snapshot's excess loss and noise scales, the local sweep
+    from it, and the trial from it."""
+
+    excess: float
+    b_simple: float
+    b_noise: float
+    local: tuple  # local_sweep's (rows, S_min, B_crit)
+    verdict: object  # TrialVerdict
+    by_delta: dict  # Δ in steps of the largest branch → the bracket of a trial with that Δ
+
+
+def trials(problem, batch, lr, ks, steps_of_largest, points, local, deltas) -> list[Point]:
+    """Per point: a run at `batch` trained until its excess loss first reaches it, a local sweep
+    from that snapshot (`local`: local_sweep's keywords), the trial, and the same trial with
+    each Δ of `deltas` (from an identical run: a trial moves the run on)."""
     out = []
     for point in points:
-        run = BaseRun(problem, batch, lr)
-        run.until(point)
-        b_simple, before = problem.b_simple(run.w), run.excess()
-        out.append((before, b_simple, run.trial(plan_at(batch, ks, steps_of_largest))))
+        runs = {m: BaseRun(problem, batch, lr) for m in (steps_of_largest, *deltas)}
+        for run in runs.values():
+            run.until(point)
+        run = runs[steps_of_largest]
+        here = (run.excess(), problem.b_simple(run.w), problem.b_noise(run.w))
+        swept = local_sweep(problem, run, **local)
+        verdict = run.trial(plan_at(batch, ks, steps_of_largest))
+        by_delta = {
+            m: r.trial(plan_at(batch, ks, m)).bracket for m, r in runs.items() if r is not run
+        }
+        by_delta[steps_of_largest] = verdict.bracket
+        out.append(Point(*here, swept, verdict, by_delta))
     return out
 
 
@@ -246,16 +321,20 @@ def main(argv=None) -> int:
 
 @dataclass
 class Report:
-    sweeps: dict  # target → (rows, S_min, B_crit)
-    trials: list  # per target: (excess at the trial, B_simple there, verdict)
+    sweeps: dict  # target → (rows, S_min, B_crit), from w = 0
+    points: list  # per target: Point (the local sweep and the trial there)
     restore_checks: list  # (kept k, max |Δw|)
+    settings: dict
 
     def table(self) -> str:
+        return "\n".join([*self._sweep_lines(), "", *self._local_lines(), "", *self._trial_lines()])
+
+    def _sweep_lines(self) -> list[str]:
         targets = list(self.sweeps)
         head = " | ".join(f"to {significant(t)}" for t in targets)
         lines = [
-            "Constant-batch sweep, Adam, fewest steps over the LR grid (mean over seeds) to each",
-            "excess loss, and the fit S = S_min(1 + B_crit/B):",
+            "Constant-batch sweep from w = 0, Adam, fewest steps over the LR grid (mean over seeds)",
+            "to each excess loss, and the fit S = S_min(1 + B_crit/B):",
             "",
             f"| batch | {head} |",
             "|---:|" + "---:|" * len(targets),
@@ -263,32 +342,81 @@ class Report:
         for b in self.sweeps[targets[0]][0]:
             cells = " | ".join(f"{self.sweeps[t][0][b][0]:.1f}" for t in targets)
             lines.append(f"| {b} | {cells} |")
-        lines.append(
-            "| B_crit | " + " | ".join(f"**{self.sweeps[t][2]:.1f}**" for t in targets) + " |"
-        )
-        lines += [
+        fits = " | ".join(f"**{_shown(self.sweeps[t][2])}**" for t in targets)
+        return [*lines, f"| B_crit | {fits} |"]
+
+    def _local_lines(self) -> list[str]:
+        fraction, b0 = self.settings["local_fraction"], self.settings["base_batch"]
+        head = " | ".join(f"from {significant(p.excess)}" for p in self.points)
+        lines = [
+            f"Local sweep from each trial's snapshot (the base run at batch {b0}), steps to "
+            f"{fraction:g} × the snapshot's excess loss at LR × √(B/{b0}) (mean over seeds; inf: "
+            "not reached), and the fit:",
             "",
-            "| excess loss at trial | sweep B_crit | B_simple there | B_simple / B_crit | "
-            "bracket | within 2× | cost (examples) | verdict |",
-            "|---:|---:|---:|---:|---|---|---:|---|",
+            f"| batch | {head} |",
+            "|---:|" + "---:|" * len(self.points),
         ]
-        for target, (before, b_simple, v) in zip(targets, self.trials, strict=True):
-            b_crit = self.sweeps[target][2]
-            lo, hi = v.bracket
-            shown = f"[{'—' if lo is None else lo}, {'∞' if hi is None else hi})"
+        for b in self.points[0].local[0]:
+            cells = " | ".join(f"{p.local[0][b][0]:.1f}" for p in self.points)
+            lines.append(f"| {b} | {cells} |")
+        fits = " | ".join(f"**{_shown(p.local[2])}**" for p in self.points)
+        return [*lines, f"| local B_crit | {fits} |"]
+
+    def _trial_lines(self) -> list[str]:
+        b0 = self.settings["base_batch"]
+        lines = [
+            "| excess at trial | B_simple | B_noise | from-init B_crit | local B_crit | "
+            "B_simple / local | bracket | within 2× of local | control's progress / excess | "
+            f"Δ / examples at {b0} to the local target | arms | cost (examples) |",
+            "|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---|---:|",
+        ]
+        for target, p in zip(self.sweeps, self.points, strict=True):
+            v, b_crit = p.verdict, p.local[2]
+            examples_b0 = p.local[0][b0][0] * b0
+            arms = " ".join(f"×{r.k}{'✓' if r.passed else '✗'}" for r in v.branches)
             lines.append(
-                f"| {significant(before)} | {b_crit:.1f} | {b_simple:.1f} | {b_simple / b_crit:.1f} | "
-                f"{shown} | {'yes' if agrees(v.bracket, b_crit) else 'no'} | "
-                f"{v.cost_tokens:,} | {v.summary} |"
+                f"| {significant(p.excess)} | {p.b_simple:.1f} | {p.b_noise:.1f} | "
+                f"{_shown(self.sweeps[target][2])} | {_shown(b_crit)} | "
+                f"{_shown(p.b_simple / b_crit)} | {_bracket(v.bracket)} | "
+                f"{'yes' if agrees(v.bracket, b_crit) else 'no'} | "
+                f"{v.progress / p.excess:.2f} | {_shown(v.plan.delta_tokens / examples_b0)} | "
+                f"{arms} | {v.cost_tokens:,} |"
             )
-        lines.append("")
+        lines += ["", *self._delta_lines(), ""]
         for k, diff in self.restore_checks:
             arm = "the control" if k == 1 else f"branch ×{k}"
             lines.append(
                 f"Restore check, trial kept {arm}: max |Δw| against a run that never branched "
                 f"and ran it by hand = {diff:.3g}"
             )
-        return "\n".join(lines)
+        return lines
+
+    def _delta_lines(self) -> list[str]:
+        b0, ks = self.settings["base_batch"], self.settings["ks"]
+        deltas = sorted(self.points[0].by_delta)
+        head = " | ".join(f"Δ = {m * ks[-1] * b0}" for m in deltas)
+        lines = [
+            "The trial's bracket by Δ (examples per arm), beside the local B_crit:",
+            "",
+            f"| excess at trial | local B_crit | {head} |",
+            "|---:|---:|" + "---|" * len(deltas),
+        ]
+        for p in self.points:
+            cells = " | ".join(
+                f"{_bracket(p.by_delta[m])}{' ✓' if agrees(p.by_delta[m], p.local[2]) else ''}"
+                for m in deltas
+            )
+            lines.append(f"| {significant(p.excess)} | {_shown(p.local[2])} | {cells} |")
+        return [*lines, "", "✓: within 2× of the local B_crit."]
+
+
+def _bracket(bracket) -> str:
+    lo, hi = bracket
+    return f"[{'—' if lo is None else lo}, {'∞' if hi is None else hi})"
+
+
+def _shown(x: float) -> str:
+    return "—" if not math.isfinite(x) else f"{x:.1f}"
 
 
 def agrees(bracket, b_crit: float) -> bool:
@@ -304,6 +432,9 @@ SETTINGS = dict(
     ks=(2, 4, 8, 16, 32, 64),
     delta_steps_of_largest=4,
     points=(8.0, 4.0, 2.0, 1.0),  # multiples of the target: a sweep's B_crit and a trial at each
+    local_fraction=0.5,  # a local sweep's target: half the snapshot's excess loss
+    local_max_steps=1000,
+    other_deltas=(1, 2),  # Δ in steps of the largest branch, beside delta_steps_of_largest
 )
 
 
@@ -314,12 +445,18 @@ def measure(quick: bool = False, settings=SETTINGS) -> Report:
     lrs = [0.01 * 2 ** (i / 2) for i in range(14)]
     batches = (1, 2, 4, 8, 16, 32, 64, 256) if quick else (1, 2, 4, 8, 16, 32, 64, 128, 256)
     seeds = (0,) if quick else (0, 1, 2)
-    sweeps = sweep(problem, batches, lrs, targets, seeds, max_steps=5000)
+    sweeps = sweep(problem, {b: lrs for b in batches}, targets, seeds, max_steps=5000)
     b0, (ks, m) = settings["base_batch"], (settings["ks"], settings["delta_steps_of_largest"])
     lr0 = sweeps[targets[-1]][0][b0][1]  # the base batch's best LR to the deepest target
-    done = trials(problem, b0, lr0, ks, m, targets)
+    local = dict(
+        batches=batches,
+        fraction=settings["local_fraction"],
+        seeds=seeds,
+        max_steps=settings["local_max_steps"],
+    )
+    done = trials(problem, b0, lr0, ks, m, targets, local, settings["other_deltas"])
     checks = [restore_check(problem, b0, lr0, plan_at(b0, ks, m), w, 30) for w in (5, 200)]
-    return Report(sweeps, done, checks)
+    return Report(sweeps, done, checks, settings)
 
 
 if __name__ == "__main__":
