@@ -1,4 +1,5 @@
-"""The recommendation card on the live page: what the advisor says, and Approve / Reject / Cancel.
+"""The recommendation card on the live page: what the advisor says, and Approve / Reject / Cancel,
+and beside Approve "Test ×2 / ×4 first" (a ramp trial, issue 26) with its section below the card.
 
 Owns the card's drawing and its controls (content comes from dashboard/recommend.py): the verdict
 and its evidence, the tier table with the chosen tier's predicted peak against capacity, LR
@@ -26,6 +27,13 @@ next one, once (the command's idempotency key). The operator's name
 and token are kept for the session: their fields are not drawn while the card hides its controls,
 and Streamlit forgets a widget's value then. The token stays on the server (never sent back into
 the page); its field says it is kept.
+
+"Test first" (key "test_first") goes down the same path as Approve (the callback, SENDING,
+send_pending, the idempotency key, the server's checks), with the command kind "trial"; its cost
+shows under it before the click. A run whose loop runs no trials gets the reason instead of the
+button. The trial section (render_trial) shows the latest trial: its arms' progress while it
+runs, then per branch the loss difference, its bound, tolerance and pass/fail, the bracket for
+the critical batch, what was kept and the calibration; and the run's earlier trials.
 """
 
 from __future__ import annotations
@@ -36,8 +44,9 @@ import streamlit as st
 
 from rampwatch.advisor.gns_window import significant
 from rampwatch.advisor.memory import format_gb
-from rampwatch.dashboard import store_access
-from rampwatch.dashboard.recommend import Card, TierView
+from rampwatch.dashboard import charts, store_access
+from rampwatch.dashboard.recommend import Card, TierView, TrialCard
+from rampwatch.dashboard.recommend import duration as recommend_duration
 
 STALE_STEPS = 50  # an estimate this many steps behind the run means the measurement is off
 REJECTED = "rw_rejected"
@@ -68,13 +77,21 @@ def _who() -> dict:
     }
 
 
-def _approve(db, run_id: str, payload: dict, label: str, key: str, blocked: str | None) -> None:
-    """Approve's callback (and its stand-in for a skipped one): a reason, or the approval to send."""
+# what a command of each kind is called in the card's messages
+_WHAT = {"ramp": "the ramp to {}", "trial": "the trial {}"}
+_SUBMITTED = {"ramp": "Ramp #{} to {} submitted", "trial": "Trial #{} ({}) submitted"}
+
+
+def _approve(
+    db, run_id: str, payload: dict, label: str, key: str, blocked: str | None, kind: str = "ramp"
+) -> None:
+    """Approve's and Test first's callback (and its stand-in for a skipped one): a reason, or the
+    approval to send."""
     st.session_state[CLICK_SEEN] = True
     if blocked:  # on hold when drawn: the card's reason, not the guard's
         _set_flash("error", f"Not submitted: {blocked}")
         return
-    st.session_state[SENDING] = (db, run_id, payload, label, key, time.monotonic())
+    st.session_state[SENDING] = (db, run_id, kind, payload, label, key, time.monotonic())
 
 
 def send_pending(slot) -> None:
@@ -83,21 +100,22 @@ def send_pending(slot) -> None:
     pending = st.session_state.get(SENDING)
     if pending is None:
         return
-    db, run_id, payload, label, key, since = pending
+    db, run_id, kind, payload, label, key, since = pending
+    what = _WHAT[kind].format(label)
     if time.monotonic() - since > SEND_GIVE_UP_SECONDS:
         del st.session_state[SENDING]
         _set_flash(
             "error",
-            f"Not submitted: the ramp to {label} could not be sent for "
+            f"Not submitted: {what} could not be sent for "
             f"{SEND_GIVE_UP_SECONDS:.0f} s; approve it again if you still want it.",
         )
         return
-    slot.info(f"Sending the ramp to {label}…", icon=":material/send:")
+    slot.info(f"Sending {what}…", icon=":material/send:")
     try:
-        cid = store_access.submit_ramp(db, run_id, payload, key=key, **_who())
+        cid = store_access.SUBMIT[kind](db, run_id, payload, key=key, **_who())
         _set_flash(
             "success",
-            f"Ramp #{cid} to {label} submitted: pending until "
+            _SUBMITTED[kind].format(cid, label) + ": pending until "
             "the trainer picks it up at its next step boundary.",
         )
     except store_access.StoreError as e:
@@ -106,10 +124,10 @@ def send_pending(slot) -> None:
     slot.empty()  # the answer is the card's to show
 
 
-def _cancel(db, command_id: int) -> None:
+def _cancel(db, command_id: int, kind: str = "ramp") -> None:
     try:
-        store_access.cancel_command(db, command_id, **_who())
-        _set_flash("info", f"Ramp #{command_id} cancelled.")
+        store_access.cancel_command(db, command_id, kind=kind, **_who())
+        _set_flash("info", f"{kind.capitalize()} #{command_id} cancelled.")
     except store_access.StoreError as e:
         _set_flash("error", f"Could not cancel #{command_id}: {e}")
 
@@ -131,7 +149,11 @@ def _flash(slot) -> None:
 
 
 def _command_line(card: Card, slot) -> None:
-    c = card.command
+    _status_line(card.command, slot)
+
+
+def _status_line(c, slot) -> None:
+    """A command's line (recommend.CommandView), by its status."""
     if c is None:
         return
     if c.status in ("pending", "claimed"):
@@ -302,8 +324,9 @@ def _tier_detail(card: Card, v: TierView) -> None:
         st.error(f"This tier cannot be approved: {t.reason}", icon=":material/memory:")
 
 
-def render(card: Card, *, db, run, read_only: bool) -> None:
-    """Draw the card for `run` (store.reader.Run); buttons only when writable and running."""
+def render(card: Card, *, db, run, read_only: bool, trial: TrialCard | None = None) -> None:
+    """Draw the card for `run` (store.reader.Run); buttons only when writable and running;
+    `trial`: the trial section's content, for "Test first" beside Approve."""
     st.subheader("Recommendation")
     with st.container(border=True):
         # fixed slots: a message appearing or going does not shift the elements below it, so a
@@ -364,7 +387,7 @@ def render(card: Card, *, db, run, read_only: bool) -> None:
         if refusal:
             st.info(f"This run {refusal}.", icon=":material/pan_tool:")
             return
-        _controls(card, v, db, run.run_id)
+        _controls(card, v, db, run.run_id, trial)
 
 
 def _approval_key(card: Card, v: TierView) -> str:
@@ -408,13 +431,14 @@ def _operator() -> None:
     )
 
 
-def _controls(card: Card, v: TierView | None, db, run_id: str) -> None:
+def _controls(card: Card, v: TierView | None, db, run_id: str, trial: TrialCard | None) -> None:
     open_cmd = card.command if card.command and card.command.open else None
     if store_access.agent_api_enabled():
         st.warning(store_access.AGENT_API_REFUSAL)
         return
     _operator()
-    cols = st.columns([3, 1, 2])
+    cols = st.columns([3, 2, 1, 2])
+    callback_ran = st.session_state.pop(CLICK_SEEN, False)
     if v is not None:
         t = v.option
         label = f"{t.tier.per_device_batch} × {t.tier.accum}"
@@ -423,7 +447,7 @@ def _controls(card: Card, v: TierView | None, db, run_id: str) -> None:
             if not t.fits
             else f"already waiting on ramp #{open_cmd.command_id}"
             if open_cmd
-            else None
+            else _trial_busy(trial)
         )
         ready = card.decision is not None and card.decision.ready
         if not ready and blocked is None:  # an operator's override: it must look like one
@@ -435,7 +459,6 @@ def _controls(card: Card, v: TierView | None, db, run_id: str) -> None:
             ):
                 blocked = "tick the override first: the advisor says not yet"
         args = (db, run_id, v.payload(), label, _approval_key(card, v), blocked)
-        callback_ran = st.session_state.pop(CLICK_SEEN, False)
         clicked = cols[0].button(
             f"Approve ramp to {label} (batch {t.tier.batch:,})"
             if ready
@@ -452,9 +475,11 @@ def _controls(card: Card, v: TierView | None, db, run_id: str) -> None:
         if clicked and not callback_ran:  # Streamlit skipped the callback: see the docstring
             _approve(*args)
             st.session_state.pop(CLICK_SEEN, None)
-            send_pending(cols[2])
-            _flash(cols[2])
-    cols[1].button(
+            send_pending(cols[3])
+            _flash(cols[3])
+    if trial is not None:
+        _test_first(card, trial, db, run_id, open_cmd, cols[1], cols[3], callback_ran)
+    cols[2].button(
         "Reject",
         key="reject",
         on_click=_reject,
@@ -462,9 +487,172 @@ def _controls(card: Card, v: TierView | None, db, run_id: str) -> None:
         help="hide this recommendation for this session",
     )
     if open_cmd is not None and open_cmd.status == "pending":
-        cols[2].button(
+        cols[3].button(
             f"Cancel ramp #{open_cmd.command_id}",
             key="cancel_command",
             on_click=_cancel,
             args=(db, open_cmd.command_id),
         )
+
+
+# ---- ramp trials (issue 26): "Test first" beside Approve, and the trial section -------------
+
+
+def _trial_busy(trial: TrialCard | None) -> str | None:
+    """Why nothing more can be sent while a trial is open or running, or None."""
+    if trial is None:
+        return None
+    c = trial.command
+    if c is not None and c.open:
+        return f"already waiting on trial #{c.command_id}"
+    if trial.running:
+        return f"trial {trial.latest.trial.trial_id} is running"
+    return None
+
+
+def _trial_key(card: Card, trial: TrialCard) -> str:
+    """The trial command's idempotency key: the same for every click on this card state, new
+    once the latest ramp or trial command changed (as Approve's)."""
+    ids = [c.command_id for c in (card.command, trial.command) if c is not None]
+    factors = "-".join(map(str, trial.offer.factors))
+    return f"{card.key}:trial:{factors}:after-{max(ids, default=0)}"
+
+
+def _test_first(card, trial: TrialCard, db, run_id, open_cmd, slot, note, callback_ran) -> None:
+    """ "Test ×2 / ×4 first": Approve's path with the command kind "trial", its cost shown."""
+    offer = trial.offer
+    if offer.refusal:  # a plain refusal, never a button that does nothing
+        slot.caption(f"No trials: this run {offer.refusal}.")
+        return
+    blocked = f"already waiting on ramp #{open_cmd.command_id}" if open_cmd else None
+    blocked = blocked or _trial_busy(trial)
+    args = (db, run_id, offer.payload(), offer.label, _trial_key(card, trial), blocked, "trial")
+    clicked = slot.button(
+        f"Test {offer.label} first",
+        key="test_first",
+        help=blocked
+        or "writes a trial command: the trainer trains each branch from a snapshot, keeps the "
+        "largest that is as good as the control, and continues from it",
+        on_click=_approve,
+        args=args,
+    )
+    slot.caption(offer.cost_text)
+    if blocked:  # never disabled: see Approve
+        slot.caption(f"On hold: {blocked}")
+    if clicked and not callback_ran:  # Streamlit skipped the callback: see the docstring
+        _approve(*args)
+        st.session_state.pop(CLICK_SEEN, None)
+        send_pending(note)
+        _flash(note)
+
+
+def render_trial(trial: TrialCard | None, *, run) -> None:
+    """The trial section: the latest trial command, a refusal or the offer, the latest trial
+    (progress, or its result and chart), and the run's earlier trials."""
+    if trial is None:
+        return
+    st.subheader("Ramp trials")
+    with st.container(border=True):
+        _status_line(trial.command, st.empty())
+        offer = trial.offer
+        if offer.refusal:
+            st.info(f"This run {offer.refusal}.", icon=":material/pan_tool:")
+        if trial.latest is None:
+            if not offer.refusal:
+                st.caption(
+                    f"No trial yet. Test {offer.label} first trains each branch for the same "
+                    f"tokens as the control, from one snapshot, and keeps the largest branch "
+                    f"that is as good. {offer.cost_text}"
+                )
+        else:
+            _trial_state(trial.latest, run)
+        if trial.past:
+            with st.expander(f"Earlier trials ({len(trial.past)})", expanded=False):
+                st.dataframe(
+                    [_trial_row(v) for v in reversed(trial.past)],
+                    hide_index=True,
+                    key="trials_table",
+                    column_config={"result": st.column_config.TextColumn(width="large")},
+                )
+
+
+def _trial_row(v) -> dict:
+    t = v.trial
+    return {
+        "trial": t.trial_id,
+        "step": t.start_step,
+        "status": t.status,
+        "branches": ", ".join(f"×{k}" for k in t.factors or ()),
+        "kept": f"×{t.kept_factor}" if t.kept_factor else None,
+        "cost (tokens)": t.cost_tokens,
+        "result": v.verdict.summary if v.verdict else t.reason or t.message,
+    }
+
+
+def _trial_state(v, run) -> None:
+    t = v.trial
+    where = (
+        f"Trial {t.trial_id} from step {t.start_step:,}"
+        if t.start_step is not None
+        else (f"Trial {t.trial_id}")
+    )
+    if t.status == "running":
+        if run.status != "running":
+            st.warning(
+                f"{where} was cut short: the run is {run.status}. Its resume restores the "
+                "snapshot and records the trial as abandoned.",
+                icon=":material/warning:",
+            )
+        else:
+            st.info(f"{where} is running. {t.message or ''}", icon=":material/science:")
+        _arm_progress(v)
+    elif t.status == "finished":
+        st.success(
+            v.verdict.summary if v.verdict else t.message or where, icon=":material/science:"
+        )
+        _trial_result(v)
+    else:
+        st.warning(f"{where} was abandoned: {t.reason or 'no reason given'}.")
+    if v.note:
+        st.caption(f"{where}: {v.note}")
+    if v.points:
+        st.plotly_chart(charts.trial_figure(v.points), key="chart_trial")
+
+
+def _arm_progress(v) -> None:
+    """Each arm's tokens done of Δ: the control first, then the branches."""
+    t = v.trial
+    done = {a.factor: a for a in v.arms}
+    delta = t.delta_tokens
+    for k in (1, *(t.factors or ())):
+        a = done.get(k)
+        tokens = a.tokens if a else 0
+        name = "control ×1" if k == 1 else f"branch ×{k}"
+        of = f" of {delta:,}" if delta else ""
+        state = " (done)" if a and a.done else "" if a else " (waiting)"
+        st.progress(
+            min(1.0, tokens / delta) if delta else 0.0, text=f"{name}: {tokens:,}{of} tokens{state}"
+        )
+
+
+def _trial_result(v) -> None:
+    t = v.trial
+    rows = v.branch_rows()
+    if rows:
+        st.dataframe(
+            rows,
+            hide_index=True,
+            key="trial_branches",
+            column_config={
+                c: st.column_config.NumberColumn(format="%.4f")
+                for c in ("loss difference", "95% upper bound", "tolerance")
+            },
+        )
+    if v.bracket_text:
+        st.markdown(v.bracket_text)
+    kept = "the control (×1)" if t.kept_factor in (None, 1) else f"branch ×{t.kept_factor}"
+    cost = f"{t.cost_tokens:,} tokens discarded" if t.cost_tokens is not None else "cost unknown"
+    if t.cost_seconds is not None:
+        cost += f", {recommend_duration(t.cost_seconds)}"
+    at = f" from step {t.continue_step:,}" if t.continue_step is not None else ""
+    st.caption(f"Kept {kept}: the run continued{at}. Cost: {cost}.")

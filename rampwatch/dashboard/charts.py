@@ -1,7 +1,7 @@
 """Plotly figures the pages draw, built from plain arrays and `Buckets` (no store, no Streamlit).
 
 Owns: every figure of the live page (loss, gradient norm, noise scale vs batch, memory vs
-capacity with tier lines, throughput/MFU), the compare overlay, and the shared pieces: a
+capacity with tier lines, throughput/MFU, a ramp trial's arms), the compare overlay, and the shared pieces: a
 downsampled series as a min/max band plus a last-value line, non-finite values as markers
 (never gaps), and events as vertical markers with a hover label.
 
@@ -481,4 +481,32 @@ def overlay_figure(curves: Sequence[Mapping], metric: str, x_title: str) -> go.F
                     marker=dict(symbol="x", size=9, color=color),
                 )
             )
+    return fig
+
+
+# ---- ramp trials (issue 26) ---------------------------------------------------------------
+
+
+def trial_figure(points: Sequence) -> go.Figure:
+    """A trial's arms from the snapshot: train loss against tokens, one trace per arm ("control
+    ×1", "branch ×k"); points are store.reader.TrialPoint (factor, tokens, loss, ...)."""
+    title = "Trial arms: loss against tokens from the snapshot"
+    arms: dict[int, list] = {}
+    for p in points:
+        if p.loss is not None and math.isfinite(p.loss):
+            arms.setdefault(p.factor, []).append((p.tokens, p.loss))
+    if not arms:
+        return empty_figure(title, "no arm has logged a loss yet")
+    fig = _base(title, "loss", "tokens since the snapshot")
+    for i, k in enumerate(sorted(arms)):
+        xy = sorted(arms[k])
+        fig.add_trace(
+            go.Scatter(
+                x=[x for x, _ in xy],
+                y=[y for _, y in xy],
+                name="control ×1" if k == 1 else f"branch ×{k}",
+                mode="lines+markers",
+                line=dict(color=PALETTE[i % len(PALETTE)], width=2),
+            )
+        )
     return fig

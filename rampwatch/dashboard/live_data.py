@@ -3,7 +3,9 @@ connection each tick fetches through.
 
 Owns: `LiveState` (a SeriesCache per chart, the raw noise-scale window the recommendation reads,
 the run's ramp commands, read only when due) and `live_snapshot` (the Streamlit-side entry: state
-in st.session_state, the previous snapshot kept while the database is busy). Each tick fetches
+in st.session_state, the previous snapshot kept while the database is busy). The run's trials
+come with each tick, and the newest one's arm points (its trial_arm events, which are kept out
+of the events list: they are the trial chart's points, not markers). Each tick fetches
 only from the last partial bucket on, all inside one Reader session. Reads and writes that are
 not live-page specific live in dashboard/store_access.py.
 """
@@ -45,6 +47,8 @@ class Snapshot:
     commands: list = field(default_factory=list)
     busy: str | None = None  # set when this is the previous snapshot: the database was busy
     gns_lower: np.ndarray | None = None  # one-sided 95% lower bound at each of gns_steps
+    trials: list = field(default_factory=list)  # store.reader.Trial, oldest first
+    trial_points: list = field(default_factory=list)  # the newest trial's store.reader.TrialPoint
 
 
 LIVE_METRICS = (
@@ -100,12 +104,12 @@ class LiveState:
         return due
 
     def update_commands(self, db, run_id: str, n_events: int) -> list:
-        """The run's ramp commands, read from the store only when due (see the class doc)."""
+        """The run's ramp and trial commands, read only when due (see the class doc)."""
         if self.commands_due(n_events):
             self.commands = [
                 c
                 for c in store_commands.list_commands(db, run_id, timeout=TIMEOUT)
-                if c.kind == "ramp"
+                if c.kind in ("ramp", "trial")
             ]
             self.commands_dirty = False
             self._since_commands = 0
@@ -116,7 +120,7 @@ class LiveState:
     def refresh(self, reader: Reader, run_id: str) -> Snapshot:
         with reader.session():
             run = reader.get_run(run_id)
-            evs = [event_dict(e) for e in reader.events(run_id)]
+            evs = [event_dict(e) for e in reader.events(run_id) if e.kind != M.EVENT_TRIAL_ARM]
             epoch = sum(1 for e in evs if e["kind"] == M.EVENT_RESUME)
             out = {}
             for name, cache in self.caches.items():
@@ -128,12 +132,16 @@ class LiveState:
                 out[name] = cache.refresh(fetch, run.last_step, epoch)
             gsteps, gvals, glower = self._gns_window(reader, run_id, run.last_step, epoch)
             plan = [plan_dict(p) for p in reader.memory_plan(run_id)]
+            trials = reader.trials(run_id)
+            points = reader.trial_points(run_id, trials[-1].trial_id) if trials else []
         latest = {}
         for name, b in out.items():
             fin = np.flatnonzero(np.isfinite(b.last))
             if fin.size:
                 latest[name] = float(b.last[fin[-1]])
-        return Snapshot(run, out, latest, gsteps, gvals, evs, plan, gns_lower=glower)
+        snap = Snapshot(run, out, latest, gsteps, gvals, evs, plan, gns_lower=glower)
+        snap.trials, snap.trial_points = trials, points
+        return snap
 
     def _gns_window(self, reader, run_id, last_step, epoch):
         """Raw (width 1) noise-scale points and lower bounds over the last `gns_window` steps,

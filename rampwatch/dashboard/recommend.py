@@ -20,6 +20,7 @@ from rampwatch.advisor.memory import MemoryModel, format_gb
 from rampwatch.advisor.policy import RampPolicy
 from rampwatch.advisor.ramp_point import Effect, Recommendation
 from rampwatch.advisor.tiers import Tier, TierOption
+from rampwatch.advisor.trial import TrialVerdict
 from rampwatch.store import names as M
 
 
@@ -274,4 +275,210 @@ def build_card(
 def _label(o: TierOption) -> str:
     return f"×{o.factor}: {o.tier.per_device_batch} × {o.tier.accum}" + (
         f" ({format_gb(o.predicted_peak_bytes)})" if o.predicted_peak_bytes else ""
+    )
+
+
+# ---- ramp trials (issue 26): the "Test first" offer, its cost, the latest trial's state -----
+# A trial runs the control and each branch ×k for Δ tokens from one snapshot and keeps the
+# largest branch that passes (advisor/trial.py); the card offers one before a ramp.
+TRIAL_FACTORS = (2, 4)
+
+
+@dataclass(frozen=True)
+class TrialOffer:
+    """What "Test ×2 / ×4 first" would cost, said before the click; `refusal` when the run's
+    loop runs no trials (then the card shows it instead of a button)."""
+
+    factors: tuple[int, ...]
+    delta_tokens: int | None  # the loop's default Δ per arm (run config `trial_delta_tokens`)
+    budget_tokens: int | None  # the run's token budget (run config `total_tokens`)
+    tokens_per_s: float | None  # the measured throughput
+    refusal: str | None = None
+
+    @property
+    def label(self) -> str:
+        return " / ".join(f"×{k}" for k in self.factors)
+
+    @property
+    def cost_tokens(self) -> int | None:
+        """Discarded at most: every arm but the kept one, len(factors) × Δ whichever it is."""
+        return None if self.delta_tokens is None else len(self.factors) * self.delta_tokens
+
+    @property
+    def cost_fraction(self) -> float | None:
+        cost = self.cost_tokens
+        return cost / self.budget_tokens if cost is not None and self.budget_tokens else None
+
+    @property
+    def cost_seconds(self) -> float | None:
+        cost = self.cost_tokens
+        return cost / self.tokens_per_s if cost is not None and self.tokens_per_s else None
+
+    def payload(self) -> dict:
+        """The trial command's payload (store.commands.validate): Δ is the loop's default."""
+        return {"factors": list(self.factors), "delta_tokens": None}
+
+    @property
+    def cost_text(self) -> str:
+        if self.cost_tokens is None:
+            return "Cost unknown: the run's config does not give its trial Δ."
+        parts = [f"{self.cost_fraction:.2%} of the run's budget"] if self.cost_fraction else []
+        if self.cost_seconds is not None:
+            parts.append(f"~{duration(self.cost_seconds)} at {self.tokens_per_s:,.0f} tokens/s")
+        more = f" ({', '.join(parts)})" if parts else ""
+        return (
+            f"Cost: {len(self.factors)} × {self.delta_tokens:,} = {self.cost_tokens:,} tokens "
+            f"of discarded arms at most{more}."
+        )
+
+
+def duration(seconds: float) -> str:
+    """12 s, 3.5 min, 2.1 h."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+
+
+def trial_offer(config: Mapping | None, latest: Mapping[str, float], refusal: str | None):
+    """The offer from the run config (the loop writes `trial_delta_tokens`) and the latest
+    throughput; `refusal`: store.commands.trial_refusal of the same config."""
+    tps = latest.get(M.TOKENS_PER_S)
+    tps = float(tps) if tps is not None and math.isfinite(float(tps)) and tps > 0 else None
+    return TrialOffer(
+        TRIAL_FACTORS,
+        _pos_int(_get(config, "trial_delta_tokens")),
+        _pos_int(_get(config, "total_tokens")),
+        tps,
+        refusal,
+    )
+
+
+@dataclass(frozen=True)
+class ArmProgress:
+    factor: int  # 1 = the control
+    tokens: int  # done of the trial's Δ
+    done: bool
+
+    @property
+    def name(self) -> str:
+        return "control ×1" if self.factor == 1 else f"branch ×{self.factor}"
+
+
+@dataclass(frozen=True)
+class TrialView:
+    """One trial as the card shows it: store.reader.Trial, its arm points, the verdict."""
+
+    trial: object  # store.reader.Trial
+    points: list = field(default_factory=list)  # store.reader.TrialPoint, in written order
+    verdict: object | None = None  # advisor.trial.TrialVerdict (finished trials)
+    note: str | None = None  # why a stored verdict could not be read
+
+    @property
+    def arms(self) -> list[ArmProgress]:
+        """Each arm's furthest point, control first, then branches in the order they ran."""
+        last: dict[int, ArmProgress] = {}
+        for p in self.points:
+            last[p.factor] = ArmProgress(p.factor, p.tokens, p.done)
+        return [last[k] for k in sorted(last)]
+
+    def branch_rows(self) -> list[dict]:
+        """Per branch: the paired loss difference against the control, its bound, tolerance."""
+        if self.verdict is None:
+            return []
+        return [
+            {
+                "branch": f"×{b.k}",
+                "batch": b.batch,
+                "LR ×": round(b.lr_factor, 4),
+                "loss difference": b.mean_diff,
+                "95% upper bound": b.bound,
+                "tolerance": b.tolerance,
+                "result": "pass" if b.passed else "fail",
+            }
+            for b in self.verdict.branches
+        ]
+
+    @property
+    def bracket_text(self) -> str | None:
+        v = self.verdict
+        if v is None:
+            return None
+        lo, hi = v.bracket
+        b = (
+            f"below {hi:,}"
+            if lo is None
+            else f"at least {lo:,}"
+            if hi is None
+            else f"between {lo:,} and {hi:,}"
+        )
+        text = f"Critical batch {b} sequences (measured at batch {v.plan.batch:,})."
+        if v.calibration is not None and v.b_simple is not None:
+            text += (
+                f" Calibration: the bracket's lower end is {v.calibration:.3g}× the noise "
+                f"scale ({v.b_simple:.3g})."
+            )
+        return text
+
+
+def trial_view(trial, points=()) -> TrialView:
+    """The view of a stored trial; a verdict that does not parse is named, not raised."""
+    verdict, note = None, None
+    if trial.verdict:
+        try:
+            verdict = TrialVerdict.from_dict(trial.verdict)
+        except (KeyError, TypeError, ValueError) as e:
+            note = f"its verdict could not be read ({type(e).__name__}: {e})"
+    return TrialView(trial, list(points), verdict, note)
+
+
+def trial_command_view(cmd) -> CommandView:
+    """The card's line for a trial command (store.commands.Command)."""
+    cid, status, payload = int(cmd.command_id), str(cmd.status), dict(cmd.payload or {})
+    what = ", ".join(f"×{k}" for k in payload.get("factors") or ())
+    step, reason = cmd.applied_step, cmd.reason
+    text = {
+        "pending": f"Trial #{cid} ({what}) is pending: waiting for the trainer to pick it up.",
+        "claimed": f"Trial #{cid} ({what}) was claimed by the trainer: it runs at the next step.",
+        "applied": f"Trial #{cid} ({what}) ended; the run continued from step {step}.",
+        "refused": f"Trial #{cid} ({what}) was refused: {reason}",
+        "cancelled": f"Trial #{cid} ({what}) was cancelled.",
+        "undone": f"Trial #{cid} ({what}) is not in effect: {reason}.",
+    }.get(status, f"Trial #{cid}: {status}")
+    return CommandView(cid, status, text, payload, step, reason)
+
+
+@dataclass(frozen=True)
+class TrialCard:
+    """The card's trial section: the offer, the latest trial command, the latest trial (with
+    its points) and the earlier ones."""
+
+    offer: TrialOffer
+    command: CommandView | None = None
+    latest: TrialView | None = None
+    past: list = field(default_factory=list)  # TrialView, oldest first, without their points
+
+    @property
+    def running(self) -> bool:
+        return self.latest is not None and self.latest.trial.status == "running"
+
+
+def build_trial_card(
+    config: Mapping | None,
+    latest: Mapping[str, float],
+    refusal: str | None,
+    commands: Sequence = (),
+    trials: Sequence = (),
+    points: Sequence = (),
+) -> TrialCard:
+    """The trial section from the run's rows: its config and latest metrics (the offer), its
+    commands (the newest trial command's line), its trials, oldest first, and the newest
+    trial's arm points."""
+    cmds = [c for c in commands if getattr(c, "kind", None) == "trial"]
+    views = [trial_view(t) for t in trials]
+    newest = trial_view(trials[-1], points) if trials else None
+    return TrialCard(
+        trial_offer(config, latest, refusal),
+        trial_command_view(cmds[-1]) if cmds else None,
+        newest,
+        views[:-1],
     )

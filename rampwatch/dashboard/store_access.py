@@ -1,6 +1,6 @@
 """The dashboard's one door to the store: every store access but the live page's refresh, in
-one place: options, database checks, cached reads, and the two writes (submit / cancel a ramp
-command), with the record of those refused.
+one place: options, database checks, cached reads, and the writes (submit a ramp or a trial
+command, cancel one), with the record of those refused.
 
 Owns: where the database path and read-only flag come from (`rampwatch dashboard --db PATH
 [--read-only]`, which passes them after `--` to the app; else RAMPWATCH_DB /
@@ -497,6 +497,7 @@ def _command_run(db: Path, command_id) -> str | None:
 
 
 ramp_refusal = store_commands.ramp_refusal  # a run whose loop takes no ramps: say why
+trial_refusal = store_commands.trial_refusal  # a run whose loop runs no trials: say why
 
 
 def agent_api_enabled() -> bool:
@@ -526,18 +527,41 @@ def submit_ramp(
     """Queue an approved ramp for `operator`, if the token is this server's (store validates
     and refuses a second open one); the same key makes one command however often it is sent."""
     what = f"ramp to {payload.get('per_device_batch')} × {payload.get('accum')}"
+    return _submit(db, run_id, "ramp", payload, what, operator, token, key)
+
+
+def submit_trial(
+    db: Path,
+    run_id: str,
+    payload: dict,
+    *,
+    operator: str | None,
+    token: str | None,
+    key: str | None = None,
+) -> int:
+    """Queue an approved ramp trial, guarded exactly as a ramp (the same checks and record)."""
+    what = "trial " + ", ".join(f"×{k}" for k in payload.get("factors") or ())
+    return _submit(db, run_id, "trial", payload, what, operator, token, key)
+
+
+SUBMIT = {"ramp": submit_ramp, "trial": submit_trial}  # the card's one click path, by kind
+
+
+def _submit(db, run_id, kind, payload, what, operator, token, key) -> int:
     attempt = {"db": db, "run_id": run_id, "action": "approve", "detail": what}
     actor = _writable(operator, token, attempt)
     try:
         return store_commands.submit(
-            db, run_id, "ramp", payload, actor=actor, timeout=TIMEOUT, key=key
+            db, run_id, kind, payload, actor=actor, timeout=TIMEOUT, key=key
         )
     finally:
         st.session_state[COMMANDS_DIRTY] = True  # the live page reads commands on its next tick
 
 
-def cancel_command(db: Path, command_id: int, *, operator: str | None, token: str | None):
-    what = f"cancel ramp #{command_id}"
+def cancel_command(
+    db: Path, command_id: int, *, operator: str | None, token: str | None, kind: str = "ramp"
+):
+    what = f"cancel {kind} #{command_id}"
     attempt = {"db": db, "command_id": command_id, "action": "cancel", "detail": what}
     actor = _writable(operator, token, attempt)
     try:
@@ -565,6 +589,8 @@ __all__ = [
     "client_address",
     "export_bytes",
     "submit_ramp",
+    "submit_trial",
+    "trial_refusal",
     "cancel_command",
     "agent_api_enabled",
     "lost_records",

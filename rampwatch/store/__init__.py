@@ -5,7 +5,7 @@ Public API (see each module's docstring for the why):
       .take_claimed_commands, .command_applied, .command_refused (never wait on the database),
       .flush, .close, .stats (writer.py; its Flusher: flusher.py)
   Reader(db) and list_runs, get_run, metric_names, series, latest, events, memory_plan,
-      export (reader.py)
+      trials, trial_points, export (reader.py)
   commands: submit, claim, apply, refuse, cancel, list_commands, get, log (commands.py)
   recover(db) and dead_writers(db), which only looks, delete_run(db, run_id) (recovery.py),
       schema_version(db) (db.py);
@@ -44,6 +44,8 @@ from rampwatch.store.reader import (
     Reader,
     Run,
     Series,
+    Trial,
+    TrialPoint,
     events,
     export,
     get_run,
@@ -52,6 +54,8 @@ from rampwatch.store.reader import (
     memory_plan,
     metric_names,
     series,
+    trial_points,
+    trials,
 )
 from rampwatch.store.recovery import DeadWriter, RecoveryReport, dead_writers, delete_run, recover
 from rampwatch.store.refusals import Refusal, list_refusals, refusal_counts
@@ -66,6 +70,8 @@ __all__ = [
     "Series",
     "Event",
     "PlanRow",
+    "Trial",
+    "TrialPoint",
     "Command",
     "LogEntry",
     "RecoveryReport",
@@ -78,6 +84,8 @@ __all__ = [
     "latest",
     "events",
     "memory_plan",
+    "trials",
+    "trial_points",
     "export",
     "commands",
     "naming",

@@ -5,7 +5,8 @@ training run, so a typo must not become a 10^9 accumulation or a 1e300 learning 
 tier rule (a ramp moves the effective batch at most advisor/tiers.py's RAMP_MAX_FACTOR up per
 command and never below the run's starting tier, where the store knows them), idempotency
 keys (a double click or a replayed request makes one command), the legal status changes, the
-rule of at most one open ramp per run, undoing the ramps a resume discarded, the command log
+rule of at most one open ramp or trial per run (a trial ends in a ramp: the two never overlap),
+the trial payload (factors, delta_tokens, note) and which runs take trials, undoing the ramps a resume discarded, the command log
 (every change timestamped and attributed to an actor), and the SQL that reads and writes the
 commands and command_log tables.
 
@@ -29,7 +30,7 @@ from rampwatch.store import names as M
 from rampwatch.store.errors import CommandError
 from rampwatch.store.schema import COMMANDS, ROLLUP_LEVELS, Command, first, transaction
 
-KINDS = ("ramp",)
+KINDS = ("ramp", "trial")
 STATUSES = ("pending", "claimed", "applied", "refused", "cancelled", "undone")
 # applied -> undone: a resume from a step before the one it was applied at discarded it
 LEGAL = {
@@ -44,6 +45,9 @@ MAX_ACCUM = 4096  # micro-batches per optimizer step
 MAX_LR_MULTIPLIER = 64.0  # more is a typo or a unit mistake, never a ramp
 MAX_NOTE = 1000  # characters
 MAX_KEY = 200
+MAX_DELTA_TOKENS = 10**12  # tokens per trial arm: more is a unit mistake, never a trial
+_TRIAL_FIELDS = ("factors", "delta_tokens", "note")
+_EXCLUSIVE = ("ramp", "trial")  # at most one open command of these kinds per run
 
 
 @dataclass(frozen=True)
@@ -87,36 +91,77 @@ def _lr_multiplier(m) -> float:
     return float(m)
 
 
-def validate(kind: str, payload) -> dict:
-    """The normalized payload, or CommandError naming the field, its limit and what was sent."""
-    if kind not in KINDS:
-        raise CommandError(f"unknown command kind {kind!r}; known kinds: {', '.join(KINDS)}")
+def _note(kind: str, payload: dict) -> str | None:
+    note = payload.get("note")
+    if note is None:
+        return None
+    if not isinstance(note, str):
+        raise CommandError(f"{kind} payload note must be a string, got {type(note).__name__}")
+    if len(note) > MAX_NOTE:
+        raise CommandError(
+            f"{kind} payload note must be at most {MAX_NOTE} characters, got "
+            f"{len(note)}; shorten it"
+        )
+    return note
+
+
+def _known_fields(kind: str, payload, allowed: tuple[str, ...], example: str) -> None:
     if not isinstance(payload, dict):
         raise CommandError(
-            f"ramp payload must be a dict with per_device_batch and accum, got "
-            f"{type(payload).__name__}"
+            f"{kind} payload must be a dict with {example}, got {type(payload).__name__}"
         )
-    unknown = sorted(str(k) for k in payload if k not in _RAMP_FIELDS)
+    unknown = sorted(str(k) for k in payload if k not in allowed)
     if unknown:
         raise CommandError(
-            f"ramp payload has unknown field(s) {', '.join(map(repr, unknown))}; "
-            f"allowed: {', '.join(_RAMP_FIELDS)}"
+            f"{kind} payload has unknown field(s) {', '.join(map(repr, unknown))}; "
+            f"allowed: {', '.join(allowed)}"
         )
+
+
+def _ramp_payload(payload) -> dict:
+    _known_fields("ramp", payload, _RAMP_FIELDS, "per_device_batch and accum")
     out = {
         "per_device_batch": _bounded_int(payload, "per_device_batch", MAX_PER_DEVICE_BATCH),
         "accum": _bounded_int(payload, "accum", MAX_ACCUM),
     }
     if payload.get("lr_multiplier") is not None:
         out["lr_multiplier"] = _lr_multiplier(payload["lr_multiplier"])
-    if payload.get("note") is not None:
-        note = payload["note"]
-        if not isinstance(note, str):
-            raise CommandError(f"ramp payload note must be a string, got {type(note).__name__}")
-        if len(note) > MAX_NOTE:
-            raise CommandError(
-                f"ramp payload note must be at most {MAX_NOTE} characters, got "
-                f"{len(note)}; shorten it"
-            )
+    return out
+
+
+def _factors(v) -> list[int]:
+    ok = isinstance(v, list) and 0 < len(v) <= RAMP_MAX_FACTOR
+    ok = ok and all(not isinstance(k, bool) and isinstance(k, int) for k in v)
+    ok = ok and all(2 <= k <= RAMP_MAX_FACTOR for k in v)
+    ok = ok and all(a < b for a, b in zip(v, v[1:], strict=False))
+    if not ok:
+        raise CommandError(
+            "trial payload factors must be a non-empty list of strictly increasing integers "
+            f"in 2 .. {RAMP_MAX_FACTOR} (RAMP_MAX_FACTOR), e.g. [2, 4], got {_short(v)}"
+        )
+    return list(v)
+
+
+def _trial_payload(payload) -> dict:
+    _known_fields("trial", payload, _TRIAL_FIELDS, "factors (e.g. [2, 4]) and delta_tokens")
+    delta = payload.get("delta_tokens")
+    if delta is not None and (
+        isinstance(delta, bool) or not isinstance(delta, int) or not 1 <= delta <= MAX_DELTA_TOKENS
+    ):
+        raise CommandError(
+            "trial payload delta_tokens must be null (the loop's default) or an integer in "
+            f"1 .. {MAX_DELTA_TOKENS}, got {_short(delta)} ({type(delta).__name__})"
+        )
+    return {"factors": _factors(payload.get("factors")), "delta_tokens": delta}
+
+
+def validate(kind: str, payload) -> dict:
+    """The normalized payload, or CommandError naming the field, its limit and what was sent."""
+    if kind not in KINDS:
+        raise CommandError(f"unknown command kind {kind!r}; known kinds: {', '.join(KINDS)}")
+    out = _ramp_payload(payload) if kind == "ramp" else _trial_payload(payload)
+    note = _note(kind, payload)
+    if note is not None:
         out["note"] = note
     return out
 
@@ -289,6 +334,22 @@ def ramp_refusal(config) -> str | None:
     )
 
 
+def trial_refusal(config) -> str | None:
+    """Why a run takes no trial commands, from its config, or None. A trial ends in a ramp, so a
+    run that takes no ramps takes no trials; otherwise the loop says it runs trials by writing
+    `trial_delta_tokens` (its default Δ), and why not by `trials: false` or `trials_note`."""
+    refusal = ramp_refusal(config)
+    if refusal:
+        return refusal
+    config = config if isinstance(config, dict) else {}
+    why = config.get("trials_note")
+    if why or config.get("trials") is False or _positive(config.get("trial_delta_tokens")) is None:
+        return "runs no ramp trials" + (
+            f": {why}" if why else " (its loop does not say that it can snapshot and restore)"
+        )
+    return None
+
+
 def _check_tier(con, run_id: str, payload: dict, config, world_size) -> None:
     config = config if isinstance(config, dict) else {}
     ws = _positive(world_size) or _positive(config.get("world_size")) or 1
@@ -324,7 +385,8 @@ def queue(con, db, run_id: str, kind: str, payload: dict, actor: str, key: str |
     the first command's id when `key` was used before for the same command (db: for messages).
 
     Refused (CommandError): a key used for another command, a run that does not exist or is not
-    running, a second open ramp, a run that takes no ramps, a ramp off the tier rule.
+    running, a second open ramp or trial, a run that takes no ramps (or trials), a ramp off the
+    tier rule.
     """
     text = json.dumps(payload, sort_keys=True)
     if key is not None:
@@ -351,23 +413,24 @@ def queue(con, db, run_id: str, kind: str, payload: dict, actor: str, key: str |
         raise CommandError(
             f"run {run_id!r} is {row[0]}, not running; commands go only to running runs"
         )
-    if kind == "ramp":
-        open_ = first(
-            con.execute(
-                "SELECT command_id, status FROM commands WHERE run_id = ? AND kind = 'ramp' "
-                "AND status IN ('pending', 'claimed') ORDER BY command_id LIMIT 1",
-                [run_id],
-            )
+    open_ = first(
+        con.execute(
+            "SELECT command_id, status, kind FROM commands WHERE run_id = ? "
+            "AND list_contains(?::VARCHAR[], kind) AND status IN ('pending', 'claimed') "
+            "ORDER BY command_id LIMIT 1",
+            [run_id, list(_EXCLUSIVE)],
         )
-        if open_ is not None:
-            raise CommandError(
-                f"run {run_id!r} already has ramp command #{open_[0]} {open_[1]}; cancel "
-                "it or wait until it is applied or refused before submitting another"
-            )
-        config = _config_from_json(row[1])
-        refusal = ramp_refusal(config)
-        if refusal:
-            raise CommandError(f"run {run_id!r} {refusal}")
+    )
+    if open_ is not None:
+        raise CommandError(
+            f"run {run_id!r} already has {open_[2]} command #{open_[0]} {open_[1]}; cancel "
+            "it or wait until it is applied or refused before submitting another"
+        )
+    config = _config_from_json(row[1])
+    refusal = ramp_refusal(config) if kind == "ramp" else trial_refusal(config)
+    if refusal:
+        raise CommandError(f"run {run_id!r} {refusal}")
+    if kind == "ramp":
         _check_tier(con, run_id, payload, config, row[2])
     [(cid,)] = con.execute("SELECT nextval('command_ids')").fetchall()
     now = time.time()

@@ -4,7 +4,7 @@ Owns the queue's API: each call opens its own connection under the store's lock 
 and submit first recovers dead writers (a dead writer's run is marked killed, so a command to
 it is refused). The rules the calls enforce, and the rows they read and write, are
 store/command_rows.py: validation, the tier rule, idempotency keys, the legal status changes,
-one open ramp per run, the command log.
+one open ramp or trial per run, the command log.
 
 Lifecycle: pending → claimed | cancelled | refused; claimed → applied (at a step) | refused
 (with a reason); applied → undone (a resume from an earlier step discarded it). Nothing else.
@@ -21,6 +21,7 @@ from rampwatch.store import command_rows as rows
 from rampwatch.store.command_rows import (
     KINDS,
     MAX_ACCUM,
+    MAX_DELTA_TOKENS,
     MAX_LR_MULTIPLIER,
     MAX_NOTE,
     MAX_PER_DEVICE_BATCH,
@@ -31,6 +32,7 @@ from rampwatch.store.command_rows import (
     as_command_id,
     claim_pending,
     ramp_refusal,
+    trial_refusal,
     validate,
 )
 from rampwatch.store.db import DEFAULT_TIMEOUT, read_connection, write_connection
@@ -134,11 +136,13 @@ __all__ = [
     "as_command_id",
     "claim_pending",
     "ramp_refusal",
+    "trial_refusal",
     "KINDS",
     "STATUSES",
     "MAX_PER_DEVICE_BATCH",
     "MAX_ACCUM",
     "MAX_LR_MULTIPLIER",
+    "MAX_DELTA_TOKENS",
     "MAX_NOTE",
     "RAMP_MAX_FACTOR",
 ]

@@ -3,8 +3,9 @@
 Owns ingest: read the spool offsets stored in the database, take the whole records after them
 (JSON-lines first: a run's start or resume must precede its metrics), insert metrics through
 Arrow (never executemany, never pandas, which would turn NaN into NULL), fold them into the
-rollup, update the run's heartbeat and last step, and store the new offsets, all in the same
-transaction. A crash anywhere leaves the old offsets and no rows, so the next ingest of the
+rollup, update the run's heartbeat and last step, keep the trials table from the trial_* events
+(one row per trial, updated in place: replaying an event changes nothing), and store the new
+offsets, all in the same transaction. A crash anywhere leaves the old offsets and no rows, so the next ingest of the
 spool (by the writer or by recovery) redoes exactly the missing part.
 
 Those offsets are all that stands between a spool and duplicate rows, so they are checked, not
@@ -16,6 +17,7 @@ read (compare-and-set). Any of these failing rolls the transaction back (SpoolOf
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,9 +26,18 @@ import numpy as np
 import pyarrow as pa
 
 from rampwatch.store import command_rows, rollup, spool
+from rampwatch.store import names as M
 from rampwatch.store import spool_format as fmt
 from rampwatch.store.errors import CommandError, SpoolOffsetsError
-from rampwatch.store.schema import EVENTS, MEMORY_PLAN, RUNS, first, to_json, transaction
+from rampwatch.store.schema import (
+    EVENTS,
+    MEMORY_PLAN,
+    RUNS,
+    TRIALS,
+    first,
+    to_json,
+    transaction,
+)
 
 MAX_RECORDS = 1 << 18  # per transaction (8 MB of spool, ~0.1 s): bounds lock hold and memory
 ENDINGS = ("killed", "failed")  # event kinds of a run's end: a resume purge keeps them
@@ -71,6 +82,7 @@ def _resume_message(s: int, purged: dict) -> str:
         f"{purged['deleted_metric_rows']} metric rows and {events}"
     ]
     parts += [f"ramp #{cid} undone" for cid in purged["undone_commands"]]
+    parts += [f"trial {tid} abandoned" for tid in purged["abandoned_trials"]]
     parts += [
         f"kept the {e['kind']} event of step {e['step']} (shown at step {s})"
         for e in purged["kept_events"]
@@ -170,6 +182,7 @@ class _Apply:
         cause = "crash" if prev_status in ENDINGS else "resume"
         undone = command_rows.undo_after(con, run_id, s, cause, "resume")
         return {
+            "abandoned_trials": _abandon_trials_after(con, run_id, s),
             "deleted_metric_rows": n_metrics,
             "deleted_events": sum(discarded.values()),
             "deleted_event_kinds": discarded,
@@ -194,6 +207,10 @@ class _Apply:
 
     def _event(self, r: dict) -> None:
         self.events.append(EVENTS.from_record(r))
+        if r.get("kind") in _TRIAL_COLUMNS:
+            problem = _trial_row(self.con, self.run_id, r)
+            if problem:  # the event is kept; the trial it names cannot be recorded
+                self.unusable.append(problem)
 
     def _plan(self, r: dict) -> None:
         self.plans.append(MEMORY_PLAN.from_record(r))
@@ -242,6 +259,112 @@ class _Apply:
                 con.execute(MEMORY_PLAN.insert_from("rw_plans"), [self.run_id])
             finally:
                 con.unregister("rw_plans")
+
+
+# ---- trials: the table's row of each trial, from its events (store/names.py's contract) -----
+# Event kind -> (status it sets, {column: key in the event's data}).
+_TRIAL_COLUMNS = {
+    M.EVENT_TRIAL_START: (
+        "running",
+        {
+            "command_id": "command_id",
+            "factors": "factors",
+            "delta_tokens": "delta_tokens",
+            "cost_tokens": "cost_tokens",
+            "cost_fraction": "cost_fraction",
+            "cost_seconds": "cost_seconds",
+            "source": "source",
+        },
+    ),
+    M.EVENT_TRIAL_END: (
+        "finished",
+        {
+            "kept_factor": "kept_factor",
+            "continue_step": "continue_step",
+            "cost_tokens": "cost_tokens",
+            "cost_seconds": "cost_seconds",
+            "verdict": "verdict",
+        },
+    ),
+    M.EVENT_TRIAL_ABANDONED: ("abandoned", {"reason": "reason"}),
+}
+_INT_COLUMNS = {"command_id", "delta_tokens", "cost_tokens", "kept_factor", "continue_step"}
+_NUMBER_COLUMNS = {"cost_fraction", "cost_seconds"}
+_TEXT_COLUMNS = {"source", "reason"}
+
+
+def _int(v) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and abs(v) < 1 << 63 else None
+
+
+def _as_column(column: str, v):
+    """A loop's value as the trials table stores it; None for one of the wrong type, so a bad
+    field never fails the ingest's transaction (and with it every record after it)."""
+    if column in _INT_COLUMNS:
+        return _int(v)
+    if column in _NUMBER_COLUMNS:
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        return float(v) if ok else None
+    if column in _TEXT_COLUMNS:
+        return v if isinstance(v, str) else None
+    if column == "factors":
+        ok = isinstance(v, list) and all(_int(k) is not None for k in v)
+        return TRIALS.encode(column, v) if ok else None
+    return TRIALS.encode(column, v if isinstance(v, dict) else None)  # verdict
+
+
+def _trial_row(con, run_id: str, r: dict) -> str | None:
+    """Create or update the trial an event names; why not, or None. An update sets only what the
+    event carries, so applying an event twice leaves the row as once."""
+    kind, data = r["kind"], r.get("data")
+    trial_id = _int(data.get("trial_id")) if isinstance(data, dict) else None
+    if trial_id is None:
+        return f"{kind} event without an integer trial_id"
+    status, columns = _TRIAL_COLUMNS[kind]
+    values = {c: _as_column(c, data.get(key)) for c, key in columns.items()}
+    values.update(status=status, updated_at=r["t"])
+    if r.get("message"):
+        values["message"] = str(r["message"])
+    if kind == M.EVENT_TRIAL_START:
+        values.update(start_step=_int(r.get("step")), plan=TRIALS.encode("plan", data))
+    exists = first(
+        con.execute("SELECT 1 FROM trials WHERE run_id = ? AND trial_id = ?", [run_id, trial_id])
+    )
+    if exists is None:
+        con.execute(
+            TRIALS.insert, TRIALS.params({**values, "run_id": run_id, "trial_id": trial_id})
+        )
+    else:  # column names: the table's own, never input
+        sets = ", ".join(f"{c} = ?" for c in values)
+        con.execute(
+            f"UPDATE trials SET {sets} WHERE run_id = ? AND trial_id = ?",
+            [*values.values(), run_id, trial_id],
+        )
+    return None
+
+
+def _abandon_trials_after(con, run_id: str, s: int) -> list[int]:
+    """A resume from step s: trials that started after s are gone with their events; one still
+    running, or one whose run continued after s, is abandoned (its kept arm is not in effect)."""
+    con.execute("DELETE FROM trials WHERE run_id = ? AND start_step > ?", [run_id, s])
+    rows = con.execute(
+        "SELECT trial_id, status, continue_step FROM trials WHERE run_id = ? AND "
+        "(status = 'running' OR (status = 'finished' AND continue_step > ?)) ORDER BY trial_id",
+        [run_id, s],
+    ).fetchall()
+    for trial_id, status, cont in rows:
+        reason = (
+            f"the run stopped mid-trial and resumed from step {s}"
+            if status == "running"
+            else f"the run resumed from step {s}, before step {cont} where the trial ended: "
+            "its kept arm is not in effect"
+        )
+        con.execute(
+            "UPDATE trials SET status = 'abandoned', reason = ?, updated_at = ? "
+            "WHERE run_id = ? AND trial_id = ?",
+            [reason, time.time(), run_id, trial_id],
+        )
+    return [int(t) for t, _, _ in rows]
 
 
 def _insert_metrics(con, run_id: str, recs: np.ndarray, names: list[str]) -> None:

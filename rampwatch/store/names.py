@@ -45,6 +45,12 @@ EVENT_CHECKPOINT = "checkpoint"
 EVENT_RESUME = "resume"
 EVENT_ALERT = "alert"
 EVENT_REFUSED = "refused"
+# a ramp trial (issue 26's contract; data of each: store/schema.py's Trial, store/ingest.py)
+EVENT_TRIAL_START = "trial_start"  # at the snapshot step: the plan and its cost
+EVENT_TRIAL_ARM = "trial_arm"  # at the snapshot step: one arm's progress (tokens, loss)
+EVENT_TRIAL_END = "trial_end"  # at the step the run continues from: the verdict
+EVENT_TRIAL_ABANDONED = "trial_abandoned"  # a crash or an error mid-trial: the reason
+TRIAL_EVENTS = (EVENT_TRIAL_START, EVENT_TRIAL_ARM, EVENT_TRIAL_END, EVENT_TRIAL_ABANDONED)
 
 # memory_plan.variant: which cross-entropy a plan row (and a run) uses. The logits dominate the
 # per-sequence slope, so rows of one variant never describe a run of the other.

@@ -1,4 +1,5 @@
-"""Reading for the dashboard: runs, downsampled series, latest values, events, plans, exports.
+"""Reading for the dashboard: runs, downsampled series, latest values, events, plans, trials,
+exports.
 
 Owns every read query. Each call opens a read-only connection under the shared lock and closes
 it (`Reader.session()` keeps one for a few calls in a row); nothing holds the file between
@@ -25,11 +26,22 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pyarrow as pa
 
-from rampwatch.store import spool
+from rampwatch.store import names as M
+from rampwatch.store import schema, spool
 from rampwatch.store.db import DEFAULT_TIMEOUT, read_connection, spool_root
 from rampwatch.store.errors import RunNotFoundError
 from rampwatch.store.rollup import LEVELS, Level
-from rampwatch.store.schema import EVENTS, MEMORY_PLAN, RUNS, Event, PlanRow, Run, first
+from rampwatch.store.schema import (
+    EVENTS,
+    MEMORY_PLAN,
+    RUNS,
+    TRIALS,
+    Event,
+    PlanRow,
+    Run,
+    Trial,
+    first,
+)
 
 STALE_AFTER = 30.0  # seconds without a heartbeat before a running run shows as stale
 _NO_START = -(1 << 62)
@@ -107,6 +119,29 @@ class Series:
             for f in ("step", "min", "max", "last", "last_step", "count", "nonfinite")
         }
         return replace(self, **cols)
+
+
+@dataclass(frozen=True)
+class TrialPoint:
+    """One point of a trial's arm (its trial_arm event): the branch chart's data."""
+
+    factor: int  # 1 = the control
+    tokens: int  # done in this arm
+    loss: float | None  # train loss of that step
+    eval_loss: float | None  # held-out mean, at the arm's end only
+    done: bool  # the arm's last point
+
+
+def _number(v) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _trial_point(data: dict) -> TrialPoint | None:
+    factor, tokens = data.get("factor"), data.get("tokens")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (factor, tokens)):
+        return None  # a point without its arm or position cannot be drawn
+    loss, eval_loss = _number(data.get("loss")), _number(data.get("eval_loss"))
+    return TrialPoint(factor, tokens, loss, eval_loss, bool(data.get("done")))
 
 
 def _empty_series(run_id, name, width, start) -> Series:
@@ -301,6 +336,27 @@ class Reader:
             ).fetchall()
         return [PlanRow(**MEMORY_PLAN.values(r)) for r in rows]
 
+    def trials(self, run_id: str) -> list[Trial]:
+        """The run's ramp trials, oldest first; none in a file older than schema v7."""
+        with self._connection() as con:
+            if schema.read_version(con, self.db) < schema.TRIALS_VERSION:
+                return []
+            rows = con.execute(
+                f"{TRIALS.select} WHERE run_id = ? ORDER BY start_step NULLS LAST, updated_at",
+                [run_id],
+            ).fetchall()
+        return [Trial(**TRIALS.values(r)) for r in rows]
+
+    def trial_points(self, run_id: str, trial_id: int) -> list[TrialPoint]:
+        """A trial's arm points (its trial_arm events) in the order they were written."""
+        out = []
+        for e in self.events(run_id, kinds=[M.EVENT_TRIAL_ARM]):
+            data = e.data if isinstance(e.data, dict) else {}
+            point = _trial_point(data) if data.get("trial_id") == trial_id else None
+            if point is not None:
+                out.append(point)
+        return out
+
     def export(self, run_id: str) -> pa.Table:
         """Every raw metric row of a run (run_id, step, t, name, value), for CSV/Parquet."""
         with self._connection() as con:
@@ -347,6 +403,14 @@ def events(
 
 def memory_plan(db, run_id: str, **kw) -> list[PlanRow]:
     return Reader(db, **kw).memory_plan(run_id)
+
+
+def trials(db, run_id: str, **kw) -> list[Trial]:
+    return Reader(db, **kw).trials(run_id)
+
+
+def trial_points(db, run_id: str, trial_id: int, **kw) -> list[TrialPoint]:
+    return Reader(db, **kw).trial_points(run_id, trial_id)
 
 
 def export(db, run_id: str, **kw) -> pa.Table:

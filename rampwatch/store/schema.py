@@ -3,9 +3,10 @@
 Owns: the SQL every module runs inside a connection the caller holds (`transaction`, the one
 BEGIN … COMMIT, and `first`, the first row of a result), the ordered MIGRATIONS list (each one runs in its own transaction and records its version
 in `rampwatch_schema`), reading a file's version, refusing foreign or newer files, the rollup
-constant the metrics layout depends on, and the field tables of the runs, memory_plan, events
-and commands tables (RUNS, MEMORY_PLAN, EVENTS, COMMANDS: one list of columns that drives their
-INSERT, their SELECT and the row a reader returns, Run, PlanRow, Event and Command).
+constant the metrics layout depends on, and the field tables of the runs, memory_plan, events,
+commands and trials tables (RUNS, MEMORY_PLAN, EVENTS, COMMANDS, TRIALS: one list of columns
+that drives their INSERT, their SELECT and the row a reader returns, Run, PlanRow, Event,
+Command and Trial).
 
 Version history (a file at any older version is upgraded in place when opened):
   1  rampwatch_schema, runs (id, name, status, config, created/ended), metrics (tall).
@@ -18,6 +19,9 @@ Version history (a file at any older version is upgraded in place when opened):
      (Written with spool format 2: checked records; store/spool_format.py.)
   6  write_refusals: writes the dashboard refused (who typed what name, from where, which run,
      what was attempted, why; never the token). Read-only reading of v3..v5 sees none.
+  7  trials: one row per ramp trial, kept by the ingest from the trial_* events (store/names.py)
+     of a run: its plan, status, cost, kept arm and verdict. Read-only reading of v3..v6 sees
+     no trials.
 Times are unix seconds (DOUBLE); JSON is stored as text. No other primary keys or unique
 indexes: uniqueness is enforced by code under the exclusive lock (an index would grow the
 metrics table several-fold and make a whole append fail on one duplicate). spool_offsets is the
@@ -60,10 +64,10 @@ def transaction(con):
     con.execute("COMMIT")
 
 
-CURRENT_VERSION = 6
+CURRENT_VERSION = 7
 # Oldest version the readers' queries work on unchanged (read-only reading does not upgrade):
 # v3 added the rollups every chart reads; v4 and v5 changed nothing a reader selects; v6's
-# table is read only where the file has it (store/refusals.py).
+# and v7's tables are read only where the file has them (store/refusals.py, store/reader.py).
 MIN_READABLE_VERSION = 3
 VERSION_TABLE = "rampwatch_schema"
 # (shift, complete-buckets table, open-buckets table): rollups at 2**shift steps per bucket,
@@ -182,6 +186,16 @@ _V6 = [
         operator VARCHAR, client VARCHAR, reason VARCHAR NOT NULL)"""
 ]
 
+TRIALS_VERSION = 7
+_V7 = [
+    """CREATE TABLE trials (
+        run_id VARCHAR NOT NULL, trial_id BIGINT NOT NULL, command_id BIGINT, start_step BIGINT,
+        status VARCHAR NOT NULL, factors VARCHAR, delta_tokens BIGINT, cost_tokens BIGINT,
+        cost_fraction DOUBLE, cost_seconds DOUBLE, kept_factor INTEGER, continue_step BIGINT,
+        verdict VARCHAR, plan VARCHAR, source VARCHAR, message VARCHAR, reason VARCHAR,
+        updated_at DOUBLE NOT NULL)"""
+]
+
 # Every table with a run_id column, children first (commands' log goes with its commands).
 RUN_TABLES = (
     "metrics",
@@ -191,6 +205,7 @@ RUN_TABLES = (
     "memory_plan",
     "spool_offsets",
     "write_refusals",
+    "trials",
     "commands",
     "runs",
 )
@@ -202,6 +217,7 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
     (4, "primary key on spool_offsets (spool)", _V4),
     (5, "idempotency keys of commands", _V5),
     (REFUSALS_VERSION, "refused dashboard writes", _V6),
+    (TRIALS_VERSION, "ramp trials", _V7),
 ]
 assert [v for v, _, _ in MIGRATIONS] == list(range(1, CURRENT_VERSION + 1))
 
@@ -279,7 +295,7 @@ def create_at_version(path, target: int) -> None:
         con.close()
 
 
-# ---- field tables: the current columns of runs, memory_plan, events and commands -----------
+# ---- field tables: the current columns of runs, memory_plan, events, commands and trials ----
 # The dataclass a reader returns lists its table's columns (every statement names them, so
 # their order is the row's, not the table's); each column's
 # metadata says how ingest batches it (Arrow type), whether a record must carry it (NOT NULL),
@@ -421,7 +437,36 @@ class Fields:
         }
 
 
+TRIAL_STATUSES = ("running", "finished", "abandoned")
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One ramp trial of a run, as the ingest keeps it from its trial_* events (one row per
+    trial_id: the command's id, or a negative id for an auto trial)."""
+
+    run_id: str = _column()
+    trial_id: int = _column()
+    command_id: int | None = _column()  # the trial command, None for an auto trial
+    start_step: int | None = _column()  # the snapshot step S
+    status: str = _column()  # TRIAL_STATUSES
+    factors: list | None = _column(json=True)  # the branches' batch factors, e.g. [2, 4]
+    delta_tokens: int | None = _column()  # tokens each arm trains
+    cost_tokens: int | None = _column()  # planned at the start, the discarded tokens at the end
+    cost_fraction: float | None = _column()  # of the run's token budget (None: no budget)
+    cost_seconds: float | None = _column()  # estimated at the start, measured at the end
+    kept_factor: int | None = _column()  # the arm the run continued from (1: the control)
+    continue_step: int | None = _column()  # the step the run continued from
+    verdict: dict | None = _column(json=True)  # advisor.trial.TrialVerdict.to_dict()
+    plan: dict | None = _column(json=True)  # the trial_start event's data
+    source: str | None = _column()  # "command 7" / "auto: ..."
+    message: str | None = _column()  # the start's cost sentence, then the verdict's summary
+    reason: str | None = _column()  # why it was abandoned
+    updated_at: float = _column()
+
+
 RUNS = Fields("runs", Run)
 MEMORY_PLAN = Fields("memory_plan", PlanRow)
 EVENTS = Fields("events", Event)
 COMMANDS = Fields("commands", Command)
+TRIALS = Fields("trials", Trial)

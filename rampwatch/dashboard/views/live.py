@@ -4,7 +4,8 @@ Thin page: dashboard/live_data.py fetches (incrementally, inside an st.fragment 
 seconds while the run is live), dashboard/recommend.py decides, dashboard/charts.py and dashboard/card.py draw.
 Charts: loss (raw faint + debiased EMA, validation), gradient norm, noise scale vs batch,
 memory vs capacity with each tier's predicted peak, tokens/s and MFU; events on every chart.
-Below them the events, and the run's refused writes (when there are any).
+The ramp trials' section under the card (latest trial, its arms' chart, earlier trials). Below
+them the events, and the run's refused writes (when there are any).
 """
 
 from __future__ import annotations
@@ -191,7 +192,16 @@ def live_view() -> None:
         _header(snap)
     if snap.busy:  # the status line is always there, so the elements below keep their places
         note.caption(f"Showing the previous refresh: {snap.busy}")
-    card_view.render(card, db=db, run=snap.run, read_only=read_only)
+    trial = recommend.build_trial_card(
+        snap.run.config,
+        snap.latest,
+        store_access.trial_refusal(snap.run.config),
+        snap.commands,
+        snap.trials,
+        snap.trial_points,
+    )
+    card_view.render(card, db=db, run=snap.run, read_only=read_only, trial=trial)
+    card_view.render_trial(trial, run=snap.run)
     _charts(snap, card)
     _events_table(snap)
     _refusals_table()

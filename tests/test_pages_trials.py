@@ -1,0 +1,138 @@
+"""The card's ramp trials (issue 26), AppTest on seeded databases: "Test ×2 / ×4 first" beside
+Approve with its cost, a run that runs no trials (the reason, no button), a running trial's
+progress and chart, a finished one's result, an abandoned one, and the click path (one trial
+command, guarded like Approve)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rampwatch.store import commands
+from tests import seed, trial_events
+
+pytestmark = pytest.mark.timeout(180)
+
+BUDGET = {"total_tokens": 10_000_000}
+
+
+@pytest.fixture
+def trials_run(db_path):
+    run = seed.live_run(db_path, **trial_events.TRIALS_ON, **BUDGET)
+    yield run
+    run.close()
+
+
+def _progress(at) -> list[str]:
+    """The trial arms' progress bars (the card's memory bar is one too)."""
+    return [el.proto.text for el in at.get("progress") if " tokens" in el.proto.text]
+
+
+def test_no_trial_yet_offers_test_first_with_its_cost(trials_run, monkeypatch):
+    at = seed.app(monkeypatch, trials_run.db)
+    assert not at.exception
+    [button] = [b for b in at.button if b.key == "test_first"]
+    assert button.label == "Test ×2 / ×4 first"
+    text = seed.texts(at)
+    assert "Ramp trials" in text and "No trial yet" in text
+    # 2 × Δ tokens, % of the run's 10M-token budget, minutes at the measured ~50k tokens/s
+    assert "Cost: 2 × 65,536 = 131,072 tokens of discarded arms at most (1.31% of the run's" in text
+    assert "at 50," in text and " s at " in text
+
+
+def test_a_run_that_runs_no_trials_shows_the_reason_and_no_button(db_path, monkeypatch):
+    run = seed.live_run(db_path, trials_note="this loop cannot snapshot its data position")
+    try:
+        at = seed.app(monkeypatch, db_path)
+        assert not at.exception
+        assert "test_first" not in [b.key for b in at.button]
+        assert "approve" in [b.key for b in at.button]  # ramps are still offered
+        assert "runs no ramp trials: this loop cannot snapshot its data position" in seed.texts(at)
+    finally:
+        run.close()
+
+
+def test_a_running_trial_shows_each_arm_s_progress_and_the_chart(trials_run, monkeypatch):
+    arms = trial_events.arms()
+    trial_events.write(trials_run.writer, [trial_events.start(), *arms[:3]])  # ×2 half done
+    at = seed.app(monkeypatch, trials_run.db)
+    assert not at.exception
+    assert "Trial 7 from step 399 is running" in seed.texts(at)
+    assert _progress(at) == [
+        "control ×1: 65,536 of 65,536 tokens (done)",
+        "branch ×2: 32,768 of 65,536 tokens",
+        "branch ×4: 0 of 65,536 tokens (waiting)",
+    ]
+    fig = seed.figures(at)["Trial arms: loss against tokens from the snapshot"]
+    assert seed.trace_names(fig) == ["control ×1", "branch ×2"]
+    # while it runs, neither a ramp nor a second trial can be sent: both say why on a click
+    at = seed.sign_in(at)
+    at.run()
+    at.button(key="test_first").click().run()
+    assert "Not submitted: trial 7 is running" in seed.texts(at)
+    assert commands.list_commands(trials_run.db, trials_run.run_id) == []
+
+
+def test_a_finished_trial_shows_branches_bracket_kept_and_cost(trials_run, monkeypatch):
+    events = [trial_events.start(), *trial_events.arms(), trial_events.end()]
+    trial_events.write(trials_run.writer, events)
+    at = seed.app(monkeypatch, trials_run.db)
+    assert not at.exception
+    text = seed.texts(at)
+    assert "Critical batch between 32 and 64 examples (×2 pass, ×4 fail); continue at ×2" in text
+    assert "Critical batch between 32 and 64 sequences (measured at batch 16)." in text
+    assert "Kept branch ×2: the run continued from step 415. Cost: 65,536 tokens discarded" in text
+    [table] = [d for d in at.dataframe if "95% upper bound" in d.value.columns]
+    rows = table.value.to_dict("records")
+    assert [(r["branch"], r["result"]) for r in rows] == [("×2", "pass"), ("×4", "fail")]
+    assert rows[1]["loss difference"] > rows[1]["tolerance"]
+    assert seed.trace_names(seed.figures(at)["Trial arms: loss against tokens from the snapshot"])
+    assert "test_first" in [b.key for b in at.button]  # another trial may follow
+
+
+def test_an_abandoned_trial_says_why_and_earlier_trials_are_listed(trials_run, monkeypatch):
+    first = [trial_events.start(trial_id=3, step=200), trial_events.end(3, 208)]
+    trial_events.write(trials_run.writer, first)
+    trial_events.write(trials_run.writer, [trial_events.start(trial_id=-1, command_id=None)])
+    trials_run.writer.event(
+        "trial_abandoned", "x", step=399, data={"trial_id": -1, "reason": "arm ×4 diverged"}
+    )
+    assert trials_run.writer.flush()
+    at = seed.app(monkeypatch, trials_run.db)
+    assert not at.exception
+    assert "Trial -1 from step 399 was abandoned: arm ×4 diverged." in seed.texts(at)
+    [table] = [d for d in at.dataframe if "kept" in d.value.columns]
+    [row] = table.value.to_dict("records")
+    assert (row["trial"], row["status"], row["kept"]) == (3, "finished", "×2")
+
+
+def test_test_first_queues_one_trial_command_however_often_clicked(trials_run, monkeypatch):
+    at = seed.sign_in(seed.app(monkeypatch, trials_run.db))
+    at.run()
+    at.button(key="test_first").click().run()
+    assert not at.exception
+    [c] = commands.list_commands(trials_run.db, trials_run.run_id)
+    assert (c.kind, c.payload, c.status) == (
+        "trial",
+        {"factors": [2, 4], "delta_tokens": None},
+        "pending",
+    )
+    assert c.idempotency_key and c.actor.startswith("alice")
+    assert f"Trial #{c.command_id} (×2 / ×4) submitted" in seed.texts(at)
+    at.button(key="test_first").click().run()  # a second click: no second command
+    assert [x.command_id for x in commands.list_commands(trials_run.db, trials_run.run_id)] == [
+        c.command_id
+    ]
+    text = seed.texts(at)
+    assert f"Trial #{c.command_id} (×2, ×4) is pending" in text
+    assert f"already waiting on trial #{c.command_id}" in text
+
+
+def test_test_first_is_guarded_like_approve(trials_run, monkeypatch):
+    """No token: refused and recorded, no command (the guard of Approve); read-only: no button."""
+    at = seed.sign_in(seed.app(monkeypatch, trials_run.db), token="wrong")
+    at.run()
+    at.button(key="test_first").click().run()
+    assert commands.list_commands(trials_run.db, trials_run.run_id) == []
+    assert "Not submitted" in seed.texts(at)
+    at = seed.app(monkeypatch, trials_run.db, read_only=True)
+    assert "test_first" not in [b.key for b in at.button]
