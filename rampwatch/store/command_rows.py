@@ -29,7 +29,7 @@ from rampwatch.store import names as M
 from rampwatch.store.errors import CommandError
 from rampwatch.store.schema import COMMANDS, ROLLUP_LEVELS, Command, first, transaction
 
-KINDS = ("ramp",)
+KINDS = ("ramp", "trial")
 STATUSES = ("pending", "claimed", "applied", "refused", "cancelled", "undone")
 # applied -> undone: a resume from a step before the one it was applied at discarded it
 LEGAL = {
@@ -44,6 +44,8 @@ MAX_ACCUM = 4096  # micro-batches per optimizer step
 MAX_LR_MULTIPLIER = 64.0  # more is a typo or a unit mistake, never a ramp
 MAX_NOTE = 1000  # characters
 MAX_KEY = 200
+_TRIAL_FIELDS = ("factors", "delta_tokens", "note")
+MAX_TRIAL_TOKENS = 10**12  # tokens per arm
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,8 @@ def validate(kind: str, payload) -> dict:
     """The normalized payload, or CommandError naming the field, its limit and what was sent."""
     if kind not in KINDS:
         raise CommandError(f"unknown command kind {kind!r}; known kinds: {', '.join(KINDS)}")
+    if kind == "trial":
+        return _validate_trial(payload)
     if not isinstance(payload, dict):
         raise CommandError(
             f"ramp payload must be a dict with per_device_batch and accum, got "
@@ -109,15 +113,56 @@ def validate(kind: str, payload) -> dict:
     if payload.get("lr_multiplier") is not None:
         out["lr_multiplier"] = _lr_multiplier(payload["lr_multiplier"])
     if payload.get("note") is not None:
-        note = payload["note"]
-        if not isinstance(note, str):
-            raise CommandError(f"ramp payload note must be a string, got {type(note).__name__}")
-        if len(note) > MAX_NOTE:
+        out["note"] = _note("ramp", payload["note"])
+    return out
+
+
+def _note(kind: str, note) -> str:
+    if not isinstance(note, str):
+        raise CommandError(f"{kind} payload note must be a string, got {type(note).__name__}")
+    if len(note) > MAX_NOTE:
+        raise CommandError(
+            f"{kind} payload note must be at most {MAX_NOTE} characters, got {len(note)}; "
+            "shorten it"
+        )
+    return note
+
+
+def _validate_trial(payload) -> dict:
+    """A trial's payload (the contract): factors, strictly increasing ints in 2 ..
+    RAMP_MAX_FACTOR; delta_tokens None (the loop's default) or 1 .. MAX_TRIAL_TOKENS; a note."""
+    if not isinstance(payload, dict):
+        raise CommandError(
+            f"trial payload must be a dict with factors, got {type(payload).__name__}"
+        )
+    unknown = sorted(str(k) for k in payload if k not in _TRIAL_FIELDS)
+    if unknown:
+        raise CommandError(
+            f"trial payload has unknown field(s) {', '.join(map(repr, unknown))}; "
+            f"allowed: {', '.join(_TRIAL_FIELDS)}"
+        )
+    factors = payload.get("factors")
+    ok = isinstance(factors, list) and 0 < len(factors) <= RAMP_MAX_FACTOR
+    ok = ok and all(
+        not isinstance(k, bool) and isinstance(k, int) and 2 <= k <= RAMP_MAX_FACTOR
+        for k in factors
+    )
+    if not ok or factors != sorted(set(factors)):
+        raise CommandError(
+            f"trial payload factors must be a non-empty, strictly increasing list of integers "
+            f"in 2 .. {RAMP_MAX_FACTOR}, got {_short(factors)}"
+        )
+    out = {"factors": list(factors), "delta_tokens": None}
+    if payload.get("delta_tokens") is not None:
+        d = payload["delta_tokens"]
+        if isinstance(d, bool) or not isinstance(d, int) or not 1 <= d <= MAX_TRIAL_TOKENS:
             raise CommandError(
-                f"ramp payload note must be at most {MAX_NOTE} characters, got "
-                f"{len(note)}; shorten it"
+                f"trial payload delta_tokens must be null (the loop's default) or an integer "
+                f"in 1 .. {MAX_TRIAL_TOKENS}, got {_short(d)} ({type(d).__name__})"
             )
-        out["note"] = note
+        out["delta_tokens"] = d
+    if payload.get("note") is not None:
+        out["note"] = _note("trial", payload["note"])
     return out
 
 

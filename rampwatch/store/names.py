@@ -45,6 +45,12 @@ EVENT_CHECKPOINT = "checkpoint"
 EVENT_RESUME = "resume"
 EVENT_ALERT = "alert"
 EVENT_REFUSED = "refused"
+# a ramp trial (issue 26's contract): start at the snapshot step, progress points of each arm,
+# the verdict at the step the run continues from, or abandoned (a crash or an error inside it)
+EVENT_TRIAL_START = "trial_start"
+EVENT_TRIAL_ARM = "trial_arm"
+EVENT_TRIAL_END = "trial_end"
+EVENT_TRIAL_ABANDONED = "trial_abandoned"
 
 # memory_plan.variant: which cross-entropy a plan row (and a run) uses. The logits dominate the
 # per-sequence slope, so rows of one variant never describe a run of the other.
