@@ -513,7 +513,13 @@ class Monitor:
         return req
 
     def run_trial(
-        self, request: TrialRequest, train_step, evaluate, start: int = 0, scheduler=None
+        self,
+        request: TrialRequest,
+        train_step,
+        evaluate,
+        start: int = 0,
+        scheduler=None,
+        keep: int | None = None,
     ) -> TrialOutcome | None:
         """Run the trial on the model and optimizer this monitor was given (and `scheduler`):
         snapshot, the control and each arm for Δ tokens from example `start` (monitor/
@@ -521,7 +527,8 @@ class Monitor:
         examples start .. start + count − 1, returning its loss; evaluate(model), one loss per
         held-out example), judge, and leave the kept arm's end state in place. No per-step
         metrics are logged while arms run (trial_arm points only). An error inside restores the
-        snapshot and abandons the trial (the event, the command refused): returns None."""
+        snapshot and abandons the trial (the event, the command refused): returns None. keep: a
+        testing aid, continue from this arm whatever the verdict (the trial_end says so)."""
         from rampwatch.monitor.trial_runner import run_trial
 
         plan, trials = request.plan(), self.ramps.trials
@@ -547,6 +554,7 @@ class Monitor:
                 b_simple=self.noise_scale,
                 on_step=on_step,
                 on_arm=on_arm,
+                keep=keep,
             )
         except Exception as e:  # the snapshot is back in place: the run goes on from S
             self.grads.reset()
@@ -554,7 +562,7 @@ class Monitor:
             return None
         finally:
             self.grads.reset()  # the arms' backwards are no step of the run's
-        kept = request.arm(verdict.kept_k)
+        kept = request.arm(keep or verdict.kept_k)
         return TrialOutcome(request, verdict, kept, time.perf_counter() - t0)
 
     def trial_ended(self, outcome: TrialOutcome) -> int:

@@ -36,7 +36,14 @@ from rampwatch.store import CommandError
 from rampwatch.store import names as M
 from rampwatch.store.commands import validate as validate_command
 
-__all__ = ["TrialArm", "TrialOutcome", "TrialProtocol", "TrialRequest", "DEFAULT_BRANCH_STEPS"]
+__all__ = [
+    "DEFAULT_BRANCH_STEPS",
+    "TrialArm",
+    "TrialOutcome",
+    "TrialProtocol",
+    "TrialRequest",
+    "abandoned_note",
+]
 
 # Δ of a loop that names none: this many optimizer steps of the largest branch
 DEFAULT_BRANCH_STEPS = 8
@@ -265,11 +272,12 @@ class TrialProtocol:
         )
 
     def ended(self, event, out: TrialOutcome) -> None:
-        req = out.request
+        req, forced = out.request, out.kept.factor != out.verdict.kept_k
         event(
             out.continue_step,
             M.EVENT_TRIAL_END,
-            out.verdict.summary,
+            out.verdict.summary
+            + (f" Kept ×{out.kept.factor} instead, as the loop was told (keep)." if forced else ""),
             {
                 "trial_id": req.trial_id,
                 "verdict": out.verdict.to_dict(),
