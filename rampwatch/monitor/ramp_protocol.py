@@ -17,6 +17,11 @@ torch.distributed its decisions travel through monitor/ramp_channel.py `RampChan
 decides, every rank learns the same ramp at the same boundary); RampChannel and RunningTier are
 re-exported here.
 
+Trial commands come through the same claim: `_decide` hands one to monitor/trial_protocol.py's
+TrialProtocol (the check, the arms' tiers by advise()), the channel carries it like a ramp, and
+`due` leaves the request for Monitor.trial_due() instead of returning a Ramp; `trial_done`
+reports its command applied at the step the run continued from, or refused.
+
 Why the checks live here and not in the dashboard: the memory picture may have changed (an OOM,
 a new measurement) since the operator clicked, so a command is checked again at the boundary.
 Every command ends exactly once: applied at step N, or refused with a reason.
