@@ -51,6 +51,7 @@ from rampwatch.monitor.device import (
 )
 from rampwatch.monitor.gradstats import AccumulationStats, StepGradStats
 from rampwatch.monitor.ramp_protocol import Ramp, RampChannel, RampProtocol, RunningTier
+from rampwatch.monitor.trial_protocol import TrialOutcome, TrialProtocol, TrialRequest
 from rampwatch.store import RunWriter
 from rampwatch.store import names as M
 
@@ -80,6 +81,13 @@ def default_policy(optimizer, batch: int, lr_rule: str | None = None) -> RampPol
     return RampPolicy(original_batch=batch, original_lr=lr if lr > 0 else 1.0, lr_rule=rule)
 
 
+def _number(loss) -> float | None:
+    """A train step's loss as a float for a progress point (a tensor is read here, rarely)."""
+    if loss is None:
+        return None
+    return float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
+
+
 class Monitor:
     """Per-step telemetry and the ramp protocol for one run. Under torch.distributed every rank
     calls it (step() all-reduces a few values, ramp_due() hears rank 0's decision); rank 0 has
@@ -107,9 +115,14 @@ class Monitor:
         base_lr: float | None = None,
         control_group=None,
         capacity_bytes: int | None = None,
+        trials: bool = False,
+        trial_delta_tokens: int | None = None,
+        trials_note: str | None = None,
+        token_budget: int | None = None,
     ):
         self.writer = writer
         self.echo = echo  # each event is also one line here (the trainer passes stderr)
+        self.model = model  # what a trial snapshots (run_trial), with the optimizer
         self.optimizer = optimizer
         module = getattr(model, "module", model)  # DistributedDataParallel's wrapped model
         self.device = device or next(module.parameters()).device
@@ -146,6 +159,7 @@ class Monitor:
             mode=ramp,
             base_lr=base_lr or _base_lr(optimizer),
             channel=channel,
+            trials=TrialProtocol(bool(trials), trials_note, trial_delta_tokens, token_budget),
         )
         self.set_tier(per_device_batch, accum)
 
@@ -168,14 +182,25 @@ class Monitor:
         resume_step: int | None = None,
         ramp: str = "manual",
         lr_rule: str | None = None,
+        trials: bool = False,
+        trial_delta_tokens: int | None = None,
+        trials_note: str | None = None,
         **kwargs,
     ) -> "Monitor":
         """Open (or resume) a run in the database at db_path and return its monitor.
 
         Under torch.distributed every rank calls it; only rank 0 opens the database. The run
         config records the ramp policy (from `config`'s own, else this batch, the optimizer's
-        LR and its rule), the tier and `ramp`, so the dashboard's card judges as the loop does.
+        LR and its rule), the tier and `ramp`, so the dashboard's card judges as the loop does;
+        and whether this loop runs trials (trials=True: it calls trial_due() and run_trial()),
+        its default Δ or why it runs none (trials_note), so the card says so before a click.
         """
+        trial_kwargs = dict(
+            trials=trials,
+            trial_delta_tokens=trial_delta_tokens,
+            trials_note=trials_note,
+            token_budget=kwargs.pop("token_budget", None) or config.get("total_tokens"),
+        )
         rank, world = distributed()
         world = world_size or world
         module = getattr(model, "module", model)
@@ -199,6 +224,7 @@ class Monitor:
                 "lr": policy.original_lr,
                 **dict(config),
                 POLICY_KEY: policy.to_config(),
+                **TrialProtocol(trials, trials_note, trial_delta_tokens).config(),
             }
             writer = RunWriter.start(
                 db_path,
@@ -223,6 +249,7 @@ class Monitor:
                 ramp=ramp,
                 policy=policy,
                 capacity_bytes=capacity,
+                **trial_kwargs,
                 **kwargs,
             )
         except BaseException as e:  # e.g. a second DDP comm hook: the run must not stay running
@@ -474,6 +501,98 @@ class Monitor:
     def ramp_refused(self, ramp: Ramp, reason: str) -> None:
         """The loop could not apply it: the card shows 'refused: reason'."""
         self.ramps.refused(ramp, reason)
+
+    # -- a trial at a step boundary (monitor/trial_protocol.py, monitor/trial_runner.py) ------
+    def trial_due(self) -> TrialRequest | None:
+        """After ramp_due() at the same boundary: the trial to run now (a checked trial command),
+        or None; its trial_start event (with the cost) is written here. Under torch.distributed
+        every rank gets the same request at the same boundary."""
+        req, self.ramps.trials.pending = self.ramps.trials.pending, None
+        if req is not None:
+            self.ramps.trials.started(self.event, req, self.last_metrics.get(M.TOKENS_PER_S))
+        return req
+
+    def run_trial(
+        self,
+        request: TrialRequest,
+        train_step,
+        evaluate,
+        start: int = 0,
+        scheduler=None,
+        keep: int | None = None,
+    ) -> TrialOutcome | None:
+        """Run the trial on the model and optimizer this monitor was given (and `scheduler`):
+        snapshot, the control and each arm for Δ tokens from example `start` (monitor/
+        trial_runner.py: train_step(model, optimizer, start, count), one optimizer step on
+        examples start .. start + count − 1, returning its loss; evaluate(model), one loss per
+        held-out example), judge, and leave the kept arm's end state in place. No per-step
+        metrics are logged while arms run (trial_arm points only). An error inside restores the
+        snapshot and abandons the trial (the event, the command refused): returns None. keep: a
+        testing aid, continue from this arm whatever the verdict (the trial_end says so)."""
+        from rampwatch.monitor.trial_runner import run_trial
+
+        plan, trials = request.plan(), self.ramps.trials
+        every = {k: max(1, plan.steps(k) // 4) for k in (1, *plan.ks)}
+
+        def on_step(k, done, loss):
+            if done % every[k] == 0 and done < plan.steps(k):
+                trials.arm_point(self.event, request, k, done, _number(loss))
+
+        def on_arm(k, losses):
+            trials.arm_point(self.event, request, k, plan.steps(k), None, float(losses.mean()))
+
+        t0 = time.perf_counter()
+        try:
+            verdict, _ = run_trial(
+                plan,
+                self.model,
+                self.optimizer,
+                train_step,
+                evaluate,
+                start=start,
+                scheduler=scheduler,
+                b_simple=self.noise_scale,
+                on_step=on_step,
+                on_arm=on_arm,
+                keep=keep,
+            )
+        except Exception as e:  # the snapshot is back in place: the run goes on from S
+            self.grads.reset()
+            self.trial_abandoned(request, f"{type(e).__name__}: {e}; the snapshot was restored")
+            return None
+        finally:
+            self.grads.reset()  # the arms' backwards are no step of the run's
+        kept = request.arm(keep or verdict.kept_k)
+        return TrialOutcome(request, verdict, kept, time.perf_counter() - t0)
+
+    def trial_ended(self, outcome: TrialOutcome) -> int:
+        """The loop continues from the kept arm (its tier, its base LR, the data position after
+        Δ): the trial_end event, a 'ramp' event (source "trial N") when a branch was kept, the
+        command applied at continue_step. Returns continue_step: the next step() is one past it."""
+        req, kept, step = outcome.request, outcome.kept, outcome.continue_step
+        self.last_step = step
+        self.tokens_seen += req.delta_tokens
+        self.ramps.trials.ended(self.event, outcome)
+        if kept.factor > 1:
+            ramp = Ramp(
+                kept.tier,
+                lr_multiplier=kept.base_lr / self.ramps.base_lr,
+                base_lr=kept.base_lr,
+                step=step,
+                source=f"trial {req.trial_id}",
+                before=req.control,
+            )
+            self.ramp_applied(ramp)
+        else:
+            self.set_tier(req.control.per_device_batch, req.control.accum)  # restarts the timer
+        self.ramps.trial_done(req.command_id, step)
+        return step
+
+    def trial_abandoned(self, request: TrialRequest, reason: str) -> None:
+        """The trial did not finish (the loop could not run it, or an error restored the
+        snapshot): the event, and its command refused with the reason."""
+        self.ramps.trials.abandoned(self.event, request, reason)
+        self.ramps.trial_done(request.command_id, None, f"trial abandoned: {reason}")
 
     def report_oom(
         self, per_device_batch: int, step: int | None = None, message: str = "out of memory"

@@ -1,6 +1,7 @@
 """The ramp protocol's transport under torch.distributed: rank 0 decides, and every rank learns
-the same decision (`Proposal`) at the same boundary through `RampChannel`, one non-blocking
-broadcast on a gloo group per boundary. RampProtocol (monitor/ramp_protocol.py) is its only user.
+the same decision (`Proposal`: a ramp, or a trial with its arms' tiers) at the same boundary
+through `RampChannel`, one non-blocking broadcast on a gloo group per boundary. RampProtocol
+(monitor/ramp_protocol.py) is its only user.
 """
 
 from __future__ import annotations
@@ -10,17 +11,25 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as torch_dist
 
-from rampwatch.advisor.tiers import Tier
+from rampwatch.advisor.tiers import RAMP_MAX_FACTOR, Tier
+
+KINDS = ("ramp", "trial")
+_ARM_SLOTS = RAMP_MAX_FACTOR - 1  # factors 2 .. RAMP_MAX_FACTOR, one (batch, accum) pair each
 
 
 @dataclass
 class Proposal:
-    """A tier change rank 0 decided: what every rank applies, and what it came from."""
+    """A change rank 0 decided: what every rank applies, and what it came from. kind "ramp":
+    the new tier and base LR; kind "trial": the running tier and base LR, Δ tokens per arm and
+    each branch's tier by its factor (monitor/trial_protocol.py builds the request from it)."""
 
     tier: Tier
     base_lr: float
     source: str
     command_id: int | None
+    kind: str = "ramp"
+    delta_tokens: int = 0
+    arms: tuple[tuple[int, Tier], ...] = ()  # (factor, tier) of each branch, factor increasing
 
 
 class RampChannel:
@@ -31,7 +40,9 @@ class RampChannel:
     posts the next one, non-blocking, on a gloo group (CPU tensors, never behind NCCL work).
     So a decision at boundary S is applied by every rank at boundary S + 1."""
 
-    FIELDS = 7  # flag, per-device batch, accum, base LR, command id (-1: none), auto, stop
+    # flag, per-device batch, accum, base LR, command id (-1: none), auto, stop, kind, Δ tokens,
+    # then (per-device batch, accum) of the branch at each factor 2 .. RAMP_MAX_FACTOR (0: none)
+    FIELDS = 9 + 2 * _ARM_SLOTS
 
     def __init__(self, group=None):
         self.group = group if group is not None else torch_dist.new_group(backend="gloo")
@@ -66,6 +77,7 @@ class RampChannel:
                 ],
                 dtype=torch.float64,
             )
+            buf[7:] = torch.tensor(_trial_fields(proposal), dtype=torch.float64)
         work = torch_dist.broadcast(buf, src=0, group=self.group, async_op=True)
         self._inflight = (work, buf, proposal if self.rank == 0 else None)
         return received
@@ -76,13 +88,22 @@ class RampChannel:
         work, buf, sent = self._inflight
         self._inflight = None
         work.wait()
-        flag, b, a, lr, cid, auto, stop = buf.tolist()
+        values = buf.tolist()
+        flag, b, a, lr, cid, auto, stop, kind, delta = values[:9]
         self.stopping = self.stopping or bool(stop)
         if not flag:
             return None, None
         source = sent.source if sent else ("auto (rank 0)" if auto else "rank 0")
         tier = Tier(int(b), int(a), self.world_size)
-        got = Proposal(tier, lr, source, int(cid) if cid >= 0 else None)
+        pairs = values[9:]
+        arms = tuple(
+            (k, Tier(int(pairs[2 * i]), int(pairs[2 * i + 1]), self.world_size))
+            for i, k in enumerate(range(2, RAMP_MAX_FACTOR + 1))
+            if pairs[2 * i]
+        )
+        got = Proposal(
+            tier, lr, source, int(cid) if cid >= 0 else None, KINDS[int(kind)], int(delta), arms
+        )
         return got, sent
 
     def drain(self, wait: bool) -> Proposal | None:
@@ -95,3 +116,11 @@ class RampChannel:
             self._receive()
         self._inflight = None
         return sent
+
+
+def _trial_fields(proposal: Proposal) -> list[float]:
+    """The buffer's kind, Δ and arm slots of a proposal (a ramp: kind 0, the rest 0)."""
+    pairs = [0.0] * (2 * _ARM_SLOTS)
+    for k, tier in proposal.arms:
+        pairs[2 * (k - 2)], pairs[2 * (k - 2) + 1] = tier.per_device_batch, tier.accum
+    return [float(KINDS.index(proposal.kind)), float(proposal.delta_tokens), *pairs]

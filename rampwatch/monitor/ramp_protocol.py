@@ -17,6 +17,11 @@ torch.distributed its decisions travel through monitor/ramp_channel.py `RampChan
 decides, every rank learns the same ramp at the same boundary); RampChannel and RunningTier are
 re-exported here.
 
+Trial commands come through the same claim: `_decide` hands one to monitor/trial_protocol.py's
+TrialProtocol (the check, the arms' tiers by advise()), the channel carries it like a ramp, and
+`due` leaves the request for Monitor.trial_due() instead of returning a Ramp; `trial_done`
+reports its command applied at the step the run continued from, or refused.
+
 Why the checks live here and not in the dashboard: the memory picture may have changed (an OOM,
 a new measurement) since the operator clicked, so a command is checked again at the boundary.
 Every command ends exactly once: applied at step N, or refused with a reason.
@@ -32,6 +37,7 @@ from rampwatch.advisor.advice import Advice, MemoryEvidence, RunningTier, advise
 from rampwatch.advisor.policy import RampPolicy
 from rampwatch.advisor.tiers import Tier
 from rampwatch.monitor.ramp_channel import Proposal, RampChannel
+from rampwatch.monitor.trial_protocol import TrialProtocol
 from rampwatch.store import CommandError, RunWriter
 from rampwatch.store import names as M
 from rampwatch.store.commands import validate as validate_command
@@ -121,6 +127,7 @@ class RampProtocol:
     plan_pending: bool = False  # a plan is on its way: auto waits for it before a larger batch
     last_ramp_step: int = 0
     stop_requested: bool = False  # this process was asked to stop (e.g. SIGTERM)
+    trials: TrialProtocol = field(default_factory=TrialProtocol)  # trial commands: its checks
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -264,6 +271,11 @@ class RampProtocol:
             proposal, sent = self.channel.exchange(proposal, stop=self.stop_requested)
         if proposal is None:
             return None
+        if proposal.kind == "trial":  # the loop takes it with Monitor.trial_due()
+            decided = sent or proposal  # rank 0's own names its source
+            trial_id = decided.command_id if decided.command_id is not None else -1
+            self.trials.pending = self.trials.request(self, decided, step, trial_id)
+            return None
         return Ramp(
             proposal.tier,
             lr_multiplier=proposal.base_lr / self.base_lr,
@@ -286,7 +298,11 @@ class RampProtocol:
             self._handled.add(cmd.command_id)
             if chosen is not None:
                 self._refuse(
-                    cmd.command_id, step, "another ramp was applied at this boundary", cmd.payload
+                    cmd.command_id,
+                    step,
+                    "another ramp or trial was taken at this boundary",
+                    cmd.payload,
+                    cmd.kind,
                 )
                 continue
             chosen = self._command(cmd, step)
@@ -297,6 +313,8 @@ class RampProtocol:
         return chosen
 
     def _command(self, cmd, step: int) -> Proposal | None:
+        if cmd.kind == "trial":
+            return self._trial_command(cmd, step)
         if cmd.kind != "ramp":
             self.writer.command_refused(
                 cmd.command_id, f"the loop does not know command kind {cmd.kind!r}"
@@ -318,6 +336,24 @@ class RampProtocol:
             else self.base_lr * mult
         )
         return Proposal(tier, base, f"command {cmd.command_id}", cmd.command_id)
+
+    def _trial_command(self, cmd, step: int) -> Proposal | None:
+        proposal = self.trials.propose(self, cmd.payload or {})
+        if isinstance(proposal, str):
+            self._refuse(cmd.command_id, step, proposal, cmd.payload, "trial")
+            return None
+        proposal.source, proposal.command_id = f"command {cmd.command_id}", cmd.command_id
+        return proposal
+
+    def trial_done(self, command_id: int | None, step: int | None, reason: str | None = None):
+        """A trial's command: applied at the step the run continued from, or refused (reason)."""
+        if command_id is None or self.writer is None:
+            return
+        self._in_flight.discard(command_id)
+        if reason is None:
+            self.writer.command_applied(command_id, step)
+        else:
+            self.writer.command_refused(command_id, reason)
 
     def check(self, payload: dict, advice: Advice | None = None) -> str | None:
         """Why this tier cannot run here, now; None when it can."""
@@ -383,14 +419,14 @@ class RampProtocol:
                 {"payload": payload},
             )
 
-    def _refuse(self, command_id: int, step: int, reason: str, payload) -> None:
+    def _refuse(self, command_id: int, step: int, reason: str, payload, kind="ramp") -> None:
         self._in_flight.discard(command_id)
         if self.writer is not None:
             self.writer.command_refused(command_id, reason)
         self.event(
             step,
             M.EVENT_REFUSED,
-            f"ramp command {command_id} refused: {reason}",
+            f"{kind} command {command_id} refused: {reason}",
             {"command_id": command_id, "payload": dict(payload or {})},
         )
 

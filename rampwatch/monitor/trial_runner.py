@@ -70,12 +70,14 @@ def _to_cpu(state):
     return state
 
 
-def _run_arm(plan, k, model, optimizer, scheduler, train_step, start) -> None:
+def _run_arm(plan, k, model, optimizer, scheduler, train_step, start, on_step) -> None:
     if k > 1:
         scale_lr(optimizer, plan.lr_factor(k), scheduler)
     count = k * plan.batch
     for i in range(plan.steps(k)):
-        train_step(model, optimizer, start + i * count, count)
+        out = train_step(model, optimizer, start + i * count, count)
+        if on_step is not None:
+            on_step(k, i + 1, out)
 
 
 def run_trial(
@@ -87,25 +89,52 @@ def run_trial(
     start: int = 0,
     scheduler=None,
     b_simple: float | None = None,
+    on_step: Callable | None = None,
+    on_arm: Callable | None = None,
+    keep: int | None = None,
 ) -> tuple[TrialVerdict, dict]:
     """Run the control and every branch of `plan` from the current state; leave the model,
     optimizer and scheduler in the kept arm's end state. Returns the verdict and, per arm k
-    (1 = the control), its held-out losses (numpy)."""
+    (1 = the control), its held-out losses (numpy). on_step(k, steps done, what train_step
+    returned) after each step, on_arm(k, losses) after each arm's evaluation: progress. Any
+    error restores the snapshot before it propagates: never a half-trained arm left in place.
+    keep: end in this arm whatever the verdict (a testing aid: the trainer's --trial-keep)."""
     snapshot = Snapshot.take(model, optimizer, scheduler)
-    losses = {0: _eval(evaluate, model)}  # 0: at the snapshot
+    state = (model, optimizer, scheduler)
+
+    def run_arm(k: int) -> None:
+        snapshot.restore(*state)
+        _run_arm(plan, k, *state, train_step, start, on_step)
+
+    try:
+        losses, kept = _arms(plan, state, run_arm, evaluate, on_arm, keep)
+    except BaseException:
+        snapshot.restore(*state)
+        raise
+    verdict = judge(plan, losses[0], losses[1], {k: losses[k] for k in plan.ks}, b_simple=b_simple)
+    k, end = kept.get("forced") or kept.get("branch", kept[1])
+    assert k == (keep or verdict.kept_k), (k, keep, verdict.kept_k)
+    end.restore(*state)
+    return verdict, losses
+
+
+def _arms(plan, state, run_arm, evaluate, on_arm, keep) -> tuple[dict, dict]:
+    """Every arm from the snapshot: held-out losses per arm (0: at the snapshot) and the end
+    states worth keeping (the control's, the longest passing chain's, the forced one's)."""
+    model = state[0]
+    losses = {0: _eval(evaluate, model)}
     kept = {}
     for k in (1, *plan.ks):
-        snapshot.restore(model, optimizer, scheduler)
-        _run_arm(plan, k, model, optimizer, scheduler, train_step, start)
-        end = Snapshot.take(model, optimizer, scheduler)  # before evaluate, which may draw RNG
+        run_arm(k)
+        end = Snapshot.take(*state)  # before evaluate, which may draw RNG
         losses[k] = _eval(evaluate, model)
+        if on_arm is not None:
+            on_arm(k, losses[k])
+        if k == keep:
+            kept["forced"] = (k, end)
         if k == 1 or _passes_chain(plan, losses, k):
             kept[1 if k == 1 else "branch"] = (k, end)
-    verdict = judge(plan, losses[0], losses[1], {k: losses[k] for k in plan.ks}, b_simple=b_simple)
-    k, state = kept.get("branch", kept[1])
-    assert k == verdict.kept_k, (k, verdict.kept_k)
-    state.restore(model, optimizer, scheduler)
-    return verdict, losses
+    return losses, kept
 
 
 def _passes_chain(plan, losses, k) -> bool:

@@ -19,6 +19,7 @@ tier is, and how far one ramp may grow it, has one home).
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import operator
@@ -133,7 +134,7 @@ def _factors(v) -> list[int]:
     ok = isinstance(v, list) and 0 < len(v) <= RAMP_MAX_FACTOR
     ok = ok and all(not isinstance(k, bool) and isinstance(k, int) for k in v)
     ok = ok and all(2 <= k <= RAMP_MAX_FACTOR for k in v)
-    ok = ok and all(a < b for a, b in zip(v, v[1:], strict=False))
+    ok = ok and all(a < b for a, b in itertools.pairwise(v))
     if not ok:
         raise CommandError(
             "trial payload factors must be a non-empty list of strictly increasing integers "

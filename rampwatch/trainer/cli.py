@@ -95,6 +95,21 @@ def add_arguments(t: argparse.ArgumentParser) -> None:
     ramp.add_argument(
         "--no-plan", dest="plan", action="store_false", help="skip the fake-tensor memory plan"
     )
+    ramp.add_argument(
+        "--trial-delta-tokens",
+        type=int,
+        help="tokens each arm of a ramp trial trains (default: whole steps of the x4 branch, "
+        "as many as keep a x2, x4 trial's discarded arms within 2%% of --total-tokens, 1 to 16)",
+    )
+    ramp.add_argument(
+        "--trial-eval-batch",
+        type=int,
+        default=256,
+        help="held-out sequences (of the val split) every arm of a trial is judged on",
+    )
+    ramp.add_argument(  # testing aid: the kept-branch tests need a known arm
+        "--trial-keep", type=int, metavar="FACTOR", help=argparse.SUPPRESS
+    )
     t.add_argument(
         "--progress",
         default="auto",
@@ -230,6 +245,9 @@ NUMBERS = {
     "ramp_at": (_positive, "a positive number"),
     "hysteresis_steps": (lambda n: n >= 1, "at least 1 (estimates in a row)"),
     "min_estimates": (_non_negative, "0 or more"),
+    "trial_delta_tokens": (_positive, "a positive number of tokens"),
+    "trial_eval_batch": (lambda n: n >= 2, "at least 2 (the trial's paired test)"),
+    "trial_keep": (lambda n: n >= 1, "a factor of the trial (1: the control)"),
 }
 
 

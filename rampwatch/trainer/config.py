@@ -64,6 +64,20 @@ class RunDefaults:
         return asdict(self)
 
 
+# The default Δ of a trial: whole steps of the card's largest first test (×4), as many as keep
+# its two discarded arms (×2, ×4) within TRIAL_BUDGET_SHARE of the run's tokens, at least one and
+# at most TRIAL_MAX_STEPS of them (a longer Δ tells more, but the run waits for it).
+TRIAL_BUDGET_SHARE, TRIAL_MAX_STEPS, TRIAL_UNIT_FACTOR = 0.02, 16, 4
+
+
+def default_trial_delta_tokens(batch: int, seq_len: int, total_tokens: int) -> int:
+    """Δ tokens per arm for a run at `batch` sequences of seq_len: n steps of ×4, with the
+    2·Δ of a ×2, ×4 trial ≤ 2% of total_tokens (n at least 1, at most 16)."""
+    unit = TRIAL_UNIT_FACTOR * batch * seq_len
+    n = int(TRIAL_BUDGET_SHARE * total_tokens / (2 * unit))
+    return unit * min(TRIAL_MAX_STEPS, max(1, n))
+
+
 # Run options that set a RampPolicy knob, each named by its field (--ramp-at sets ramp_at). The
 # loop hands those given to the policy; unset, the policy's own default holds.
 POLICY_FLAGS = ("ramp_at", "hysteresis_steps", "min_estimates")

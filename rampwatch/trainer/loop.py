@@ -29,13 +29,20 @@ from rampwatch.monitor import Monitor
 from rampwatch.store import names as M
 from rampwatch.trainer import checkpoint as ckpt
 from rampwatch.trainer import dist
-from rampwatch.trainer.config import POLICY_FLAGS, PRESETS, ModelConfig, matmul_params
+from rampwatch.trainer.config import (
+    POLICY_FLAGS,
+    PRESETS,
+    ModelConfig,
+    default_trial_delta_tokens,
+    matmul_params,
+)
 from rampwatch.trainer.data import TokenDataset, rank_slice
 from rampwatch.trainer.data_files import prepare_for_run
 from rampwatch.trainer.data_loader import Prefetcher
 from rampwatch.trainer.model import GPT, configure_optimizer
 from rampwatch.trainer.oom import OomGuard, StopTraining, error_line
 from rampwatch.trainer.ramp_controller import GptPlan, RampController
+from rampwatch.trainer.trial_controller import TrialController
 
 
 def lr_schedule(
@@ -159,6 +166,9 @@ class Trainer:
             is_main=self.ddp.is_main,
             save_checkpoint=self.save_checkpoint,
         )
+        self.trials = TrialController(
+            self, getattr(args, "trial_eval_batch", 256), getattr(args, "trial_keep", None)
+        )
         self.injector = dist.oom_injector(args.inject_oom, self.ddp)
         self.oom = OomGuard(
             self.state,
@@ -250,6 +260,7 @@ class Trainer:
             ramp=self.args.ramp,
             policy=RampPolicy.from_config(self.run_config),
             control_group=self.ddp.side_group,
+            **self._trial_options(),
         )
         if not self.ddp.is_main:
             mon = Monitor(None, device=self.device, **common)
@@ -266,6 +277,19 @@ class Trainer:
         mon.load_state_dict(monitor_state(self.state))
         return mon
 
+    def _trial_options(self) -> dict:
+        """The monitor's trial settings: trials run unless ramps are off; Δ is --trial-delta-tokens
+        or config.default_trial_delta_tokens at the starting tier."""
+        a = self.args
+        if a.ramp == "off":
+            return {"trials": False, "trials_note": "the run was started with --ramp off"}
+        delta = getattr(a, "trial_delta_tokens", None) or default_trial_delta_tokens(
+            Tier(a.per_device_batch, a.accum, self.ddp.world_size).batch,
+            self.cfg.seq_len,
+            a.total_tokens,
+        )
+        return {"trials": True, "trial_delta_tokens": delta}
+
     # -- one optimizer step -------------------------------------------------------------------
     def _micro_batches(self, tier: Tier):
         """This rank's micro-batches of the step that starts at the run's data position; the
@@ -280,7 +304,8 @@ class Trainer:
             x, y = self.loader.get(*key)
             yield j, x, y
 
-    def _forward_backward(self, tier: Tier) -> torch.Tensor:
+    def _forward_backward(self, tier: Tier, observe: bool = True) -> torch.Tensor:
+        """The step's micro-batches; observe False: no noise-scale points (a trial's arm)."""
         loss_sum = torch.zeros((), device=self.device)
         for j, x, y in self._micro_batches(tier):
             last = j == tier.accum - 1
@@ -290,7 +315,8 @@ class Trainer:
                     loss = self.train_model(x, y)
                 self.injector.attach_backward(loss, self.state.step + 1, j)
                 (loss / tier.accum).backward()
-            self.mon.after_backward()
+            if observe:
+                self.mon.after_backward()
             loss_sum += loss.detach()
         return loss_sum / tier.accum
 
@@ -320,10 +346,26 @@ class Trainer:
         self.state.tokens_seen = self.mon.tokens_seen
         return StepOutcome(metrics[M.LOSS], tier)
 
+    def silent_step(self, tier: Tier, base_lr: float) -> torch.Tensor:
+        """One optimizer step of a trial's arm at `tier` and `base_lr` (the schedule at the
+        state's tokens): the same forward, backward, clipping and update as train_step, but
+        nothing logged and no OOM fallback (an error abandons the trial). Moves the state's step,
+        data position and tokens; returns the loss (on the device)."""
+        self.set_lr(base_lr)
+        loss = self._forward_backward(tier, observe=False)
+        if self.args.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.args.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.state.step += 1
+        self.state.next_sample += tier.batch
+        self.state.tokens_seen += tier.batch * self.cfg.seq_len
+        return loss
+
     # -- around the steps ---------------------------------------------------------------------
-    def set_lr(self) -> float:
+    def set_lr(self, base_lr: float | None = None) -> float:
         mult = lr_schedule(self.state.tokens_seen, self.args.warmup_tokens, self.args.total_tokens)
-        lr = self.state.base_lr * mult
+        lr = (self.state.base_lr if base_lr is None else base_lr) * mult
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         return lr
@@ -336,15 +378,15 @@ class Trainer:
         self.model.train()
         return float(loss)
 
-    def save_checkpoint(self, final: bool = False) -> None:
+    def save_checkpoint(self, final: bool = False, note: dict | None = None) -> None:
         """Rank 0's checkpoint of the last completed step (DDP keeps the ranks' weights equal).
         A save that fails (trainer/checkpoint.py: a full disk, say) is an alert and the run goes
         on from its older checkpoint; the final one (final: at the end or at a stop) ends the
-        run failed instead."""
+        run failed instead. note: an event a run resumed from this checkpoint records."""
         if not self.ddp.is_main:
             return
         try:
-            self._save()
+            self._save(note=note)
         except ckpt.SaveFailed as failed:
             if final:
                 raise StopTraining(str(failed)) from None
@@ -437,6 +479,9 @@ class Trainer:
                 self.ramps.at_boundary()
                 if self.mon.stopping:
                     self._stop_on_sigterm()
+                self.trials.at_boundary()
+                if self.done():  # a trial's kept arm can end the run
+                    continue
                 self.set_lr()
                 outcome = self.train_step()
                 progress.update(outcome)

@@ -1,0 +1,315 @@
+"""The trial protocol: at a step boundary a loop that runs trials learns of one (`TrialRequest`),
+runs it from a snapshot, and says how it ended — the one implementation of check / request /
+the trial's events / keep the branch, for the reference trainer and for own loops.
+
+    mon = Monitor.start(..., trials=True)        # the run config says this loop runs trials
+    ramp = mon.ramp_due()                        # takes the claimed commands (ramps and trials)
+    if trial := mon.trial_due():                 # a trial command, checked; trial_start written
+        out = mon.run_trial(trial, train_step, evaluate, start=pos, scheduler=sched)
+        if out is not None:                      # None: abandoned, the snapshot restored
+            pos += trial.delta_examples          # every arm read the same examples
+            batch, accum = out.tier.per_device_batch, out.tier.accum
+            mon.trial_ended(out)                 # trial_end; the kept branch is a ramp
+
+Owns `TrialArm`, `TrialRequest`, `TrialOutcome` and `TrialProtocol` (the monitor's part: whether
+this loop runs trials and why not, a trial command's check, Δ, the cost, the events of the
+contract). Like RampProtocol, it works with what it is handed (the ramp protocol for the running
+tier, the policy, advise(), the writer and the event function), never with the Monitor. Running
+the arms is monitor/trial_runner.py's; the judgement advisor/trial.py's.
+
+A command's factors each get the tier that the one `advise()` offers at that factor (or, for a
+factor it does not offer, the running per-device batch with k× the accumulation, which fits by
+construction) and must pass `Advice.refusal`; one that cannot run refuses the whole command with
+the reason (a trial never silently drops an arm). Δ is rounded up to a whole number of steps of
+every arm (advisor/trial.py's TrialPlan needs it: every arm reads the same examples).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from rampwatch.advisor.tiers import Tier
+from rampwatch.advisor.trial import TrialPlan, TrialVerdict
+from rampwatch.monitor.ramp_channel import Proposal
+from rampwatch.store import CommandError
+from rampwatch.store import names as M
+from rampwatch.store.commands import validate as validate_command
+
+__all__ = [
+    "DEFAULT_BRANCH_STEPS",
+    "TrialArm",
+    "TrialOutcome",
+    "TrialProtocol",
+    "TrialRequest",
+    "abandoned_note",
+]
+
+# Δ of a loop that names none: this many optimizer steps of the largest branch
+DEFAULT_BRANCH_STEPS = 8
+NOT_OPTED_IN = "its monitor started without trials=True"
+
+
+@dataclass(frozen=True)
+class TrialArm:
+    """One branch: its factor, the tier it runs at and the base LR it runs with (the policy's
+    rule at that batch: what a ramp to the same tier would set)."""
+
+    factor: int
+    tier: Tier
+    base_lr: float
+
+
+@dataclass(frozen=True)
+class TrialRequest:
+    """A trial due at the boundary after `step` (S): the control at `control` and each arm, all
+    from one snapshot, each for `delta_tokens` on the same examples."""
+
+    trial_id: int  # the command id (a negative local id for a trial the loop starts itself)
+    step: int
+    control: Tier
+    base_lr: float
+    delta_tokens: int
+    seq_len: int
+    rule: str
+    arms: tuple[TrialArm, ...]
+    source: str  # "command 7"
+    command_id: int | None = None
+
+    @property
+    def factors(self) -> tuple[int, ...]:
+        return tuple(a.factor for a in self.arms)
+
+    @property
+    def delta_examples(self) -> int:
+        """Examples (sequences) each arm reads: the data position moves by this after a trial."""
+        return self.delta_tokens // self.seq_len
+
+    def plan(self) -> TrialPlan:
+        return TrialPlan(
+            batch=self.control.batch,
+            ks=self.factors,
+            delta_tokens=self.delta_tokens,
+            rule=self.rule,
+            tokens_per_example=self.seq_len,
+        )
+
+    def arm(self, factor: int) -> TrialArm:
+        """The arm at this factor; 1 is the control (the running tier and base LR)."""
+        if factor == 1:
+            return TrialArm(1, self.control, self.base_lr)
+        return next(a for a in self.arms if a.factor == factor)
+
+    def steps(self, factor: int) -> int:
+        return self.plan().steps(factor)
+
+
+@dataclass(frozen=True)
+class TrialOutcome:
+    """What a trial left the run with: the verdict, the arm kept (its end state is in place)."""
+
+    request: TrialRequest
+    verdict: TrialVerdict
+    kept: TrialArm
+    seconds: float  # the trial's wall time, all arms
+
+    @property
+    def tier(self) -> Tier:
+        return self.kept.tier
+
+    @property
+    def continue_step(self) -> int:
+        """The run's step after the trial: S + the kept arm's optimizer steps."""
+        return self.request.step + self.request.steps(self.kept.factor)
+
+    @property
+    def cost_seconds(self) -> float:
+        """Measured: the discarded arms' share of the trial's wall time (by tokens, which every
+        arm has the same of)."""
+        arms = len(self.request.arms) + 1
+        return self.seconds * (arms - 1) / arms
+
+
+@dataclass
+class TrialProtocol:
+    """Whether this loop runs trials (the run config says so), and a trial's checks and events.
+    `Monitor` owns one beside its RampProtocol."""
+
+    enabled: bool = False
+    note: str | None = None  # why this loop does not run trials (the card shows it)
+    delta_tokens: int | None = None  # the loop's default Δ (None: DEFAULT_BRANCH_STEPS)
+    budget_tokens: int | None = None  # the run's token budget, for the cost's share
+    pending: TrialRequest | None = field(default=None, repr=False)
+
+    def config(self) -> dict:
+        """What the run config records: the card says up front whether trials run, and why not."""
+        out = {"trials": self.enabled, "trial_delta_tokens": self.delta_tokens}
+        if not self.enabled:
+            out["trials_note"] = self.note or NOT_OPTED_IN
+        return out
+
+    def refusal(self) -> str | None:
+        if self.enabled:
+            return None
+        return f"this loop does not run trials: {self.note or NOT_OPTED_IN}"
+
+    # -- a trial command at a boundary (rank 0) -------------------------------------------
+    def propose(self, ramps, payload) -> Proposal | str:
+        """The trial a command asks for, checked (ramps: the RampProtocol, for the running tier,
+        the policy and advise()), or why it cannot run."""
+        reason = self.refusal()
+        if reason is not None:
+            return reason
+        try:  # the store's own payload rules: the loop does not trust what it was sent
+            payload = validate_command("trial", payload)
+        except CommandError as e:
+            return str(e)
+        running = ramps.running
+        advice = ramps.advise()
+        offered = {t.option.factor: t for t in advice.tiers}
+        arms = []
+        for k in payload["factors"]:
+            t = offered.get(k)
+            if t is not None and not t.fits:
+                return f"×{k} cannot run: {t.option.reason}"
+            tier = (
+                t.option.tier
+                if t is not None
+                else Tier(
+                    running.tier.per_device_batch, running.tier.accum * k, running.tier.world_size
+                )
+            )
+            why = advice.refusal(tier)
+            if why is not None:
+                return f"×{k} cannot run: {why}"
+            arms.append((k, tier))
+        delta = self.whole_delta(payload["delta_tokens"], payload["factors"], running)
+        return Proposal(running.tier, ramps.base_lr, "", None, "trial", delta, tuple(arms))
+
+    def whole_delta(self, requested: int | None, factors, running) -> int:
+        """Δ: the command's, else the loop's default, else DEFAULT_BRANCH_STEPS steps of the
+        largest branch, rounded up to whole steps of every arm."""
+        step = running.tier.batch * (running.seq_len or 1)
+        unit = math.lcm(*factors) * step
+        want = requested or self.delta_tokens or DEFAULT_BRANCH_STEPS * max(factors) * step
+        return -(-want // unit) * unit
+
+    def request(self, ramps, proposal: Proposal, step: int, trial_id: int) -> TrialRequest:
+        """Every rank: the request from the proposal rank 0 decided (arms' base LRs by the
+        policy, which every rank reads from the same run config)."""
+        return TrialRequest(
+            trial_id=trial_id,
+            step=step,
+            control=ramps.running.tier,
+            base_lr=ramps.base_lr,
+            delta_tokens=proposal.delta_tokens,
+            seq_len=ramps.running.seq_len or 1,
+            rule=ramps.policy.lr_rule,
+            arms=tuple(
+                TrialArm(k, tier, ramps.policy.new_base_lr(tier.batch)) for k, tier in proposal.arms
+            ),
+            source=proposal.source,
+            command_id=proposal.command_id,
+        )
+
+    # -- the events of the contract (rank 0 writes; Monitor.event is a no-op elsewhere) ------
+    def cost(self, req: TrialRequest, tokens_per_s: float | None) -> dict:
+        tokens = req.plan().cost_tokens
+        fraction = tokens / self.budget_tokens if self.budget_tokens else None
+        seconds = tokens / tokens_per_s if tokens_per_s and tokens_per_s > 0 else None
+        return {"cost_tokens": tokens, "cost_fraction": fraction, "cost_seconds": seconds}
+
+    def started(self, event, req: TrialRequest, tokens_per_s: float | None) -> None:
+        cost = self.cost(req, tokens_per_s)
+        arms = ", ".join(f"×{k}" for k in req.factors)
+        extra = []
+        if cost["cost_fraction"] is not None:
+            extra.append(f"{cost['cost_fraction']:.1%} of the run")
+        if cost["cost_seconds"] is not None:
+            extra.append(f"~{_duration(cost['cost_seconds'])}")
+        message = (
+            f"trial {arms} from step {req.step}: {len(req.arms)} × {req.delta_tokens:,} tokens "
+            "discarded at most" + (f" ({', '.join(extra)})" if extra else "")
+        )
+        event(
+            req.step,
+            M.EVENT_TRIAL_START,
+            message,
+            {
+                "trial_id": req.trial_id,
+                "command_id": req.command_id,
+                "tier": req.control.to_payload(),
+                "factors": list(req.factors),
+                "delta_tokens": req.delta_tokens,
+                "seq_len": req.seq_len,
+                "lr_rule": req.rule,
+                **cost,
+                "source": req.source,
+                "arms": [{"factor": a.factor, **a.tier.to_payload()} for a in req.arms],
+            },
+        )
+
+    def arm_point(
+        self, event, req: TrialRequest, factor: int, steps_done: int, loss, eval_loss=None
+    ):
+        """A progress point of one arm: tokens done in it, the train loss of that step, and at
+        its end (eval_loss given) the held-out mean."""
+        tokens = steps_done * factor * req.control.batch * req.seq_len
+        done = eval_loss is not None
+        event(
+            req.step,
+            M.EVENT_TRIAL_ARM,
+            f"trial {req.trial_id} ×{factor}: {tokens:,} of {req.delta_tokens:,} tokens"
+            + (f", held-out loss {eval_loss:.4f}" if done else ""),
+            {
+                "trial_id": req.trial_id,
+                "factor": factor,
+                "tokens": tokens,
+                "loss": None if loss is None else float(loss),
+                "eval_loss": None if eval_loss is None else float(eval_loss),
+                "done": done,
+            },
+        )
+
+    def ended(self, event, out: TrialOutcome) -> None:
+        req, forced = out.request, out.kept.factor != out.verdict.kept_k
+        event(
+            out.continue_step,
+            M.EVENT_TRIAL_END,
+            out.verdict.summary
+            + (f" Kept ×{out.kept.factor} instead, as the loop was told (keep)." if forced else ""),
+            {
+                "trial_id": req.trial_id,
+                "verdict": out.verdict.to_dict(),
+                "kept_factor": out.kept.factor,
+                "continue_step": out.continue_step,
+                "cost_tokens": out.verdict.cost_tokens,
+                "cost_seconds": out.cost_seconds,
+            },
+        )
+
+    def abandoned(self, event, req: TrialRequest, reason: str) -> None:
+        event(
+            req.step,
+            M.EVENT_TRIAL_ABANDONED,
+            f"trial {req.trial_id} abandoned: {reason}",
+            {"trial_id": req.trial_id, "reason": reason},
+        )
+
+
+def abandoned_note(req: TrialRequest) -> dict:
+    """The checkpoint note at S (Monitor.event's arguments) a resume records: a checkpoint with
+    it was written at a trial's snapshot, so a run resumed from it lost the trial."""
+    reason = (
+        f"the run stopped during the trial from step {req.step}; resumed from the checkpoint at "
+        "its snapshot"
+    )
+    return {
+        "kind": M.EVENT_TRIAL_ABANDONED,
+        "message": f"trial {req.trial_id} abandoned: {reason}",
+        "data": {"trial_id": req.trial_id, "reason": reason},
+    }
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"

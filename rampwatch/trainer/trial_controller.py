@@ -1,0 +1,116 @@
+"""Ramp trials inside the reference trainer: a client of the monitor's trial protocol
+(monitor/trial_protocol.py: the checked request, the events, the kept branch as a ramp), plus
+what only this trainer does — the checkpoint at the snapshot, its data position, its LR schedule
+in tokens, and the held-out evaluation of the GPT.
+
+Owns `TrialController`. At a boundary S with a trial due:
+1. checkpoint at S first, with a note: a run killed during the trial resumes from S and records
+   the trial abandoned (its command is refused by recovery: "run killed"); never a half-restored
+   state, since the arms' states only ever live in host memory;
+2. Monitor.run_trial snapshots model, optimizer and RNG (monitor/trial_runner.py); the data
+   position is the sample id at S (the trainer samples by id: every arm reads ids next_sample ..
+   next_sample + Δ/seq_len − 1, so every arm sees the same examples), and the LR schedule's
+   position is tokens seen at S, both moved by each arm step from there; the monitor's own state
+   does not move during arms (no step() is logged), so it needs no copy;
+3. each arm step runs the trainer's own forward/backward at the arm's tier (more accumulation or
+   a larger per-device batch, as advise() chose) with the arm's base LR (the policy's rule at its
+   batch: what a ramp to it sets) shaped by the schedule at its tokens;
+4. the held-out evaluation: per-sequence mean token loss on a FIXED batch of the validation
+   split (TokenDataset.val_batch: windows evenly spaced over the val tokens; every run has a val
+   split: the stdlib corpus's held-out files, --val-data or --val-fraction), the same for every
+   arm, so the judgement is paired example by example (advisor/trial.py);
+5. continue from the kept arm (its end state is restored from host memory): the run's step is
+   S + its steps, its tier and base LR the arm's, the data position S's + Δ/seq_len; checkpoint
+   there, then Monitor.trial_ended records trial_end, the ramp and 'applied'. A trial that fails
+   inside (an out-of-memory in an arm, say) is restored to S, recorded abandoned, and the run goes
+   on with a clean checkpoint at S.
+Under torchrun every rank runs the same arms on its rank slice; every rank evaluates the whole
+held-out batch on identical weights (DDP keeps them equal), so every rank reaches the same
+verdict and keeps the same arm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from rampwatch.monitor.trial_protocol import TrialOutcome, TrialRequest, abandoned_note
+
+if TYPE_CHECKING:
+    from rampwatch.trainer.loop import Trainer
+
+
+class TrialController:
+    """Owned by the Trainer; called at every optimizer-step boundary after the ramp controller."""
+
+    EVAL_CHUNK = 64  # held-out sequences per forward (full logits: keep the eval's memory small)
+
+    def __init__(self, trainer: Trainer, eval_batch: int, keep: int | None = None):
+        self.trainer = trainer
+        self.eval_batch = eval_batch
+        self.keep = keep  # --trial-keep: a testing aid
+        self._held_out = None  # (x, y) on the device, made at the first trial
+
+    def at_boundary(self) -> None:
+        t = self.trainer
+        request = t.mon.trial_due()
+        if request is None:
+            return
+        with t.mon.untimed():
+            t.save_checkpoint(note=abandoned_note(request))
+            at_s = replace(t.state)
+            out = self._run(request, at_s)
+            if out is None:  # restored to S: a clean checkpoint there, without the note
+                self._put_back(at_s)
+                t.save_checkpoint()
+                return
+            self._continue(out, at_s)
+            t.save_checkpoint()
+        t.mon.trial_ended(out)
+
+    def _run(self, request: TrialRequest, at_s) -> TrialOutcome | None:
+        t = self.trainer
+
+        def train_step(model, optimizer, start: int, count: int):
+            arm = request.arm(count // request.control.batch)
+            t.state.next_sample = start
+            t.state.tokens_seen = at_s.tokens_seen + (start - at_s.next_sample) * request.seq_len
+            return t.silent_step(arm.tier, arm.base_lr)
+
+        return t.mon.run_trial(
+            request, train_step, self.evaluate, start=at_s.next_sample, keep=self.keep
+        )
+
+    def _put_back(self, at_s) -> None:
+        s = self.trainer.state
+        s.step, s.next_sample, s.tokens_seen = at_s.step, at_s.next_sample, at_s.tokens_seen
+
+    def _continue(self, out: TrialOutcome, at_s) -> None:
+        s, req = self.trainer.state, out.request
+        s.step = out.continue_step
+        s.next_sample = at_s.next_sample + req.delta_examples
+        s.tokens_seen = at_s.tokens_seen + req.delta_tokens
+        s.set_tier(out.tier)
+        s.base_lr = out.kept.base_lr
+
+    @torch.no_grad()
+    def evaluate(self, model) -> torch.Tensor:
+        """Per-sequence mean token loss (fp32) on the fixed held-out batch."""
+        t = self.trainer
+        if self._held_out is None:
+            x, y = t.data.val_batch(self.eval_batch)
+            self._held_out = x.to(t.device), y.to(t.device)
+        x, y = self._held_out
+        model.eval()
+        out = []
+        for i in range(0, len(x), self.EVAL_CHUNK):
+            xb, yb = x[i : i + self.EVAL_CHUNK], y[i : i + self.EVAL_CHUNK]
+            with t.amp:
+                logits = model(xb)
+            ce = F.cross_entropy(logits.float().flatten(0, 1), yb.flatten(), reduction="none")
+            out.append(ce.view_as(yb).mean(dim=1))
+        model.train()
+        return torch.cat(out)

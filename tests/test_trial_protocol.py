@@ -1,0 +1,164 @@
+"""The monitor's trial protocol, in one process against a real database: a loop that opted in
+gets a checked trial request at a boundary, runs it through Monitor.run_trial and continues from
+the kept arm; the events of the contract (docs: /work/notes/trial_contract.md) and the command's
+'applied at continue_step' are recorded. A loop that did not opt in refuses a trial command at
+the next boundary with the reason, and a factor that cannot run refuses the whole command."""
+
+from __future__ import annotations
+
+import torch
+
+from rampwatch import Monitor
+from rampwatch.advisor.policy import RampPolicy
+from rampwatch.store import commands, reader
+from rampwatch.store import names as M
+from tests.procs import wait_for_ramp
+from tests.trainer_runs import metric
+
+N_EVAL = 64
+
+
+def _data(n: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 8, generator=g)
+    return x, x @ torch.arange(1.0, 9.0).unsqueeze(1) + 0.3 * torch.randn(n, 1, generator=g)
+
+
+def _loop(db, trials: bool, **kw):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+    mon = Monitor.start(
+        db,
+        name="trial-loop",
+        config={"total_tokens": 100_000},
+        model=model,
+        optimizer=opt,
+        per_device_batch=4,
+        accum=2,
+        seq_len=1,
+        policy=RampPolicy(original_batch=8, original_lr=0.05, lr_rule="sqrt"),
+        trials=trials,
+        **kw,
+    )
+    return model, opt, mon
+
+
+def _train(model, opt, mon, x, y, pos, step, batch=4, accum=2) -> int:
+    for _ in range(accum):
+        loss = torch.nn.functional.mse_loss(model(x[pos : pos + batch]), y[pos : pos + batch])
+        (loss / accum).backward()
+        mon.after_backward()
+        pos += batch
+    mon.step(step, loss=loss.detach())
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return pos
+
+
+def _boundary(mon):
+    """ramp_due then trial_due, polled until the flusher has claimed the command."""
+    return wait_for_ramp(lambda: (mon.ramp_due(), mon.trial_due())[1], wait=True, timeout=30)
+
+
+def test_a_loop_that_runs_no_trials_refuses_a_trial_command_at_the_next_boundary(tmp_path):
+    db = tmp_path / "runs.duckdb"
+    model, opt, mon = _loop(db, trials=False, trials_note="its data loader cannot seek")
+    x, y = _data(200, 1)
+    pos = _train(model, opt, mon, x, y, 0, 1)
+    cid = commands.submit(db, mon.run_id, "trial", {"factors": [2]}, actor="test")
+    wait_for_ramp(
+        lambda: mon.ramp_due() or commands.get(db, cid).status == "refused" or None,
+        wait=True,
+        timeout=30,
+    )
+    assert mon.trial_due() is None
+    _train(model, opt, mon, x, y, pos, 2)
+    mon.finish()
+    cmd = commands.get(db, cid)
+    assert cmd.status == "refused"
+    assert cmd.reason == "this loop does not run trials: its data loader cannot seek"
+    config = reader.get_run(db, mon.run_id).config
+    assert config["trials"] is False and config["trials_note"] == "its data loader cannot seek"
+
+
+def test_a_factor_that_cannot_run_refuses_the_trial_with_the_reason(tmp_path):
+    db = tmp_path / "runs.duckdb"
+    model, opt, mon = _loop(db, trials=True)
+    x, y = _data(200, 1)
+    pos = _train(model, opt, mon, x, y, 0, 1)
+    mon.report_oom(4)  # every tier at per-device batch 4 is out
+    _train(model, opt, mon, x, y, pos, 2)
+    cid = commands.submit(db, mon.run_id, "trial", {"factors": [2, 4]}, actor="test")
+    wait_for_ramp(
+        lambda: mon.ramp_due() or commands.get(db, cid).status == "refused" or None,
+        wait=True,
+        timeout=30,
+    )
+    assert mon.trial_due() is None
+    mon.finish()
+    cmd = commands.get(db, cid)
+    assert cmd.status == "refused" and cmd.reason.startswith("×2 cannot run: "), cmd.reason
+    assert "per-device batch 4" in cmd.reason
+
+
+def test_a_trial_command_runs_in_an_own_loop_and_continues_from_the_kept_arm(tmp_path):
+    db = tmp_path / "runs.duckdb"
+    model, opt, mon = _loop(db, trials=True, trial_delta_tokens=64)
+    x, y = _data(4000, 1)
+    x_eval, y_eval = _data(N_EVAL, 2)
+    pos, step = 0, 0
+    for step in range(1, 6):
+        pos = _train(model, opt, mon, x, y, pos, step)
+    cid = commands.submit(db, mon.run_id, "trial", {"factors": [2, 4]}, actor="test")
+    trial = _boundary(mon)
+    assert trial is not None and trial.trial_id == cid and trial.step == 5
+    assert trial.factors == (2, 4) and trial.delta_tokens == 64  # 64: whole steps of ×4 (32)
+    assert [a.tier.batch for a in trial.arms] == [16, 32]
+
+    def train_step(model, opt, start, count):  # the README's own-loop snippet's two functions
+        loss = torch.nn.functional.mse_loss(
+            model(x[start : start + count]), y[start : start + count]
+        )
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    def evaluate(model):
+        return ((model(x_eval) - y_eval) ** 2).squeeze(1)
+
+    out = mon.run_trial(trial, train_step, evaluate, start=pos)
+    assert out is not None
+    pos += trial.delta_examples
+    continue_step = mon.trial_ended(out)
+    assert continue_step == 5 + trial.steps(out.kept.factor)
+    assert mon.tier == out.tier
+    for step in range(continue_step + 1, continue_step + 3):
+        b = out.tier.per_device_batch
+        pos = _train(model, opt, mon, x, y, pos, step, batch=b, accum=out.tier.accum)
+    mon.finish()
+
+    cmd = commands.get(db, cid)
+    assert (cmd.status, cmd.applied_step) == ("applied", continue_step)
+    events = reader.events(db, mon.run_id)
+    [start] = [e for e in events if e.kind == M.EVENT_TRIAL_START]
+    assert start.step == 5 and start.data["trial_id"] == cid
+    assert start.data["cost_tokens"] == 2 * 64 and start.data["cost_fraction"] == 128 / 100_000
+    assert start.data["tier"] == {"per_device_batch": 4, "accum": 2}
+    arms = [e for e in events if e.kind == M.EVENT_TRIAL_ARM]
+    assert {e.step for e in arms} == {5}
+    ends = {e.data["factor"]: e.data for e in arms if e.data["done"]}
+    assert sorted(ends) == [1, 2, 4] and all(d["tokens"] == 64 for d in ends.values())
+    assert all(d["eval_loss"] is not None for d in ends.values())
+    [end] = [e for e in events if e.kind == M.EVENT_TRIAL_END]
+    assert end.step == continue_step and end.data["kept_factor"] == out.kept.factor
+    assert end.data["verdict"]["kept_k"] == out.kept.factor
+    ramps = [e for e in events if e.kind == M.EVENT_RAMP]
+    if out.kept.factor > 1:  # the kept branch is a ramp in every chart and in the ramp history
+        assert [(e.step, e.data["source"]) for e in ramps] == [(continue_step, f"trial {cid}")]
+    else:
+        assert ramps == []
+    # no per-step metrics while the arms ran: the run's steps jump from 5 to continue_step + 1
+    loss_steps = sorted(metric(db, mon.run_id, M.LOSS))
+    assert loss_steps == [1, 2, 3, 4, 5, continue_step + 1, continue_step + 2]
