@@ -5,6 +5,7 @@ command, guarded like Approve)."""
 
 from __future__ import annotations
 
+import duckdb
 import pytest
 
 from rampwatch.store import commands
@@ -116,7 +117,12 @@ def test_test_first_queues_one_trial_command_however_often_clicked(trials_run, m
         {"factors": [2, 4], "delta_tokens": None},
         "pending",
     )
-    assert c.idempotency_key and c.actor.startswith("alice")
+    assert c.actor.startswith("alice")
+    with duckdb.connect(str(trials_run.db), read_only=True) as con:  # written, never read back
+        [(key,)] = con.execute(
+            "SELECT idempotency_key FROM commands WHERE command_id = ?", [c.command_id]
+        ).fetchall()
+    assert key
     assert f"Trial #{c.command_id} (×2 / ×4) submitted" in seed.texts(at)
     at.button(key="test_first").click().run()  # a second click: no second command
     assert [x.command_id for x in commands.list_commands(trials_run.db, trials_run.run_id)] == [

@@ -6,12 +6,14 @@ the next boundary with the reason, and a factor that cannot run refuses the whol
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from rampwatch import Monitor
 from rampwatch.advisor.policy import RampPolicy
 from rampwatch.store import commands, reader
 from rampwatch.store import names as M
+from rampwatch.store.errors import CommandError
 from tests.procs import wait_for_ramp
 from tests.trainer_runs import metric
 
@@ -61,23 +63,17 @@ def _boundary(mon):
     return wait_for_ramp(lambda: (mon.ramp_due(), mon.trial_due())[1], wait=True, timeout=30)
 
 
-def test_a_loop_that_runs_no_trials_refuses_a_trial_command_at_the_next_boundary(tmp_path):
+def test_a_loop_that_runs_no_trials_has_a_trial_command_refused_with_its_reason(tmp_path):
     db = tmp_path / "runs.duckdb"
     model, opt, mon = _loop(db, trials=False, trials_note="its data loader cannot seek")
     x, y = _data(200, 1)
     pos = _train(model, opt, mon, x, y, 0, 1)
-    cid = commands.submit(db, mon.run_id, "trial", {"factors": [2]}, actor="test")
-    wait_for_ramp(
-        lambda: mon.ramp_due() or commands.get(db, cid).status == "refused" or None,
-        wait=True,
-        timeout=30,
-    )
+    with pytest.raises(CommandError, match="runs no ramp trials: its data loader cannot seek"):
+        commands.submit(db, mon.run_id, "trial", {"factors": [2]}, actor="test")
     assert mon.trial_due() is None
     _train(model, opt, mon, x, y, pos, 2)
     mon.finish()
-    cmd = commands.get(db, cid)
-    assert cmd.status == "refused"
-    assert cmd.reason == "this loop does not run trials: its data loader cannot seek"
+    assert commands.list_commands(db, mon.run_id) == []
     config = reader.get_run(db, mon.run_id).config
     assert config["trials"] is False and config["trials_note"] == "its data loader cannot seek"
 

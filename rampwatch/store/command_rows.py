@@ -338,13 +338,15 @@ def ramp_refusal(config) -> str | None:
 def trial_refusal(config) -> str | None:
     """Why a run takes no trial commands, from its config, or None. A trial ends in a ramp, so a
     run that takes no ramps takes no trials; otherwise the loop says it runs trials by writing
-    `trial_delta_tokens` (its default Δ), and why not by `trials: false` or `trials_note`."""
+    `trials: true` or `trial_delta_tokens` (its default Δ), and why not by `trials: false` or
+    `trials_note`."""
     refusal = ramp_refusal(config)
     if refusal:
         return refusal
     config = config if isinstance(config, dict) else {}
     why = config.get("trials_note")
-    if why or config.get("trials") is False or _positive(config.get("trial_delta_tokens")) is None:
+    opted_in = config.get("trials") is True or _positive(config.get("trial_delta_tokens"))
+    if why or config.get("trials") is False or not opted_in:
         return "runs no ramp trials" + (
             f": {why}" if why else " (its loop does not say that it can snapshot and restore)"
         )
