@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import math
 import re
+import signal
+import subprocess
 
 import numpy as np
 import pytest
 
+from rampwatch import store
 from rampwatch.advisor.policy import RampPolicy
 from rampwatch.dashboard import charts, recommend
 from rampwatch.dashboard.buckets import Buckets
 from tests import seed
+from tests.procs import kill_group
 from tests.test_dashboard_logic import LATEST, PLAN, RUN
 
 NOISE = "Gradient noise scale vs batch"
@@ -147,16 +151,47 @@ def test_no_estimate_yet(db_path, monkeypatch):
         run.close()
 
 
-@pytest.mark.parametrize("status", ["killed", "finished"])
-def test_a_run_that_is_not_running_gets_no_forecast(db_path, monkeypatch, status):
-    run = seed.live_run(db_path, ramp_due=False)  # running, it has a forecast (above)
-    run.writer.close(status)
-    run.writer = None
+# the not-yet-rising run (it has a forecast while it runs), its writer held open in a child
+HELD_RUN = """
+import sys
+from tests import seed
+from tests.procs import kill_group
+run = seed.live_run(sys.argv[1], ramp_due=False)
+print(run.run_id, flush=True)
+sys.stdin.read()
+"""
+
+
+def _stopped_run(procs, db, status: str) -> None:
+    """The not-yet-rising run, stopped as `status`: its writer SIGKILLed (stale: no heartbeat,
+    no live spool), then recovered (killed); or closed (finished)."""
+    if status == "finished":
+        seed.live_run(db, ramp_due=False).close()
+        return
+    child = procs.spawn(
+        ["-c", HELD_RUN, str(db)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdout.readline().strip(), "the seeded run did not start"
+    kill_group(child, signal.SIGKILL)
+    if status == "killed":
+        store.recover(db)
+
+
+STOPPED = {
+    "stale": "The run stopped reporting at step 399 (no heartbeat): no ramp and no forecast "
+    "until it reports again.",
+    "killed": "The run is killed, stopped at step 399: no ramp and no forecast.",
+    "finished": "The run is finished, stopped at step 399: no ramp and no forecast.",
+}
+
+
+@pytest.mark.parametrize("status", list(STOPPED))
+def test_a_run_that_is_not_running_gets_no_forecast(procs, db_path, monkeypatch, status):
+    _stopped_run(procs, db_path, status)
     at = seed.app(monkeypatch, db_path)
     assert not at.exception
-    assert _card_text(at) == (
-        f"**Not running.** The run is {status}, stopped at step 399: no ramp and no forecast."
-    )
+    assert f"status **{status}**" in seed.texts(at)
+    assert _card_text(at) == f"**Not running.** {STOPPED[status]}"
     text = seed.texts(at)
     assert "forecast crossing: none (the run is not running)" in text
     assert "expected to cross" not in text and "crossing expected" not in text
