@@ -70,6 +70,7 @@ def live_run(
     oom_at_running: bool = False,
     capacity: int = CAPACITY,
     estimates_until: int | None = None,
+    noise=None,
     **config,
 ) -> Seeded:
     """A running run (its writer stays open): device_batch 8 × accum 2 = 16 sequences.
@@ -78,6 +79,8 @@ def live_run(
     so it has been above the ramp point 2 × 16 for far more than the policy's hysteresis at the
     end (ramp_due) — or stays below (ramp_due=False). estimates_until: no noise-scale estimate
     after this step (the measurement went off, e.g. accumulation 1 on one device).
+    noise: step -> (point, lower, upper) instead (None: that value is not logged; a lower bound
+    of 0 is logged as 0, "no lower bound").
     Events: checkpoint at 100, alert at 150, oom at 250 (recovered), checkpoint at 300.
     oom_at_running: the running per-device batch 8 is marked out of memory at the last step;
     with a small `capacity` no tier can fit then.
@@ -117,15 +120,14 @@ def live_run(
             M.MFU: 0.41 + 0.01 * rng.random(),
             M.STEP_TIME: 0.04,
         }
+        point, low, high = gns, 0.6 * gns, 1.6 * gns
+        if noise is not None:
+            point, low, high = noise(s)
         if estimates_until is None or s <= estimates_until:
-            m.update(
-                {
-                    M.GNS: gns,
-                    M.GNS_TOKENS: gns * SEQ_LEN,
-                    M.GNS_LOW: 0.6 * gns,
-                    M.GNS_HIGH: 1.6 * gns,
-                }
-            )
+            est = {M.GNS: point, M.GNS_LOW: low, M.GNS_HIGH: high}
+            m.update({k: v for k, v in est.items() if v is not None})
+            if point is not None:
+                m[M.GNS_TOKENS] = point * SEQ_LEN
         w.log(s, m)
         if s % 100 == 99:
             w.log(s, {M.VAL_LOSS: 2.1 + 3.0 * math.exp(-s / 120)})

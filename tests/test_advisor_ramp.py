@@ -245,7 +245,10 @@ def test_ready_after_hysteresis_with_enough_samples():
     assert rec.ready and rec.suggested_batch == 1024
     assert rec.evidence.steps_above == 300 and rec.evidence.n_samples == 300
     assert rec.evidence.noise_scale == 600.0 and rec.evidence.threshold_batch == 512.0
-    assert "stayed above the batch (512 sequences) for 300 estimates" in rec.reason
+    assert rec.reason == (
+        "The noise scale (600) has stayed above the batch (512) for 300 estimates: ramp the "
+        "batch to 1,024."
+    )
 
 
 def test_ramp_restarts_hysteresis_but_keeps_history():
@@ -253,7 +256,10 @@ def test_ramp_restarts_hysteresis_but_keeps_history():
     rec = decide(steps, [600.0] * 300, current_batch=512, hysteresis_steps=50, since_step=280)
     assert not rec.ready and rec.evidence.steps_above == 19 and rec.evidence.n_samples == 300
     assert rec.forecast_step == 281 + 49
-    assert "above 512 for 19 of 50 estimates: ready at step ~330" in rec.reason
+    assert rec.reason == (
+        "The noise scale (600) has been above the batch (512) for 19 of the 50 estimates it "
+        "needs. Ready at step ~330 if it stays above."
+    )
 
 
 def test_not_enough_evidence():
@@ -261,7 +267,11 @@ def test_not_enough_evidence():
         list(range(30)), [900.0] * 30, current_batch=512, hysteresis_steps=10, min_estimates=100
     )
     assert not rec.ready
-    assert rec.reason.startswith("not enough evidence (30 noise-scale estimates, need 100)")
+    assert rec.reason == (
+        "Not enough evidence yet: 30 noise-scale estimates of the 100 needed. The noise scale "
+        "(900) has stayed above the batch (512) for 30 estimates."
+    )
+    assert rec.forecast_step is None  # the streak is long enough: it waits on the evidence
 
 
 def test_a_step_without_an_estimate_neither_breaks_nor_extends_the_streak():
@@ -288,7 +298,7 @@ def test_the_lower_bound_gates_the_ramp_and_stands_in_for_a_missing_point():
         lower=[50.0] * 100,
         bound_at=1,
     )
-    assert not rec.ready and "lower bound is below 64" in rec.reason
+    assert not rec.ready and "its 95% lower bound (50.0) is below the batch (64)" in rec.reason
     rec = decide(
         steps,
         [200.0] * 100,
@@ -312,7 +322,9 @@ def test_the_lower_bound_gates_the_ramp_and_stands_in_for_a_missing_point():
         bound_at=1,
     )
     assert rec.ready and rec.evidence.noise_scale is None and rec.evidence.lower_bound == 300.0
-    assert "noise scale > 300 (95%)" in rec.reason
+    assert rec.reason.startswith(
+        "The noise scale's 95% lower bound (300) has stayed above 2× the batch (128)"
+    )
 
 
 def test_log_linear_trend_hand_computed_and_its_old_delta_range():
@@ -322,7 +334,7 @@ def test_log_linear_trend_hand_computed_and_its_old_delta_range():
     assert not rec.ready and rec.forecast_step == 231
     assert rec.forecast_range == (230, 231)  # noiseless: the range just brackets 230.26
     assert rec.evidence.trend_per_step == pytest.approx(0.01 * values[-1], rel=1e-9)
-    assert "crossing expected between steps 230 and 231 (±1.96 SE, uncalibrated)" in rec.reason
+    assert "expected to cross between steps 230 and 231 (±1.96 SE, uncalibrated)" in rec.reason
 
 
 def test_calibrated_range_by_hand():
@@ -337,24 +349,24 @@ def test_calibrated_range_by_hand():
     assert lo == math.floor(199 + 199 * math.exp(centre + c.low))
     assert hi == math.ceil(199 + 199 * math.exp(centre + c.high))
     assert rec.forecast_step == round(199 + 199 * math.exp(centre + c.mid))
-    assert f"crossing expected between steps {lo:,} and {hi:,} ({c.note()})" in rec.reason
-    assert rec.forecast_note == c.note() and f"of {c.runs} recorded runs' queries" in c.note()
+    assert f"expected to cross between steps {lo:,} and {hi:,} ({c.note()})." in rec.reason
+    assert rec.forecast_note == c.note() and f"on {c.runs} recorded runs" in c.note()
     assert calibrated_forecast(199, 230.26, 200) == (rec.forecast_step, rec.forecast_range)
 
 
 def test_no_forecast_where_the_calibration_was_not_measured():
     c = FORECAST_CALIBRATION
     point, why = calibrated_forecast(100, 100 + 100 * math.exp(c.x_max + 0.5), 200)
-    assert point is None and "too flat" in why
+    assert point is None and "further ahead than the forecast can time" in why
     point, why = calibrated_forecast(10_000, 10_001, 200)  # x = log(1e-4): closer than measured
-    assert point is None and "closer than" in why
+    assert point is None and "sooner than the forecast can time" in why
     point, why = calibrated_forecast(100, 150, c.min_estimates - 1)
-    assert point is None and f"from {c.min_estimates} estimates on" in why
+    assert point is None and f"needs {c.min_estimates} estimates first" in why
     # a flat trend far below the target: the card says so instead of a range
     steps = list(range(100, 300))
     rec = decide(steps, [100.0 * math.exp(1e-4 * s) for s in steps], current_batch=1000)
     assert rec.forecast_step is None and rec.forecast_range is None
-    assert "no reliable forecast yet (the trend is too flat" in rec.reason
+    assert "no reliable forecast yet: the trend says in about" in rec.reason
 
 
 def test_linear_forecast_hand_computed():
@@ -436,7 +448,7 @@ def test_no_estimates_and_bad_input():
     rec = decide([1, 2, 3], [None, float("nan"), None], current_batch=64)
     assert (
         not rec.ready
-        and "no noise-scale estimate yet" in rec.reason
+        and rec.reason == "No noise-scale estimate yet: keep training."
         and rec.evidence.n_samples == 0
     )
     with pytest.raises(ValueError, match="one per step"):

@@ -198,11 +198,12 @@ def advise(
     else:
         usable = usable_bytes(current.capacity_bytes, policy.margin)
     b_noise = decision.evidence.noise_scale
+    band_top = policy.band_cost()["batch_high"]  # the LR note: only for a tier past the band
     tiers = [
         TierAdvice(
             o,
             policy.new_base_lr(o.tier.batch) if knows_lr else None,
-            noise_scale_warning(o.tier.batch, b_noise) if b_noise else None,
+            noise_scale_warning(o.tier.batch, b_noise, band_top) if b_noise else None,
             predicted_effect(current.batch, o.tier.batch, b_noise)
             if b_noise and b_noise > 0
             else None,

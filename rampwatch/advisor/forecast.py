@@ -42,7 +42,8 @@ class ForecastCalibration:
     queries: int
 
     def note(self) -> str:
-        return f"covers {math.floor(self.coverage * 10 + 1e-9)} in 10 of {self.runs} recorded runs' queries"
+        held = math.floor(self.coverage * 10 + 1e-9)
+        return f"such ranges held {held} times in 10 on {self.runs} recorded runs"
 
 
 # Fitted 2026-12-01 by `python -m bench.forecast_bench --keep DIR`: its ten bench-tiny runs at
@@ -69,18 +70,22 @@ def calibrated_forecast(
     n_estimates: int,
     cal: ForecastCalibration = FORECAST_CALIBRATION,
 ):
-    """(point, (first, last)) steps of the crossing by the calibration, or (None, why not)."""
+    """(point, (first, last)) steps of the crossing by the calibration, or (None, why not: the
+    words that follow "no reliable forecast yet:" on the card)."""
     t = max(1, int(query_step))
     if n_estimates < cal.min_estimates:
-        return None, f"the range is calibrated from {cal.min_estimates} estimates on"
-    x = math.log(max(1, math.ceil(crossing) - t) / t)  # the trend's step, as the old point
-    if not cal.x_min <= x <= cal.x_max:
+        return None, f"the forecast needs {cal.min_estimates} estimates first"
+    ahead = max(1, math.ceil(crossing) - t)  # the trend's crossing, steps from now
+    x = math.log(ahead / t)  # the trend's step, as the old point
+    if x > cal.x_max:
+        return (
+            None,
+            f"the trend says in about {ahead:,} steps, further ahead than the forecast can time",
+        )
+    if x < cal.x_min:
         return None, (
-            f"the trend is too flat: it crosses {math.exp(x):.2g}× the run's age from "
-            f"now, and the range is calibrated up to {math.exp(cal.x_max):.2g}×"
-            if x > cal.x_max
-            else f"the trend crosses {math.exp(x):.2g}× the run's age "
-            "from now, closer than the range is calibrated for"
+            f"the trend says within {ahead:,} step{'' if ahead == 1 else 's'}, sooner than the "
+            "forecast can time"
         )
     centre = cal.intercept + cal.slope * x
     at = [t + t * math.exp(centre + e) for e in (cal.mid, cal.low, cal.high)]

@@ -27,6 +27,7 @@ import re
 from dataclasses import dataclass
 
 from rampwatch.advisor.checks import positive_number
+from rampwatch.advisor.gns import examples_ratio, steps_ratio
 from rampwatch.advisor.gns_window import significant
 
 __all__ = [
@@ -140,17 +141,27 @@ def scaled_base_lr(
     return base * lr_multiplier(original_batch, new_batch, rule)
 
 
-def noise_scale_warning(new_batch: float, b_noise: float | None) -> str | None:
-    """A warning when the new batch exceeds the gradient noise scale, else None."""
+def noise_scale_warning(new_batch: float, b_noise: float | None, beyond: float = 1.0) -> str | None:
+    """A note when the new batch exceeds `beyond` × the gradient noise scale, else None.
+
+    beyond: where the warning starts, as a multiple of the noise scale; the card passes the top
+    of the ramp policy's band (RampPolicy.band_cost's batch_high), so the policy's own ramp
+    never warns against itself."""
     if b_noise is None or not math.isfinite(float(b_noise)) or b_noise <= 0:
         return None
     nb = _batch("new_batch", new_batch)
-    if nb <= b_noise:
+    edge = float(beyond) * float(b_noise)
+    if nb <= edge:
         return None
+    saves = 1 - steps_ratio(2 * edge, b_noise) / steps_ratio(edge, b_noise)
+    costs = examples_ratio(2 * edge, b_noise) / examples_ratio(edge, b_noise) - 1
+    times = "" if beyond == 1 else f"{beyond:g}× "
+    band = "" if beyond == 1 else ", the top of the policy's band"
     return (
-        f"batch {nb:g} exceeds the gradient noise scale ({significant(float(b_noise))} sequences): "
-        "past it a doubling saves at most 25% of the steps for at least 50% more examples "
-        "(McCandlish et al. 2018, §2.3), and the scaled learning rate may be too high; watch the loss"
+        f"batch {nb:g} exceeds {times}the gradient noise scale ({significant(float(b_noise))} "
+        f"sequences){band}: a doubling there saves at most {saves:.0%} of the steps for at least "
+        f"{costs:.0%} more examples (McCandlish et al. 2018, §2.3), and the scaled learning rate "
+        "may be too high; watch the loss"
     )
 
 

@@ -2,7 +2,10 @@
 
 Owns `ramp_decision` / `Recommendation` (is the smoothed noise scale above the batch for long
 enough; when will it be) and `predicted_effect` (steps and examples before and after a ramp).
-How far the batch can grow in memory is advisor/tiers.py.
+How far the batch can grow in memory is advisor/tiers.py. It also owns the verdict's words
+(`Recommendation.reason`, `.said`): plain sentences whose numbers carry digits enough that a value
+is never said to be below one that looks the same, and the forecast in steps (in time too, given
+the run's step rate).
 
 Sources: the ramp rule and effect use S/S_min = 1 + B_noise/B and E/E_min = 1 + B/B_noise
 (McCandlish et al. 2018, "An Empirical Model of Large-Batch Training", §2.3, eq. 2.11 with
@@ -58,15 +61,27 @@ class Evidence:
 @dataclass(frozen=True)
 class Recommendation:
     ready: bool
-    reason: str
+    reason: str  # `status`, then what comes next (the forecast), in plain sentences
     forecast_step: int | None  # when not ready: the likeliest crossing step (or "ready at" step)
     forecast_range: tuple[int, int | None] | None  # (first, last) step of the stated range
     evidence: Evidence
     suggested_batch: int | None  # factor × current batch when ready
     forecast_note: str = ""  # what the range rests on, or why no forecast is given
+    status: str = ""  # where the noise scale stands: `reason` without its forecast
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def said(self, now_step: int | None = None, steps_per_second: float | None = None) -> str:
+        """The reason, with the forecast's steps also in time from `now_step` at the run's
+        measured step rate (the card's; the advisor has no clock). Without them: `reason`."""
+        pace = _Pace.of(now_step, steps_per_second)
+        if pace is None or (self.forecast_step is None and self.forecast_range is None):
+            return self.reason
+        return _join(
+            self.status,
+            _outlook(self.forecast_step, self.forecast_range, self.forecast_note, pace),
+        )
 
 
 def _clean(steps: Sequence[int], values: Sequence[float | None]) -> list[tuple[int, float | None]]:
@@ -143,32 +158,33 @@ def ramp_decision(
         trend=fit.desc,
         lower_bound=series.latest_bound,
     )
-    bound_note = (
-        "" if lower is None else f" with its 95% lower bound >= {significant(bound_target)}"
-    )
+    words = _Words(series, target, bound_target, float(ramp_at), float(bound_at))
     if evidence.n_samples >= evidence.min_estimates and steps_above >= hyst:
-        reason = (
-            f"noise scale {series.shown()} has stayed above {_thr(ramp_at)}the batch "
-            f"({significant(target)} sequences){bound_note} for {steps_above} estimates "
-            f"({series.n} in all): ramp the batch"
+        status = words.ready(steps_above, int(round(factor * batch)))
+        return Recommendation(
+            True, status, None, None, evidence, int(round(factor * batch)), status=status
         )
-        return Recommendation(True, reason, None, None, evidence, int(round(factor * batch)))
-    if steps_above > 0:
-        ready_at = series.last_step + hyst - steps_above
-        reason = (
-            f"noise scale {series.shown()} above {significant(target)}{bound_note} for "
-            f"{steps_above} of {hyst} estimates: ready at step ~{ready_at} if it stays above"
-        )
-        forecast = _Forecast(ready_at, None, "")
+    if steps_above >= hyst:  # held long enough, but too few estimates in all: no step to give
+        forecast, status, outlook = _NONE, words.streak(steps_above, hyst), ""
+    elif steps_above > 0:
+        forecast = _Forecast(series.last_step + hyst - steps_above, None, "")
+        status, outlook = words.streak(steps_above, hyst), _outlook(forecast.step, None, "", None)
     else:
-        reason = _not_above(series, fit, forecast, target, bound_target, lower, since_step)
-    if series.n < evidence.min_estimates:
-        reason = (
-            f"not enough evidence ({series.n} noise-scale estimates, need "
-            f"{evidence.min_estimates}); " + reason
+        status, outlook = _not_above(words, fit, forecast, since_step)
+    if 0 < series.n < evidence.min_estimates:
+        status = (
+            f"Not enough evidence yet: {series.n} noise-scale estimates of the "
+            f"{evidence.min_estimates} needed. {status}"
         )
     return Recommendation(
-        False, reason, forecast.step, forecast.range, evidence, None, forecast.note
+        False,
+        _join(status, outlook),
+        forecast.step,
+        forecast.range,
+        evidence,
+        None,
+        forecast.note,
+        status,
     )
 
 
@@ -231,11 +247,6 @@ class _Series:
         est = self.estimates
         return self.bounds.get(est[-1][0]) if est else None
 
-    def shown(self) -> str:
-        if self.latest is None and self.latest_bound:
-            return f"> {significant(self.latest_bound)} (95%)"
-        return "none" if self.latest is None else significant(self.latest)
-
     def streak(self, target: float, bound_target: float, since_step: int | None) -> int:
         """Consecutive estimates above the target, newest first, after the last ramp."""
         n = 0
@@ -253,6 +264,9 @@ class _Series:
                 break
             n += 1
         return n
+
+
+FLAT = 1e-3  # a trend that grows less than 0.1% over its window is not rising
 
 
 @dataclass(frozen=True)
@@ -277,8 +291,20 @@ class _Trend:
         if fit is not None:
             c, sl, _ = fit
             slope = sl * math.exp(c) if kind == "log" else sl
-        desc = f"{'log-linear' if kind == 'log' else 'linear'} over {len(recent)} estimates"
+        fitted = "log-linear" if kind == "log" else "linear"
+        desc = f"{fitted} fit over the last {len(recent)} estimates"
         return cls(kind, recent, fit, desc, slope)
+
+    @property
+    def rising(self) -> bool:
+        """Rising by more than FLAT over its window: a constant series' float noise is flat."""
+        if self.fit is None or self.fit[1] <= 0:
+            return False
+        span = self.recent[-1][0] - self.recent[0][0]
+        growth = self.fit[1] * span  # log trend: relative growth over the window
+        if self.kind == "linear":
+            growth /= max(abs(self.recent[-1][1]), 1e-300)
+        return growth > FLAT
 
 
 @dataclass(frozen=True)
@@ -295,7 +321,7 @@ def _forecast(series, trend: _Trend, target, calibration, z) -> _Forecast:
     """When the trend crosses the target: calibrated (log trend) or ±z SE (delta method)."""
     c, s, cov = trend.fit
     latest = series.latest
-    if latest is None or latest > target or s <= 0:
+    if latest is None or latest > target or not trend.rising:
         return _NONE
     log = trend.kind == "log"
     delta = ((math.log(target) if log else target) - c) / s
@@ -317,50 +343,196 @@ def _forecast(series, trend: _Trend, target, calibration, z) -> _Forecast:
     return _Forecast(point, (lo, hi), f"±{z:g} SE, uncalibrated")
 
 
-def _not_above(series, trend, forecast, target, bound_target, lower, since_step) -> str:
-    """Why no streak is running: no estimate, a point above without its bound, or below."""
-    ns, latest = series.shown(), series.latest
+# ------------------------------------------------------------------------------------ words
+
+
+@dataclass(frozen=True)
+class _Words:
+    """The verdict's sentences: the noise scale against the ramp point, as a person says it."""
+
+    series: _Series
+    target: float  # ramp_at × batch
+    bound_target: float  # bound_at × batch
+    ramp_at: float
+    bound_at: float
+
+    def subject(self) -> tuple[str, float]:
+        """Who the sentence is about, and its value: the point, or its bound when it has none."""
+        latest = self.series.latest
+        if latest is None:
+            return "The noise scale's 95% lower bound", self.series.latest_bound
+        return "The noise scale", latest
+
+    def bound_note(self) -> str:
+        if not self.series.has_bounds or self.bound_target <= 0:
+            return ""
+        return (
+            f", its 95% lower bound at least {_of_batch(self.bound_at, _count(self.bound_target))}"
+        )
+
+    def ready(self, n: int, new_batch: int) -> str:
+        who, value = self.subject()
+        a, _, point = _against(value, self.ramp_at, self.target)
+        return (
+            f"{who} ({a}) has stayed above {point} for {n} estimates{self.bound_note()}: "
+            f"ramp the batch to {new_batch:,}."
+        )
+
+    def streak(self, n: int, needed: int) -> str:
+        who, value = self.subject()
+        a, _, point = _against(value, self.ramp_at, self.target)
+        bound = self.bound_note()
+        if n >= needed:  # the streak is long enough: what it lacks is the evidence
+            return f"{who} ({a}) has stayed above {point}{bound} for {n} estimates."
+        return (
+            f"{who} ({a}) has been above {point}{bound}{',' if bound else ''} for {n} of the "
+            f"{needed} estimates it needs."
+        )
+
+
+def _not_above(w: _Words, trend: _Trend, forecast: _Forecast, since_step) -> tuple[str, str]:
+    """Why no streak is running (where the noise scale stands), and what comes next."""
+    series, latest = w.series, w.series.latest
     if not series.estimates:
-        return "no noise-scale estimate yet: keep training"
-    if latest is not None and latest > target:
-        return f"noise scale {ns} is above {significant(target)}, but " + (
-            f"its 95% lower bound is below {significant(bound_target)}: wait for more evidence"
-            if lower is not None
-            else f"not since the ramp at step {since_step}"
-        )
+        return "No noise-scale estimate yet: keep training.", ""
     if latest is None:
+        bound = series.latest_bound
+        if not bound:
+            return (
+                "No usable noise-scale estimate yet: the windowed |G|² is not positive and no "
+                "bound is known."
+            ), ""
+        a, rel, point = _against(bound, w.ramp_at, w.target)
         return (
-            f"noise scale {ns}: not above {significant(target)} with 95% confidence yet"
-            if series.latest_bound
-            else "the windowed |G|² is not positive and no bound is known yet"
-        )
-    if forecast.step is not None or forecast.note:
-        frange = forecast.range
-        said = (
-            "no reliable forecast yet"
-            if frange is None
-            else (
-                f"crossing expected between steps {frange[0]:,} and "
-                + ("unbounded" if frange[1] is None else f"{frange[1]:,}")
-            )
-        )
-        return (
-            f"noise scale {ns} below {significant(target)}; trend "
-            f"{trend.slope_per_step:+.3g}/step ({trend.desc}): {said} ({forecast.note})"
-        )
+            f"The noise scale's 95% lower bound ({a}) is {rel} {point}, and there is no point "
+            "estimate (the windowed |G|² is not positive): wait for more evidence."
+        ), ""
+    a, rel, point = _against(latest, w.ramp_at, w.target)
+    if latest > w.target:
+        if not series.has_bounds:
+            return (
+                f"The noise scale ({a}) is {rel} {point}, but not since the ramp at step "
+                f"{since_step:,}: wait for estimates at the new batch."
+            ), ""
+        bound = series.latest_bound
+        if bound is None:
+            why = "it has no 95% lower bound yet"
+        else:
+            b, brel, bpoint = _against(bound, w.bound_at, w.bound_target)
+            why = f"its 95% lower bound ({b}) is {brel} {bpoint}"
+        return f"The noise scale ({a}) is {rel} {point}, but {why}: wait for more evidence.", ""
+    status = f"The noise scale ({a}) is {rel} {point}."
+    if forecast.range is not None:
+        return status, _outlook(forecast.step, forecast.range, forecast.note, None)
+    if forecast.note:
+        return status, f"It is rising; no reliable forecast yet: {forecast.note}."
     if trend.fit is None:
-        return (
-            f"noise scale {ns} below {significant(target)}; too few estimates "
-            f"({len(trend.recent)}) for a trend"
-        )
-    return (
-        f"noise scale {ns} below {significant(target)} and not rising ({trend.desc}): "
-        "no crossing forecast"
+        return status, f"Too few estimates ({len(trend.recent)}) for a trend yet."
+    return status, "It is not rising: no crossing to forecast."
+
+
+def _outlook(step: int, frange, note: str, pace: _Pace | None) -> str:
+    """The forecast's sentence: the range the noise scale is expected to cross in (frange), or
+    the step the hysteresis runs out (step, no range); in time too, given the pace."""
+    if frange is None:
+        when = "" if pace is None else pace.until(step)
+        return f"Ready at step ~{step:,}{f' ({when})' if when else ''} if it stays above."
+    lo, hi = frange
+    said = f"after step {lo:,}" if hi is None else f"between steps {lo:,} and {hi:,}"
+    when = "" if pace is None else pace.until(lo, hi, open_end=hi is None)
+    if when:
+        said += f", {when} at the run's {pace.rate()}"
+    return f"It is rising: expected to cross {said}{f' ({note})' if note else ''}."
+
+
+@dataclass(frozen=True)
+class _Pace:
+    """Where the run is and how fast it steps: steps in the future as time from now."""
+
+    now: int
+    steps_per_second: float
+
+    @classmethod
+    def of(cls, now_step, steps_per_second) -> _Pace | None:
+        if now_step is None or steps_per_second is None:
+            return None
+        rate = float(steps_per_second)
+        return cls(int(now_step), rate) if math.isfinite(rate) and rate > 0 else None
+
+    def rate(self) -> str:
+        r = self.steps_per_second
+        return f"{_shown(r)} steps/s" if r >= 1 else f"one step every {_shown(1 / r)} s"
+
+    def until(self, first: int, last: int | None = None, open_end: bool = False) -> str:
+        """'in about 3–40 minutes' from now to steps first (..last); '' once they are past."""
+        end = first if last is None else last
+        if end <= self.now:
+            return ""
+        lo = max(0, first - self.now) / self.steps_per_second
+        hi = (end - self.now) / self.steps_per_second
+        if open_end:
+            return f"{_duration(lo, lo)} or more"
+        return _duration(lo, hi)
+
+
+def _duration(lo_s: float, hi_s: float) -> str:
+    """'in about 40 seconds', 'in about 3–40 minutes', 'in about 5 seconds to 2 minutes'."""
+    (a, unit_a), (b, unit_b) = _amount(lo_s), _amount(hi_s)
+    if (a, unit_a) == (b, unit_b):
+        return f"in about {b} {unit_b}"
+    if unit_a.rstrip("s") == unit_b.rstrip("s"):
+        return f"in about {a}–{b} {unit_b.rstrip('s')}s"
+    return f"in about {a} {unit_a} to {b} {unit_b}"
+
+
+def _amount(seconds: float) -> tuple[str, str]:
+    """(number, unit) a person reads: seconds under 90 s, minutes under 90 min, else hours."""
+    unit, size = (
+        ("second", 1) if seconds < 90 else ("minute", 60) if seconds < 5400 else ("hour", 3600)
     )
+    v = seconds / size
+    n = f"{v:.0f}" if v >= 10 or unit == "second" else f"{v:.2g}"
+    return n, unit if n == "1" else unit + "s"
 
 
-def _thr(ramp_at: float) -> str:
-    return "" if ramp_at == 1 else f"{ramp_at:g}× "
+def _against(value: float, k: float, threshold: float) -> tuple[str, str, str]:
+    """(value as shown, 'below' / 'just above' / 'at' / ..., 'the batch (16)' or '2× the batch
+    (32)'): value and threshold with digits enough that they look as different as they are, so a
+    number is never said to be below one that looks the same."""
+    for digits in range(3, 8):
+        a, b = _shown(value, digits), _count(threshold, digits)
+        if value == threshold or float(a.replace(",", "")) != float(b.replace(",", "")):
+            break
+    if value == threshold:
+        rel = "at"
+    else:
+        rel = "above" if value > threshold else "below"
+        if abs(value - threshold) < 0.01 * abs(threshold):
+            rel = "just " + rel
+    return a, rel, _of_batch(k, b)
+
+
+def _of_batch(k: float, shown: str) -> str:
+    return f"the batch ({shown})" if k == 1 else f"{k:g}× the batch ({shown})"
+
+
+def _count(x: float, digits: int = 3) -> str:
+    """A threshold in sequences: a whole number as one (16, not 16.0)."""
+    return f"{x:,.0f}" if float(x).is_integer() else _shown(x, digits)
+
+
+def _shown(x: float, digits: int = 3) -> str:
+    """gns_window.significant's format (no exponent, thousands separators) at `digits`
+    significant digits: 8.40, 15.98, 1,230."""
+    if digits == 3:
+        return significant(x)
+    if x == 0 or not math.isfinite(x):
+        return f"{x:g}"
+    return f"{x:,.{max(0, digits - 1 - math.floor(math.log10(abs(x))))}f}"
+
+
+def _join(*sentences: str) -> str:
+    return " ".join(s for s in sentences if s)
 
 
 # ------------------------------------------------------------------------------------- effect

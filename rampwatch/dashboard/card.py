@@ -8,7 +8,9 @@ refused with the reason), and the buttons. Stable widget keys for tests and the 
 "approve" (label starts with "Approve"; primary only when the advisor says "Ramp now", else
 "Approve early" behind the "override" checkbox), "reject", "cancel_command", "tier_choice", and the
 operator's "rw_operator" (name) and "rw_token" (the operator token, dashboard/guard.py).
-Read-only mode and runs that are not running draw the same card with no buttons. A click is
+Read-only mode and runs that are not running draw the same card with no buttons; a run that
+is not running gets "Not running" for its verdict and no forecast, a running one the advisor's
+sentences with the forecast timed at its measured step rate. An LR note is a caption on its tier. A click is
 checked again on the server (store_access.py): the token and the operator's name.
 Reject hides that recommendation (Card.key) for this session until a new one appears.
 A refusal stays on the card for ERROR_SECONDS (the page refreshes every few seconds, and a refresh
@@ -175,17 +177,37 @@ def signed_percent(x: float) -> str:
     return ("+" if x > 0 else "-") + text + "%"
 
 
-def _verdict(card: Card) -> None:
+def _running(run) -> bool:
+    return run.stored_status == "running" and run.status == "running"
+
+
+def _stopped(run) -> str:
+    """Why a run that is not running gets no ramp and no forecast."""
+    where = "" if run.last_step is None else f" at step {run.last_step:,}"
+    if run.status == "stale":
+        return (
+            f"The run stopped reporting{where} (no heartbeat): no ramp and no forecast until "
+            "it reports again."
+        )
+    return f"The run is {run.status}, stopped{where}: no ramp and no forecast."
+
+
+def _verdict(card: Card, run) -> None:
+    """One verdict: Ramp now, Not yet (with its forecast, timed at the run's pace), or Not
+    running (no forecast for a run that will not take the ramp)."""
     d = card.decision
     if d is None:
         return
-    if d.ready:
+    if not _running(run):
+        st.info(f"**Not running.** {_stopped(run)}", icon=":material/stop_circle:")
+    elif d.ready:
         st.success(f"**Ramp now.** {d.reason}", icon=":material/trending_up:")
     else:
-        st.info(f"**Not yet.** {d.reason}", icon=":material/schedule:")
+        said = d.said(card.last_step, card.steps_per_second)
+        st.info(f"**Not yet.** {said}", icon=":material/schedule:")
 
 
-def _evidence(card: Card) -> None:
+def _evidence(card: Card, running: bool) -> None:
     d = card.decision
     if d is None:
         return
@@ -197,8 +219,14 @@ def _evidence(card: Card) -> None:
             ns += f" (95% lower bound {significant(ev.lower_bound)})"
     elif ev.lower_bound:
         ns = f"> {significant(ev.lower_bound)} (95%; the windowed |G|² is not positive)"
-    trend = "n/a" if ev.trend_per_step is None else f"{ev.trend_per_step:+.3g}/step ({ev.trend})"
-    if d.forecast_range:  # a range, not a point: README "Forecast coverage" says why
+    trend = (
+        "n/a"
+        if ev.trend_per_step is None
+        else f"{ev.trend_per_step:+.3g} sequences a step ({ev.trend})"
+    )
+    if not running:
+        fc = "none (the run is not running)"
+    elif d.forecast_range:  # a range, not a point: README "Forecast coverage" says why
         lo, hi = d.forecast_range
         fc = f"between steps {lo:,} and {hi:,}" if hi is not None else f"after step {lo:,}"
         fc += f" ({d.forecast_note})" if d.forecast_note else ""
@@ -318,8 +346,8 @@ def _tier_detail(card: Card, v: TierView) -> None:
             text=f"predicted peak {format_gb(t.predicted_peak_bytes)} of "
             f"{format_gb(cap)} capacity (usable {format_gb(card.usable_bytes or cap)})",
         )
-    if v.lr_warning:
-        st.warning(v.lr_warning)
+    if v.lr_warning:  # a note on this tier, not a second verdict beside the card's
+        st.caption(f"Note on this tier: {v.lr_warning}.")
     if not t.fits:
         st.error(f"This tier cannot be approved: {t.reason}", icon=":material/memory:")
 
@@ -356,7 +384,7 @@ def render(card: Card, *, db, run, read_only: bool, trial: TrialCard | None = No
             )
             return
         with st.container():
-            _verdict(card)
+            _verdict(card, run)
         if card.current is None:
             return
         with st.container():
@@ -365,7 +393,7 @@ def render(card: Card, *, db, run, read_only: bool, trial: TrialCard | None = No
             if v is not None:
                 _tier_detail(card, v)
         with st.expander("Evidence and all tiers", expanded=False):
-            _evidence(card)
+            _evidence(card, _running(run))
             st.caption(card.memory_note)
             for n in card.notes:
                 st.caption(n)
@@ -380,7 +408,7 @@ def render(card: Card, *, db, run, read_only: bool, trial: TrialCard | None = No
             )
         if read_only:
             return
-        if run.stored_status != "running" or run.status != "running":
+        if not _running(run):
             st.caption(f"The run is {run.status}: ramp commands go only to running runs.")
             return
         refusal = store_access.ramp_refusal(run.config)
@@ -388,6 +416,11 @@ def render(card: Card, *, db, run, read_only: bool, trial: TrialCard | None = No
             st.info(f"This run {refusal}.", icon=":material/pan_tool:")
             return
         _controls(card, v, db, run.run_id, trial)
+
+
+def _clause(sentences: str) -> str:
+    """Sentences as a clause inside parentheses: lower-case start, no final full stop."""
+    return (sentences[:1].lower() + sentences[1:]).rstrip(".")
 
 
 def _approval_key(card: Card, v: TierView) -> str:
@@ -451,7 +484,7 @@ def _controls(card: Card, v: TierView | None, db, run_id: str, trial: TrialCard 
         )
         ready = card.decision is not None and card.decision.ready
         if not ready and blocked is None:  # an operator's override: it must look like one
-            early = card.decision.reason if card.decision else "no recommendation yet"
+            early = _clause(card.decision.status) if card.decision else "no recommendation yet"
             if not st.checkbox(
                 f"Ramp before the advisor is ready ({early})",
                 key="override",

@@ -8,7 +8,7 @@ downsampled series as a min/max band plus a last-value line, non-finite values a
 Trace names are part of the contract with the tests (tests/test_pages_live.py reads them from the
 figure JSON): "<label>" for a series' line, "<label> range" for its band, "<label> non-finite"
 for its markers, "events" for the event hover trace; event lines are layout shapes named
-"event:<kind>".
+"event:<kind>". The noise chart adds "90% interval" (its band's two edges) and "lower bound only".
 """
 
 from __future__ import annotations
@@ -268,36 +268,34 @@ def noise_figure(
     batch: Buckets | None,
     events: Sequence[Mapping] = (),
     lower: Buckets | None = None,
+    upper: Buckets | None = None,
 ) -> go.Figure:
-    """Windowed noise scale B_simple and its one-sided 95% lower bound against the effective
-    batch, all in sequences. A step logs an estimate only when it has a fresh one, so a stretch
-    without estimates is a jump in steps: the lines break there instead of joining across it."""
+    """The windowed noise scale B_simple against the effective batch, all in sequences, drawn
+    only where the estimator stands behind it: a point where it logged one; its 90% interval
+    (the one-sided 95% bounds `lower` and `upper`) as a band where both ends are known; an
+    upward marker at the bound where it logged a lower bound and no point (the windowed |G|² is
+    not positive: the noise scale is far above the batch). A step logs an estimate only when it
+    has a fresh one, so a stretch without estimates breaks the lines instead of joining across."""
     if (gns is None or not len(gns)) and (batch is None or not len(batch)):
         return empty_figure("Noise scale vs batch", "no noise-scale estimate yet")
     fig = _base("Gradient noise scale vs batch", "sequences")
+    if lower is not None and upper is not None and len(lower):
+        for tr in _interval_band(lower, upper, PALETTE[2]):
+            fig.add_trace(tr)
     if gns is not None and len(gns):
-        for tr in series_traces(gns, "noise scale (B_simple)", PALETTE[2]):
+        for tr in series_traces(gns, "noise scale (B_simple)", PALETTE[2], band=False):
             if not tr.name.endswith("non-finite"):
                 tr.connectgaps = False
                 tr.x, tr.y = break_gaps(tr.x, tr.y, _max_gap(gns))
             fig.add_trace(tr)
     if lower is not None and len(lower):
-        bound = np.where(lower.last > 0, lower.last, np.nan)  # 0 = no lower bound: not drawn
-        x, y = break_gaps(lower.steps, bound, _max_gap(lower))
-        fig.add_trace(
-            go.Scatter(
-                x=x,
-                y=y,
-                mode="lines",
-                connectgaps=False,
-                name="95% lower bound",
-                line=dict(color=PALETTE[2], width=1, dash="dot"),
-            )
-        )
+        bound_only = _bound_only(lower, gns)
+        if bound_only is not None:
+            fig.add_trace(bound_only)
     if batch is not None and len(batch):
         for tr in series_traces(batch, "batch (sequences)", PALETTE[7], band=False, shape="hv"):
             fig.add_trace(tr)
-    ticks = _ticks_125(gns, batch)
+    ticks = _ticks_125(gns, batch, lower, upper)
     fig.update_yaxes(
         type="log",
         tickvals=ticks,
@@ -305,6 +303,57 @@ def noise_figure(
     )
     add_events(fig, events)
     return fig
+
+
+def _interval_band(lower: Buckets, upper: Buckets, color: str) -> list[go.Scatter]:
+    """The 90% interval as a filled band between its ends, at the steps that have both (a lower
+    bound of 0 is none; an upper bound not logged is unbounded)."""
+    tops = dict(zip(upper.last_step.tolist(), upper.last.tolist(), strict=True))
+    both = [
+        (s, lo, tops[s])
+        for s, lo in zip(lower.last_step.tolist(), lower.last.tolist(), strict=True)
+        if lo > 0 and math.isfinite(tops.get(s, math.nan))
+    ]
+    if not both:
+        return []
+    x, lo, hi = (np.array(c, dtype=float) for c in zip(*both, strict=True))
+    gap = _max_gap(lower)
+    edges = [break_gaps(x, lo, gap), break_gaps(x, hi, gap)]
+    return [
+        go.Scatter(
+            x=ex,
+            y=ey,
+            mode="lines",
+            line=dict(width=0),
+            connectgaps=False,
+            fill="tonexty" if i else None,
+            fillcolor=_rgba(color, 0.2),
+            name="90% interval",
+            legendgroup="90% interval",
+            showlegend=bool(i),
+            hoverinfo="skip",
+        )
+        for i, (ex, ey) in enumerate(edges)
+    ]
+
+
+def _bound_only(lower: Buckets, gns: Buckets | None) -> go.Scatter | None:
+    """Upward markers at the steps with a lower bound and no point: "at least this much"."""
+    points = set() if gns is None else set(gns.last_step.tolist())
+    keep = np.array(
+        [s not in points and v > 0 for s, v in zip(lower.last_step, lower.last, strict=True)]
+    )
+    if not keep.any():
+        return None
+    return go.Scatter(
+        x=lower.last_step[keep],
+        y=lower.last[keep],
+        mode="markers",
+        name="lower bound only",
+        marker=dict(symbol="triangle-up", size=8, color=PALETTE[2]),
+        hovertemplate="noise scale above %{y:,.3g} (95%): no point estimate, the windowed "
+        "|G|² is not positive<extra></extra>",
+    )
 
 
 def _max_gap(b: Buckets) -> int:

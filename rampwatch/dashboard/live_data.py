@@ -57,6 +57,7 @@ LIVE_METRICS = (
     M.GRAD_NORM,
     M.GNS,
     M.GNS_LOW,
+    M.GNS_HIGH,
     M.BATCH_SEQS,
     M.MEM_PEAK,
     M.MEM_CAPACITY,

@@ -14,6 +14,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from rampwatch.advisor.advice import RunningTier, advise, memory_evidence
 from rampwatch.advisor.lr import rule_for
 from rampwatch.advisor.memory import MemoryModel, format_gb
@@ -21,6 +23,7 @@ from rampwatch.advisor.policy import RampPolicy
 from rampwatch.advisor.ramp_point import Effect, Recommendation
 from rampwatch.advisor.tiers import Tier, TierOption
 from rampwatch.advisor.trial import TrialVerdict
+from rampwatch.dashboard.buckets import Buckets
 from rampwatch.store import names as M
 
 
@@ -78,6 +81,7 @@ class Card:
     policy: RampPolicy | None = None
     latest_estimate_step: int | None = None  # the newest step with a noise-scale estimate
     last_step: int | None = None  # the run's newest step
+    steps_per_second: float | None = None  # the run's measured step rate (recent tokens/s)
 
     @property
     def awaiting_reread(self) -> bool:
@@ -189,6 +193,7 @@ def build_card(
     plan_rows: Sequence[Mapping],
     commands: Sequence = (),
     gns_lower: Sequence[float | None] | None = None,
+    throughput: Buckets | None = None,
 ) -> Card:
     """Everything the recommendation card shows, from one run's store rows.
 
@@ -197,6 +202,7 @@ def build_card(
     point (None where the window's |G|² was not positive) and one-sided 95% lower bound; events,
     plan_rows: the run's rows as mappings; commands: the run's ramp commands, oldest first. The
     ramp policy, like the trainer's, comes from the run config (advisor.policy.RampPolicy).
+    throughput: the run's tokens/s series, for the step rate the forecast is timed at.
     """
     run_id = str(run.get("run_id"))
     config = run.get("config") or {}
@@ -269,7 +275,23 @@ def build_card(
         policy,
         newest,
         last_step,
+        step_rate(throughput, cur),
     )
+
+
+RATE_BUCKETS = 32  # recent tokens/s points the step rate is the median of
+
+
+def step_rate(throughput: Buckets | None, cur: RunningTier) -> float | None:
+    """Steps per second: the median of the recent tokens/s over the tokens of a step now (a
+    median: one slow step, a checkpoint or a validation, does not move it)."""
+    if throughput is None or not len(throughput) or not cur.seq_len:
+        return None
+    recent = throughput.last[-RATE_BUCKETS:]
+    recent = recent[np.isfinite(recent) & (recent > 0)]
+    if not recent.size:
+        return None
+    return float(np.median(recent)) / (cur.batch * cur.seq_len)
 
 
 def _label(o: TierOption) -> str:

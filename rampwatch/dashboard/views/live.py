@@ -100,7 +100,9 @@ def _charts(snap: live_data.Snapshot, card: recommend.Card) -> None:
         )
     with right:
         st.plotly_chart(
-            charts.noise_figure(s.get(M.GNS), s.get(M.BATCH_SEQS), ev, s.get(M.GNS_LOW)),
+            charts.noise_figure(
+                s.get(M.GNS), s.get(M.BATCH_SEQS), ev, s.get(M.GNS_LOW), s.get(M.GNS_HIGH)
+            ),
             key="chart_noise",
         )
         st.plotly_chart(
@@ -187,6 +189,7 @@ def live_view() -> None:
         snap.plan_rows,
         snap.commands,
         snap.gns_lower,
+        throughput=snap.series.get(M.TOKENS_PER_S),
     )
     with top:
         _header(snap)
