@@ -321,6 +321,8 @@ def test_the_example_runs_as_written(tmp_path):
     assert sorted(loss) == list(range(1, 61)) and all(np.isfinite(list(loss.values())))
     assert len(series(db, run.run_id, M.GNS_G2)) == 60  # accumulation 4: partial sums per step
     assert run.config["accum"] == 4 and run.config["integration"] == "lightning"
+    assert run.config["trials"] is False  # the card shows why instead of a button
+    assert run.config["trials_note"].startswith("Lightning owns the data loader")
 
 
 def test_a_resumed_fit_continues_the_monitors_state(tmp_path):

@@ -269,5 +269,7 @@ def test_the_example_runs_as_written(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     [run] = store.list_runs(db)
     assert (run.name, run.stored_status, run.last_step) == ("hf-trainer", "finished", 40)
+    assert run.config["trials"] is False  # the card shows why instead of a button
+    assert run.config["trials_note"].startswith("the Hugging Face Trainer owns the data loader")
     assert len(series(db, run.run_id, M.GNS_G2)) == 40  # accumulation 2: every step measures
     assert not list(Path(f"{db}.checkpoints").glob("checkpoint-*"))  # no ramp, no checkpoint

@@ -94,6 +94,11 @@ from rampwatch.store import RunNotFoundError
 from rampwatch.store import names as M
 
 MONITOR_STATE = "monitor_state"  # where the callback's state_dict keeps Monitor.state_dict()
+# why the card offers no "Test ×2 first" here: a trial replays the same examples from a snapshot
+TRIALS_NOTE = (
+    "Lightning owns the data loader and the optimizer step: a trial cannot replay the same "
+    "examples from a snapshot"
+)
 _NO_GROUPS = SimpleNamespace(param_groups=[])  # scale_lr on a scheduler alone (groups done once)
 
 
@@ -197,6 +202,8 @@ class RampwatchCallback(pl.Callback):
             seq_len=self.seq_len,
             ramp=self.ramp,
             policy=self.policy,
+            trials=False,  # over monitor_kwargs: no trial_due() is ever asked here
+            trials_note=TRIALS_NOTE,
         )
         run_id = self._restored.get("run_id")
         if run_id and trainer.global_step > 0:  # resumed from a checkpoint: continue its run

@@ -68,6 +68,11 @@ from rampwatch.monitor import Monitor
 
 __all__ = ["EXIT_RAMP", "STATE_FILE", "RampRestart", "RampwatchTrainer", "resume_args"]
 
+# why the card offers no "Test ×2 first" here: a trial replays the same examples from a snapshot
+TRIALS_NOTE = (
+    "the Hugging Face Trainer owns the data loader and the optimizer step: a trial cannot "
+    "replay the same examples from a snapshot"
+)
 _ORDERED_SAMPLERS = ("SeedableRandomSampler", "SequentialSampler")  # order independent of b
 
 
@@ -306,6 +311,7 @@ class RampwatchTrainer(Trainer):
         }
         policy = RampPolicy.from_config({CONFIG_KEY: st["policy"]}) if st else self._policy
         kw = {"echo": sys.stderr, **self._monitor_kwargs}  # events as lines on stderr
+        kw.update(trials=False, trials_note=TRIALS_NOTE)  # no trial_due() is ever asked here
         self._mon = mon = Monitor.start(
             self._db,
             name=self._name or a.run_name or "hf-trainer",
