@@ -409,3 +409,24 @@ def test_signed_percent_keeps_small_effects_readable():
         "0%",
         "+10%",
     ]
+
+
+def test_the_trial_chart_draws_every_arm_and_the_held_out_losses_judged():
+    """A one-step arm still shows; each arm's held-out loss, what the verdict compares, is drawn."""
+    from rampwatch.store.reader import TrialPoint
+
+    points = [
+        TrialPoint(1, 2048, 3.1, None, False),
+        TrialPoint(1, 4096, 3.0, 2.9, True),
+        TrialPoint(4, 4096, 3.2, 2.95, True),  # one step: its only point is its end
+    ]
+    fig = charts.trial_figure(points)
+    names = [t.name for t in fig.data]
+    assert names == [
+        "control ×1, train",
+        "control ×1, held-out",
+        "branch ×4, train",
+        "branch ×4, held-out",
+    ]
+    held = {t.name: list(t.y) for t in fig.data if t.name.endswith("held-out")}
+    assert held == {"control ×1, held-out": [2.9], "branch ×4, held-out": [2.95]}

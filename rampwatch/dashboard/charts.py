@@ -537,25 +537,32 @@ def overlay_figure(curves: Sequence[Mapping], metric: str, x_title: str) -> go.F
 
 
 def trial_figure(points: Sequence) -> go.Figure:
-    """A trial's arms from the snapshot: train loss against tokens, one trace per arm ("control
-    ×1", "branch ×k"); points are store.reader.TrialPoint (factor, tokens, loss, ...)."""
+    """A trial's arms from the snapshot: train loss against tokens, one line per arm ("control
+    ×1", "branch ×k"), and at each arm's end its held-out loss, the number the verdict judges,
+    as a diamond; points are store.reader.TrialPoint (factor, tokens, loss, eval_loss, ...)."""
     title = "Trial arms: loss against tokens from the snapshot"
-    arms: dict[int, list] = {}
+    train: dict[int, list] = {}
+    held_out: dict[int, list] = {}
     for p in points:
-        if p.loss is not None and math.isfinite(p.loss):
-            arms.setdefault(p.factor, []).append((p.tokens, p.loss))
-    if not arms:
+        for into, v in ((train, p.loss), (held_out, p.eval_loss)):
+            if v is not None and math.isfinite(v):
+                into.setdefault(p.factor, []).append((p.tokens, v))
+    if not train and not held_out:
         return empty_figure(title, "no arm has logged a loss yet")
     fig = _base(title, "loss", "tokens since the snapshot")
-    for i, k in enumerate(sorted(arms)):
-        xy = sorted(arms[k])
-        fig.add_trace(
-            go.Scatter(
-                x=[x for x, _ in xy],
-                y=[y for _, y in xy],
-                name="control ×1" if k == 1 else f"branch ×{k}",
-                mode="lines+markers",
-                line=dict(color=PALETTE[i % len(PALETTE)], width=2),
-            )
-        )
+    for i, k in enumerate(sorted(train.keys() | held_out.keys())):
+        name, color = ("control ×1" if k == 1 else f"branch ×{k}"), PALETTE[i % len(PALETTE)]
+        for xy, held in ((sorted(train.get(k, ())), False), (held_out.get(k, ()), True)):
+            if xy:
+                fig.add_trace(
+                    go.Scatter(
+                        x=[x for x, _ in xy],
+                        y=[y for _, y in xy],
+                        name=f"{name}, held-out" if held else f"{name}, train",
+                        legendgroup=name,
+                        mode="markers" if held else "lines+markers",
+                        marker=dict(symbol="diamond", size=11) if held else None,
+                        line=dict(color=color, width=2),
+                    )
+                )
     return fig

@@ -344,7 +344,10 @@ class TrialOffer:
     def cost_text(self) -> str:
         if self.cost_tokens is None:
             return "Cost unknown: the run's config does not give its trial Δ."
-        parts = [f"{self.cost_fraction:.2%} of the run's budget"] if self.cost_fraction else []
+        share = self.cost_fraction
+        parts = (
+            [f"{'<0.01%' if share < 1e-4 else f'{share:.2%}'} of the run's budget"] if share else []
+        )
         if self.cost_seconds is not None:
             parts.append(f"~{duration(self.cost_seconds)} at {self.tokens_per_s:,.0f} tokens/s")
         more = f" ({', '.join(parts)})" if parts else ""
@@ -461,7 +464,7 @@ def trial_command_view(cmd) -> CommandView:
     text = {
         "pending": f"Trial #{cid} ({what}) is pending: waiting for the trainer to pick it up.",
         "claimed": f"Trial #{cid} ({what}) was claimed by the trainer: it runs at the next step.",
-        "applied": f"Trial #{cid} ({what}) ended; the run continued from step {step}.",
+        "applied": f"Trial #{cid} ({what}) ended; the run continued from step {step:,}.",
         "refused": f"Trial #{cid} ({what}) was refused: {reason}",
         "cancelled": f"Trial #{cid} ({what}) was cancelled.",
         "undone": f"Trial #{cid} ({what}) is not in effect: {reason}.",

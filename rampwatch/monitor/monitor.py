@@ -534,12 +534,16 @@ class Monitor:
         plan, trials = request.plan(), self.ramps.trials
         every = {k: max(1, plan.steps(k) // 4) for k in (1, *plan.ks)}
 
-        def on_step(k, done, loss):
-            if done % every[k] == 0 and done < plan.steps(k):
-                trials.arm_point(self.event, request, k, done, _number(loss))
+        last_loss: dict[int, float | None] = {}
 
-        def on_arm(k, losses):
-            trials.arm_point(self.event, request, k, plan.steps(k), None, float(losses.mean()))
+        def on_step(k, done, loss):
+            last_loss[k] = _number(loss)
+            if done % every[k] == 0 and done < plan.steps(k):
+                trials.arm_point(self.event, request, k, done, last_loss[k])
+
+        def on_arm(k, losses):  # the arm's last step: its train loss and the held-out mean
+            mean = float(losses.mean())
+            trials.arm_point(self.event, request, k, plan.steps(k), last_loss.get(k), mean)
 
         t0 = time.perf_counter()
         try:
