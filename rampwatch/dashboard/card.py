@@ -205,6 +205,8 @@ def _verdict(card: Card, run) -> None:
     else:
         said = d.said(card.last_step, card.steps_per_second)
         st.info(f"**Not yet.** {said}", icon=":material/schedule:")
+    if _running(run):
+        st.caption(f"Rests on: {card.evidence}.")
 
 
 def _evidence(card: Card, running: bool) -> None:
