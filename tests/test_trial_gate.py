@@ -17,8 +17,8 @@ import torch
 
 from rampwatch import Monitor
 from rampwatch.advisor.policy import RampPolicy
-from rampwatch.store import reader
 from rampwatch.store import names as M
+from rampwatch.store import reader
 
 N_EVAL = 256
 
