@@ -205,8 +205,6 @@ def _verdict(card: Card, run) -> None:
     else:
         said = d.said(card.last_step, card.steps_per_second)
         st.info(f"**Not yet.** {said}", icon=":material/schedule:")
-    if _running(run):
-        st.caption(f"Rests on: {card.evidence}.")
 
 
 def _evidence(card: Card, running: bool) -> None:
@@ -248,6 +246,7 @@ def _evidence(card: Card, running: bool) -> None:
             else ""
         )
     st.markdown(
+        f"- rests on: {card.evidence}\n"
         f"- samples: **{ev.n_samples}** noise-scale estimates (need {ev.min_estimates})\n"
         f"- noise scale **{ns}**{fresh} vs ramp point **{significant(ev.threshold_batch)}** "
         f"sequences\n"
