@@ -390,6 +390,7 @@ def replay_run(
     steps: int = 300,
     capacity: float = CAPACITY,
     policy: dict | None = None,
+    trials=(),
 ) -> Recorded:
     """A finished run at 8 × 2 on one device, written as the monitor writes one, for replays.
 
@@ -398,7 +399,11 @@ def replay_run(
     per-device batch): an 'oom' event and its infeasible row; ramps: (step, per_device_batch,
     accum): a 'ramp' event at step (the tier runs from step + 1). The noise scale grows like
     live_run's, 4 → 80 sequences, with its lower bound at 0.6×. policy: the run config's
-    ramp_policy fields beyond the first tier and LR (none: the legacy keys)."""
+    ramp_policy fields beyond the first tier and LR (none: the legacy keys). trials: (step,
+    verdict dict) auto trials (ids -1, -2, …) that start and end at step (tests/trial_events.py
+    events; the kept branch's ramp is one of `ramps`)."""
+    from tests import trial_events
+
     device_batch, accum = 8, 2
     extra = {}
     if policy is not None:
@@ -441,6 +446,11 @@ def replay_run(
                     "after": {"per_device_batch": device_batch, "accum": accum},
                 },
             )
+    for i, (step, verdict) in enumerate(trials):
+        start, end = trial_events.start(-1 - i, None, step), trial_events.end(-1 - i, step)
+        end["data"].update(verdict=verdict, kept_factor=verdict["kept_k"])
+        for e in (start, end):
+            w.event(e["kind"], e["message"], step=e["step"], data=e["data"])
     for step, plan in plans:
         for b, peak in plan.items():
             w.memory_plan(b, predicted_bytes=peak, source="plan", step=step)

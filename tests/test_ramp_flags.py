@@ -33,9 +33,18 @@ def _train_args(*flags: str) -> argparse.Namespace:
 
 def test_each_ramp_flag_is_a_policy_field():
     assert set(POLICY_FLAGS) <= {f.name for f in fields(RampPolicy)}
-    args = _train_args("--ramp-at", "2", "--hysteresis-steps", "7", "--min-estimates", "3")
+    args = _train_args(
+        *("--ramp-at", "2", "--hysteresis-steps", "7", "--min-estimates", "3"),
+        *("--ramp-gate", "trial", "--trial-interval-tokens", "4096"),
+    )
     got = {k: getattr(args, k) for k in POLICY_FLAGS}
-    assert got == {"ramp_at": 2.0, "hysteresis_steps": 7, "min_estimates": 3}
+    assert got == {
+        "ramp_at": 2.0,
+        "hysteresis_steps": 7,
+        "min_estimates": 3,
+        "gate": "trial",
+        "trial_interval_tokens": 4096,
+    }
     unset = _train_args()
     assert all(getattr(unset, k) is None for k in POLICY_FLAGS)  # the policy's own
 
@@ -62,10 +71,12 @@ def test_the_policys_defaults_are_the_only_ones():
 
 def test_the_trainer_records_the_flags_in_its_policy(tmp_path):
     db, flags = tmp_path / "runs.duckdb", ("--hysteresis-steps", "7", "--min-estimates", "3")
+    flags += ("--ramp", "auto", "--ramp-gate", "trial")
     r = run_trainer(db, tmp_path / "ck", "--run-id", "new", "--steps", "2", *flags)
     assert r.returncode == 0, r.stdout[-2000:]
     policy = RampPolicy.from_config(reader.get_run(db, "new").config)
     assert (policy.hysteresis_steps, policy.min_estimates, policy.ramp_at) == (7, 3, 1.0)
+    assert (policy.gate, policy.trial_interval_tokens) == ("trial", None)
 
 
 def test_a_run_recorded_with_the_old_config_keys_loads_its_policy(tmp_path):

@@ -3,20 +3,31 @@
 Owns `RunningTier` (the run as it is now: its tier, sequence length and device capacity),
 `memory_evidence` (memory rows → what is known of memory: measured peaks, the newest plan,
 per-device batches that ran out of memory), `advise` (policy + noise-scale estimates + memory
-evidence + the running tier → one `Advice`: the decision, the tiers with their LR and effect,
-notes) and `Advice.refusal` (why a tier cannot run). The monitor's auto mode and its check of an
+evidence + the latest trial's calibration + the running tier → one `Advice`: the decision, what
+it rests on, the tiers with their LR and effect, notes), `TrialEvidence` (what a finished trial
+says of the noise scale) and `Advice.refusal` (why a tier cannot run). The monitor's auto mode and its check of an
 approved command (monitor/ramp_protocol.py) and the dashboard's card (dashboard/recommend.py) all call
 these, so they cannot disagree: given the same rows, the same advice.
 
 Memory rows are plain mappings, the store's `memory_plan` rows or what the monitor wrote:
 per_device_batch, and any of variant, predicted_bytes, measured_bytes, feasible, step, error.
+
+Trial evidence. A ramp trial (advisor/trial.py) measures the critical batch directly, as Merrill
+et al. 2025 §3.1 do: its bracket's lower end B*_lower is a batch the run was shown to take, and
+c = B*_lower / B_simple (TrialVerdict.calibration) is what the noise scale underestimated it by
+here — they found B_simple "cannot be used reliably as a proxy", low by orders of magnitude on
+OLMo. Between trials the decision reads the noise-scale trend translated by c, c · B_simple as the
+critical batch: the trend still says how fast the critical batch grows, the trial says where it
+is. The ratio drifts as training goes on (their 1B and 7B trends differ), so only the latest
+finished trial counts, and the Advice names it and its age ("noise scale × 3.1 from trial 7 at
+step 400, 120 steps ago"). A trial that passed no branch has no c: the noise scale alone.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from rampwatch.advisor.lr import noise_scale_warning
 from rampwatch.advisor.memory import MemoryModel, fit_memory_model, format_gb, usable_bytes
@@ -24,7 +35,15 @@ from rampwatch.advisor.policy import RampPolicy
 from rampwatch.advisor.ramp_point import Effect, Recommendation, predicted_effect
 from rampwatch.advisor.tiers import Tier, TierOption, accumulation_tiers, candidate_tiers
 
-__all__ = ["Advice", "MemoryEvidence", "RunningTier", "TierAdvice", "advise", "memory_evidence"]
+__all__ = [
+    "Advice",
+    "MemoryEvidence",
+    "RunningTier",
+    "TierAdvice",
+    "TrialEvidence",
+    "advise",
+    "memory_evidence",
+]
 
 
 @dataclass(frozen=True)
@@ -111,6 +130,61 @@ def _step(row: Mapping) -> int:
     return -1 if row.get("step") is None else int(row["step"])
 
 
+# ------------------------------------------------------------------------------ trial evidence
+
+
+@dataclass(frozen=True)
+class TrialEvidence:
+    """What the latest finished trial says of the noise scale: its id, snapshot step and
+    coefficient c = bracket's lower end / B_simple (None: no branch passed, or no noise scale)."""
+
+    trial_id: int  # the command id; negative for a trial the loop started itself
+    step: int  # the snapshot step S
+    coefficient: float | None
+    passed: bool  # a branch passed: the run continued from it (a ramp)
+
+    @classmethod
+    def of(cls, trial_id: int, step: int, verdict) -> TrialEvidence:
+        """From an advisor.trial.TrialVerdict: the monitor's own, or the card's from the store."""
+        c = verdict.calibration
+        ok = c is not None and math.isfinite(c) and c > 0
+        return cls(int(trial_id), int(step), float(c) if ok else None, verdict.k_star is not None)
+
+    @property
+    def name(self) -> str:
+        return f"trial {self.trial_id}" if self.trial_id > 0 else f"auto trial {-self.trial_id}"
+
+    def describe(self, now_step: int | None) -> str:
+        """What a decision on it rests on, with its age in steps at now_step."""
+        if self.coefficient is None:
+            return f"noise scale only ({self.name} at step {self.step:,} gave no calibration)"
+        age = ""
+        if now_step is not None and now_step > self.step:
+            age = f", {now_step - self.step:,} steps ago"
+        return f"noise scale × {self.coefficient:.3g} from {self.name} at step {self.step:,}{age}"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+NOISE_ONLY = "noise scale only"
+
+
+def _evidence_words(policy: RampPolicy, trial: TrialEvidence | None, now: int | None) -> str:
+    if trial is not None:
+        return trial.describe(now)
+    if policy.gate == "trial":
+        return f"{NOISE_ONLY}, read as the critical batch until a trial measures it"
+    return NOISE_ONLY
+
+
+def _translated(values, c: float | None):
+    """The series × c (None stays None): the noise-scale trend as the critical batch."""
+    if values is None or c is None:
+        return values
+    return [None if v is None else v * c for v in values]
+
+
 # ------------------------------------------------------------------------------------- advice
 
 
@@ -139,6 +213,8 @@ class Advice:
     memory_note: str
     usable_bytes: float | None
     notes: list[str] = field(default_factory=list)  # what the advice could not judge, and why
+    evidence: str = NOISE_ONLY  # what the decision rests on, in words (the card's line)
+    trial: TrialEvidence | None = None  # the latest finished trial, when there is one
 
     @property
     def suggested(self) -> TierAdvice | None:
@@ -180,13 +256,26 @@ def advise(
     memory: MemoryEvidence,
     since_step: int | None,
     knows_lr: bool = True,
+    trial: TrialEvidence | None = None,
 ) -> Advice:
     """The ramp decision and its tiers for a run at `current`.
 
     gns_*: the smoothed noise scale's steps with an estimate, its point (None: no point) and its
     one-sided 95% lower bound (advisor.gns_window); since_step: the last ramp (the hysteresis
-    restarts there); knows_lr False: the run recorded no original LR, so no new base LR."""
-    decision = policy.decide(gns_steps, gns_values, gns_lower, current.batch, since_step)
+    restarts there); knows_lr False: the run recorded no original LR, so no new base LR; trial:
+    the latest finished trial (module docstring: the decision reads c · B_simple as the critical
+    batch). Under the trial gate the noise scale is read as the critical batch even uncalibrated
+    (RampPolicy.decide's `critical`): the trial that follows is the check."""
+    c = trial.coefficient if trial is not None else None
+    decision = policy.decide(
+        gns_steps,
+        _translated(gns_values, c),
+        _translated(gns_lower, c),
+        current.batch,
+        since_step,
+        critical=c is not None or policy.gate == "trial",
+    )
+    now = int(max(gns_steps)) if len(gns_steps) else None
     model, memory_note = memory.model()
     notes = []
     usable = None
@@ -210,7 +299,19 @@ def advise(
         )
         for o in _options(policy, current, memory.infeasible, model)
     ]
-    return Advice(policy, current, decision, tiers, memory, model, memory_note, usable, notes)
+    return Advice(
+        policy,
+        current,
+        decision,
+        tiers,
+        memory,
+        model,
+        memory_note,
+        usable,
+        notes,
+        _evidence_words(policy, trial, now),
+        trial,
+    )
 
 
 def _options(

@@ -15,6 +15,15 @@ What it costs, by eq. 2.11 (S/S_min = 1 + B_noise/B, E/E_min = 1 + B/B_noise): i
 or about 1.9–2.8× and 1.6–2.1× with B_crit = 1.8·B_simple; a batch held at B while B_noise grows
 to k·B takes (1 + k)× the minimum steps. `band_cost()` states it for any settings.
 
+The gate: what an auto ramp rests on. "noise" (the default) ramps on the noise scale as above.
+"trial" ramps only through a ramp trial that passes (advisor/trial.py; the kept branch is the
+ramp): the monitor starts one when the noise scale, read as the critical batch (`critical`
+below), has passed factor × B, or every `trial_interval_tokens` whatever it says, and waits that
+interval after a trial that kept the control. Why both: B_simple can underestimate the critical
+batch by orders of magnitude (Merrill et al. 2025, arXiv 2505.23971), so the evidence alone could
+never call a trial; the interval bounds what trials cost (None: TRIAL_INTERVAL_DELTAS × the
+trial's Δ, which keeps a ×2, ×4 trial's discarded arms within 2% of the tokens between trials).
+
 The run config holds the policy under CONFIG_KEY; `from_config` also reads the keys that runs
 written before the policy existed used (ramp_hysteresis, ramp_min_samples, original_lr,
 original_batch), and falls back on the first tier of the config.
@@ -29,9 +38,19 @@ from dataclasses import asdict, dataclass, fields, replace
 from rampwatch.advisor.lr import rule_for, scaled_base_lr
 from rampwatch.advisor.ramp_point import ramp_decision
 
-__all__ = ["CONFIG_KEY", "RAMP_MAX_FACTOR", "RampPolicy", "default"]
+__all__ = [
+    "CONFIG_KEY",
+    "GATES",
+    "RAMP_MAX_FACTOR",
+    "RampPolicy",
+    "TRIAL_INTERVAL_DELTAS",
+    "default",
+]
 
 RAMP_MAX_FACTOR = 8  # effective-batch growth per ramp: a larger jump is a typo, not a ramp
+
+GATES = ("noise", "trial")  # what an auto ramp rests on (above)
+TRIAL_INTERVAL_DELTAS = 100  # gate "trial", no interval given: a trial every 100 × its Δ tokens
 
 CONFIG_KEY = "ramp_policy"  # where the run config keeps RampPolicy.to_config()
 # keys of run configs written before the policy existed
@@ -54,6 +73,8 @@ class RampPolicy:
     margin: float = 0.05  # fraction of device memory kept free when judging fit
     offered_factors: tuple[int, ...] = (2, 4, 8)  # the tiers the card offers
     keep_noise_scale: bool = True  # on one device, offer tiers with accumulation >= 2
+    gate: str = "noise"  # auto ramps on the noise scale, or only through a passing trial
+    trial_interval_tokens: int | None = None  # gate "trial": tokens between trials (None: above)
 
     def __post_init__(self):
         if not (isinstance(self.original_batch, int) and self.original_batch > 0):
@@ -67,6 +88,15 @@ class RampPolicy:
             raise ValueError("ramp_at must be > 0, bound_at >= 0 and factor >= 2")
         if self.hysteresis_steps < 1 or self.min_estimates < 0 or not 0 <= self.margin < 1:
             raise ValueError("hysteresis_steps >= 1, min_estimates >= 0 and margin in [0, 1)")
+        if self.gate not in GATES:
+            raise ValueError(f"gate must be one of {', '.join(GATES)}, got {self.gate!r}")
+        if self.trial_interval_tokens is not None and not (
+            isinstance(self.trial_interval_tokens, int) and self.trial_interval_tokens > 0
+        ):
+            raise ValueError(
+                "trial_interval_tokens must be a positive number of tokens or None, got "
+                f"{self.trial_interval_tokens!r}"
+            )
         if max(self.factor, *self.offered_factors) > RAMP_MAX_FACTOR:
             raise ValueError(
                 f"factor and offered_factors must be at most {RAMP_MAX_FACTOR} (RAMP_MAX_FACTOR: "
@@ -95,7 +125,12 @@ class RampPolicy:
             f"batch); eq. 2.11 prices that band at {c['steps_low']:g}–{c['steps_high']:g}× "
             f"the minimum steps and {c['examples_low']:g}–{c['examples_high']:g}× the "
             "minimum examples"
+            + ("; auto ramps only through a passing trial" if self.gate == "trial" else "")
         )
+
+    def trial_interval(self, delta_tokens: int) -> int:
+        """Gate "trial": tokens from one trial's start to the next that the evidence did not call."""
+        return self.trial_interval_tokens or TRIAL_INTERVAL_DELTAS * int(delta_tokens)
 
     def new_base_lr(self, new_batch: int) -> float:
         """The base LR at new_batch, scaled from the original (a ramp and its reverse restore it)."""
@@ -108,14 +143,21 @@ class RampPolicy:
         lower: Sequence[float | None] | None,
         batch: float,
         since_step: int | None,
+        critical: bool = False,
     ):
-        """advisor.ramp_point.ramp_decision with this policy's thresholds (its only source of them)."""
+        """advisor.ramp_point.ramp_decision with this policy's thresholds (its only source of them).
+
+        critical: the values estimate the critical batch itself (a trial's calibration, or the
+        trial gate), not B_simple. The band [B_simple, 2·B_simple] above is about [B_crit/2,
+        B_crit]; for B_crit the same ramp point is factor × ramp_at × B, so the new batch is at
+        most the critical batch (Merrill et al.'s warmup: double B once B* > 2B)."""
+        scale = self.factor if critical else 1
         return ramp_decision(
             steps,
             b_noise,
             batch,
-            ramp_at=self.ramp_at,
-            bound_at=self.bound_at,
+            ramp_at=self.ramp_at * scale,
+            bound_at=self.bound_at * scale,
             hysteresis_steps=self.hysteresis_steps,
             min_estimates=self.min_estimates,
             factor=self.factor,

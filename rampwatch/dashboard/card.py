@@ -246,6 +246,7 @@ def _evidence(card: Card, running: bool) -> None:
             else ""
         )
     st.markdown(
+        f"- rests on: {card.evidence}\n"
         f"- samples: **{ev.n_samples}** noise-scale estimates (need {ev.min_estimates})\n"
         f"- noise scale **{ns}**{fresh} vs ramp point **{significant(ev.threshold_batch)}** "
         f"sequences\n"

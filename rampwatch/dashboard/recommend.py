@@ -3,8 +3,9 @@
 Owns: reading the run's current tier, sequence length, capacity, LR rule and policy from its
 config and latest metrics, the last ramp and the OOMs from its events, and what the latest ramp
 command says. The verdict itself is advisor/advice.py's `advise` over `memory_evidence` of the
-run's memory_plan rows: the same functions the monitor's auto mode and command check call, so the
-card offers what the trainer would do. dashboard/card.py draws it; tests build it from seeded
+run's memory_plan rows and `TrialEvidence` of its latest finished trial (the store's trials
+table): the same functions and evidence the monitor's auto mode and command check use, so the
+card offers what the trainer would do, and says what it rests on (`Card.evidence`). dashboard/card.py draws it; tests build it from seeded
 databases.
 """
 
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rampwatch.advisor.advice import RunningTier, advise, memory_evidence
+from rampwatch.advisor.advice import NOISE_ONLY, RunningTier, TrialEvidence, advise, memory_evidence
 from rampwatch.advisor.lr import rule_for
 from rampwatch.advisor.memory import MemoryModel, format_gb
 from rampwatch.advisor.policy import RampPolicy
@@ -82,6 +83,7 @@ class Card:
     latest_estimate_step: int | None = None  # the newest step with a noise-scale estimate
     last_step: int | None = None  # the run's newest step
     steps_per_second: float | None = None  # the run's measured step rate (recent tokens/s)
+    evidence: str = NOISE_ONLY  # what the decision rests on (advisor.advice.Advice.evidence)
 
     @property
     def awaiting_reread(self) -> bool:
@@ -194,6 +196,7 @@ def build_card(
     commands: Sequence = (),
     gns_lower: Sequence[float | None] | None = None,
     throughput: Buckets | None = None,
+    trials: Sequence = (),
 ) -> Card:
     """Everything the recommendation card shows, from one run's store rows.
 
@@ -203,6 +206,8 @@ def build_card(
     plan_rows: the run's rows as mappings; commands: the run's ramp commands, oldest first. The
     ramp policy, like the trainer's, comes from the run config (advisor.policy.RampPolicy).
     throughput: the run's tokens/s series, for the step rate the forecast is timed at.
+    trials: the run's trials (store.reader.Trial), oldest first: the latest finished one
+    calibrates the noise scale (advisor.advice.TrialEvidence).
     """
     run_id = str(run.get("run_id"))
     config = run.get("config") or {}
@@ -252,6 +257,7 @@ def build_card(
         memory,
         since_step=last_ramp,
         knows_lr=knows_lr,
+        trial=latest_trial_evidence(trials),
     )
     problems += advice.notes
     views = [
@@ -276,7 +282,18 @@ def build_card(
         newest,
         last_step,
         step_rate(throughput, cur),
+        advice.evidence,
     )
+
+
+def latest_trial_evidence(trials: Sequence) -> TrialEvidence | None:
+    """The newest finished trial with a readable verdict, as the monitor keeps its own."""
+    for t in reversed(trials):
+        if t.status == "finished" and t.start_step is not None:
+            verdict = trial_view(t).verdict
+            if verdict is not None:
+                return TrialEvidence.of(t.trial_id, t.start_step, verdict)
+    return None
 
 
 RATE_BUCKETS = 32  # recent tokens/s points the step rate is the median of

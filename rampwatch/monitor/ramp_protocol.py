@@ -20,7 +20,11 @@ re-exported here.
 Trial commands come through the same claim: `_decide` hands one to monitor/trial_protocol.py's
 TrialProtocol (the check, the arms' tiers by advise()), the channel carries it like a ramp, and
 `due` leaves the request for Monitor.trial_due() instead of returning a Ramp; `trial_done`
-reports its command applied at the step the run continued from, or refused.
+reports its command applied at the step the run continued from, or refused. Under the policy's
+trial gate, `ramp="auto"` ramps only through trials: `_auto` asks TrialProtocol.auto for one
+(monitor/trial_protocol.py) instead of proposing a ramp, and the kept branch is the ramp.
+Every advise() here carries the latest finished trial's evidence (TrialProtocol.latest), as the
+card's does from the store's trials table.
 
 Why the checks live here and not in the dashboard: the memory picture may have changed (an OOM,
 a new measurement) since the operator clicked, so a command is checked again at the boundary.
@@ -132,6 +136,13 @@ class RampProtocol:
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"ramp={self.mode!r}: one of {', '.join(MODES)}")
+        if self.mode == "auto" and self.policy.gate == "trial" and not self.trials.enabled:
+            raise ValueError(
+                "ramp='auto' with the policy's trial gate ramps only through trials, and this "
+                f"loop runs none ({self.trials.note or 'trials=False'}): start the monitor with "
+                "trials=True and run what trial_due() returns, or use gate 'noise'"
+            )
+        self.tokens = 0  # tokens seen at the last step (the trial gate's interval counts them)
         self.base_lr = self.base_lr or self.policy.original_lr
         self._gns_steps: list[int] = []  # steps with a fresh noise-scale estimate
         self._gns_values: list[float | None] = []
@@ -153,6 +164,7 @@ class RampProtocol:
             "last_ramp_step": self.last_ramp_step,
             "infeasible": sorted(self.infeasible),
             "measured": {str(b): v for b, v in sorted(self.measured.items())},  # JSON keys
+            "trials": self.trials.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -161,9 +173,12 @@ class RampProtocol:
         self.last_ramp_step = int(state.get("last_ramp_step", self.last_ramp_step))
         self.infeasible = {int(b) for b in state.get("infeasible", self.infeasible)}
         self.measured = {int(b): int(v) for b, v in state.get("measured", self.measured).items()}
+        self.trials.load_state_dict(state.get("trials") or {})
+        self.tokens = int(state.get("tokens_seen", self.tokens))  # Monitor.state_dict's
 
     # -- fed by Monitor.step ------------------------------------------------------------------
     def observe(self, step: int, metrics: dict) -> None:
+        self.tokens = int(metrics.get(M.TOKENS_SEEN, self.tokens))
         if M.GNS_LOW in metrics:  # a fresh estimate this step (a point, a bound or both)
             self._gns_steps.append(step)
             self._gns_values.append(metrics.get(M.GNS))
@@ -255,6 +270,7 @@ class RampProtocol:
             self._gns_lower,
             self.memory_evidence(),
             since_step=self.last_ramp_step,
+            trial=self.trials.latest,
         )
 
     # -- at a step boundary -------------------------------------------------------------------
@@ -273,7 +289,7 @@ class RampProtocol:
             return None
         if proposal.kind == "trial":  # the loop takes it with Monitor.trial_due()
             decided = sent or proposal  # rank 0's own names its source
-            trial_id = decided.command_id if decided.command_id is not None else -1
+            trial_id = self.trials.begin(decided.command_id, self.tokens)
             self.trials.pending = self.trials.request(self, decided, step, trial_id)
             return None
         return Ramp(
@@ -366,10 +382,12 @@ class RampProtocol:
 
     def _auto(self, step: int) -> Proposal | None:
         advice = self.advise()
-        if not advice.decision.ready:
+        if not advice.decision.ready and self.policy.gate != "trial":
             return None
         if advice.memory_model is None and self.plan_pending:
             return None  # the plan is still running: judge the per-device batch when it is in
+        if self.policy.gate == "trial":  # ramps only through a trial that passes
+            return self.trials.auto(self, advice, self.tokens)
         suggested = advice.suggested
         if suggested is None or not suggested.fits:
             return None

@@ -22,6 +22,14 @@ factor it does not offer, the running per-device batch with k× the accumulation
 construction) and must pass `Advice.refusal`; one that cannot run refuses the whole command with
 the reason (a trial never silently drops an arm). Δ is rounded up to a whole number of steps of
 every arm (advisor/trial.py's TrialPlan needs it: every arm reads the same examples).
+
+A finished trial is the run's newest trial evidence (`latest`, advisor/advice.py TrialEvidence):
+advise() reads the noise scale through its calibration until the next one. Under the policy's
+trial gate (advisor/policy.py) with ramp="auto", `auto` is where the loop starts a trial itself
+(a negative trial id, source "auto: ..."): when the decision on that evidence is ready, or once
+the policy's interval has passed since the last trial's start; after a trial that did not ramp
+(failed or abandoned) the evidence waits that interval too, so a ramp the trials keep refusing
+is not tried again at every boundary.
 """
 
 from __future__ import annotations
@@ -29,7 +37,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from rampwatch.advisor.tiers import Tier
+from rampwatch.advisor.advice import TrialEvidence
+from rampwatch.advisor.tiers import RAMP_MAX_FACTOR, Tier
 from rampwatch.advisor.trial import TrialPlan, TrialVerdict
 from rampwatch.monitor.ramp_channel import Proposal
 from rampwatch.store import CommandError
@@ -140,6 +149,25 @@ class TrialProtocol:
     delta_tokens: int | None = None  # the loop's default Δ (None: DEFAULT_BRANCH_STEPS)
     budget_tokens: int | None = None  # the run's token budget, for the cost's share
     pending: TrialRequest | None = field(default=None, repr=False)
+    latest: TrialEvidence | None = None  # the newest finished trial: advise() reads it
+    last_start_tokens: int | None = None  # tokens seen at the last trial's start (None: none yet)
+    last_ramped: bool = False  # the last trial kept a branch
+    auto_trials: int = 0  # trials this loop started itself: their ids are -1, -2, ...
+
+    def state_dict(self) -> dict:
+        return {
+            "latest": None if self.latest is None else self.latest.to_dict(),
+            "last_start_tokens": self.last_start_tokens,
+            "last_ramped": self.last_ramped,
+            "auto_trials": self.auto_trials,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        latest = state.get("latest")
+        self.latest = TrialEvidence(**latest) if latest else self.latest
+        self.last_start_tokens = state.get("last_start_tokens", self.last_start_tokens)
+        self.last_ramped = bool(state.get("last_ramped", self.last_ramped))
+        self.auto_trials = int(state.get("auto_trials", self.auto_trials))
 
     def config(self) -> dict:
         """What the run config records: the card says up front whether trials run, and why not."""
@@ -154,9 +182,9 @@ class TrialProtocol:
         return f"this loop does not run trials: {self.note or NOT_OPTED_IN}"
 
     # -- a trial command at a boundary (rank 0) -------------------------------------------
-    def propose(self, ramps, payload) -> Proposal | str:
+    def propose(self, ramps, payload, advice=None) -> Proposal | str:
         """The trial a command asks for, checked (ramps: the RampProtocol, for the running tier,
-        the policy and advise()), or why it cannot run."""
+        the policy and advise(); advice: its advice, when the caller has it), or why it cannot run."""
         reason = self.refusal()
         if reason is not None:
             return reason
@@ -165,7 +193,7 @@ class TrialProtocol:
         except CommandError as e:
             return str(e)
         running = ramps.running
-        advice = ramps.advise()
+        advice = advice or ramps.advise()
         offered = {t.option.factor: t for t in advice.tiers}
         arms = []
         for k in payload["factors"]:
@@ -193,6 +221,42 @@ class TrialProtocol:
         unit = math.lcm(*factors) * step
         want = requested or self.delta_tokens or DEFAULT_BRANCH_STEPS * max(factors) * step
         return -(-want // unit) * unit
+
+    # -- a trial the loop starts itself (ramp="auto" under the trial gate; rank 0) -----------
+    def auto(self, ramps, advice, tokens: int) -> Proposal | None:
+        """The trial due now by the evidence or the interval (module docstring), or None: ×f and
+        ×2f (the policy's factor f), or ×f alone when ×2f cannot run."""
+        if not self.enabled:
+            return None
+        policy, running = ramps.policy, ramps.running
+        f = policy.factor
+        choices = [(f, 2 * f), (f,)] if 2 * f <= RAMP_MAX_FACTOR else [(f,)]
+        interval = policy.trial_interval(self.whole_delta(None, choices[0], running))
+        since = tokens - (self.last_start_tokens or 0)
+        first = self.last_start_tokens is None
+        if since >= interval:
+            why = f"{since:,} tokens since {'the start' if first else 'the last trial'}"
+            why += f" (a trial every {interval:,})"
+        elif advice.decision.ready and (first or self.last_ramped):
+            why = advice.decision.reason
+        else:
+            return None
+        for factors in choices:
+            payload = {"factors": list(factors), "delta_tokens": None}
+            proposal = self.propose(ramps, payload, advice)
+            if not isinstance(proposal, str):
+                proposal.source = f"auto: {why}"
+                return proposal
+        return None
+
+    def begin(self, command_id: int | None, tokens: int) -> int:
+        """Every rank, as a trial is decided: its id (a new negative one for an auto trial) and
+        the interval's start."""
+        self.last_start_tokens, self.last_ramped = int(tokens), False
+        if command_id is not None:
+            return command_id
+        self.auto_trials += 1
+        return -self.auto_trials
 
     def request(self, ramps, proposal: Proposal, step: int, trial_id: int) -> TrialRequest:
         """Every rank: the request from the proposal rank 0 decided (arms' base LRs by the
@@ -273,6 +337,8 @@ class TrialProtocol:
 
     def ended(self, event, out: TrialOutcome) -> None:
         req, forced = out.request, out.kept.factor != out.verdict.kept_k
+        self.latest = TrialEvidence.of(req.trial_id, req.step, out.verdict)
+        self.last_ramped = out.kept.factor > 1
         event(
             out.continue_step,
             M.EVENT_TRIAL_END,

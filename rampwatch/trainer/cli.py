@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+from rampwatch.advisor.policy import GATES
 from rampwatch.store.naming import check_run_id, check_run_name
 from rampwatch.trainer.config import PRESET_RUN_DEFAULTS, PRESETS
 
@@ -89,6 +90,20 @@ def add_arguments(t: argparse.ArgumentParser) -> None:
         "--min-estimates",
         type=int,
         help="noise-scale estimates before any ramp (default: the policy's)",
+    )
+    ramp.add_argument(
+        "--ramp-gate",
+        dest="gate",
+        choices=GATES,
+        help="what --ramp auto ramps on: the noise scale (the policy's default), or 'trial': "
+        "only a ramp trial that passes, started when the calibrated noise scale says the "
+        "critical batch passed 2x the batch or every --trial-interval-tokens",
+    )
+    ramp.add_argument(
+        "--trial-interval-tokens",
+        type=int,
+        help="with --ramp-gate trial: tokens between trials the evidence did not call, and "
+        "the wait after a trial that kept the control (default: 100 x the trial's delta)",
     )
     for old, knob in OLD_POLICY_FLAGS.items():  # a user's old command line still works
         ramp.add_argument(old, dest=knob, type=int, help=argparse.SUPPRESS)
@@ -246,6 +261,7 @@ NUMBERS = {
     "hysteresis_steps": (lambda n: n >= 1, "at least 1 (estimates in a row)"),
     "min_estimates": (_non_negative, "0 or more"),
     "trial_delta_tokens": (_positive, "a positive number of tokens"),
+    "trial_interval_tokens": (_positive, "a positive number of tokens"),
     "trial_eval_batch": (lambda n: n >= 2, "at least 2 (the trial's paired test)"),
     "trial_keep": (lambda n: n >= 1, "a factor of the trial (1: the control)"),
 }

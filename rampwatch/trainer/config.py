@@ -80,7 +80,7 @@ def default_trial_delta_tokens(batch: int, seq_len: int, total_tokens: int) -> i
 
 # Run options that set a RampPolicy knob, each named by its field (--ramp-at sets ramp_at). The
 # loop hands those given to the policy; unset, the policy's own default holds.
-POLICY_FLAGS = ("ramp_at", "hysteresis_steps", "min_estimates")
+POLICY_FLAGS = ("ramp_at", "hysteresis_steps", "min_estimates", "gate", "trial_interval_tokens")
 
 
 PRESETS: dict[str, ModelConfig] = {

@@ -190,6 +190,7 @@ def live_view() -> None:
         snap.commands,
         snap.gns_lower,
         throughput=snap.series.get(M.TOKENS_PER_S),
+        trials=snap.trials,
     )
     with top:
         _header(snap)
