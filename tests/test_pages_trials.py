@@ -64,7 +64,11 @@ def test_a_running_trial_shows_each_arm_s_progress_and_the_chart(trials_run, mon
         "branch ×4: 0 of 65,536 tokens (waiting)",
     ]
     fig = seed.figures(at)["Trial arms: loss against tokens from the snapshot"]
-    assert seed.trace_names(fig) == ["control ×1", "branch ×2"]
+    assert seed.trace_names(fig) == [
+        "control ×1, train",
+        "control ×1, held-out",
+        "branch ×2, train",
+    ]
     # while it runs, neither a ramp nor a second trial can be sent: both say why on a click
     at = seed.sign_in(at)
     at.run()

@@ -478,10 +478,11 @@ def trial_command_view(cmd) -> CommandView:
     cid, status, payload = int(cmd.command_id), str(cmd.status), dict(cmd.payload or {})
     what = ", ".join(f"×{k}" for k in payload.get("factors") or ())
     step, reason = cmd.applied_step, cmd.reason
+    at = "?" if step is None else f"{int(step):,}"  # every entry is built: pending has no step
     text = {
         "pending": f"Trial #{cid} ({what}) is pending: waiting for the trainer to pick it up.",
         "claimed": f"Trial #{cid} ({what}) was claimed by the trainer: it runs at the next step.",
-        "applied": f"Trial #{cid} ({what}) ended; the run continued from step {step:,}.",
+        "applied": f"Trial #{cid} ({what}) ended; the run continued from step {at}.",
         "refused": f"Trial #{cid} ({what}) was refused: {reason}",
         "cancelled": f"Trial #{cid} ({what}) was cancelled.",
         "undone": f"Trial #{cid} ({what}) is not in effect: {reason}.",
