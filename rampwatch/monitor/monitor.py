@@ -562,7 +562,8 @@ class Monitor:
             )
         except Exception as e:  # the snapshot is back in place: the run goes on from S
             self.grads.reset()
-            self.trial_abandoned(request, f"{type(e).__name__}: {e}; the snapshot was restored")
+            what = f"{type(e).__name__}: {e}".strip().splitlines()[0][:400]  # gloo's run on
+            self.trial_abandoned(request, f"{what}; the snapshot was restored")
             return None
         finally:
             self.grads.reset()  # the arms' backwards are no step of the run's

@@ -14,6 +14,11 @@ so a single-process run behaves exactly as without this module.
 - Tier changes (approved ramp commands, --ramp auto) are the monitor's ramp protocol
   (monitor/ramp_channel.py RampChannel) on this module's side group: rank 0 decides at boundary
   S, every rank applies at boundary S+1, with no per-step wait.
+- Ramp trials (trainer/trial_controller.py): every rank runs the same arms from the same
+  snapshot; the held-out batch is sharded over the ranks and its per-example losses gathered, so
+  every rank judges the same numbers (`agree_on_kept` checks the kept arm). A trial that fails
+  on any rank stops every rank (`stop_after_abandoned`), and the checkpoint at its snapshot
+  resumes the run with the trial abandoned.
 - Out of memory on any rank (trainer/oom.py, with the world size as its parameter): the step
   cannot be redone in place (peers may already wait in its all-reduce), so that rank saves a
   checkpoint at the last completed step with the halved tier and exits non-zero. Its peers then
@@ -30,11 +35,13 @@ can only re-tier the last periodic checkpoint (trainer/oom.py; no event when it 
 and nothing to resume before the first checkpoint). An NCCL peer left inside a collective waits
 until torchrun's agent kills it. Testing aids: $RAMPWATCH_INJECT_OOM_RANK limits --inject-oom
 to one rank (and no injection after a restart); $RAMPWATCH_DEBUG_RANKS prints one line per rank
-and step (tier, first sample id).
+and step (tier, first sample id), per rank and trial (its start and end, the weights' digest
+after it) and per rank at the end (the weights' digest).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 from contextlib import nullcontext
@@ -49,7 +56,7 @@ from rampwatch.advisor.tiers import Tier
 from rampwatch.store import names as M
 from rampwatch.trainer import checkpoint as ckpt
 from rampwatch.trainer.data import rank_slice
-from rampwatch.trainer.oom import OomInjector
+from rampwatch.trainer.oom import OomInjector, StopTraining
 
 if TYPE_CHECKING:
     from rampwatch.monitor import Monitor
@@ -62,6 +69,7 @@ class DistInfo:
     local_rank: int
     device: torch.device
     side_group: Any = None  # gloo group for control messages (world size > 1)
+    model: Any = None  # the module wrap() was given: the weights DDP keeps equal (debug digest)
 
     @property
     def is_main(self) -> bool:
@@ -124,6 +132,7 @@ def restart_count() -> int:
 
 
 def wrap(model: torch.nn.Module, info: DistInfo) -> torch.nn.Module:
+    info.model = model
     if not info.enabled:
         return model
     from torch.nn.parallel import DistributedDataParallel
@@ -156,6 +165,56 @@ def keep_effective_batch(state, old_world: int, new_world: int):
     else:
         state.accum = max(1, -(-total // (new_world * state.per_device_batch)))
     return state
+
+
+# -- ramp trials (called by trainer.trial_controller) -----------------------------------------
+def shard(n: int, info: DistInfo) -> tuple[int, int]:
+    """This rank's part [lo, hi) of n held-out examples: ⌈n / world⌉ each, the last fewer."""
+    per = -(-n // info.world_size)
+    lo = min(n, info.rank * per)
+    return lo, min(n, lo + per)
+
+
+def gather_shards(info: DistInfo, part: torch.Tensor, n: int) -> torch.Tensor:
+    """Every rank's `shard` of n values, in order, on every rank: the same bytes everywhere."""
+    if not info.enabled:
+        return part
+    per = -(-n // info.world_size)
+    padded = torch.full((per,), float("nan"), dtype=part.dtype)
+    padded[: len(part)] = part.detach().cpu()
+    parts = [torch.empty_like(padded) for _ in range(info.world_size)]
+    torch_dist.all_gather(parts, padded, group=info.side_group)  # gloo: CPU tensors
+    return torch.cat(parts)[:n]  # only the last non-empty shard is short, the rest are empty
+
+
+def agree_on_kept(info: DistInfo, request, factor: int) -> None:
+    """Every rank kept the same arm, or every rank stops. The ranks judge the same gathered
+    losses with the same code, so they agree; this turns any split (a tie judged in other
+    floating point) into a stop at the checkpoint at S, never two runs apart."""
+    if not info.enabled:
+        return
+    both = torch.tensor([factor, -factor], dtype=torch.int64)
+    torch_dist.all_reduce(both, op=torch_dist.ReduceOp.MAX, group=info.side_group)
+    high, low = int(both[0]), -int(both[1])
+    if high != low:
+        raise StopTraining(
+            f"trial {request.trial_id}: the ranks kept different arms (×{low} and ×{high}); "
+            f"stopped so they cannot go on apart: resume from the checkpoint at step "
+            f"{request.step}"
+        )
+
+
+def stop_after_abandoned(info: DistInfo, request) -> None:
+    """Under torchrun a rank whose trial failed cannot go on alone: its peers may be inside an
+    arm's all-reduce, and its next collective would pair with theirs. Every rank stops (the
+    peers' collectives fail once it exits) and the checkpoint at S resumes the run (torchrun
+    --max-restarts does), as after an out-of-memory."""
+    if not info.enabled:
+        return
+    raise StopTraining(
+        f"trial {request.trial_id} abandoned on rank {info.rank}: the ranks stop together; "
+        f"resume from the checkpoint at step {request.step}"
+    )
 
 
 # -- start-up and resume (called by trainer.loop) ---------------------------------------------
@@ -257,6 +316,39 @@ def debug_step(info: DistInfo, state: ckpt.TrainState, tier: Tier, lr: float) ->
     )
 
 
+def weights_digest(state: dict) -> str:
+    """A short hash of a state dict's tensors, names and bytes: equal weights, equal digests."""
+    h = hashlib.sha256()
+    for name, value in state.items():
+        h.update(name.encode())
+        h.update(value.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def debug_trial(info: DistInfo, what: str, request, outcome=None, model=None) -> None:
+    """$RAMPWATCH_DEBUG_RANKS: one line per rank at a trial's start (with this rank's pid), end
+    (the kept arm, continue_step and the weights' digest) or abandonment."""
+    if not os.environ.get("RAMPWATCH_DEBUG_RANKS"):
+        return
+    line = (
+        f"rampwatch-trial rank={info.rank} pid={os.getpid()} {what} trial={request.trial_id} "
+        f"step={request.step}"
+    )
+    if outcome is not None:
+        line += (
+            f" kept={outcome.kept.factor} continue={outcome.continue_step} "
+            f"digest={weights_digest(model.state_dict())}"
+        )
+    print(line, flush=True)
+
+
+def _debug_weights(info: DistInfo) -> None:
+    if os.environ.get("RAMPWATCH_DEBUG_RANKS") and info.model is not None:
+        digest = weights_digest(info.model.state_dict())
+        print(f"rampwatch-weights rank={info.rank} digest={digest}", flush=True)
+
+
 def teardown(info: DistInfo) -> None:
+    _debug_weights(info)
     if info.enabled and torch_dist.is_initialized():
         torch_dist.destroy_process_group()

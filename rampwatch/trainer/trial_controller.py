@@ -23,10 +23,16 @@ Owns `TrialController`. At a boundary S with a trial due:
    S + its steps, its tier and base LR the arm's, the data position S's + Δ/seq_len; checkpoint
    there, then Monitor.trial_ended records trial_end, the ramp and 'applied'. A trial that fails
    inside (an out-of-memory in an arm, say) is restored to S, recorded abandoned, and the run goes
-   on with a clean checkpoint at S.
-Under torchrun every rank runs the same arms on its rank slice; every rank evaluates the whole
-held-out batch on identical weights (DDP keeps them equal), so every rank reaches the same
-verdict and keeps the same arm.
+   on with a clean checkpoint at S (on one process; under torchrun every rank stops, below).
+Under torchrun (trainer/dist.py) every rank gets the trial at the same boundary and runs the
+same arms on its rank slice of each step (DDP keeps the weights equal). The held-out batch is
+split into one shard per rank and the per-sequence losses all-gathered in order, so every rank
+judges the same numbers with the same code: the same verdict and the same kept arm, at 1/world
+of the evaluation's cost (rather than each rank evaluating the whole batch and trusting the
+floating point to agree); a check on the kept arm stops every rank if they ever differ. A trial
+that fails on any rank stops every rank (its peers may be inside an arm's all-reduce: a rank that
+went on alone would pair its collectives with theirs); torchrun --max-restarts resumes from the
+checkpoint at S with the trial abandoned, as after a SIGKILL.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from rampwatch.monitor.trial_protocol import TrialOutcome, TrialRequest, abandoned_note
+from rampwatch.trainer import dist
 
 if TYPE_CHECKING:
     from rampwatch.trainer.loop import Trainer
@@ -59,6 +66,7 @@ class TrialController:
         request = t.mon.trial_due()
         if request is None:
             return
+        dist.debug_trial(t.ddp, "start", request)
         with t.mon.untimed():
             t.save_checkpoint(note=abandoned_note(request))
             at_s = replace(t.state)
@@ -66,8 +74,12 @@ class TrialController:
             if out is None:  # restored to S: a clean checkpoint there, without the note
                 self._put_back(at_s)
                 t.save_checkpoint()
+                dist.debug_trial(t.ddp, "abandoned", request)
+                dist.stop_after_abandoned(t.ddp, request)  # under torchrun: every rank stops
                 return
+            dist.agree_on_kept(t.ddp, request, out.kept.factor)
             self._continue(out, at_s)
+            dist.debug_trial(t.ddp, "end", request, out, t.model)
             t.save_checkpoint()
         t.mon.trial_ended(out)
 
@@ -98,14 +110,16 @@ class TrialController:
 
     @torch.no_grad()
     def evaluate(self, model) -> torch.Tensor:
-        """Per-sequence mean token loss (fp32) on the fixed held-out batch."""
+        """Per-sequence mean token loss (fp32) on the fixed held-out batch: under torchrun each
+        rank evaluates its shard and every rank gets all of them (the same bytes)."""
         t = self.trainer
         if self._held_out is None:
             x, y = t.data.val_batch(self.eval_batch)
-            self._held_out = x.to(t.device), y.to(t.device)
+            lo, hi = dist.shard(len(x), t.ddp)
+            self._held_out = x[lo:hi].to(t.device), y[lo:hi].to(t.device)
         x, y = self._held_out
         model.eval()
-        out = []
+        out = [torch.zeros(0, device=t.device)]  # a rank's shard may be empty
         for i in range(0, len(x), self.EVAL_CHUNK):
             xb, yb = x[i : i + self.EVAL_CHUNK], y[i : i + self.EVAL_CHUNK]
             with t.amp:
@@ -113,4 +127,4 @@ class TrialController:
             ce = F.cross_entropy(logits.float().flatten(0, 1), yb.flatten(), reduction="none")
             out.append(ce.view_as(yb).mean(dim=1))
         model.train()
-        return torch.cat(out)
+        return dist.gather_shards(t.ddp, torch.cat(out), self.eval_batch)
