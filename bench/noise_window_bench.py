@@ -96,6 +96,8 @@ def score(steps, path, ref) -> dict:
             break
         shifted = ref[idx[m] - lag]
         good = np.isfinite(shifted)
+        if not good.any():  # no reference that far back: nothing to compare at this lag
+            continue
         err = float(np.median(np.abs(np.log(path[m][good]) - np.log(shifted[good]))))
         if err < best[1]:
             best = (lag, err)
