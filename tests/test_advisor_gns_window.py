@@ -72,7 +72,11 @@ def test_interval_covers_the_truth_at_its_stated_rate():
     # Stationary: B_simple = 64 = 4× the batch of 16 (accumulation 2 of 8), as in a real run.
     # Stated: 90% two-sided (Fieller), i.e. 95% for each one-sided bound. 200 streams give the
     # coverage to about ±2%.
+    # A stream whose last steps were falsely cut has no estimate: it claims nothing (measured
+    # 1 in 200).
     finals = [run_window(simulated(seed, lambda s: 1.0, 300))[-1] for seed in range(200)]
+    finals = [e for e in finals if e is not None]
+    assert len(finals) >= 196
     two_sided = np.mean([e.lower <= TRACE <= (e.upper or math.inf) for e in finals])
     lower_ok = np.mean([e.lower <= TRACE for e in finals])
     assert 0.85 <= two_sided <= 0.95 and lower_ok >= 0.90, (two_sided, lower_ok)

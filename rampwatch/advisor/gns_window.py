@@ -18,13 +18,12 @@ When the largest z passes CUT_Z the window drops everything older than that cut 
 windowing: Bifet & Gavaldà 2007, "Learning from time-changing data with adaptive windowing",
 SDM; the cut at the largest statistic estimates where the change is, as a two-window test does:
 Page 1954, "Continuous inspection schemes", Biometrika 41). CUT_Z is high because it is one scan
-of many cuts every step (measured: ~0.1 false cuts per 1,000 steady steps; a 20× fall of |G|²
+of many cuts every step (measured: ~0.2 false cuts per 1,000 steady steps; a 20× fall of |G|²
 is cut ~10 steps after it). A known moment (`mark`: a ramp) is tested alone, at MARK_Z. So the
 early transient, an LR change or a drift of |G|² is left behind, and with no drift the window
-keeps growing and the interval narrows. A window never reaches back across a cut; until the
-steps after a cut number min_steps there is no estimate, and when they cannot pin the value
-down the interval says so (wide, or unbounded above) — there is no fallback to a longer,
-biased window.
+keeps growing and the interval narrows. A window never reaches back across a cut: right after
+one it holds a few steps (min_steps/4 at least), and while they cannot pin the value down the
+interval says so (wide, or unbounded above) — there is no fallback to a longer, biased window.
 
 One step cannot carry the estimate: each step's |G|² and tr(Σ) are clipped to the window's
 median ± HAMPEL_K robust standard deviations (1.4826·MAD) before any sum — the Hampel
@@ -142,7 +141,7 @@ def _sign_bounds(
 
 HAMPEL_K = 6.0  # robust standard deviations beyond which one step's value is clipped
 TEST_K = 3.0  # the same, tighter, for the change test only: so heavy tails cost it no power
-CUT_Z = 5.0  # z of a scan over all cuts every step: ~0.1 false cuts per 1,000 steady steps
+CUT_Z = 4.5  # z of a scan over all cuts every step: ~0.2 false cuts per 1,000 steady steps
 MARK_Z = 3.0  # the same test at one known moment (a ramp), looked at while the mark is recent
 LADDER = 1.25  # candidate cuts lie ×1.25 apart
 DEFAULT_MAX_STEPS = 4000  # the buffer, and so the checkpoint's state: at most 8,000 floats
@@ -253,8 +252,10 @@ class NoiseScaleWindow:
         x, centre, scale = self._robust()
         if self._cut(_clip(x, centre, scale, TEST_K)):
             x, centre, scale = self._robust()
-        short = self.length < self.min_steps  # the start, or just after a change point
-        self.latest = None if short else self._estimate(_clip(x, centre, scale, HAMPEL_K))
+        # none before min_steps steps in all; after a cut the window's few steps give a wide
+        # interval, not a blank, until it has grown again
+        start = self.updates < self.min_steps
+        self.latest = None if start else self._estimate(_clip(x, centre, scale, HAMPEL_K))
         return self.latest
 
     def mark(self) -> None:
@@ -301,7 +302,7 @@ class NoiseScaleWindow:
 
     def estimate(self) -> NoiseScaleEstimate | None:
         """The estimate over the current window (None until min_steps estimates)."""
-        if self.length < self.min_steps:
+        if self.updates < self.min_steps or self.length < 2:
             return None
         return self._estimate(_clip(*self._robust(), HAMPEL_K))
 
