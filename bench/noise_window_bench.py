@@ -32,7 +32,8 @@ HALF_WIDTH = 75  # steps either side of the centred reference
 THRESHOLDS = (16, 32, 64)
 
 
-def recorded(db: Path, run_id: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def recorded(db: Path, run_id: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The run's steps with per-step estimates: steps, |G|², tr(Σ), sequences per step."""
     import pyarrow.compute as pc
 
     table = reader.export(db, run_id)
@@ -49,8 +50,9 @@ def recorded(db: Path, run_id: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     )
 
 
-def window_path(g2, trace) -> np.ndarray:
-    w = NoiseScaleWindow()
+def window_path(g2, trace, window=NoiseScaleWindow) -> np.ndarray:
+    """The logged gns_b_simple of a replay through window() (NaN where none is logged)."""
+    w = window()
     out = np.full(len(g2), np.nan)
     for i, (g, t) in enumerate(zip(g2, trace, strict=True)):
         est = w.update(g, t)
@@ -94,6 +96,8 @@ def score(steps, path, ref) -> dict:
             break
         shifted = ref[idx[m] - lag]
         good = np.isfinite(shifted)
+        if not good.any():  # no reference that far back: nothing to compare at this lag
+            continue
         err = float(np.median(np.abs(np.log(path[m][good]) - np.log(shifted[good]))))
         if err < best[1]:
             best = (lag, err)

@@ -28,17 +28,18 @@ def train_tiny(
     lr: float | None = None,
     val_every: int = 0,
     extra: tuple[str, ...] = ("--ramp", "off"),
+    preset: str = "bench-tiny",
 ) -> tuple[Path, float]:
     """Train (or reuse) out/NAME.duckdb; returns the database and the seconds training took (0.0
     for a reused run). batch: sequences per step as 2 micro-batches of batch/2 (the preset's when
-    None); extra: further `rampwatch train` flags (default: no ramps)."""
+    None); extra: further `rampwatch train` flags (default: no ramps); preset: the model."""
     db = out / f"{name}.duckdb"
     if db.exists():
         if reader.get_run(db, name).status == "finished":
             return db, 0.0
         for leftover in out.glob(f"{name}.duckdb*"):
             shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
-    args = [sys.executable, "-m", "rampwatch", "train", "--preset", "bench-tiny"]
+    args = [sys.executable, "-m", "rampwatch", "train", "--preset", preset]
     args += ["--db", str(db), "--run-id", name, "--seed", str(seed), "--steps", str(steps)]
     if batch is not None:
         args += ["--per-device-batch", str(batch // 2), "--accum", "2"]

@@ -1,33 +1,48 @@
-"""The smoothed noise scale: a ratio of sums over a sliding window of steps, with its interval.
+"""The smoothed noise scale: a ratio of sums over the steps since the last change, with its interval.
 
 Owns `NoiseScaleWindow` (per-step |G|² and tr(Σ) estimates in, `NoiseScaleEstimate` out) and
 `fieller_interval` (the confidence set of a ratio of two means).
 
-Why a window and not an EMA: McCandlish et al. 2018, App. A.1 average numerator and denominator
-separately; an exponential average keeps an early |G|² (often 300× the later one) in its
-denominator for about 12 half-lives before its bias falls under 10%, so it lags a training run
-by hundreds of steps. A ratio of sums over the last n steps forgets the transient completely
-after n steps.
+Ratio of sums: McCandlish et al. 2018, App. A.1 average numerator and denominator separately.
+Not an EMA: an exponential average keeps an early |G|² (often 300× the later one) in its
+denominator for about 12 half-lives, so it lags a training run by hundreds of steps.
 
-How long a window: the shortest that meets a target relative standard error. The per-step
-relative variance v of the ratio comes from the whole buffer by the delta method
-(Var(ȳ/x̄) ≈ (s_yy − 2R·s_xy + R²·s_xx) / (n·x̄²)), and n = v / target² steps, clamped to
-[min_steps, buffer]. A quiet run gets a short window and tracks closely; a noisy one averages
-longer.
+Which steps: every step since the last change point, up to the buffer (`max_steps`, 4,000). The
+window grows by one step per step and shrinks only at a change point, so consecutive estimates
+share all but one step of their evidence and never flip between two windows. A change point is
+where the newer part of the window differs from the older: after each step every candidate cut
+(newer parts of min_steps/4, ×1.25, … steps, and older parts of 2, 3, 4, 5, 6, 7, 9, … steps,
+so a few stale steps at the old end are found too) is a two-sample z, variance pooled, on the
+mean |G|² and on the mean tr(Σ), each clipped tighter (TEST_K) so heavy tails cost no power.
+When the largest z passes CUT_Z the window drops everything older than that cut (adaptive
+windowing: Bifet & Gavaldà 2007, "Learning from time-changing data with adaptive windowing",
+SDM; the cut at the largest statistic estimates where the change is, as a two-window test does:
+Page 1954, "Continuous inspection schemes", Biometrika 41). CUT_Z is high because it is one scan
+of many cuts every step (measured: ~0.2 false cuts per 1,000 steady steps; a 20× fall of |G|²
+is cut ~10 steps after it). A known moment (`mark`: a ramp) is tested alone, at MARK_Z. So the
+early transient, an LR change or a drift of |G|² is left behind, and with no drift the window
+keeps growing and the interval narrows. A window never reaches back across a cut: right after
+one it holds a few steps (min_steps/4 at least), and while they cannot pin the value down the
+interval says so (wide, or unbounded above) — there is no fallback to a longer, biased window.
+
+One step cannot carry the estimate: each step's |G|² and tr(Σ) are clipped to the window's
+median ± HAMPEL_K robust standard deviations (1.4826·MAD) before any sum — the Hampel
+identifier (Hampel 1974, "The influence curve and its role in robust estimation", JASA 69)
+bounding each step's influence as Huber's estimator does (Huber 1964, Ann. Math. Stat. 35). At
+K = 6 a Gaussian step is clipped once in 500 million, so only true outliers are; a 50× step
+then moves a 100-step mean by a few per cent instead of half.
 
 The interval is Fieller's (Fieller 1954, "Some problems in interval estimation", JRSS B 16):
 all R with (ȳ − R·x̄)² ≤ q²·Var(ȳ − R·x̄). Unlike the delta method it stays honest when x̄, the
 mean |G|², is near zero: then the set is unbounded above and its lower end is still a valid
 bound — a negative windowed |G|² means B_noise ≫ batch, which is information, not a blank.
 A two-sided level of 0.90 gives one-sided 95% bounds. Successive steps use fresh batches, so the
-per-step estimates are independent given the weights; the drift of |G|² inside a window is not
-in the variance, which is why the window is kept short.
+per-step estimates are independent given the weights.
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
 from dataclasses import dataclass
 from statistics import NormalDist
 
@@ -111,57 +126,6 @@ def fieller_interval(
     return 0.0, None
 
 
-DRIFT_Z = 3.0  # two-sample z beyond which a window's halves are taken to differ
-
-
-class _Tail:
-    """Sums over the newest n entries of x, y, x², y², xy for any n in O(1) (suffix sums)."""
-
-    def __init__(self, x: np.ndarray, y: np.ndarray):
-        rev = np.stack([x, y, x * x, y * y, x * y])[:, ::-1]
-        self._sums = np.concatenate([np.zeros((5, 1)), np.cumsum(rev, axis=1)], axis=1)
-
-    def moments(self, start: int, stop: int) -> tuple[float, float, float, float, float, int]:
-        """Means of x and y and (co)variances (ddof 1) of entries start..stop-1 counted from the
-        newest (0 = newest)."""
-        n = stop - start
-        sx, sy, sxx, syy, sxy = (self._sums[:, stop] - self._sums[:, start]).tolist()
-        mx, my = sx / n, sy / n
-        d = max(1, n - 1)
-        return (
-            mx,
-            my,
-            (sxx - n * mx * mx) / d,
-            (syy - n * my * my) / d,
-            (sxy - n * mx * my) / d,
-            n,
-        )
-
-
-def _rel_se(tail: _Tail, n: int) -> float:
-    """Relative standard error of the ratio of means over the newest n (delta method)."""
-    mx, my, vxx, vyy, vxy, _ = tail.moments(0, n)
-    if mx <= 0 or my <= 0:
-        return math.inf
-    ratio = my / mx
-    var = (vyy - 2 * ratio * vxy + ratio * ratio * vxx) / (n * mx * mx)
-    return math.sqrt(max(0.0, var)) / ratio
-
-
-def _drifted(tail: _Tail, n: int) -> bool:
-    """Do the older and the newer half of the newest n entries differ, in x or in y?"""
-    half = n // 2
-    if half < 2:
-        return False
-    new = tail.moments(0, half)
-    old = tail.moments(half, n)
-    for mean, var in ((0, 2), (1, 3)):  # x, then y
-        se = math.sqrt(max(0.0, new[var]) / new[5] + max(0.0, old[var]) / old[5])
-        if abs(new[mean] - old[mean]) > DRIFT_Z * se:
-            return True
-    return False
-
-
 def _sign_bounds(
     mx: float, my: float, vxx: float, vyy: float, q: float
 ) -> tuple[float, float | None]:
@@ -175,23 +139,83 @@ def _sign_bounds(
     return 0.0, (max(0.0, y_hi) / x_lo if x_lo > 0 else None)  # tr Σ negative: B_noise small
 
 
+HAMPEL_K = 6.0  # robust standard deviations beyond which one step's value is clipped
+TEST_K = 3.0  # the same, tighter, for the change test only: so heavy tails cost it no power
+CUT_Z = 4.5  # z of a scan over all cuts every step: ~0.2 false cuts per 1,000 steady steps
+MARK_Z = 3.0  # the same test at one known moment (a ramp), looked at while the mark is recent
+LADDER = 1.25  # candidate cuts lie ×1.25 apart
+DEFAULT_MAX_STEPS = 4000  # the buffer, and so the checkpoint's state: at most 8,000 floats
+
+
+class _Buffer:
+    """The newest `size` (|G|², tr Σ) pairs in one numpy array; append is O(1) amortized."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._data = np.empty((2, 2 * size))
+        self._end = 0
+
+    def __len__(self) -> int:
+        return min(self._end, self.size)
+
+    def append(self, g2: float, trace: float) -> None:
+        if self._end == self._data.shape[1]:  # full: the newest `size` move to the front
+            self._data[:, : self.size] = self._data[:, self._end - self.size :]
+            self._end = self.size
+        self._data[:, self._end] = g2, trace
+        self._end += 1
+
+    def newest(self, n: int) -> np.ndarray:
+        """The newest n pairs, newest first: row 0 |G|², row 1 tr(Σ) (a view)."""
+        return self._data[:, self._end - n : self._end][:, ::-1]
+
+
+def _clip(x: np.ndarray, centre: np.ndarray, scale: np.ndarray, k: float) -> np.ndarray:
+    """Each row of x with values beyond centre ± k·scale moved to that edge (a row with scale
+    0, a constant stream, is left as it is)."""
+    edge = np.where(scale > 0, k * scale, np.inf)[:, None]
+    return np.clip(x, centre[:, None] - edge, centre[:, None] + edge)
+
+
+def _split_z(x: np.ndarray, cuts: np.ndarray) -> np.ndarray:
+    """|z| of mean(newest m) − mean(the rest) for each m in cuts, x newest first. The variance
+    is pooled (both parts come from one distribution when nothing changed), so an older part
+    of two steps is tested as soundly as one of two hundred."""
+    x = x - x.mean()  # sums of squares about a central value keep their digits
+    s1, s2 = np.cumsum(x), np.cumsum(x * x)
+    n = len(x)
+    m, k = cuts, n - cuts
+    new, old = s1[m - 1] / m, (s1[-1] - s1[m - 1]) / k
+    within = s2[-1] - m * new * new - k * old * old  # squares about each part's own mean
+    se = np.sqrt(np.maximum(within, 0.0) / (n - 2) * (1.0 / m + 1.0 / k))
+    diff = np.abs(new - old)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(se > 0, diff / se, np.where(diff > 0, np.inf, 0.0))
+
+
+def _ladder(first: int, last: int) -> list[int]:
+    """first, ×LADDER, … up to last (each at least one more than the one before)."""
+    out = [first] if first <= last else []
+    while out and (grown := max(out[-1] + 1, int(out[-1] * LADDER))) <= last:
+        out.append(grown)
+    return out
+
+
 class NoiseScaleWindow:
     """Per-step (|G|², tr(Σ)) estimates in; the windowed B_simple and its interval out.
 
     `update()` takes one optimizer step's estimates (advisor.gns.line_estimates) and returns
     the new `NoiseScaleEstimate`, or None when the step had none (non-finite gradients): a step
     without a new estimate has no smoothed value either, so nothing stale is ever reported.
-    Neither |G|² nor tr(Σ) depends on the batch size, so a ramp keeps the window.
+    `mark()` says a known change may begin at the next step (a ramp, an LR change): neither
+    |G|² nor tr(Σ) depends on the batch and the weights do not jump, so the window is kept, but
+    that moment is tested on its own (MARK_Z) and cut at once when the steps after it differ.
     """
 
-    STATE_VERSION = 2
+    STATE_VERSION = 3
 
     def __init__(
-        self,
-        max_steps: int = 200,
-        min_steps: int = 48,
-        target_rel_se: float = 0.2,
-        level: float = 0.90,
+        self, max_steps: int = DEFAULT_MAX_STEPS, min_steps: int = 48, level: float = 0.90
     ):
         if not (
             isinstance(max_steps, int)
@@ -201,16 +225,15 @@ class NoiseScaleWindow:
             raise ValueError(
                 f"need integers 3 <= min_steps <= max_steps, got {min_steps}, {max_steps}"
             )
-        if not (math.isfinite(target_rel_se) and target_rel_se > 0):
-            raise ValueError(f"target_rel_se must be a positive fraction, got {target_rel_se!r}")
         if not 0 < level < 1:
             raise ValueError(f"level must be in (0, 1), got {level!r}")
-        self.max_steps, self.min_steps = max_steps, min_steps
-        self.target_rel_se, self.level = float(target_rel_se), float(level)
-        self._g2: deque[float] = deque(maxlen=max_steps)
-        self._trace: deque[float] = deque(maxlen=max_steps)
+        self.max_steps, self.min_steps, self.level = max_steps, min_steps, float(level)
+        self._steps = _Buffer(max_steps)
+        self.length = 0  # steps in the window: the newest `length` of the buffer
+        self.since_mark: int | None = None  # steps since a mark still to be tested
         self.updates = 0
         self.skipped = 0
+        self.cuts = 0  # change points found
         self.latest: NoiseScaleEstimate | None = None
 
     def update(self, g2: float, trace: float) -> NoiseScaleEstimate | None:
@@ -221,33 +244,75 @@ class NoiseScaleWindow:
         if not (math.isfinite(g) and math.isfinite(t)):
             self.skipped += 1
             return None
-        self._g2.append(g)
-        self._trace.append(t)
+        self._steps.append(g, t)
         self.updates += 1
-        self.latest = self.estimate()
+        self.length = min(self.length + 1, len(self._steps))
+        if self.since_mark is not None:
+            self.since_mark += 1
+        x, centre, scale = self._robust()
+        if self._cut(_clip(x, centre, scale, TEST_K)):
+            x, centre, scale = self._robust()
+        # none before min_steps steps in all; after a cut the window's few steps give a wide
+        # interval, not a blank, until it has grown again
+        start = self.updates < self.min_steps
+        self.latest = None if start else self._estimate(_clip(x, centre, scale, HAMPEL_K))
         return self.latest
 
-    def window_steps(self, tail: _Tail, total: int) -> int:
-        """The window, grown on a ×1.25 ladder from min_steps: stop at the first length whose own
-        relative standard error (delta method) meets the target, or before the first length whose
-        older half differs from its newer half (|G|² or tr(Σ) drifted: training moved on)."""
-        n = self.min_steps
-        while n < total:
-            if _rel_se(tail, n) <= self.target_rel_se:
-                return n
-            grown = min(total, max(n + 1, int(n * 1.25)))
-            if _drifted(tail, grown):
-                return n
-            n = grown
-        return total
+    def mark(self) -> None:
+        """A known change may start with the next step (a ramp, an LR change): the steps after
+        it are tested against the window before it, alone (MARK_Z), until 4·min_steps later."""
+        self.since_mark = 0
+
+    def _robust(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The window's |G|² (row 0) and tr(Σ) (row 1), newest first; each row's median and
+        robust SD (1.4826·MAD), the centre and scale it is clipped by."""
+        x = self._steps.newest(self.length)
+        centre = np.median(x, axis=1)
+        return x, centre, 1.4826 * np.median(np.abs(x - centre[:, None]), axis=1)
+
+    def _cut(self, tested: np.ndarray) -> bool:
+        """Drop everything older than a change point the newest steps show, if any; tested:
+        the window clipped at TEST_K. True when the window was cut."""
+        n, shortest = self.length, max(2, self.min_steps // 4)
+        mark = self.since_mark
+        if mark is not None and mark > 4 * self.min_steps:
+            self.since_mark = mark = None  # long past: the scan alone watches it now
+        # newer parts of shortest, ×1.25, … steps, and older parts of 2, 3, … steps: a few
+        # stale steps left at the window's old end are found as surely as a recent change
+        newer = _ladder(shortest, n - 2) + [n - k for k in _ladder(2, n - shortest)]
+        if not newer:
+            return False
+        cuts = np.unique(newer)
+        g, t = tested
+        z = np.maximum(_split_z(g, cuts), _split_z(t, cuts))
+        best = int(np.argmax(z))
+        if z[best] > CUT_Z:
+            self.length = int(cuts[best])
+        elif mark is not None and shortest <= mark <= n - 2:
+            at = np.array([mark])
+            if max(_split_z(g, at)[0], _split_z(t, at)[0]) > MARK_Z:
+                self.length = mark
+            else:
+                return False
+        else:
+            return False
+        self.cuts += 1
+        self.since_mark = None
+        return True
 
     def estimate(self) -> NoiseScaleEstimate | None:
         """The estimate over the current window (None until min_steps estimates)."""
-        if len(self._g2) < self.min_steps:
+        if self.updates < self.min_steps or self.length < 2:
             return None
-        tail = _Tail(np.fromiter(self._g2, float), np.fromiter(self._trace, float))
-        n = self.window_steps(tail, len(self._g2))
-        mx, my, vxx, vyy, vxy, _ = tail.moments(0, n)
+        return self._estimate(_clip(*self._robust(), HAMPEL_K))
+
+    def _estimate(self, kept: np.ndarray) -> NoiseScaleEstimate:
+        """Ratio of means and Fieller interval of the window clipped at HAMPEL_K."""
+        g, t = kept
+        n = len(g)
+        mx, my = float(g.mean()), float(t.mean())
+        c = np.cov(g, t)
+        vxx, vyy, vxy = float(c[0, 0]), float(c[1, 1]), float(c[0, 1])
         q = _t_quantile(0.5 + self.level / 2, n - 1)
         lower, upper = fieller_interval(mx, my, vxx / n, vyy / n, vxy / n, q)
         point = my / mx if mx > 0 and my > 0 else None
@@ -262,31 +327,38 @@ class NoiseScaleWindow:
             "version": self.STATE_VERSION,
             "max_steps": self.max_steps,
             "min_steps": self.min_steps,
-            "target_rel_se": self.target_rel_se,
             "level": self.level,
-            "g2": list(self._g2),
-            "trace": list(self._trace),
+            "g2": self._steps.newest(len(self._steps))[0, ::-1].tolist(),
+            "trace": self._steps.newest(len(self._steps))[1, ::-1].tolist(),
+            "length": self.length,
+            "since_mark": self.since_mark,
             "updates": self.updates,
             "skipped": self.skipped,
+            "cuts": self.cuts,
         }
 
     @classmethod
     def from_dict(cls, state: dict) -> NoiseScaleWindow:
-        if state.get("version") != cls.STATE_VERSION:
+        """A window from to_dict(). A version-2 state (a checkpoint written before change
+        points) keeps its buffer as the window, in today's larger buffer."""
+        version = state.get("version")
+        if version not in (2, cls.STATE_VERSION):
             raise ValueError(
-                f"noise-scale state version {state.get('version')!r} is not "
-                f"{cls.STATE_VERSION}: start a fresh NoiseScaleWindow instead"
+                f"noise-scale state version {version!r} is not {cls.STATE_VERSION} (or 2): "
+                "start a fresh NoiseScaleWindow instead"
             )
-        w = cls(
-            int(state["max_steps"]),
-            int(state["min_steps"]),
-            float(state["target_rel_se"]),
-            float(state["level"]),
-        )
         if len(state["g2"]) != len(state["trace"]):
             raise ValueError("noise-scale state is corrupt: g2 and trace buffers differ in length")
-        w._g2.extend(float(v) for v in state["g2"])
-        w._trace.extend(float(v) for v in state["trace"])
+        max_steps = int(state["max_steps"])
+        if version == 2:  # its max_steps was the longest window; the buffer is larger now
+            max_steps = max(max_steps, DEFAULT_MAX_STEPS)
+        w = cls(max_steps, int(state["min_steps"]), float(state["level"]))
+        for g, t in list(zip(state["g2"], state["trace"], strict=True))[-max_steps:]:
+            w._steps.append(float(g), float(t))
+        w.length = min(int(state.get("length", len(w._steps))), len(w._steps))
+        mark = state.get("since_mark")
+        w.since_mark = None if mark is None else int(mark)
         w.updates, w.skipped = int(state["updates"]), int(state.get("skipped", 0))
+        w.cuts = int(state.get("cuts", 0))
         w.latest = w.estimate()
         return w

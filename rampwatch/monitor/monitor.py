@@ -36,7 +36,7 @@ import torch
 
 from rampwatch.advisor import flops as flops_math
 from rampwatch.advisor.gns import line_estimates
-from rampwatch.advisor.gns_window import NoiseScaleWindow
+from rampwatch.advisor.gns_window import DEFAULT_MAX_STEPS, NoiseScaleWindow
 from rampwatch.advisor.lr import rule_for
 from rampwatch.advisor.policy import CONFIG_KEY as POLICY_KEY
 from rampwatch.advisor.policy import RampPolicy
@@ -105,7 +105,7 @@ class Monitor:
         world_size: int | None = None,
         device: torch.device | None = None,
         flops_per_token: float | None = None,
-        gns_window_steps: int = 200,
+        gns_window_steps: int | None = None,
         loss_divided_by_accum: bool = True,
         noise_window: NoiseScaleWindow | None = None,
         echo: TextIO | None = None,
@@ -135,7 +135,9 @@ class Monitor:
         if type(model).__name__ == "DistributedDataParallel" and world > 1:
             self.grads.attach_ddp(model)
         self.grads.sharded = sharded_model(model)
-        self.noise = noise_window or NoiseScaleWindow(max_steps=gns_window_steps)
+        self.noise = noise_window or NoiseScaleWindow(
+            max_steps=gns_window_steps or DEFAULT_MAX_STEPS
+        )
         self.flops_per_token = flops_per_token
         self.peak_flops = flops_math.peak_flops(device_name(self.device))
         self._cpu_peak = None if self.device.type == "cuda" else CpuPeak()
@@ -496,6 +498,7 @@ class Monitor:
         """The loop now runs ramp.tier (and has moved its LR): the monitor takes the tier,
         records the ramp event and the command's 'applied at step N'."""
         self.set_tier(ramp.tier.per_device_batch, ramp.tier.accum)
+        self.noise.mark()  # the new LR may change the trend from here: test this step alone
         self.ramps.applied(ramp)
 
     def ramp_refused(self, ramp: Ramp, reason: str) -> None:

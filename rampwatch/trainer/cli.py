@@ -70,8 +70,8 @@ def add_arguments(t: argparse.ArgumentParser) -> None:
     t.add_argument(
         "--gns-window",
         type=int,
-        default=200,
-        help="longest window of steps behind the smoothed noise scale",
+        help="most steps behind the smoothed noise scale (default 4,000: with no change "
+        "in training the window keeps growing)",
     )
     ramp = t.add_argument_group("ramps")
     ramp.add_argument("--ramp", default="manual", choices=("manual", "auto", "off"))
@@ -282,7 +282,7 @@ def _check_numbers(args: argparse.Namespace) -> None:
             f"got {' '.join(map(str, args.betas))}"
         )
     shortest = NoiseScaleWindow().min_steps  # the smoother's own shortest window
-    if args.gns_window < shortest:
+    if args.gns_window is not None and args.gns_window < shortest:
         raise ValueError(
             f"--gns-window must be at least {shortest} steps (the noise scale's shortest "
             f"window), got {args.gns_window}"
