@@ -1,5 +1,5 @@
 """The constants the prose quotes are the code's: the schema version, the spool's record size and
-file names, the run-id rule. A docs sentence that drifts from the code fails here, not in a
+file names, the run-id rule, and the layout's list of modules. A docs sentence that drifts from the code fails here, not in a
 reader's hands (issue 24: ARCHITECTURE once said version 4 and 32-byte records in metrics.bin)."""
 
 from __future__ import annotations
@@ -37,3 +37,28 @@ def test_the_run_id_rule_quoted_is_the_code_s():
     assert pattern in ARCHITECTURE
     assert "1–64 letters, digits" in README and naming.RUN_ID_RULE.fullmatch("a" * 64)
     assert not naming.RUN_ID_RULE.fullmatch("a" * 65)
+
+
+def _layout_block() -> str:
+    text = (REPO / "docs" / "ARCHITECTURE.md").read_text()
+    section = text.split("## Layout and import rules", 1)[1]
+    return section.split("```", 2)[1]  # the tree drawn in the section's first code block
+
+
+def test_the_layout_lists_every_module_of_the_package_and_no_other():
+    """docs/ARCHITECTURE.md's tree names each module of rampwatch/ under its package (a module
+    may be named in passing, "(also outbox.py, …)"), and no module that does not exist."""
+    listed, package = set(), ""
+    for line in _layout_block().splitlines()[1:]:  # [0]: "rampwatch/"
+        m = re.match(r"^  (\w+)/", line)
+        if m:
+            package = m.group(1) + "/"
+        elif re.match(r"^  \S", line):  # a top-level module, drawn before the packages
+            package = ""
+        sub = "views/" if "views/" in line else ""
+        listed |= {package + sub + name for name in re.findall(r"\b(\w+\.py)\b", line)}
+    pkg = REPO / "rampwatch"
+    actual = {str(p.relative_to(pkg)) for p in pkg.rglob("*.py")}
+    inits = {p for p in actual if p.endswith("__init__.py") and p != "__init__.py"}
+    assert sorted(actual - inits - listed) == [], "modules missing from the layout"
+    assert sorted(listed - actual) == [], "modules in the layout that do not exist"
