@@ -58,7 +58,8 @@ def test_the_layout_lists_every_module_of_the_package_and_no_other():
         elif re.match(r"^  \S", line):  # a top-level module, drawn before the packages
             package = ""
         sub = "views/" if line.lstrip().startswith("views/") else ""
-        listed |= {package + sub + name for name in re.findall(r"\b(\w+\.py)\b", line)}
+        for name in re.findall(r"(?<![\w/])([\w/]*\w\.py)\b", line):
+            listed.add(name if "/" in name else package + sub + name)  # "monitor/memplan.py"
     pkg = REPO / "rampwatch"
     actual = {str(p.relative_to(pkg)) for p in pkg.rglob("*.py")}
     inits = {p for p in actual if p.endswith("__init__.py") and p != "__init__.py"}
