@@ -7,13 +7,24 @@ hand); the noise scales' closed forms match sampled per-example gradients."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
 import torch
 
-from bench.trial_bench import SETTINGS, Quadratic, agrees, measure, plan_at, restore_check
+from bench.trial_bench import (
+    SETTINGS,
+    BaseRun,
+    Quadratic,
+    agrees,
+    measure,
+    per_example_loss,
+    plan_at,
+    restore_check,
+)
 from rampwatch.advisor.trial import TrialPlan
+from rampwatch.monitor.trial_runner import run_trial
 
 torch.set_num_threads(1)
 
@@ -121,13 +132,61 @@ def test_noise_scales_match_sampled_gradients():
     assert problem.b_noise(w) > 1.5 * problem.b_simple(w)  # the weighting does matter here
 
 
-@pytest.mark.parametrize("rule, warm, kept", [("linear", 200, "control"), ("sqrt", 5, "branch")])
-def test_restore_is_exact(rule, warm, kept):
+@pytest.mark.parametrize(
+    "rule, warm, ks, kept",
+    [("linear", 200, (2, 4, 8, 16, 32, 64), "control"), ("sqrt", 5, (2, 4, 8), "branch")],
+)
+def test_restore_is_exact(rule, warm, ks, kept):
     """LR × k under Adam (the linear rule) wrecks every branch, so the control is kept; early,
-    with the √ rule, a branch is. Either way the trialled run equals the one run by hand."""
+    with the √ rule and a Δ short enough to tell (16 examples: at step 5 the loss halves in a
+    few dozen), a branch is. Either way the trialled run equals the one run by hand."""
     problem = Quadratic(**SETTINGS["problem"])
-    plan = plan_at(2, (2, 4, 8, 16, 32, 64), 4)
+    plan = plan_at(2, ks, 4 if kept == "control" else 1)
     plan = TrialPlan(**{**plan.__dict__, "rule": rule})
     k, diff = restore_check(problem, 2, 0.08, plan, warm_steps=warm, after_steps=30)
     assert (k == 1) == (kept == "control"), k
     assert diff <= 1e-6
+
+
+class _NoisyRun(BaseRun):
+    """A run whose steps and whose eval both draw torch's RNG: a midway eval that leaked its
+    draws into the control's second half would show as a different end state."""
+
+    def train_step(self, model, optimizer, start, count):
+        x, y = self.problem.examples(self.data_seed, start, count)
+        optimizer.zero_grad()
+        jitter = 1 + 0.1 * torch.rand(count, dtype=torch.float64)  # dropout's kind of draw
+        (per_example_loss(model[0], x, y)[0] * jitter).mean().backward()
+        optimizer.step()
+
+    def evaluate(self, model):
+        torch.rand(3)  # an eval that samples (a shuffled loader, a dropout left on)
+        return super().evaluate(model)
+
+
+def test_the_midway_eval_judges_delta_and_leaves_the_control_exact():
+    """The control is evaluated at Δ/2: the verdict's half-progress ratio is the one a run by
+    hand measures there, and the control continued past it equals a run that never paused."""
+    problem = Quadratic(**SETTINGS["problem"])
+    plan = plan_at(2, (2, 4), 4)
+    torch.manual_seed(7)
+    trialled = _NoisyRun(problem, 2, 0.08)
+    for _ in range(20):
+        trialled.step()
+    by_hand = copy.deepcopy(trialled)
+    rng = torch.get_rng_state()
+    verdict, _ = run_trial(
+        plan, trialled.model, trialled.opt, trialled.train_step, trialled.evaluate,
+        start=trialled.seen, keep=1,
+    )  # fmt: skip
+    torch.set_rng_state(rng)
+    losses = []
+    for _ in range(2):  # the snapshot's and the midway eval draw outside the control's steps
+        with torch.random.fork_rng(devices=[]):
+            losses.append(by_hand.evaluate(by_hand.model).mean().item())
+        for _ in range(plan.steps(1) // 2):
+            by_hand.step()
+    losses.append(by_hand.evaluate(by_hand.model).mean().item())
+    first, second = losses[0] - losses[1], losses[1] - losses[2]
+    assert verdict.half_progress_ratio == pytest.approx(second / first, rel=1e-9)
+    assert float((trialled.w - by_hand.w).detach().abs().max()) <= 1e-12
