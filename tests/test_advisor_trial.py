@@ -224,3 +224,14 @@ def test_a_verdict_too_long_survives_json_and_old_dicts_load():
         del old[new]
     loaded = TrialVerdict.from_dict(old)
     assert loaded.delta_ok and loaded.half_progress_ratio is None and loaded.bracket == (8, 16)
+
+
+def test_the_card_words_a_trial_whose_delta_was_too_long():
+    """The card's bracket line (dashboard/recommend.py) for a verdict with no bracket: its
+    summary, which says what to change, instead of a bracket it does not have."""
+    from rampwatch.dashboard.recommend import TrialView
+
+    snap, mid, end = _decay(4.0)
+    verdict = judge(PLAN, snap, end, {k: end for k in PLAN.ks}, midway_losses=mid)
+    text = TrialView(trial=None, verdict=verdict).bracket_text
+    assert text == verdict.summary and "shorten Δ" in text
