@@ -51,12 +51,14 @@ tolerance's 1 − e whenever r < 1. The worst case is ×2: at k·B = 2·B_crit (
 e = (1 + 1)/(1 + 2) = ⅔) its loss, with u = q^(2/3), is u²/(1 + u + u²) of P, and that is at
 least the ×2 tolerance ¼ iff u ≥ (1 + √13)/6, i.e.
     r ≥ HALF_PROGRESS_MIN = ((1 + √13)/6)^(3/2) ≈ 0.672      (Δ ≤ 0.79·τ).
-Above it no branch past 2·B_crit passes (at ×4 … ×64 the overshoot is 1.7 … 1.5×): the bracket
+Above it no branch past 2·B_crit passes in the model (at ×4 … ×64 the overshoot is 1.7 … 1.5×): the bracket
 stays within 2× of B_crit, the precision a bracket of doubling factors has anyway. Below it the
 verdict brackets nothing (k* None, the control kept) and names the Δ that would tell, Δ·ln r*/ln r
 (the same model), or Δ/4 when the second half made no progress. (The ⅓ one might guess is far too
 loose: there a ×2 branch at any batch sits on its tolerance.) Without the midway eval (older
-verdicts, a caller that gives none) Δ is not judged.
+verdicts, a caller that gives none), or when the first half made no progress (nothing flattened;
+the tolerance is then conservative), Δ is not judged. r is a point estimate with no bound of its
+own: one arm's trajectory noise moves it (bench/trial_bench.py measures how much).
 
 Each branch is tested on its own at the stated level; k* needs every smaller k to pass, so a
 non-monotone pattern (fail at 4, pass at 8) keeps k* at 2 and the bracket [2B, 4B).
