@@ -32,7 +32,9 @@ What it prints:
   trial there (advisor/trial.py's verdict through monitor/trial_runner.py: control and branches
   ×2 … ×64 on the same examples, LR × √k, judged on 2,048 fixed held-out examples): its bracket,
   whether it agrees with the local B_crit within 2× (`agrees`), its cost; then the same trial
-  with shorter Δ;
+  with shorter Δ; then the adaptive trial: Δ halved (dropping a branch whose step no longer
+  divides it) until the control's half-progress ratio says Δ can tell (advisor/trial.py: Δ too
+  long), its bracket beside the local B_crit;
 - the restore check: the control restored and continued equals a run that never branched.
 
 Why the local sweep runs each B at the snapshot's LR × √(B/B0), the trial's rule, and not an LR
@@ -48,6 +50,7 @@ shows as steps that stop falling with B (the fit then gives "—").
 from __future__ import annotations
 
 import argparse
+import copy
 import math
 import sys
 from dataclasses import dataclass, field
@@ -57,7 +60,7 @@ import torch
 from rampwatch.advisor.gns import fit_critical_batch
 from rampwatch.advisor.gns_window import significant
 from rampwatch.advisor.lr import lr_multiplier
-from rampwatch.advisor.trial import TrialPlan
+from rampwatch.advisor.trial import HALF_PROGRESS_MIN, TrialPlan
 from rampwatch.monitor.ramp_protocol import scale_lr
 from rampwatch.monitor.trial_runner import run_trial
 
@@ -285,12 +288,13 @@ class Point:
     local: tuple  # local_sweep's (rows, S_min, B_crit)
     verdict: object  # TrialVerdict
     by_delta: dict  # Δ in steps of the largest branch → the bracket of a trial with that Δ
+    adaptive: list  # the adaptive trial's verdicts, the first Δ first; the last is its answer
 
 
 def trials(problem, batch, lr, ks, steps_of_largest, points, local, deltas) -> list[Point]:
     """Per point: a run at `batch` trained until its excess loss first reaches it, a local sweep
-    from that snapshot (`local`: local_sweep's keywords), the trial, and the same trial with
-    each Δ of `deltas` (from an identical run: a trial moves the run on)."""
+    from that snapshot (`local`: local_sweep's keywords), the trial, the same trial with
+    each Δ of `deltas` (from an identical run: a trial moves the run on), and the adaptive one."""
     out = []
     for point in points:
         runs = {m: BaseRun(problem, batch, lr) for m in (steps_of_largest, *deltas)}
@@ -299,13 +303,32 @@ def trials(problem, batch, lr, ks, steps_of_largest, points, local, deltas) -> l
         run = runs[steps_of_largest]
         here = (run.excess(), problem.b_simple(run.w), problem.b_noise(run.w))
         swept = local_sweep(problem, run, **local)
+        adaptive = adaptive_trial(run, plan_at(batch, ks, steps_of_largest))
         verdict = run.trial(plan_at(batch, ks, steps_of_largest))
         by_delta = {
             m: r.trial(plan_at(batch, ks, m)).bracket for m, r in runs.items() if r is not run
         }
         by_delta[steps_of_largest] = verdict.bracket
-        out.append(Point(*here, swept, verdict, by_delta))
+        out.append(Point(*here, swept, verdict, by_delta, adaptive))
     return out
+
+
+def adaptive_trial(run, plan: TrialPlan) -> list:
+    """Trials from copies of `run`, Δ halved until the verdict says Δ can tell or no branch
+    fits a shorter Δ: every verdict, the last one the answer."""
+    verdicts = [copy.deepcopy(run).trial(plan)]
+    while not verdicts[-1].delta_ok and (plan := _halved(plan)) is not None:
+        verdicts.append(copy.deepcopy(run).trial(plan))
+    return verdicts
+
+
+def _halved(plan: TrialPlan) -> TrialPlan | None:
+    """The plan at Δ/2 with the branches whose step still divides it; None if none does."""
+    delta = plan.delta_tokens // 2
+    ks = tuple(k for k in plan.ks if delta % (k * plan.batch * plan.tokens_per_example) == 0)
+    if not ks or delta * 2 != plan.delta_tokens:
+        return None
+    return TrialPlan(**{**plan.__dict__, "ks": ks, "delta_tokens": delta})
 
 
 def main(argv=None) -> int:
@@ -382,7 +405,7 @@ class Report:
                 f"{v.progress / p.excess:.2f} | {_shown(v.plan.delta_tokens / examples_b0)} | "
                 f"{arms} | {v.cost_tokens:,} |"
             )
-        lines += ["", *self._delta_lines(), ""]
+        lines += ["", *self._delta_lines(), "", *self._adaptive_lines(), ""]
         for k, diff in self.restore_checks:
             arm = "the control" if k == 1 else f"branch ×{k}"
             lines.append(
@@ -409,8 +432,38 @@ class Report:
             lines.append(f"| {significant(p.excess)} | {_shown(p.local[2])} | {cells} |")
         return [*lines, "", "✓: within 2× of the local B_crit."]
 
+    def _adaptive_lines(self) -> list[str]:
+        lines = [
+            "The adaptive trial: Δ halved until the control's second-half progress is at least "
+            f"{HALF_PROGRESS_MIN:.2f}× its first half's (advisor/trial.py), beside the local B_crit:",
+            "",
+            "| excess at trial | local B_crit | Δ tried (examples): half-progress ratio | Δ used | "
+            "control's progress / excess | arms | bracket | within 2× of local | "
+            "cost (examples, all tries) |",
+            "|---:|---:|---|---:|---:|---|---|---|---:|",
+        ]
+        for p in self.points:
+            v = p.adaptive[-1]
+            tried = ", ".join(f"{t.plan.delta_tokens}: {_ratio(t)}" for t in p.adaptive)
+            arms = " ".join(f"×{r.k}{'✓' if r.passed else '✗'}" for r in v.branches)
+            cost = sum(t.cost_tokens for t in p.adaptive)
+            lines.append(
+                f"| {significant(p.excess)} | {_shown(p.local[2])} | {tried} | "
+                f"{v.plan.delta_tokens if v.delta_ok else '—'} | {v.progress / p.excess:.3f} | "
+                f"{arms} | {_bracket(v.bracket)} | "
+                f"{'yes' if agrees(v.bracket, p.local[2]) else 'no'} | {cost:,} |"
+            )
+        return lines
+
+
+def _ratio(verdict) -> str:
+    r = verdict.half_progress_ratio
+    return "—" if r is None else f"{r:.2f}{'' if verdict.delta_ok else ' (too long)'}"
+
 
 def _bracket(bracket) -> str:
+    if bracket is None:
+        return "Δ too long"
     lo, hi = bracket
     return f"[{'—' if lo is None else lo}, {'∞' if hi is None else hi})"
 
@@ -420,7 +473,9 @@ def _shown(x: float) -> str:
 
 
 def agrees(bracket, b_crit: float) -> bool:
-    """The bracket [lo, hi) widened by 2× at each end contains B_crit."""
+    """The bracket [lo, hi) widened by 2× at each end contains B_crit (no bracket: no)."""
+    if bracket is None:
+        return False
     lo, hi = bracket
     return (lo is None or lo / 2 <= b_crit) and (hi is None or b_crit < 2 * hi)
 

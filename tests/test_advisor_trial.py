@@ -1,13 +1,16 @@
 """advisor.trial: the paired bound's coverage on synthetic losses with a known difference, pass
-and fail at the tolerance's edge, the bracket (non-monotone passes included), cost, LR rule, and
-bad input named by its field."""
+and fail at the tolerance's edge, the bracket (non-monotone passes included), cost, LR rule,
+bad input named by its field, and Δ too long: the half-progress ratio against exponential decay
+at known Δ/τ."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
 
-from rampwatch.advisor.trial import TrialPlan, judge, tolerance_fraction
+from rampwatch.advisor.trial import HALF_PROGRESS_MIN, TrialPlan, judge, tolerance_fraction
 
 PLAN = TrialPlan.for_optimizer("adamw", batch=4, ks=(2, 4, 8), delta_tokens=4 * 8 * 10)
 
@@ -143,3 +146,92 @@ def test_a_verdict_survives_json():
     back = TrialVerdict.from_dict(json.loads(json.dumps(verdict.to_dict())))
     assert back == verdict
     assert back.summary == verdict.summary
+
+
+# -- Δ too long: the control's half progress (module docstring: the derivation) -------------
+
+
+def _decay(delta_over_tau, a=1.0, floor=2.0, n=400):
+    """Held-out losses of a control whose loss is floor + a·exp(−t/τ) in examples t: at the
+    snapshot, at Δ/2, at Δ (the same examples, shifted by the mean)."""
+    control = np.random.default_rng(0).gamma(2.0, 1.0, n)
+    at = lambda frac: control + floor + a * math.exp(-frac * delta_over_tau)  # noqa: E731
+    return at(0.0), at(0.5), at(1.0)
+
+
+@pytest.mark.parametrize("delta_over_tau", [0.1, 0.5, 0.79, 0.8, 1.0, 2.0, 4.0])
+def test_half_progress_ratio_reads_delta_over_tau(delta_over_tau):
+    """Under L(t) = L∞ + a·exp(−t/τ) the second half's progress over the first half's is
+    exp(−Δ/2τ); Δ is too long past Δ/τ = −2·ln(HALF_PROGRESS_MIN) ≈ 0.79."""
+    snap, mid, end = _decay(delta_over_tau)
+    verdict = judge(PLAN, snap, end, {k: end for k in PLAN.ks}, midway_losses=mid)
+    assert verdict.half_progress_ratio == pytest.approx(math.exp(-delta_over_tau / 2))
+    assert verdict.delta_ok is (delta_over_tau <= -2 * math.log(HALF_PROGRESS_MIN))
+
+
+def test_the_threshold_puts_a_branch_at_twice_the_critical_batch_on_the_tolerance():
+    """At the threshold, a ×2 branch at 2·B_crit (B = B_crit: it covers (1 + 1)/(1 + 2) = ⅔ of
+    the control's effective examples, McCandlish et al. 2018 §2.3) loses exactly the ×2
+    tolerance ¼ of the control's progress: any longer Δ lets it pass, a bracket 2× too high."""
+    x = -2 * math.log(HALF_PROGRESS_MIN)
+    deficit = math.exp(-2 * x / 3) - math.exp(-x)  # a = 1
+    assert deficit / (1 - math.exp(-x)) == pytest.approx(tolerance_fraction(2))
+    assert HALF_PROGRESS_MIN == pytest.approx(0.6725, abs=1e-4)
+
+
+def test_too_long_a_delta_gives_no_bracket_and_says_how_long():
+    """Δ = 4τ: every branch ties the flattened control, yet the verdict keeps the control,
+    brackets nothing and names the Δ that would tell (there the ratio is the threshold)."""
+    snap, mid, end = _decay(4.0)
+    verdict = judge(PLAN, snap, end, {k: end for k in PLAN.ks}, midway_losses=mid, b_simple=2.0)
+    assert [b.passed for b in verdict.branches] == [True, True, True]  # what Δ fools
+    assert not verdict.delta_ok
+    assert verdict.k_star is None and verdict.bracket is None and verdict.kept_k == 1
+    assert verdict.calibration is None
+    suggested = verdict.suggested_delta_tokens
+    assert suggested == round(PLAN.delta_tokens * -2 * math.log(HALF_PROGRESS_MIN) / 4.0)
+    assert "Δ too long" in verdict.summary and f"~{suggested:,} tokens" in verdict.summary
+    assert "Critical batch" not in verdict.summary
+    snap, mid, end = _decay(4.0 * suggested / PLAN.delta_tokens)
+    again = judge(PLAN, snap, end, {k: end for k in PLAN.ks}, midway_losses=mid)
+    assert again.half_progress_ratio == pytest.approx(HALF_PROGRESS_MIN, rel=0.01)
+
+
+def test_a_control_flat_in_its_second_half_is_too_long():
+    snap, mid, _ = _decay(1.0)
+    verdict = judge(PLAN, snap, mid + 0.001, {k: mid for k in PLAN.ks}, midway_losses=mid)
+    assert verdict.half_progress_ratio < 0 and not verdict.delta_ok
+    assert verdict.suggested_delta_tokens == PLAN.delta_tokens // 4
+
+
+def test_without_a_midway_eval_delta_is_not_judged():
+    verdict = _verdict({2: -0.01, 4: 0.5, 8: 0.5})
+    assert verdict.half_progress_ratio is None and verdict.delta_ok
+    assert verdict.suggested_delta_tokens is None and verdict.bracket == (8, 16)
+
+
+def test_a_verdict_too_long_survives_json_and_old_dicts_load():
+    import json
+
+    from rampwatch.advisor.trial import TrialVerdict
+
+    snap, mid, end = _decay(4.0)
+    verdict = judge(PLAN, snap, end, {k: end for k in PLAN.ks}, midway_losses=mid)
+    back = TrialVerdict.from_dict(json.loads(json.dumps(verdict.to_dict())))
+    assert back == verdict and back.summary == verdict.summary
+    old = _verdict({2: -0.01, 4: 0.5, 8: 0.5}).to_dict()
+    for new in ("half_progress_ratio", "delta_ok"):
+        del old[new]
+    loaded = TrialVerdict.from_dict(old)
+    assert loaded.delta_ok and loaded.half_progress_ratio is None and loaded.bracket == (8, 16)
+
+
+def test_the_card_words_a_trial_whose_delta_was_too_long():
+    """The card's bracket line (dashboard/recommend.py) for a verdict with no bracket: its
+    summary, which says what to change, instead of a bracket it does not have."""
+    from rampwatch.dashboard.recommend import TrialView
+
+    snap, mid, end = _decay(4.0)
+    verdict = judge(PLAN, snap, end, {k: end for k in PLAN.ks}, midway_losses=mid)
+    text = TrialView(trial=None, verdict=verdict).bracket_text
+    assert text == verdict.summary and "shorten Δ" in text

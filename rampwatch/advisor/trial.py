@@ -1,7 +1,8 @@
 """The judgement of a ramp trial: is a k× larger batch as good, token for token, as the running one?
 
 Owns `TrialPlan` (what a trial runs: the batch B, the factors k, Δ tokens per arm, the LR rule),
-`BranchResult` and `TrialVerdict` (what it found), `tolerance_fraction` and `judge`. Pure: the
+`BranchResult` and `TrialVerdict` (what it found), `tolerance_fraction`, `HALF_PROGRESS_MIN` and
+`judge`. Pure: the
 losses come in as arrays; running the arms is the caller's (monitor/trial_runner.py for a plain
 torch model and optimizer).
 
@@ -38,6 +39,27 @@ a branch just past B_crit can still pass, which the 95% bound offsets. P ≤ 0 (
 learn over Δ) leaves no tolerance: only a branch surely better than the control passes, and the
 summary says the trial could not tell.
 
+Δ too long. The tolerance is the linear limit: it assumes the control's loss falls at a steady
+rate over Δ. A control that flattens within Δ (Δ ≫ the examples the run needs to make its next
+progress) gives every branch time to catch up, and branches far past B_crit pass. So the control
+is also evaluated at Δ/2 (one more eval), and the ratio of its second half's progress to its first
+half's, r = P₂/P₁, says how far from linear Δ is. Under a loss that decays like
+L(t) = L∞ + a·exp(−t/τ) (t in the control's examples), P₁ = a(1 − q), P₂ = a·q(1 − q) with
+q = exp(−Δ/2τ): r = q, so Δ/τ = −2·ln r (r = 1 is the linear limit). A branch covering a share e
+of the control's effective examples loses (q^(2e) − q²)/(1 − q²) of P, which is below the
+tolerance's 1 − e whenever r < 1. The worst case is ×2: at k·B = 2·B_crit (B = B_crit,
+e = (1 + 1)/(1 + 2) = ⅔) its loss, with u = q^(2/3), is u²/(1 + u + u²) of P, and that is at
+least the ×2 tolerance ¼ iff u ≥ (1 + √13)/6, i.e.
+    r ≥ HALF_PROGRESS_MIN = ((1 + √13)/6)^(3/2) ≈ 0.672      (Δ ≤ 0.79·τ).
+Above it no branch past 2·B_crit passes in the model (at ×4 … ×64 the overshoot is 1.7 … 1.5×): the bracket
+stays within 2× of B_crit, the precision a bracket of doubling factors has anyway. Below it the
+verdict brackets nothing (k* None, the control kept) and names the Δ that would tell, Δ·ln r*/ln r
+(the same model), or Δ/4 when the second half made no progress. (The ⅓ one might guess is far too
+loose: there a ×2 branch at any batch sits on its tolerance.) Without the midway eval (older
+verdicts, a caller that gives none), or when the first half made no progress (nothing flattened;
+the tolerance is then conservative), Δ is not judged. r is a point estimate with no bound of its
+own: one arm's trajectory noise moves it (bench/trial_bench.py measures how much).
+
 Each branch is tested on its own at the stated level; k* needs every smaller k to pass, so a
 non-monotone pattern (fail at 4, pass at 8) keeps k* at 2 and the bracket [2B, 4B).
 """
@@ -54,7 +76,17 @@ from rampwatch.advisor.checks import positive_int, positive_number
 from rampwatch.advisor.gns_window import _t_quantile, significant
 from rampwatch.advisor.lr import lr_multiplier, rule_for
 
-__all__ = ["TrialPlan", "BranchResult", "TrialVerdict", "tolerance_fraction", "judge"]
+__all__ = [
+    "TrialPlan",
+    "BranchResult",
+    "TrialVerdict",
+    "tolerance_fraction",
+    "HALF_PROGRESS_MIN",
+    "judge",
+]
+
+# the control's second-half over first-half progress below which Δ is too long (docstring)
+HALF_PROGRESS_MIN = ((1 + math.sqrt(13)) / 6) ** 1.5
 
 
 def tolerance_fraction(k: int) -> float:
@@ -135,18 +167,21 @@ class BranchResult:
 
 @dataclass(frozen=True)
 class TrialVerdict:
-    """What a trial found; `bracket` is [lower, upper) of the critical batch in examples."""
+    """What a trial found; `bracket` is [lower, upper) of the critical batch in examples, or
+    None when Δ was too long to tell (`delta_ok` False)."""
 
     plan: TrialPlan
     examples: int  # held-out examples, paired
     progress: float  # loss at the snapshot − the control's loss after Δ (held-out means)
     branches: tuple[BranchResult, ...]
     k_star: int | None  # largest k passing with every smaller k passing; None: none passed
-    bracket: tuple[int | None, int | None]  # (None, ks[0]·B) or (k*·B, next k·B or None = open)
+    bracket: tuple[int | None, int | None] | None  # (None, ks[0]·B) or (k*·B, next k·B or None)
     calibration: float | None  # bracket's lower end / B_simple, when a noise scale was given
     b_simple: float | None
     kept_k: int  # the arm the run continues from: k_star, or 1 (the control)
     cost_tokens: int
+    half_progress_ratio: float | None = None  # the control's P₂/P₁; None: no midway eval
+    delta_ok: bool = True  # half_progress_ratio ≥ HALF_PROGRESS_MIN, or not judged
 
     def to_dict(self) -> dict:
         """JSON-safe: what a trial's end event carries (plan and branches nested, lists)."""
@@ -160,13 +195,26 @@ class TrialVerdict:
                 **d,
                 "plan": plan,
                 "branches": tuple(BranchResult(**r) for r in d["branches"]),
-                "bracket": tuple(d["bracket"]),
+                "bracket": None if d["bracket"] is None else tuple(d["bracket"]),
             }
         )
 
     @property
+    def suggested_delta_tokens(self) -> int | None:
+        """The Δ at which the control's half-progress ratio would be HALF_PROGRESS_MIN, under
+        exponential decay (Δ/τ = −2·ln r); Δ/4 when its second half made no progress."""
+        r = self.half_progress_ratio
+        if self.delta_ok or r is None:
+            return None
+        if r <= 0:
+            return self.plan.delta_tokens // 4
+        return round(self.plan.delta_tokens * math.log(HALF_PROGRESS_MIN) / math.log(r))
+
+    @property
     def summary(self) -> str:
         """What the trial found, in plain words (the card's and the bench's line)."""
+        if not self.delta_ok:
+            return self._too_long()
         b = self.plan.batch
         arms = ", ".join(f"×{r.k} {'pass' if r.passed else 'fail'}" for r in self.branches)
         kept = f"continue at ×{self.k_star} ({self.k_star * b:,})" if self.k_star else f"keep {b:,}"
@@ -185,6 +233,16 @@ class TrialVerdict:
                 f"({significant(self.b_simple)})."
             )
         return " ".join(parts)
+
+    def _too_long(self) -> str:
+        return (
+            f"Δ too long: the control had made most of its progress by Δ/2 (second half "
+            f"{self.half_progress_ratio:.2f}× the first, {HALF_PROGRESS_MIN:.2f}× needed), so a "
+            f"branch past the critical batch can catch up; keep {self.plan.batch:,} and shorten "
+            f"Δ to ~{self.suggested_delta_tokens:,} tokens "
+            f"(from {self.plan.delta_tokens:,}). Cost: {self.cost_tokens:,} tokens of "
+            "discarded arms."
+        )
 
 
 def _in_words(bracket: tuple, show) -> str:
@@ -257,15 +315,13 @@ def judge(
     control_losses,
     branch_losses: Mapping[int, Sequence[float]],
     b_simple: float | None = None,
+    midway_losses=None,
 ) -> TrialVerdict:
     """The verdict from per-example held-out losses: at the snapshot (or its mean, a number), of
-    the control after Δ, and of each branch k after Δ, all on the same examples in one order."""
+    the control after Δ, and of each branch k after Δ, all on the same examples in one order;
+    midway_losses, the control's at Δ/2 (or their mean), judges whether Δ is too long."""
     control = _losses("control_losses", control_losses)
-    snapshot = np.asarray(snapshot_losses, dtype=np.float64)
-    if snapshot.ndim > 1 or not np.all(np.isfinite(snapshot)) or snapshot.size == 0:
-        raise ValueError(
-            "snapshot_losses must be the finite held-out loss at the snapshot (per example or their mean)"
-        )
+    snapshot = _mean_loss("snapshot_losses", snapshot_losses, "at the snapshot")
     missing = [k for k in plan.ks if k not in branch_losses]
     extra = [k for k in branch_losses if k not in plan.ks]
     if missing or extra:
@@ -275,11 +331,16 @@ def judge(
         )
     if b_simple is not None:
         b_simple = positive_number("b_simple", b_simple, "positive noise scale (examples)")
-    progress = float(snapshot.mean() - control.mean())
+    progress = snapshot - float(control.mean())
     branches = tuple(_branch(plan, k, control, branch_losses[k], progress) for k in plan.ks)
-    k_star = _k_star(branches)
-    bracket = _bracket(plan, k_star)
-    calibration = bracket[0] / b_simple if b_simple is not None and bracket[0] else None
+    ratio = None
+    if midway_losses is not None:
+        midway = _mean_loss("midway_losses", midway_losses, "of the control at Δ/2")
+        ratio = _half_progress_ratio(snapshot, midway, float(control.mean()))
+    delta_ok = ratio is None or ratio >= HALF_PROGRESS_MIN
+    k_star = _k_star(branches) if delta_ok else None
+    bracket = _bracket(plan, k_star) if delta_ok else None
+    calibration = bracket[0] / b_simple if b_simple is not None and bracket and bracket[0] else None
     return TrialVerdict(
         plan=plan,
         examples=control.size,
@@ -291,4 +352,21 @@ def judge(
         b_simple=b_simple,
         kept_k=k_star or 1,
         cost_tokens=plan.cost_tokens,
+        half_progress_ratio=ratio,
+        delta_ok=delta_ok,
     )
+
+
+def _mean_loss(name: str, values, when: str) -> float:
+    a = np.asarray(values, dtype=np.float64)
+    if a.ndim > 1 or not np.all(np.isfinite(a)) or a.size == 0:
+        raise ValueError(
+            f"{name} must be the finite held-out loss {when} (per example or their mean)"
+        )
+    return float(a.mean())
+
+
+def _half_progress_ratio(snapshot: float, midway: float, end: float) -> float | None:
+    """P₂/P₁ of the control; None when its first half made no progress (nothing to flatten)."""
+    first, second = snapshot - midway, midway - end
+    return second / first if first > 0 else None

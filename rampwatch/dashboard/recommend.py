@@ -445,6 +445,8 @@ class TrialView:
         v = self.verdict
         if v is None:
             return None
+        if v.bracket is None:  # Δ too long: the verdict's own words say what to change
+            return v.summary
         lo, hi = v.bracket
         b = (
             f"below {hi:,}"

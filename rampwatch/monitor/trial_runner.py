@@ -9,7 +9,9 @@ B, branch k in plan.steps(k) steps of k·B), and `evaluate(model)`, one loss per
 in a fixed order.
 
 Arms run one after another from the same snapshot: the control first (the tolerance needs its
-progress), then each k. The end state of the control and of the longest passing chain of branches
+progress), then each k. The control is also evaluated at Δ/2 (Δ is a whole number of ×2 steps, so
+its step count is even), which tells the judgement whether Δ is too long; that eval runs under
+its own RNG fork, so the control's second half draws what a run that never paused would. The end state of the control and of the longest passing chain of branches
 are kept (at most three copies beside the snapshot, while an arm is judged); the model ends in the kept arm's state, ready
 to continue at its batch, on the examples after the trial's Δ.
 """
@@ -70,7 +72,8 @@ def _to_cpu(state):
     return state
 
 
-def _run_arm(plan, k, model, optimizer, scheduler, train_step, start, on_step) -> None:
+def _run_arm(plan, k, model, optimizer, scheduler, train_step, start, on_step, at_half=None):
+    """Train arm k for Δ; at_half() after half its steps (the control's midway eval)."""
     if k > 1:
         scale_lr(optimizer, plan.lr_factor(k), scheduler)
     count = k * plan.batch
@@ -78,6 +81,8 @@ def _run_arm(plan, k, model, optimizer, scheduler, train_step, start, on_step) -
         out = train_step(model, optimizer, start + i * count, count)
         if on_step is not None:
             on_step(k, i + 1, out)
+        if at_half is not None and i + 1 == plan.steps(k) // 2:
+            at_half()
 
 
 def run_trial(
@@ -95,23 +100,29 @@ def run_trial(
 ) -> tuple[TrialVerdict, dict]:
     """Run the control and every branch of `plan` from the current state; leave the model,
     optimizer and scheduler in the kept arm's end state. Returns the verdict and, per arm k
-    (1 = the control), its held-out losses (numpy). on_step(k, steps done, what train_step
+    (1 = the control; 0: at the snapshot; "midway": the control's at Δ/2), its held-out losses
+    (numpy). on_step(k, steps done, what train_step
     returned) after each step, on_arm(k, losses) after each arm's evaluation: progress. Any
     error restores the snapshot before it propagates: never a half-trained arm left in place.
     keep: end in this arm whatever the verdict (a testing aid: the trainer's --trial-keep)."""
     snapshot = Snapshot.take(model, optimizer, scheduler)
     state = (model, optimizer, scheduler)
 
-    def run_arm(k: int) -> None:
+    def run_arm(k: int):
+        """Arm k from the snapshot; the control's held-out losses at Δ/2 (None for a branch)."""
         snapshot.restore(*state)
-        _run_arm(plan, k, *state, train_step, start, on_step)
+        midway = []
+        at_half = (lambda: midway.append(_eval_aside(evaluate, model))) if k == 1 else None
+        _run_arm(plan, k, *state, train_step, start, on_step, at_half)
+        return midway[0] if midway else None
 
     try:
         losses, kept = _arms(plan, state, run_arm, evaluate, on_arm, keep)
     except BaseException:
         snapshot.restore(*state)
         raise
-    verdict = judge(plan, losses[0], losses[1], {k: losses[k] for k in plan.ks}, b_simple=b_simple)
+    branches = {k: losses[k] for k in plan.ks}
+    verdict = judge(plan, losses[0], losses[1], branches, b_simple, losses["midway"])
     k, end = kept.get("forced") or kept.get("branch", kept[1])
     assert k == (keep or verdict.kept_k), (k, keep, verdict.kept_k)
     end.restore(*state)
@@ -119,13 +130,16 @@ def run_trial(
 
 
 def _arms(plan, state, run_arm, evaluate, on_arm, keep) -> tuple[dict, dict]:
-    """Every arm from the snapshot: held-out losses per arm (0: at the snapshot) and the end
-    states worth keeping (the control's, the longest passing chain's, the forced one's)."""
+    """Every arm from the snapshot: held-out losses per arm (0: at the snapshot; "midway": the
+    control's at Δ/2) and the end states worth keeping (the control's, the longest passing
+    chain's, the forced one's)."""
     model = state[0]
     losses = {0: _eval(evaluate, model)}
     kept = {}
     for k in (1, *plan.ks):
-        run_arm(k)
+        midway = run_arm(k)
+        if k == 1:
+            losses["midway"] = midway
         end = Snapshot.take(*state)  # before evaluate, which may draw RNG
         losses[k] = _eval(evaluate, model)
         if on_arm is not None:
@@ -140,8 +154,16 @@ def _arms(plan, state, run_arm, evaluate, on_arm, keep) -> tuple[dict, dict]:
 def _passes_chain(plan, losses, k) -> bool:
     """Whether k and every smaller planned k pass, judged on what has run so far."""
     done = tuple(j for j in plan.ks if j <= k)
-    verdict = judge(replace(plan, ks=done), losses[0], losses[1], {j: losses[j] for j in done})
+    branches = {j: losses[j] for j in done}
+    verdict = judge(replace(plan, ks=done), losses[0], losses[1], branches, None, losses["midway"])
     return verdict.k_star == k
+
+
+def _eval_aside(evaluate, model):
+    """_eval inside a fork of torch's RNG: what the eval draws is not the training's."""
+    cuda = range(torch.cuda.device_count()) if torch.cuda.is_initialized() else []
+    with torch.random.fork_rng(devices=cuda):
+        return _eval(evaluate, model)
 
 
 def _eval(evaluate, model):
