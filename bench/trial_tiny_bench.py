@@ -13,12 +13,16 @@ its control, so the run stays at 16 and the next point is trained like the first
 table (store.reader.trials) gives the step it started at, the verdict, its cost in tokens, % of
 the run's tokens and seconds.
 
-Beside each trial, from a constant-batch sweep (ramp_bench.run, the same runs and names as
-`bench.ramp_bench --keep DIR` at its middle LR, √ rule from 3e-3 at 16; one LR per batch, not
-ramp_bench's best of three, to fit the time): at the validation loss L the trial run had at the
-trial's step, steps to L from the start for each batch and their fit S = S_min(1 + B_crit/B)
-(advisor.gns.fit_critical_batch), and the local fit over the steps from L to L − `--local-drop`.
-B_simple is the run's own logged gns_b_simple (windowed) at the trial's step.
+Beside each trial, from a constant-batch sweep (ramp_bench.run at batches 8-64, each at the
+√-rule LR from 3e-3 at 16: one LR per batch, not ramp_bench's best of three, to fit the time; run
+to val loss 1.7, below every point's loss less the local drop): at the validation loss L the
+trial run had at the trial's step, the steps to L from the start for each batch and their fit
+S = S_min(1 + B_crit/B) (advisor.gns.fit_critical_batch), and the local fit over the steps from L
+to L − `--local-drop`. B_simple is the run's own logged gns_b_simple (windowed) at that step.
+
+--auto adds ramp_bench's comparison to val loss 1.75: fixed 16 (the sweep's run), noise-gated
+`--ramp auto` and trial-gated `--ramp auto --ramp-gate trial` (Δ 8,192 tokens), their steps and
+sequences to the target, the sequences of the trials' discarded arms counted apart.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench.ramp_bench import BASE_BATCH, BASE_LR, run, series
+from bench.ramp_bench import BASE_BATCH, BASE_LR, MAX_SEQUENCES, measured, run, series
 from bench.tiny_runs import train_tiny
 from rampwatch.advisor.gns import fit_critical_batch
 from rampwatch.advisor.trial import TrialVerdict
@@ -47,12 +51,16 @@ STEPS = 500
 SWEEP = (8, 16, 32, 64)
 TARGET = 1.7  # the sweep's val loss: below the last point's loss less the local drop
 POLL_S = 0.2
+AUTO_TARGET = 1.75  # ramp_bench's target for the auto comparison
+AUTO_DELTA_TOKENS = 8_192  # the trial-gated run's Δ: 8 steps of 16, whole steps of ×4
 
 
 def trial_run(out: Path, seed: int, args) -> tuple[Path, str, float]:
     """Train the batch-16 run, queueing one trial at each point; (db, run id, wall seconds)."""
     name = f"s{seed}-trials-b16-d{args.delta_tokens}"
     db = out / f"{name}.duckdb"
+    if db.exists() and reader.get_run(db, name).status == "finished":  # --keep: read, not trained
+        return db, name, 0.0
     with ThreadPoolExecutor(1) as pool:
         job = pool.submit(
             train_tiny,
@@ -189,6 +197,50 @@ def report(seed: int, db: Path, name: str, wall: float, runs: dict | None, a) ->
             print(f"| {b} | {r.lr:.3g} | " + " | ".join(str(c or "—") for c in cells) + " |")
 
 
+def autos(out: Path, seed: int, fixed16, target: float, delta: int) -> None:
+    """Trial-gated auto vs noise-gated auto vs fixed 16 (ramp_bench's method): steps, sequences
+    and the last validation loss at the target; a trial's discarded arms counted apart."""
+    noise = run(out, f"s{seed}-auto-at1", BASE_BATCH, BASE_LR, seed, target, ramp_at=1.0)
+    name = f"s{seed}-auto-trial-d{delta}"
+    db, wall = train_tiny(
+        out,
+        name,
+        seed=seed,
+        steps=MAX_SEQUENCES // BASE_BATCH,
+        batch=BASE_BATCH,
+        lr=BASE_LR,
+        val_every=10,
+        extra=("--target-val-loss", str(target), "--ramp", "auto", "--ramp-gate", "trial")
+        + ("--trial-delta-tokens", str(delta)),
+    )
+    gated = measured(db, name, BASE_BATCH, BASE_LR, target, wall)
+    fixed = measured(fixed16.db, fixed16.name, BASE_BATCH, fixed16.lr, target, 0.0)
+    print(f"\n### seed {seed}: to val loss {target}\n")
+    print(
+        "| run | steps | sequences | + trial arms (sequences) | val loss at the hit | "
+        "steps / fixed 16 | sequences (with arms) / fixed 16 | ramps |\n|---|---|---|---|---|---|---|---|"
+    )
+    for label, r in (("fixed 16", fixed), ("noise-gated auto", noise), ("trial-gated auto", gated)):
+        val = series(r.db, r.name, M.VAL_LOSS)
+        seq_len = reader.get_run(r.db, r.name).config["seq_len"]
+        arms = sum(t.cost_tokens or 0 for t in reader.trials(r.db, r.name)) // seq_len
+        ramps = "; ".join(
+            f"{e.step}: {e.data['before']['batch']}→{e.data['after']['batch']}"
+            for e in reader.events(r.db, r.name, kinds=[M.EVENT_RAMP])
+        )
+        if not (r.steps and fixed.steps):
+            print(f"| {label} | not reached | | {arms} | | | | {ramps or 'none'} |")
+            continue
+        print(
+            f"| {label} | {r.steps} | {r.sequences} | {arms} | {val[r.steps]:.3f} | "
+            f"{r.steps / fixed.steps:.2f} | {(r.sequences + arms) / fixed.sequences:.2f} | "
+            f"{ramps or 'none'} |"
+        )
+    for t in reader.trials(db, name):
+        verdict = TrialVerdict.from_dict(t.verdict).summary if t.verdict else t.reason
+        print(f"- trial-gated, step {t.start_step} ({t.source}): {verdict}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -202,6 +254,7 @@ def main() -> int:
     ap.add_argument("--target", type=float, default=TARGET, help="the sweep's val loss")
     ap.add_argument("--local-drop", type=float, default=0.1)
     ap.add_argument("--no-sweep", action="store_true")
+    ap.add_argument("--auto", action="store_true", help="also trial- vs noise-gated auto vs 16")
     ap.add_argument("--jobs", type=int, default=2, help="sweep runs at once (one thread each)")
     ap.add_argument("--keep", type=Path, help="keep the runs here; finished ones are reused")
     a = ap.parse_args()
@@ -218,6 +271,8 @@ def main() -> int:
             db, name, wall = trial_run(out, seed, a)
             runs = None if a.no_sweep else sweep(out, seed, a.batches, a.target, a.jobs)
             report(seed, db, name, wall, runs, a)
+            if a.auto and runs and BASE_BATCH in runs:
+                autos(out, seed, runs[BASE_BATCH], AUTO_TARGET, AUTO_DELTA_TOKENS)
     print(
         f"\nwall time {time.perf_counter() - t0:.0f} s on {os.cpu_count()} cores "
         f"(load average at start {load:.2f}, at end {os.getloadavg()[0]:.2f})"
