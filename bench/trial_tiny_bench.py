@@ -118,8 +118,8 @@ def b_crit(steps: dict[int, int | None]) -> str:
         return "— (fewer than 3 batches)"
     try:
         return f"{fit_critical_batch(list(got), list(got.values()))[1]:.0f}"
-    except ValueError as e:
-        return f"— ({e})"
+    except ValueError:  # e.g. S_min < 0: the steps do not fall as 1 + B_crit/B
+        return "— (no fit)"
 
 
 def sweep(out: Path, seed: int, batches, target: float, jobs: int) -> dict:
@@ -188,13 +188,19 @@ def report(seed: int, db: Path, name: str, wall: float, runs: dict | None, a) ->
         if t.verdict is not None:
             print(f"- step {t.start_step}: {TrialVerdict.from_dict(t.verdict).summary}")
     if runs:
-        print("\nsweep (√-rule LR, steps to each trial's loss L):\n")
+        print(f"\nsweep (√-rule LR): steps to each trial's loss L (+ steps on to L − {drop:g})\n")
         losses = [at_or_before(val, t.start_step) for t in trials]
         print("| batch | LR | " + " | ".join(f"L = {x:.3f}" for x in losses if x) + " |")
         print("|---|---|" + "---|" * len([x for x in losses if x]))
         for b, r in sorted(runs.items()):
-            cells = [steps_to(r.db, r.name, x) for x in losses if x]
-            print(f"| {b} | {r.lr:.3g} | " + " | ".join(str(c or "—") for c in cells) + " |")
+            cells = [
+                (steps_to(r.db, r.name, x), steps_to(r.db, r.name, x - drop)) for x in losses if x
+            ]
+            print(
+                f"| {b} | {r.lr:.3g} | "
+                + " | ".join(f"{s or '—'} (+{e - s if s and e else '—'})" for s, e in cells)
+                + " |"
+            )
 
 
 def autos(out: Path, seed: int, fixed16, target: float, delta: int) -> None:
@@ -223,7 +229,10 @@ def autos(out: Path, seed: int, fixed16, target: float, delta: int) -> None:
     for label, r in (("fixed 16", fixed), ("noise-gated auto", noise), ("trial-gated auto", gated)):
         val = series(r.db, r.name, M.VAL_LOSS)
         seq_len = reader.get_run(r.db, r.name).config["seq_len"]
-        arms = sum(t.cost_tokens or 0 for t in reader.trials(r.db, r.name)) // seq_len
+        done = [t for t in reader.trials(r.db, r.name) if t.status == "finished"]
+        arms = sum(t.cost_tokens or 0 for t in done) // seq_len
+        kept = sum(t.delta_tokens for t in done if r.steps and t.start_step < r.steps) // seq_len
+        seqs = (r.sequences or 0) + kept  # the kept arm's steps log no batch
         ramps = "; ".join(
             f"{e.step}: {e.data['before']['batch']}→{e.data['after']['batch']}"
             for e in reader.events(r.db, r.name, kinds=[M.EVENT_RAMP])
@@ -232,8 +241,8 @@ def autos(out: Path, seed: int, fixed16, target: float, delta: int) -> None:
             print(f"| {label} | not reached | | {arms} | | | | {ramps or 'none'} |")
             continue
         print(
-            f"| {label} | {r.steps} | {r.sequences} | {arms} | {val[r.steps]:.3f} | "
-            f"{r.steps / fixed.steps:.2f} | {(r.sequences + arms) / fixed.sequences:.2f} | "
+            f"| {label} | {r.steps} | {seqs} | {arms} | {val[r.steps]:.3f} | "
+            f"{r.steps / fixed.steps:.2f} | {(seqs + arms) / fixed.sequences:.2f} | "
             f"{ramps or 'none'} |"
         )
     for t in reader.trials(db, name):
@@ -255,6 +264,7 @@ def main() -> int:
     ap.add_argument("--local-drop", type=float, default=0.1)
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--auto", action="store_true", help="also trial- vs noise-gated auto vs 16")
+    ap.add_argument("--auto-delta-tokens", type=int, default=AUTO_DELTA_TOKENS)
     ap.add_argument("--jobs", type=int, default=2, help="sweep runs at once (one thread each)")
     ap.add_argument("--keep", type=Path, help="keep the runs here; finished ones are reused")
     a = ap.parse_args()
@@ -272,7 +282,7 @@ def main() -> int:
             runs = None if a.no_sweep else sweep(out, seed, a.batches, a.target, a.jobs)
             report(seed, db, name, wall, runs, a)
             if a.auto and runs and BASE_BATCH in runs:
-                autos(out, seed, runs[BASE_BATCH], AUTO_TARGET, AUTO_DELTA_TOKENS)
+                autos(out, seed, runs[BASE_BATCH], AUTO_TARGET, a.auto_delta_tokens)
     print(
         f"\nwall time {time.perf_counter() - t0:.0f} s on {os.cpu_count()} cores "
         f"(load average at start {load:.2f}, at end {os.getloadavg()[0]:.2f})"
