@@ -146,7 +146,8 @@ def report(seed: int, db: Path, name: str, wall: float, runs: dict | None, a) ->
     run_tokens = a.steps * BASE_BATCH * reader.get_run(db, name).config["seq_len"]
     val, gns = series(db, name, M.VAL_LOSS), series(db, name, M.GNS)
     trials = sorted(reader.trials(db, name), key=lambda t: t.start_step or 0)
-    print(f"\n### seed {seed}: trials along fixed 16 ({wall:.0f} s of training)\n")
+    trained = f"{wall:.0f} s of training" if wall else "reused from --keep"
+    print(f"\n### seed {seed}: trials along fixed 16 ({trained})\n")
     print(
         "| step | val loss | B_simple (logged) | bracket | ×2 / ×4 / ×8: mean diff, bound, "
         "tolerance | cost: tokens, % of the run's, s | B_crit to L (sweep) | local B_crit L→L−"
