@@ -190,13 +190,14 @@ def test_frozen_least_squares_sharpens_as_the_steady_steps_add_up():
 
 def test_a_ramp_marks_the_noise_window_and_the_buffer_holds_4000_steps():
     """Monitor.ramp_applied tells the window that a change may start with the next step."""
+    from rampwatch.advisor.tiers import Tier
     from rampwatch.monitor.ramp_protocol import Ramp
 
     model, *_ = _least_squares(n=256, d_in=8, d_out=4)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     mon = Monitor(None, model=model, optimizer=opt, per_device_batch=4, accum=2, seq_len=1)
     assert mon.noise.max_steps == 4000 and mon.noise.since_mark is None
-    mon.ramp_applied(Ramp(8, 2, 1.0, 0.0, step=0, source="test", before=(4, 2)))
+    mon.ramp_applied(Ramp(Tier(8, 2), 1.0, 0.0, step=0, source="test", before=Tier(4, 2)))
     assert mon.noise.since_mark == 0
 
 

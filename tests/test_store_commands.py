@@ -194,18 +194,16 @@ def test_delete_run_removes_everything_of_that_run_only(db_path):
         store.delete_run(db_path, "gone")
     assert w.close()
     store.delete_run(db_path, "gone")
-    import duckdb
-
+    from rampwatch.store.db import read_connection
     from rampwatch.store.schema import RUN_TABLES
 
-    con = duckdb.connect(str(db_path), read_only=True)
-    try:
+    # through the store's lock: keep's flusher opens the file read-write on its visits, and
+    # one process may not hold it with two configurations at once
+    with read_connection(db_path) as con:
         for table in RUN_TABLES:
             n = con.execute(f"SELECT count(*) FROM {table} WHERE run_id = 'gone'").fetchall()
             assert n == [(0,)], table
         assert con.execute(
             "SELECT count(*) FROM command_log WHERE command_id = ?", [cid]
         ).fetchall() == [(0,)]
-    finally:
-        con.close()
     assert keep.close() and [r.run_id for r in store.list_runs(db_path)] == ["keep"]
