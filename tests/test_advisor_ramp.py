@@ -471,3 +471,27 @@ def test_predicted_effect_hand_computed():
     # far below the noise scale a doubling nearly halves the steps for almost no extra data
     e = predicted_effect(64, 128, 100_000)
     assert e.step_savings == pytest.approx(0.5, abs=0.001) and e.example_cost < 0.001
+
+
+def test_a_calibrated_series_is_called_what_it_is():
+    """After a trial the values are c · B_simple: the card must not call them "the noise scale"
+    beside a trial that named the raw noise scale (a demo card said 32.6 where the trial had 17.9)."""
+    from rampwatch.advisor.advice import RunningTier, TrialEvidence, advise, memory_evidence
+    from rampwatch.advisor.policy import RampPolicy
+    from rampwatch.advisor.trial import TrialPlan, judge
+
+    policy = RampPolicy(original_batch=8, original_lr=1e-3)
+    run = RunningTier(Tier(4, 2), seq_len=16, capacity_bytes=None)
+    steps = list(range(1, 61))
+    args = (steps, [2.0] * 60, [1.5] * 60, memory_evidence([], "plain"), 0)
+    plain = advise(policy, run, *args)
+    assert plain.decision.status.startswith("The noise scale (2"), plain.decision.status
+    plan = TrialPlan(
+        batch=8, ks=(2, 4), delta_tokens=8 * 4 * 16 * 4, rule="sqrt", tokens_per_example=16
+    )
+    control = [2.0, 2.2, 1.9, 2.1]
+    v = judge(plan, 3.0, control, {2: control, 4: control}, b_simple=2.0)
+    assert v.calibration == 16.0  # the bracket starts at ×4 of 8: 32 = 16 × the noise scale
+    calibrated = advise(policy, run, *args, trial=TrialEvidence.of(1, 30, v))
+    status = calibrated.decision.status
+    assert status.startswith("The calibrated noise scale (32") and "noise scale (2" not in status

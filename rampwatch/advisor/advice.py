@@ -274,6 +274,7 @@ def advise(
         current.batch,
         since_step,
         critical=c is not None or policy.gate == "trial",
+        subject="The noise scale" if c is None else "The calibrated noise scale",
     )
     now = int(max(gns_steps)) if len(gns_steps) else None
     model, memory_note = memory.model()

@@ -144,13 +144,15 @@ class RampPolicy:
         batch: float,
         since_step: int | None,
         critical: bool = False,
+        subject: str = "The noise scale",
     ):
         """advisor.ramp_point.ramp_decision with this policy's thresholds (its only source of them).
 
         critical: the values estimate the critical batch itself (a trial's calibration, or the
         trial gate), not B_simple. The band [B_simple, 2·B_simple] above is about [B_crit/2,
         B_crit]; for B_crit the same ramp point is factor × ramp_at × B, so the new batch is at
-        most the critical batch (Merrill et al.'s warmup: double B once B* > 2B)."""
+        most the critical batch (Merrill et al.'s warmup: double B once B* > 2B). subject: what
+        the verdict's sentences call the values ("The calibrated noise scale" after a trial)."""
         scale = self.factor if critical else 1
         return ramp_decision(
             steps,
@@ -163,6 +165,7 @@ class RampPolicy:
             factor=self.factor,
             since_step=since_step,
             lower=lower,
+            subject=subject,
         )
 
     # -- the run config -----------------------------------------------------------------------

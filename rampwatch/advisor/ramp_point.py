@@ -117,6 +117,7 @@ def ramp_decision(
     trend: str = "log",
     z: float = 1.96,
     calibration: ForecastCalibration | None = FORECAST_CALIBRATION,
+    subject: str = "The noise scale",
 ) -> Recommendation:
     """Should the batch grow ×factor now, and if not, when will it be time?
 
@@ -139,6 +140,7 @@ def ramp_decision(
     bound_at × current_batch, or when it has no point (the windowed |G|² is not positive:
     B_noise ≫ batch) but its bound alone is above the target. Steps are the steps that have an
     estimate; a step with none is simply absent and neither breaks nor extends the streak.
+    subject: what the sentences call the values ("The calibrated noise scale" after a trial).
     """
     batch = _checked(current_batch, ramp_at, min_estimates, trend)
     hyst, win = _pos_int("hysteresis_steps", hysteresis_steps), _pos_int("window", window)
@@ -158,7 +160,7 @@ def ramp_decision(
         trend=fit.desc,
         lower_bound=series.latest_bound,
     )
-    words = _Words(series, target, bound_target, float(ramp_at), float(bound_at))
+    words = _Words(series, target, bound_target, float(ramp_at), float(bound_at), subject)
     if evidence.n_samples >= evidence.min_estimates and steps_above >= hyst:
         status = words.ready(steps_above, int(round(factor * batch)))
         return Recommendation(
@@ -355,13 +357,14 @@ class _Words:
     bound_target: float  # bound_at × batch
     ramp_at: float
     bound_at: float
+    name: str = "The noise scale"  # or "The calibrated noise scale": what the values are
 
     def subject(self) -> tuple[str, float]:
         """Who the sentence is about, and its value: the point, or its bound when it has none."""
         latest = self.series.latest
         if latest is None:
-            return "The noise scale's 95% lower bound", self.series.latest_bound
-        return "The noise scale", latest
+            return f"{self.name}'s 95% lower bound", self.series.latest_bound
+        return self.name, latest
 
     def bound_note(self) -> str:
         if not self.series.has_bounds or self.bound_target <= 0:
@@ -404,14 +407,14 @@ def _not_above(w: _Words, trend: _Trend, forecast: _Forecast, since_step) -> tup
             ), ""
         a, rel, point = _against(bound, w.ramp_at, w.target)
         return (
-            f"The noise scale's 95% lower bound ({a}) is {rel} {point}, and there is no point "
+            f"{w.name}'s 95% lower bound ({a}) is {rel} {point}, and there is no point "
             "estimate (the windowed |G|² is not positive): wait for more evidence."
         ), ""
     a, rel, point = _against(latest, w.ramp_at, w.target)
     if latest > w.target:
         if not series.has_bounds:
             return (
-                f"The noise scale ({a}) is {rel} {point}, but not since the ramp at step "
+                f"{w.name} ({a}) is {rel} {point}, but not since the ramp at step "
                 f"{since_step:,}: wait for estimates at the new batch."
             ), ""
         bound = series.latest_bound
@@ -420,8 +423,8 @@ def _not_above(w: _Words, trend: _Trend, forecast: _Forecast, since_step) -> tup
         else:
             b, brel, bpoint = _against(bound, w.bound_at, w.bound_target)
             why = f"its 95% lower bound ({b}) is {brel} {bpoint}"
-        return f"The noise scale ({a}) is {rel} {point}, but {why}: wait for more evidence.", ""
-    status = f"The noise scale ({a}) is {rel} {point}."
+        return f"{w.name} ({a}) is {rel} {point}, but {why}: wait for more evidence.", ""
+    status = f"{w.name} ({a}) is {rel} {point}."
     if forecast.range is not None:
         return status, _outlook(forecast.step, forecast.range, forecast.note, None)
     if forecast.note:
