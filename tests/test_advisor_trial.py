@@ -227,11 +227,13 @@ def test_a_verdict_too_long_survives_json_and_old_dicts_load():
 
 
 def test_the_card_words_a_trial_whose_delta_was_too_long():
-    """The card's bracket line (dashboard/recommend.py) for a verdict with no bracket: its
-    summary, which says what to change, instead of a bracket it does not have."""
+    """The card (dashboard/recommend.py) for a verdict with no bracket: no bracket line (the
+    summary above it says what to change: a demo card said it twice) and no branch called a
+    pass or a fail."""
     from rampwatch.dashboard.recommend import TrialView
 
     snap, mid, end = _decay(4.0)
     verdict = judge(PLAN, snap, end, {k: end for k in PLAN.ks}, midway_losses=mid)
-    text = TrialView(trial=None, verdict=verdict).bracket_text
-    assert text == verdict.summary and "shorten Δ" in text
+    view = TrialView(trial=None, verdict=verdict)
+    assert view.bracket_text is None and "shorten Δ" in verdict.summary
+    assert {r["result"] for r in view.branch_rows()} == {"not judged: Δ too long"}

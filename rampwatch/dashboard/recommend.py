@@ -427,6 +427,7 @@ class TrialView:
         """Per branch: the paired loss difference against the control, its bound, tolerance."""
         if self.verdict is None:
             return []
+        judged = self.verdict.delta_ok  # Δ too long: no branch was judged, whatever its numbers
         return [
             {
                 "branch": f"×{b.k}",
@@ -435,7 +436,7 @@ class TrialView:
                 "loss difference": b.mean_diff,
                 "95% upper bound": b.bound,
                 "tolerance": b.tolerance,
-                "result": "pass" if b.passed else "fail",
+                "result": ("pass" if b.passed else "fail") if judged else "not judged: Δ too long",
             }
             for b in self.verdict.branches
         ]
@@ -445,8 +446,8 @@ class TrialView:
         v = self.verdict
         if v is None:
             return None
-        if v.bracket is None:  # Δ too long: the verdict's own words say what to change
-            return v.summary
+        if v.bracket is None:  # Δ too long: the summary above says what to change; no bracket
+            return None
         lo, hi = v.bracket
         b = (
             f"below {hi:,}"
