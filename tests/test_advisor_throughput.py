@@ -30,6 +30,15 @@ def measured(*tiers: tuple[int, int], overhead: float = OVERHEAD) -> dict[Tier, 
     return out
 
 
+def from_micro_times(accum: int, micro: dict[int, float]) -> dict[Tier, MeasuredSpeed]:
+    """Tiers at one accumulation whose micro-batch time at b is micro[b] (no overhead, no MFU)."""
+    out = {}
+    for b, t in micro.items():
+        tier = Tier(b, accum)
+        out[tier] = MeasuredSpeed(tier, tier.batch * SEQ / (accum * t), None, 10)
+    return out
+
+
 def test_medians_per_tier_skip_untimed_steps_and_steps_without_mfu():
     b = [16, 16, 16, 16, 32, 32, 32, np.nan]
     a = [16, 16, 16, 16, 16, 16, 16, 16]
@@ -85,11 +94,7 @@ def test_one_measured_per_device_batch_predicts_only_its_accumulations():
 
 def test_a_line_below_zero_at_b_0_is_read_as_flat_tokens_per_second():
     """t_micro 0.2 s at 16 and 0.5 s at 32: the line's c0 < 0 would make tokens/s fall with b."""
-    runs = {}
-    for b, t in ((16, 0.2), (32, 0.5)):
-        tier = Tier(b, 4)
-        runs[tier] = MeasuredSpeed(tier, tier.batch * SEQ / (4 * t), None, 10)
-    model = ThroughputModel.fit(runs, SEQ, 1)
+    model = ThroughputModel.fit(from_micro_times(4, {16: 0.2, 32: 0.5}), SEQ, 1)
     c1 = (16 * 0.2 + 32 * 0.5) / (16**2 + 32**2)
     assert model.line == pytest.approx((0.0, c1))
     assert any("flat" in n for n in model.notes)
@@ -98,11 +103,7 @@ def test_a_line_below_zero_at_b_0_is_read_as_flat_tokens_per_second():
 
 
 def test_micro_time_that_does_not_grow_with_the_batch_models_no_other_batch():
-    runs = {}
-    for b, t in ((16, 0.5), (32, 0.4)):
-        tier = Tier(b, 2)
-        runs[tier] = MeasuredSpeed(tier, tier.batch * SEQ / (2 * t), None, 10)
-    model = ThroughputModel.fit(runs, SEQ, 1)
+    model = ThroughputModel.fit(from_micro_times(2, {16: 0.5, 32: 0.4}), SEQ, 1)
     assert model.line is None
     s = model.speed(Tier(64, 2))
     assert s.source == "unknown" and "does not grow" in s.note

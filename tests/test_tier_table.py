@@ -10,7 +10,6 @@ import dataclasses
 import json
 import re
 import subprocess
-import sys
 
 import pytest
 
@@ -21,7 +20,7 @@ from rampwatch.advisor.throughput import MeasuredSpeed, ThroughputModel
 from rampwatch.advisor.tier_table import cells, tier_rows
 from rampwatch.advisor.tiers import Tier
 from tests import seed
-from tests.procs import REPO
+from tests.procs import rampwatch_command
 
 SEED_STEPS = 40  # per tier: 40 at 16 × 16, then 40 at 32 × 16
 
@@ -39,13 +38,7 @@ def _card_table(at) -> dict[str, dict]:
 
 
 def _plan(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "rampwatch", "plan", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return rampwatch_command("plan", *args)
 
 
 def _assert_reads_as_the_seed(rows: dict[str, dict]) -> None:
@@ -112,6 +105,10 @@ def test_the_seed_case_in_rampwatch_plan(h200):
     assert by_tier[("now", 32, 16)]["total_steps"] == 14_500
     assert by_tier[("ran", 16, 16)]["total_steps"] == 29_000
     assert by_tier[("ran", 16, 16)]["eta_s"] / 3600 == pytest.approx(33, abs=0.7)
+    missing = _plan("--db", str(h200.db), "--run", "nope")
+    assert missing.returncode == 2 and missing.stdout == ""
+    assert missing.stderr.startswith("rampwatch plan: error: no run 'nope' in ")
+    assert len(missing.stderr.splitlines()) == 1
 
 
 def test_the_card_and_the_cli_show_the_same_cells(h200, monkeypatch):
