@@ -2,7 +2,8 @@
 
     rampwatch dashboard [--db PATH] [--read-only] [--host H] [--port P] [-- streamlit flags…]
     rampwatch train …                 the reference trainer (rampwatch/trainer/cli.py)
-    rampwatch plan …                  batch tiers that fit in memory (rampwatch/advisor/cli.py)
+    rampwatch plan …                  batch tiers that fit in memory (rampwatch/advisor/cli.py);
+                                      --db DB [--run RUN]: a run's tier table, as its card shows it
     rampwatch info | recover | upgrade DB,  rampwatch export DB [RUN]   (rampwatch/store/cli.py)
 
 Owns the dispatch and the rule that every mistake on the command line is one line on stderr and
@@ -26,6 +27,7 @@ from pathlib import Path
 from rampwatch.advisor import cli as plan_cli
 from rampwatch.dashboard import guard
 from rampwatch.store import cli as store_cli
+from rampwatch.store import errors as store_errors
 from rampwatch.trainer import cli as train_cli
 
 APP = Path(__file__).resolve().parent / "dashboard" / "app.py"
@@ -236,8 +238,32 @@ def _run(argv: list[str] | None) -> int:
             args.command_parser.error(str(e))
         return train_cli.run(args)
     if args.command == "plan":
-        return plan_cli.run(args)
+        return plan_cli.run(args) if args.db is None else _plan_run(args)
     return store_cli.run(args)
+
+
+def _plan_run(args: argparse.Namespace) -> int:
+    """`rampwatch plan --db DB [--run RUN]`: the run's tier table, read as the live page's card
+    reads it (dashboard/live_data.py read_snapshot, recommend.card_of; no Streamlit session)."""
+    from rampwatch.dashboard import live_data, recommend  # no Streamlit: plain reads and math
+
+    plan_cli.check_db_args(args)
+
+    def show() -> int:
+        run_id = store_cli.pick_run(args.db, args.run, "with --run RUN")
+        card = recommend.card_of(live_data.read_snapshot(args.db, run_id))
+        if card.current is None:  # one line, exit 2, as for any run the command cannot read
+            raise store_errors.StoreError(f"run {run_id}: {card.problems[0]}")
+        head = {"run_id": run_id, "now": card.current.describe(), "memory": card.memory_note}
+        notes = [*card.problems, *card.table_notes]
+        if args.json:
+            print(plan_cli.tier_table_json(head, card.table, notes))
+        else:
+            lines = [f"run {run_id}: now {head['now']}", head["memory"]]
+            print(plan_cli.tier_table_text(lines, card.table, notes))
+        return 0
+
+    return store_cli.guarded("plan", args.db, show)
 
 
 if __name__ == "__main__":

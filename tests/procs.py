@@ -21,6 +21,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def rampwatch_command(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`python -m rampwatch ARGS…` from the checkout, as a user runs it: its output as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "rampwatch", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def wait_until(condition, timeout: float = 60.0, every: float = 0.2) -> None:
     """Poll condition() until it is true; AssertionError after timeout seconds."""
     deadline = time.monotonic() + timeout

@@ -218,6 +218,72 @@ def compare_runs(db, batches=(16, 32, 64, 128)) -> list[str]:
     return [finished_run(db, b) for b in batches]
 
 
+# issue 27's seed table: nanochat on one H200 (seq 2048, accumulation 16), two measured tiers
+H200_CAPACITY = 141 * GB
+H200_SEQ = 2048
+H200_TIERS = {  # per-device batch -> (tokens/s, MFU, measured peak); 64 and 128 ran out of memory
+    16: (129_000.0, 0.62, 54 * GB),
+    32: (135_000.0, 0.65, 93 * GB),
+}
+H200_OOM = {64: 133 * GB, 128: 139 * GB}
+H200_BUDGET = 29_000 * 16 * 16 * H200_SEQ  # tokens: 29,000 steps of 524,288
+
+
+def h200_run(db, steps_per_tier: int = 40, name: str = "h200-seed") -> Seeded:
+    """A running run as the monitor would log it: `steps_per_tier` steps at 16 × 16, a ramp,
+    then as many at 32 × 16 (tokens/s within ±1% of the seed's, MFU likewise, step time =
+    tokens per step / tokens/s as Monitor.step computes it; the first step has none), the
+    measured peaks as memory rows and 64 and 128 recorded out of memory."""
+    accum = 16
+    cfg = _config(16, accum, seq_len=H200_SEQ, total_tokens=H200_BUDGET, lr=3e-4)
+    cfg["model"] = {"d_model": 1536, "n_layer": 24, "seq_len": H200_SEQ, "chunked_ce": False}
+    w = RunWriter.start(
+        db,
+        name=name,
+        config=cfg,
+        device="NVIDIA H200",
+        capacity_bytes=H200_CAPACITY,
+        world_size=1,
+        handle_sigterm=False,
+        flush_interval=3600.0,
+    )
+    rng = np.random.default_rng(27)
+    tokens, step = 0, 0
+    for b, (tps, mfu, peak) in H200_TIERS.items():
+        batch = b * accum
+        w.memory_plan(b, measured_bytes=peak, source="measured", step=step)
+        for _ in range(steps_per_tier):
+            tokens += batch * H200_SEQ
+            m = {
+                M.LOSS: 3.0,
+                M.PER_DEVICE_BATCH: b,
+                M.ACCUM: accum,
+                M.BATCH_SEQS: batch,
+                M.BATCH_TOKENS: batch * H200_SEQ,
+                M.TOKENS_SEEN: tokens,
+                M.MEM_PEAK: peak,
+                M.MEM_CAPACITY: H200_CAPACITY,
+            }
+            if step > 0:  # the run's first step has nothing before it to time it against
+                noise = 1 + 0.01 * (2 * rng.random() - 1)
+                m[M.TOKENS_PER_S] = tps * noise
+                m[M.STEP_TIME] = batch * H200_SEQ / m[M.TOKENS_PER_S]
+                m[M.MFU] = mfu * noise
+            w.log(step, m)
+            step += 1
+        if b == 16:
+            w.event(
+                M.EVENT_RAMP,
+                "ramp to 32 per device × 16 accumulation",
+                step=step - 1,
+                data={"before": {"per_device_batch": 16, "accum": accum}},
+            )
+    for b, peak in H200_OOM.items():
+        w.memory_plan(b, feasible=False, measured_bytes=peak, source="oom", step=step - 1)
+    assert w.flush(), w.stats()
+    return Seeded(Path(db), w.run_id, w, events=1)
+
+
 # ------------------------------------------------------------------------------ broken files
 
 

@@ -24,7 +24,7 @@ from rampwatch.advisor.policy import RampPolicy
 from rampwatch.advisor.tiers import Tier
 from rampwatch.advisor.trial import TrialPlan, TrialVerdict, judge
 from rampwatch.dashboard import recommend
-from rampwatch.dashboard.store_access import event_dict, plan_dict
+from rampwatch.dashboard.live_data import event_dict, plan_dict
 from rampwatch.monitor import Monitor
 from rampwatch.monitor.ramp_protocol import Ramp
 from rampwatch.monitor.trial_protocol import TrialArm, TrialOutcome, TrialRequest

@@ -4,24 +4,17 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.procs import rampwatch_command
+
 BASE = ["--capacity-gb", "141", "--seq-len", "2048", "--per-device-batch", "16", "--accum", "16"]
 MEASURED = ["--measured", "16:70", "--measured", "32:130"]
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "rampwatch", "plan", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return rampwatch_command("plan", *args, timeout=60)
 
 
 def test_table_for_people():
@@ -97,6 +90,10 @@ def test_json_reports_a_tier_that_cannot_fit():
         ([*MEASURED, *BASE[:-2], "--accum", "0"], "argument --accum: expected a positive integer"),
         ([*MEASURED, *BASE, "--optimizer", "lion"], "pass --lr-rule sqrt, linear or none"),
         (["--measured", "16:70", "--measured", "16:71", *BASE], "per-device batch 16 twice"),
+        ([*MEASURED, "--capacity-gb", "80"], "required without --db: --seq-len, --per-device"),
+        ([*MEASURED, *BASE, "--run", "r"], "--run names a run of --db: pass --db DB too"),
+        (["--db", "runs.duckdb", *MEASURED], "--db reads the tier, memory and policy from the"),
+        (["--db", "/nonexistent/runs.duckdb"], "no Rampwatch database at /nonexistent/runs.duckdb"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(args, message):

@@ -13,8 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rampwatch.dashboard.buckets import Buckets, SeriesCache, width_for
-from rampwatch.dashboard.live_data import LIVE_METRICS, LiveState
-from rampwatch.dashboard.store_access import buckets_from
+from rampwatch.dashboard.live_data import LIVE_METRICS, LiveState, buckets_from
 from rampwatch.store import Reader, RunWriter
 from rampwatch.store import names as M
 

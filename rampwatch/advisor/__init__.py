@@ -13,6 +13,8 @@ Modules, one concern each:
   ramp_point  when to ramp (hysteresis, forecast); its effect
   trial     the judgement of a ramp trial: paired bound, tolerance, bracket of the critical batch
   flops     FLOPs per token, device peak FLOPs, MFU
+  throughput  per-tier measured tokens/s and MFU; step time = accum × t_micro(b) + overhead
+  tier_table  each tier's memory, throughput, steps and ETA to the token budget, LR
   cli       `rampwatch plan`
 Import from the modules (e.g. `from rampwatch.advisor.gns_window import NoiseScaleWindow`); nothing here imports
 torch, duckdb, pandas or streamlit.

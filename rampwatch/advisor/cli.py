@@ -1,12 +1,15 @@
 """`rampwatch plan`: batch tiers that fit in memory, for people (table) or scripts (--json).
 
 Owns the command line only; the math lives in advisor.memory, advisor.tiers, advisor.ramp_point and
-advisor.lr.
-GB on this command line means 10^9 bytes (torch.cuda.max_memory_reserved() / 1e9).
+advisor.lr. GB on this command line means 10^9 bytes (torch.cuda.max_memory_reserved() / 1e9).
+From flags it judges memory; with --db it prints a run's tier table as the card shows it
+(advisor/tier_table.py; rampwatch/cli.py reads the run as the card does, `tier_table_text`
+prints it): measured and modelled throughput, steps, ETA to the token budget, LR.
 
-Example:
+Examples:
     rampwatch plan --measured 16:70.2 --measured 32:131.5 --capacity-gb 141 \\
         --seq-len 2048 --per-device-batch 16 --accum 16 --noise-scale 600
+    rampwatch plan --db runs.duckdb --run my-run
 """
 
 from __future__ import annotations
@@ -19,7 +22,10 @@ from rampwatch.advisor.lr import noise_scale_warning, rule_for
 from rampwatch.advisor.memory import GB, fit_memory_model, format_gb, usable_bytes
 from rampwatch.advisor.policy import default
 from rampwatch.advisor.ramp_point import predicted_effect
+from rampwatch.advisor.tier_table import TierRow, text_table
 from rampwatch.advisor.tiers import Tier, candidate_tiers
+
+FROM_FLAGS = ("capacity_gb", "seq_len", "per_device_batch")  # needed unless --db names a run
 
 
 def _positive_int(text: str) -> int:
@@ -92,12 +98,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="planned (fake-tensor) peak at a per-device batch (repeatable)",
     )
     p.add_argument(
-        "--capacity-gb", type=_positive_float, required=True, help="device memory, GB (10^9 bytes)"
+        "--db",
+        help="a Rampwatch database: print that run's tier table (throughput, steps, ETA) as "
+        "the card shows it; the memory flags are then read from the run",
     )
-    p.add_argument("--seq-len", type=_positive_int, required=True, help="tokens per sequence")
-    p.add_argument(
-        "--per-device-batch", type=_positive_int, required=True, help="current per-device batch"
-    )
+    p.add_argument("--run", help="with --db: the run id (needed when the file holds several)")
+    p.add_argument("--capacity-gb", type=_positive_float, help="device memory, GB (10^9 bytes)")
+    p.add_argument("--seq-len", type=_positive_int, help="tokens per sequence")
+    p.add_argument("--per-device-batch", type=_positive_int, help="current per-device batch")
     p.add_argument(
         "--accum", type=_positive_int, default=1, help="current gradient accumulation (default 1)"
     )
@@ -158,6 +166,11 @@ def _duplicates(pairs: list[tuple[int, float]], flag: str, parser) -> dict[int, 
 def plan(args) -> dict:
     """The plan as a JSON-safe dict; bad input ends the process with exit 2 and one line."""
     sub = args.plan_parser
+    missing = [f"--{k.replace('_', '-')}" for k in FROM_FLAGS if getattr(args, k) is None]
+    if missing:
+        sub.error(f"the following arguments are required without --db: {', '.join(missing)}")
+    if args.run is not None:
+        sub.error("--run names a run of --db: pass --db DB too")
     measured = _duplicates(args.measured, "--measured", sub)
     planned = _duplicates(args.planned, "--planned", sub)
     if not measured and not planned:
@@ -262,6 +275,38 @@ def _table(result: dict) -> str:
             "to the same loss, from S/S_min = 1 + B_noise/B, E/E_min = 1 + B/B_noise (McCandlish et al. 2018)"
         )
     return "\n".join(lines)
+
+
+RUN_HAS = (  # flags a run in --db already answers (those with defaults cannot be told apart)
+    "measured",
+    "planned",
+    "capacity_gb",
+    "seq_len",
+    "per_device_batch",
+    "noise_scale",
+    "infeasible",
+    "max_per_device",
+    "lr_rule",
+)
+
+
+def check_db_args(args) -> None:
+    """With --db the run gives the tier, memory and policy: a flag that would say otherwise is
+    refused (exit 2, one line) rather than silently ignored."""
+    given = [f"--{k.replace('_', '-')}" for k in RUN_HAS if getattr(args, k) not in (None, [])]
+    if given:
+        args.plan_parser.error(
+            f"--db reads the tier, memory and policy from the run: drop {', '.join(given)}"
+        )
+
+
+def tier_table_text(head: list[str], rows: list[TierRow], notes: list[str]) -> str:
+    """A run's tier table for people: its head lines, the rows, then what they assume."""
+    return "\n".join([*head, "", text_table(rows), "", *notes]).rstrip()
+
+
+def tier_table_json(head: dict, rows: list[TierRow], notes: list[str]) -> str:
+    return json.dumps({**head, "tiers": [r.to_dict() for r in rows], "notes": notes}, indent=2)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,7 +1,8 @@
 """Training FLOPs per token, device peak FLOPs, and model FLOPs utilization (MFU).
 
 Owns: `flops_per_token` (the parameter count comes from the model's owner), the `PEAK_FLOPS`
-table with `peak_flops(device_name)`, and `mfu`.
+table with `peak_flops(device_name)`, `mfu`, and `mfu_at` (another throughput's MFU from a
+measured one: what a predicted tier's MFU is).
 
 FLOPs convention (PaLM, Chowdhery et al. 2022, App. B; the same as nanoGPT's estimate_mfu):
     training FLOPs per token = 6·N + 12·n_layer·d_model·seq_len
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["flops_per_token", "PEAK_FLOPS", "peak_flops", "mfu"]
+__all__ = ["flops_per_token", "PEAK_FLOPS", "peak_flops", "mfu", "mfu_at"]
 
 
 def _pos(name: str, value, allow_zero: bool = False) -> float:
@@ -114,3 +115,14 @@ def mfu(
     if world <= 0 or world != world_size:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
     return tps * fpt / (peak * world)
+
+
+def mfu_at(tokens_per_second: float, like_mfu: float, like_tokens_per_second: float) -> float:
+    """The MFU at another throughput of the same model, sequence length, devices and world size.
+
+    MFU = tokens/s × FLOPs per token / (peak × world) is linear in tokens/s, and FLOPs per token
+    (6·N + 12·L·d·T) does not depend on the batch, so like_mfu / like_tokens_per_second, measured
+    at any tier, is the run's FLOPs per token over its peak: no parameter count or device table
+    needed."""
+    tps = _pos("tokens_per_second", tokens_per_second, allow_zero=True)
+    return tps * _pos("like_mfu", like_mfu) / _pos("like_tokens_per_second", like_tokens_per_second)

@@ -2,9 +2,10 @@
 and beside Approve "Test ×2 / ×4 first" (a ramp trial, issue 26) with its section below the card.
 
 Owns the card's drawing and its controls (content comes from dashboard/recommend.py): the verdict
-and its evidence, the tier table with the chosen tier's predicted peak against capacity, LR
-change and predicted effect, the latest ramp command's state (pending → applied at step N, or
-refused with the reason), and the buttons. Stable widget keys for tests and the browser test:
+and its evidence, the chosen tier's predicted peak against capacity, LR change and predicted
+effect, the tier table (advisor/tier_table.py: every tier's memory, tokens/s, MFU, step time,
+steps and ETA to the token budget, LR; the running tier marked ▶; key "tier_table"), the latest
+ramp command's state (pending → applied at step N, or refused with the reason), and the buttons. Stable widget keys for tests and the browser test:
 "approve" (label starts with "Approve"; primary only when the advisor says "Ramp now", else
 "Approve early" behind the "override" checkbox), "reject", "cancel_command", "tier_choice", and the
 operator's "rw_operator" (name) and "rw_token" (the operator token, dashboard/guard.py).
@@ -44,6 +45,7 @@ import time
 
 import streamlit as st
 
+from rampwatch.advisor import tier_table
 from rampwatch.advisor.gns_window import significant
 from rampwatch.advisor.memory import format_gb
 from rampwatch.dashboard import charts, store_access
@@ -257,30 +259,28 @@ def _evidence(card: Card, running: bool) -> None:
     )
 
 
-def _tier_rows(card: Card) -> list[dict]:
-    rows = []
-    for v in card.tiers:
-        o = v.option
-        rows.append(
-            {
-                "tier": f"×{o.factor}",
-                "per-device batch": o.tier.per_device_batch,
-                "accumulation": o.tier.accum,
-                "batch (sequences)": o.tier.batch,
-                "tokens/step": o.tokens_per_step if card.current and card.current.seq_len else None,
-                "predicted peak": format_gb(o.predicted_peak_bytes)
-                if o.predicted_peak_bytes
-                else "—",
-                "fits": "yes" if o.fits else "no",
-                "LR ×": round(o.lr_multiplier, 4),
-                "new base LR": f"{v.new_base_lr:.3g}" if v.new_base_lr else "—",
-                "noise scale": "measured"
-                if o.tier.measures_noise
-                else "not measured: one batch size per step",
-                "why": o.reason,
-            }
-        )
-    return rows
+def _tier_table(card: Card) -> None:
+    """advisor/tier_table.py's rows, the running one marked ▶, and what their figures assume."""
+    if not card.table:
+        return
+    st.markdown("**Tiers: memory, throughput, steps and hours to the token budget**")
+    st.dataframe(
+        [tier_table.cells(r) for r in card.table],
+        hide_index=True,
+        key="tier_table",
+        column_config={
+            "throughput from": st.column_config.TextColumn(width="medium"),
+            "why": st.column_config.TextColumn(width="large"),
+        },
+    )
+    st.caption(
+        "Throughput is measured (the median of the steps a tier ran), else from a model fitted "
+        "on the measured tiers (step time = accumulation × micro-batch time + per-step "
+        "overhead, the micro-batch time a line in the per-device batch), else unknown. ETA = "
+        "steps left × step time; LR × is against the running batch."
+    )
+    for n in card.table_notes:
+        st.caption(n)
 
 
 def _chosen(card: Card) -> TierView | None:
@@ -393,20 +393,13 @@ def render(card: Card, *, db, run, read_only: bool, trial: TrialCard | None = No
         with st.container():
             if v is not None:
                 _tier_detail(card, v)
-        with st.expander("Evidence and all tiers", expanded=False):
+        with st.container():
+            _tier_table(card)
+        with st.expander("Evidence", expanded=False):
             _evidence(card, _running(run))
             st.caption(card.memory_note)
             for n in card.notes:
                 st.caption(n)
-            st.dataframe(
-                _tier_rows(card),
-                hide_index=True,
-                key="tier_table",
-                column_config={
-                    "why": st.column_config.TextColumn(width="large"),
-                    "tokens/step": st.column_config.NumberColumn(format="localized"),
-                },
-            )
         if read_only:
             return
         if not _running(run):

@@ -3,7 +3,10 @@ connection each tick fetches through.
 
 Owns: `LiveState` (a SeriesCache per chart, the raw noise-scale window the recommendation reads,
 the run's ramp commands, read only when due) and `live_snapshot` (the Streamlit-side entry: state
-in st.session_state, the previous snapshot kept while the database is busy). The run's trials
+in st.session_state, the previous snapshot kept while the database is busy) and
+`read_snapshot` (one refresh outside Streamlit: `rampwatch plan --db`; Streamlit is imported
+only by live_snapshot), with the plain forms of the store's rows the card reads (buckets_from,
+event_dict, plan_dict) and the dashboard's lock TIMEOUT. The run's trials
 come with each tick, and the newest one's arm points (its trial_arm events, which are kept out
 of the events list: they are the trial chart's points, not markers). Each tick fetches
 only from the last partial bucket on, all inside one Reader session. Reads and writes that are
@@ -16,23 +19,49 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import streamlit as st
 
 from rampwatch.dashboard.buckets import Buckets, SeriesCache
-from rampwatch.dashboard.store_access import (
-    COMMANDS_DIRTY,
-    TIMEOUT,
-    buckets_from,
-    event_dict,
-    plan_dict,
-)
 from rampwatch.store import commands as store_commands
 from rampwatch.store import names as M
 from rampwatch.store.errors import StoreBusyError
 from rampwatch.store.reader import Reader
 
+TIMEOUT = 5.0  # seconds a dashboard read or write waits for the database's lock
+COMMANDS_DIRTY = "_rw_commands_dirty"  # session flag: this session wrote a command (store_access)
 TARGET_BUCKETS = 1000  # points per live chart (about a chart's width in pixels)
 GNS_WINDOW = 2048  # raw steps of the noise scale the recommendation reads (dashboard/recommend.py)
+
+
+def buckets_from(series) -> Buckets:
+    """store.reader.Series -> Buckets."""
+    w = int(series.width)
+    return Buckets.from_columns(
+        w,
+        bucket=np.asarray(series.step, np.int64) // w,
+        last_step=series.last_step,
+        lo=series.min,
+        hi=series.max,
+        last=series.last,
+        n=series.count,
+        nonfinite=series.nonfinite,
+    )
+
+
+def event_dict(e) -> dict:
+    return {"step": e.step, "t": e.t, "kind": e.kind, "message": e.message, "data": e.data}
+
+
+def plan_dict(p) -> dict:
+    return {
+        "step": p.step,
+        "per_device_batch": p.per_device_batch,
+        "variant": p.variant,
+        "predicted_bytes": p.predicted_bytes,
+        "measured_bytes": p.measured_bytes,
+        "source": p.source,
+        "feasible": p.feasible,
+        "breakdown": p.breakdown,
+    }
 
 
 @dataclass
@@ -172,8 +201,16 @@ class LiveState:
         return bounds.last_step, values, bounds.last
 
 
+def read_snapshot(db, run_id: str) -> Snapshot:
+    """One refresh of a run outside a Streamlit session, read only (no commands: a card built
+    from it offers nothing): what `rampwatch plan --db` builds the card from (recommend.card_of)."""
+    return LiveState().refresh(Reader(db, timeout=TIMEOUT, read_only=True), run_id)
+
+
 def live_snapshot(db: Path, run_id: str) -> Snapshot:
     """Refresh the selected run: only new buckets are read; state lives in st.session_state."""
+    import streamlit as st  # here: the rest of this module runs outside Streamlit too
+
     states = st.session_state.setdefault("_rw_live", {})
     key = (str(db), run_id)
     if key not in states:

@@ -5,8 +5,12 @@ config and latest metrics, the last ramp and the OOMs from its events, and what 
 command says. The verdict itself is advisor/advice.py's `advise` over `memory_evidence` of the
 run's memory_plan rows and `TrialEvidence` of its latest finished trial (the store's trials
 table): the same functions and evidence the monitor's auto mode and command check use, so the
-card offers what the trainer would do, and says what it rests on (`Card.evidence`). dashboard/card.py draws it; tests build it from seeded
-databases.
+card offers what the trainer would do, and says what it rests on (`Card.evidence`). The tier
+table (`Card.table`, advisor/tier_table.py) adds each tier's throughput, steps and hours from
+the run's per-step tier and tokens/s (advisor/throughput.py), fitted here, per refresh, never
+in the monitor's per-step advise(). `card_of` builds the card from a live_data.Snapshot: the
+live page and `rampwatch plan --db` both do. dashboard/card.py draws it; tests build it from
+seeded databases.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from rampwatch.advisor.lr import rule_for
 from rampwatch.advisor.memory import MemoryModel, format_gb
 from rampwatch.advisor.policy import RampPolicy
 from rampwatch.advisor.ramp_point import Effect, Recommendation
+from rampwatch.advisor.throughput import ThroughputModel, measure_tiers
+from rampwatch.advisor.tier_table import TierRow, tier_rows
 from rampwatch.advisor.tiers import Tier, TierOption
 from rampwatch.advisor.trial import TrialVerdict
 from rampwatch.dashboard.buckets import Buckets
@@ -84,6 +90,8 @@ class Card:
     last_step: int | None = None  # the run's newest step
     steps_per_second: float | None = None  # the run's measured step rate (recent tokens/s)
     evidence: str = NOISE_ONLY  # what the decision rests on (advisor.advice.Advice.evidence)
+    table: list[TierRow] = field(default_factory=list)  # advisor.tier_table's rows
+    table_notes: list[str] = field(default_factory=list)  # what the table's figures assume
 
     @property
     def awaiting_reread(self) -> bool:
@@ -197,6 +205,7 @@ def build_card(
     gns_lower: Sequence[float | None] | None = None,
     throughput: Buckets | None = None,
     trials: Sequence = (),
+    series: Mapping[str, Buckets] | None = None,
 ) -> Card:
     """Everything the recommendation card shows, from one run's store rows.
 
@@ -208,7 +217,11 @@ def build_card(
     throughput: the run's tokens/s series, for the step rate the forecast is timed at.
     trials: the run's trials (store.reader.Trial), oldest first: the latest finished one
     calibrates the noise scale (advisor.advice.TrialEvidence).
+    series: the run's per-step series by name (per_device_batch, accum, tokens_per_s, mfu): the
+    tier table's measured throughput (its tokens/s is also `throughput` when that is not given).
     """
+    series = series or {}
+    throughput = throughput if throughput is not None else series.get(M.TOKENS_PER_S)
     run_id = str(run.get("run_id"))
     config = run.get("config") or {}
     problems: list[str] = []
@@ -266,6 +279,7 @@ def build_card(
     ]
     newest = int(gns_steps[-1]) if len(gns_steps) else None
     last_step = _pos_int(run.get("last_step"))
+    table, table_notes = _table(advice, series, latest, config, knows_lr)
     return Card(
         run_id,
         cur,
@@ -283,7 +297,73 @@ def build_card(
         last_step,
         step_rate(throughput, cur),
         advice.evidence,
+        table,
+        table_notes,
     )
+
+
+def card_of(snap) -> Card:
+    """The card of a live_data.Snapshot: what the live page draws and `rampwatch plan --db`
+    prints."""
+    r = snap.run
+    return build_card(
+        {
+            "run_id": r.run_id,
+            "config": r.config,
+            "world_size": r.world_size,
+            "capacity_bytes": r.capacity_bytes,
+            "last_step": r.last_step,
+        },
+        snap.latest,
+        snap.gns_steps,
+        snap.gns_values,
+        snap.events,
+        snap.plan_rows,
+        snap.commands,
+        snap.gns_lower,
+        trials=snap.trials,
+        series=snap.series,
+    )
+
+
+def _table(advice, series: Mapping[str, Buckets], latest, config, knows_lr):
+    """The tier table's rows and what they assume: the throughput model fitted on the run's
+    per-step tier and tokens/s, the budget from the run config."""
+    cur, notes = advice.current, []
+    speeds = None
+    per_step = aligned_steps(series, (M.PER_DEVICE_BATCH, M.ACCUM, M.TOKENS_PER_S), M.MFU)
+    if per_step is not None and cur.seq_len:
+        measured = measure_tiers(*per_step, cur.tier.world_size)
+        speeds = ThroughputModel.fit(measured, cur.seq_len, cur.tier.world_size)
+        notes += speeds.notes
+    budget = _pos_int(_get(config, "total_tokens"))
+    if budget is None:
+        notes.append(
+            "steps and ETA unknown: the run records no token budget (run config "
+            "total_tokens: the trainer's --total-tokens, Monitor.start(total_tokens=...))"
+        )
+    rows = tier_rows(advice, speeds, latest.get(M.TOKENS_SEEN), budget, knows_lr)
+    return rows, notes
+
+
+def aligned_steps(series: Mapping[str, Buckets], names: Sequence[str], optional: str):
+    """The `last` values of `names` at the steps every one of them has (buckets pair by their
+    last step), then `optional`'s at those steps (NaN where it has none); None when a series
+    of `names` is missing or empty."""
+    got = [series.get(n) for n in names]
+    if any(b is None or not len(b) for b in got):
+        return None
+    steps = got[0].last_step
+    for b in got[1:]:
+        steps = np.intersect1d(steps, b.last_step)
+    values = [b.last[np.searchsorted(b.last_step, steps)] for b in got]
+    extra = series.get(optional)
+    filled = np.full(steps.shape, np.nan)
+    if extra is not None and len(extra):
+        at = np.clip(np.searchsorted(extra.last_step, steps), 0, len(extra) - 1)
+        hit = extra.last_step[at] == steps
+        filled[hit] = extra.last[at[hit]]
+    return (*values, filled)
 
 
 def latest_trial_evidence(trials: Sequence) -> TrialEvidence | None:

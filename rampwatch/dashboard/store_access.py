@@ -9,8 +9,9 @@ st.cache_data reads keyed on the file's version token (its and its WAL's size an
 finished run is read once and a live one on every change; the command calls, each checked by
 guard.py and, when refused, recorded in the store with the client's address and counted
 against the client (guard.THROTTLE); and the notes on dead writers' waiting spools. The live
-page's incremental refresh builds on these in dashboard/live_data.py. Pages never call store/
-directly.
+page's incremental refresh is dashboard/live_data.py, which runs outside Streamlit too (`rampwatch
+plan --db`), so the store rows' plain forms and the read timeout live there and are used here.
+Pages never call store/ directly.
 """
 
 from __future__ import annotations
@@ -29,6 +30,12 @@ import streamlit as st
 
 from rampwatch.dashboard import guard
 from rampwatch.dashboard.buckets import Buckets
+from rampwatch.dashboard.live_data import (
+    COMMANDS_DIRTY,
+    TIMEOUT,
+    buckets_from,
+    event_dict,
+)
 from rampwatch.store import commands as store_commands
 from rampwatch.store import db as store_db
 from rampwatch.store import names as M
@@ -47,8 +54,6 @@ from rampwatch.store.naming import display_name
 from rampwatch.store.reader import Reader
 
 COMPARE_BUCKETS = 2000
-TIMEOUT = 5.0
-COMMANDS_DIRTY = "_rw_commands_dirty"  # session flag: this session wrote a command (live_data.py)
 
 
 # ------------------------------------------------------------------------------------ options
@@ -234,21 +239,6 @@ def metric_names(db: Path, run_id: str) -> list[str]:
     return _metric_names(str(db), run_id, version_token(db))
 
 
-def buckets_from(series) -> Buckets:
-    """store.reader.Series -> Buckets."""
-    w = int(series.width)
-    return Buckets.from_columns(
-        w,
-        bucket=np.asarray(series.step, np.int64) // w,
-        last_step=series.last_step,
-        lo=series.min,
-        hi=series.max,
-        last=series.last,
-        n=series.count,
-        nonfinite=series.nonfinite,
-    )
-
-
 @st.cache_data(ttl=300, max_entries=512, show_spinner=False)
 def _series(db: str, run_id: str, name: str, buckets: int, token: tuple) -> Buckets:
     return buckets_from(Reader(db, timeout=TIMEOUT).series(run_id, name, buckets=buckets))
@@ -394,23 +384,6 @@ def dead_writer_notes(db: Path, run_id: str | None = None) -> list[str]:
             f"run `rampwatch recover {db}` to mark the run killed"
         )
     return notes
-
-
-def event_dict(e) -> dict:
-    return {"step": e.step, "t": e.t, "kind": e.kind, "message": e.message, "data": e.data}
-
-
-def plan_dict(p) -> dict:
-    return {
-        "step": p.step,
-        "per_device_batch": p.per_device_batch,
-        "variant": p.variant,
-        "predicted_bytes": p.predicted_bytes,
-        "measured_bytes": p.measured_bytes,
-        "source": p.source,
-        "feasible": p.feasible,
-        "breakdown": p.breakdown,
-    }
 
 
 def export_bytes(db: Path, run_id: str, fmt: str) -> bytes:

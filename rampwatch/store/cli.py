@@ -78,19 +78,24 @@ def _upgrade(db: str) -> None:
     )
 
 
-def _export(db: str, run_id: str | None, fmt: str, out: str | None) -> None:
+def pick_run(db: str, run_id: str | None, how: str = "after the database") -> str:
+    """run_id when the file holds it, or the file's only run; else StoreError naming the runs
+    (`how`: where the command takes a run id)."""
     runs = store.list_runs(db, read_only=True)
     if run_id is None:
         if len(runs) != 1:
             names = ", ".join(r.run_id for r in runs) or "none"
-            raise store.StoreError(
-                f"{db} holds {len(runs)} runs ({names}): name the one to export after the database"
-            )
-        run_id = runs[0].run_id
-    elif run_id not in {r.run_id for r in runs}:
+            raise store.StoreError(f"{db} holds {len(runs)} runs ({names}): name the one {how}")
+        return runs[0].run_id
+    if run_id not in {r.run_id for r in runs}:
         raise store.RunNotFoundError(
             f"no run {run_id!r} in {db}; `rampwatch info {db}` lists the runs"
         )
+    return run_id
+
+
+def _export(db: str, run_id: str | None, fmt: str, out: str | None) -> None:
+    run_id = pick_run(db, run_id, "to export after the database")
     table = store.export(db, run_id, read_only=True)
     if out is None:
         if fmt == "parquet" and sys.stdout.isatty():
@@ -134,23 +139,29 @@ def add_commands(sub) -> None:
 
 def run(args) -> int:
     """Exit 0 on success, 1 while the database stays busy, 2 on anything else, in one line."""
+    if args.command == "export":
+        return guarded(args.command, args.db, _export, args.db, args.run, args.format, args.output)
+    action = {"info": _info, "recover": _recover, "upgrade": _upgrade}[args.command]
+    return guarded(args.command, args.db, action, args.db)
+
+
+def guarded(command: str, db: str, action, *args) -> int:
+    """action(*args) on the database db as `rampwatch COMMAND` runs it: its return status (0
+    when it returns None), or a store error's one line and status (report), or one line for
+    what the store did not foresee."""
     try:
-        if args.command == "export":
-            _export(args.db, args.run, args.format, args.output)
-        else:
-            {"info": _info, "recover": _recover, "upgrade": _upgrade}[args.command](args.db)
+        return action(*args) or 0
     except StoreError as e:
-        return report(args.command, e)
+        return report(command, e)
     except BrokenPipeError:  # stdout's reader left (`| head`): not the file's fault (../cli.py)
         raise
     except (duckdb.Error, OSError, pa.ArrowException) as e:  # not foreseen: still one line
         return _fail(
-            args.command,
-            f"could not read {args.db}: {e}. If the file is damaged, restore it "
+            command,
+            f"could not read {db}: {e}. If the file is damaged, restore it "
             "from a backup or start a new database at another path.",
             2,
         )
-    return 0
 
 
 def report(command: str, e: StoreError) -> int:

@@ -174,24 +174,7 @@ def live_view() -> None:
     except store_access.StoreError as e:
         st.info(f"Could not refresh: {e}")
         return
-    card = recommend.build_card(
-        {
-            "run_id": snap.run.run_id,
-            "config": snap.run.config,
-            "world_size": snap.run.world_size,
-            "capacity_bytes": snap.run.capacity_bytes,
-            "last_step": snap.run.last_step,
-        },
-        snap.latest,
-        snap.gns_steps,
-        snap.gns_values,
-        snap.events,
-        snap.plan_rows,
-        snap.commands,
-        snap.gns_lower,
-        throughput=snap.series.get(M.TOKENS_PER_S),
-        trials=snap.trials,
-    )
+    card = recommend.card_of(snap)
     with top:
         _header(snap)
     if snap.busy:  # the status line is always there, so the elements below keep their places
