@@ -42,7 +42,7 @@ accelerate 1.15.0 data_loader.py.
   (token_clock.steps_to_budget). The schedule stays the unramped one in tokens: `create_scheduler`
   plans it over the command's max_steps and wraps it in a TokenClock driven by the monitor's
   tokens seen, which `_run_epoch` steps after the optimizer (1951-1952), saves and loads with
-  the checkpoint (3584, 3962).
+  the checkpoint (3584, 3996).
 """
 
 from __future__ import annotations
