@@ -10,7 +10,7 @@ import sys
 
 import torch
 
-from rampwatch import Monitor
+from rampwatch import Monitor, TokenClock
 
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
@@ -34,7 +34,7 @@ def train_step(model, opt, start, count):
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
     opt.zero_grad(set_to_none=True)
-    sched.step()
+    sched.step(count)  # the TokenClock below: this step's tokens (one an example)
     return loss.detach()
 
 
@@ -46,9 +46,13 @@ def evaluate(model):
 # the README shows the part below as it is, aligned comments and all: the formatter leaves it
 # fmt: off
 # --- the integration ----------------------------------------------------------------------
+budget = batch * accum * steps                # the run's tokens (seq_len 1: one an example)
+sched = TokenClock(sched, tokens_per_step=batch * accum)  # the schedule's steps, in tokens
 mon = Monitor.start(db, name="own-loop", config={"lr": 1e-2}, model=model, optimizer=opt,
-                    per_device_batch=batch, accum=accum, seq_len=1, ramp=mode, trials=trials)
-while (step := step + 1) <= steps:
+                    per_device_batch=batch, accum=accum, seq_len=1, ramp=mode, trials=trials,
+                    total_tokens=budget)
+while mon.tokens_seen < budget:               # a ramp takes fewer steps, never more tokens
+    step += 1
     total = torch.zeros(())
     for _ in range(accum):
         x, y, pos = data[pos:pos + batch], target[pos:pos + batch], pos + batch
@@ -60,7 +64,7 @@ while (step := step + 1) <= steps:
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
     opt.zero_grad(set_to_none=True)
-    sched.step()
+    sched.step(batch * accum)                 # this step's tokens: warmup and decay stay put
     if (ramp := mon.ramp_due()) is not None:  # approved on the dashboard (or ramp="auto")
         batch, accum = ramp.per_device_batch, ramp.accum
         ramp.scale_lr(opt, sched)             # the LR rule, on the scheduler's base LRs too

@@ -1,6 +1,7 @@
 """Rampwatch: batch-ramp telemetry and advice for PyTorch training.
 
     from rampwatch import Monitor        # the telemetry API for your own loop (needs torch)
+    from rampwatch import TokenClock     # your LR scheduler stepped by tokens, across ramps
 
 Packages, one concern each (import rules in docs/ARCHITECTURE.md):
   store      the DuckDB file every process reads and writes through (no torch, no streamlit)
@@ -9,10 +10,11 @@ Packages, one concern each (import rules in docs/ARCHITECTURE.md):
   trainer    the reference GPT trainer (`rampwatch train`)
   dashboard  the Streamlit app (`rampwatch dashboard`)
   cli        the `rampwatch` command
-Monitor is loaded on first use, so `import rampwatch` pulls in neither torch nor duckdb.
+Monitor and TokenClock are loaded on first use, so `import rampwatch` pulls in neither torch
+nor duckdb.
 """
 
-__all__ = ["Monitor"]
+__all__ = ["Monitor", "TokenClock"]
 
 
 def __getattr__(name):
@@ -20,4 +22,8 @@ def __getattr__(name):
         from rampwatch.monitor import Monitor
 
         return Monitor
+    if name == "TokenClock":
+        from rampwatch.monitor.token_clock import TokenClock
+
+        return TokenClock
     raise AttributeError(f"module 'rampwatch' has no attribute {name!r}")

@@ -11,7 +11,8 @@ at the end OUT_DIR/final.pt gets the parameters and LR. --wait-ramp-at S blocks 
 after step S (printing "waiting at S") until a ramp is due or OUT_DIR/release-S exists. --plan
 gives the monitor a memory plan (a larger per-device batch then passes the check).
 reference: Trainer's arithmetic by hand (transformers 5.24.0 trainer.py: get_batch_samples'
-num_items_in_batch, compute_loss, clip, AdamW fused, linear warmup) and an own-loop Monitor fed
+num_items_in_batch, compute_loss, clip, AdamW fused, linear warmup and decay planned over
+--steps of the first tier and stepped by tokens, to the token budget) and an own-loop Monitor fed
 the weights m_j / N; the data are the SeedableRandomSampler's epochs read as one stream (equal to
 the Trainer's as long as no epoch ends before the switch). OUT.pt also gets step 1's |G|² and
 tr(Σ) computed directly from each micro-batch's own gradient, token-weighted and unweighted.
@@ -193,7 +194,7 @@ def run_reference(a) -> int:
 
     from rampwatch.advisor.lr import scaled_base_lr
     from rampwatch.advisor.policy import RampPolicy
-    from rampwatch.monitor import Monitor
+    from rampwatch.monitor import Monitor, TokenClock
     from rampwatch.monitor.ramp_protocol import scale_lr
 
     model, data = build_model(), Samples(a.n)
@@ -201,8 +202,9 @@ def run_reference(a) -> int:
     opt = torch.optim.AdamW(
         model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, fused=True
     )
-    sched = get_linear_schedule_with_warmup(opt, WARMUP, a.steps)
     b, k = a.batch, a.accum
+    sched = TokenClock(get_linear_schedule_with_warmup(opt, WARMUP, a.steps), b * k * SEQ)
+    budget = a.steps * b * k * SEQ
     mon = Monitor.start(
         a.db,
         name="hf-reference",
@@ -214,10 +216,12 @@ def run_reference(a) -> int:
         seq_len=SEQ,
         ramp="off",
         policy=RampPolicy(original_batch=b * k, original_lr=LR),
+        total_tokens=budget,
     )
     switches = {int(s): (int(x), int(y)) for s, x, y in (v.split(":") for v in a.switch_at)}
-    stream, out = _stream(a.n), {}
-    for step in range(1, a.steps + 1):
+    stream, out, step = _stream(a.n), {}, 0
+    while mon.tokens_seen < budget:
+        step += 1
         mbs = [_collate([data[next(stream)] for _ in range(b)]) for _ in range(k)]
         n_items = sum(hf_count(model, mb["labels"]) for mb in mbs) / 1  # /1: tp·cp·sp
         if step == 1:
@@ -231,7 +235,7 @@ def run_reference(a) -> int:
         mon.step(step, loss=total)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        sched.step()
+        sched.step(b * k * SEQ)
         model.zero_grad()
         if step in switches:
             nb, nk = switches[step]

@@ -12,6 +12,10 @@ data are tests/own_loop_child.py's, in the same order, so the two loops compare 
         [--scaler SCALE]                   16-mixed with a GradScaler starting at SCALE
         [--checkpoint-dir DIR --checkpoint-every N]  Lightning's ModelCheckpoint every N steps
         [--resume CKPT]                    fit(ckpt_path=CKPT): resume from that checkpoint
+        [--schedule warmup|cosine]         the own loop's LR schedules, planned over --steps
+
+The callback keeps the token budget (--steps steps of the first tier) and steps the schedule by
+tokens; without it (--unsafe-switch-at) Lightning steps the schedule and ends at --steps.
 
 OUT.pt gets the final parameters, the steps ramps were applied at, the LR, the optimizer steps,
 how many of them ran with no zero_grad since the step before (gradients applied twice), and the
@@ -38,9 +42,10 @@ from tests.procs import loop_parser, wait_for_ramp
 
 
 class Module(pl.LightningModule):
-    def __init__(self):
+    def __init__(self, schedule: str = "warmup", steps: int = 20):
         super().__init__()
-        self.net, self.opt, self.sched = build()  # the own loop's seed, init, AdamW and warmup
+        # the own loop's seed, init, AdamW and LR schedule
+        self.net, self.opt, self.sched = build(schedule=schedule, steps=steps)
 
     def training_step(self, batch, batch_idx):
         x, y = batch
@@ -128,10 +133,11 @@ def main(argv=None) -> int:
     p.add_argument("--checkpoint-dir")
     p.add_argument("--checkpoint-every", type=int)
     p.add_argument("--resume")
+    p.add_argument("--schedule", choices=["warmup", "cosine"], default="warmup")
     a = p.parse_args(argv)
 
     x, y = data(a.batch * a.accum * a.steps * 16)  # the own loop's n: same samples, same order
-    module = Module()
+    module = Module(a.schedule, a.steps)
     stale = StaleSteps()
     callbacks: list[pl.Callback] = [stale]
     cb = None

@@ -1,8 +1,11 @@
-"""A user's own training loop, as examples/own_loop.py writes it, with knobs for the tests: run
-in a child process against a real database (tests/test_own_loop_ramps.py).
+"""A user's own training loop, as examples/own_loop.py writes it (its LR schedule stepped by tokens
+through a TokenClock, to a token budget of --steps steps of the first tier), with knobs for the
+tests: run in a child process against a real database (tests/test_own_loop_ramps.py).
 
     python -m tests.own_loop_child DB OUT.pt [--ramp manual|auto|off] [--steps N]
         [--batch B --accum A] [--wait-ramp-at S]   block at boundary S until a ramp arrives
+        [--schedule warmup|cosine]                  LambdaLR warmup, or warmup then cosine decay
+        [--schedule-in-steps]                       no clock: sched.step() per step, N steps
         [--switch-at S:B:A]                         switch by hand at boundary S (no monitor)
         [--oom-at B]                                a per-device batch >= B "runs out of memory"
         [--policy JSON] [--capacity-bytes N] [--step-sleep SECONDS]
@@ -23,7 +26,7 @@ import time
 
 import torch
 
-from rampwatch import Monitor
+from rampwatch import Monitor, TokenClock
 from rampwatch.advisor.lr import scaled_base_lr
 from rampwatch.advisor.policy import RampPolicy
 from rampwatch.monitor.ramp_protocol import scale_lr
@@ -32,14 +35,19 @@ from tests.procs import loop_parser, wait_for_ramp
 WIDTH = 256  # wide enough that a per-device batch's activations show in the measured peak
 
 
-def build(seed: int = 0):
+def build(seed: int = 0, schedule: str = "warmup", steps: int = 20):
+    """Model, AdamW and its LR schedule, planned over `steps` steps (cosine: a 4-step linear
+    warmup, then cosine decay to 0 at `steps`)."""
     torch.manual_seed(seed)
     model = torch.nn.Sequential(
         torch.nn.Linear(32, WIDTH), torch.nn.ReLU(), torch.nn.Linear(WIDTH, 1)
     )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10))
-    return model, opt, sched
+    S = torch.optim.lr_scheduler
+    if schedule == "cosine":
+        parts = [S.LinearLR(opt, 0.1, total_iters=4), S.CosineAnnealingLR(opt, T_max=steps - 4)]
+        return model, opt, S.SequentialLR(opt, parts, milestones=[4])
+    return model, opt, S.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10))
 
 
 def data(n: int):
@@ -55,9 +63,11 @@ def main(argv=None) -> int:
     p.add_argument("--capacity-bytes", type=int)
     p.add_argument("--step-sleep", type=float, default=0.0)
     p.add_argument("--no-after-backward", action="store_true")
+    p.add_argument("--schedule", choices=["warmup", "cosine"], default="warmup")
+    p.add_argument("--schedule-in-steps", action="store_true")
     a = p.parse_args(argv)
 
-    model, opt, sched = build()
+    model, opt, sched = build(schedule=a.schedule, steps=a.steps)
     rank, world, train = 0, 1, model
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # under torchrun: data parallel, gloo
         torch.distributed.init_process_group("gloo")
@@ -65,6 +75,9 @@ def main(argv=None) -> int:
         train = torch.nn.parallel.DistributedDataParallel(model)
     x_all, y_all = data(a.batch * a.accum * a.steps * 16 * world)
     batch, accum, pos = a.batch, a.accum, 0
+    budget = a.steps * batch * accum * world  # seq_len 1: one token per sample
+    if not a.schedule_in_steps:
+        sched = TokenClock(sched, tokens_per_step=batch * accum * world)
     policy = RampPolicy(
         original_batch=batch * accum * world,
         original_lr=1e-2,
@@ -83,12 +96,15 @@ def main(argv=None) -> int:
         ramp=a.ramp,
         policy=policy,
         capacity_bytes=a.capacity_bytes,
+        total_tokens=budget,
     )
     switches = {int(s): (int(b), int(c)) for s, b, c in (v.split(":") for v in a.switch_at)}
     applied: list[int] = []
     if rank == 0:
         print(f"run {mon.run_id}", flush=True)
-    for step in range(1, a.steps + 1):
+    step = 0
+    while (step < a.steps) if a.schedule_in_steps else (mon.tokens_seen < budget):
+        step += 1
         if a.oom_at and batch >= a.oom_at:  # what a loop does when its forward runs out
             mon.report_oom(batch, step - 1, "simulated out of memory")
             batch, accum = batch // 2, accum * 2
@@ -108,7 +124,10 @@ def main(argv=None) -> int:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        sched.step()
+        if a.schedule_in_steps:
+            sched.step()
+        else:
+            sched.step(batch * accum * world)  # this step's tokens
         time.sleep(a.step_sleep)
         if step in switches:  # by hand, the LR by the same rule
             new_batch, new_accum = switches[step]

@@ -2,7 +2,8 @@
 process (tests/lightning_child.py) against a real DuckDB file, compared step for step with the own
 loop (tests/own_loop_child.py) on the same samples: approved ramps wait for a boundary where
 Lightning's accumulation counters agree and then equal a switch by hand; the switch they avoid
-applies a gradient twice; 16-mixed's loss scale is undone; a per-device batch ramp the Trainer
+applies a gradient twice; a ramped fit ends at its token budget with its LR schedule in tokens;
+16-mixed's loss scale is undone; a per-device batch ramp the Trainer
 cannot run is refused with its reason on the card; the auto policy ramps by itself; the telemetry
 is the own loop's to the bit; examples/lightning_loop.py runs as written; a fit resumed from
 Lightning's checkpoint continues the monitor's state.
@@ -22,6 +23,7 @@ from rampwatch import store
 from rampwatch.store import commands
 from rampwatch.store import names as M
 from tests import seed
+from tests.budget_checks import assert_keeps_budget
 from tests.procs import REPO, child_env, kill_group, spawn, wait_until
 
 pytestmark = pytest.mark.timeout(240)
@@ -30,6 +32,9 @@ LIGHTNING = ["-m", "tests.lightning_child"]
 OWN = ["-m", "tests.own_loop_child"]
 PIPES = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
 AUTO_POLICY = '{"min_estimates": 3, "hysteresis_steps": 2}'
+# the manual fit's budget, 196 steps of 4 x 2: 6 of them, 3 of 4 x 4, then 46 of 2 x 16 (55 steps,
+# past the noise-scale window's first estimate at ~50); the data are sized by it (own_loop_child)
+BUDGET_STEPS, MANUAL_STEPS = "196", 55
 
 
 def started(proc) -> str:
@@ -65,10 +70,10 @@ def manual(tmp_path_factory):
     """A Lightning fit at 4 x 2 that is sent two ramps: accumulation 4 at step 5 (due at an odd
     step, where Lightning's counters are mid-way through a cycle of 4), then 2 per device x 16 at
     step 7 (a new DataLoader: the next epoch start, after step 9); beside it, the own loop switched
-    by hand at steps 6 and 9."""
+    by hand at steps 6 and 9. Both keep the token budget."""
     tmp = tmp_path_factory.mktemp("manual")
     db, own_db = tmp / "runs.duckdb", tmp / "own.duckdb"
-    steps = "60"  # past the noise-scale window's first estimate (~50 steps)
+    steps = BUDGET_STEPS
     own = spawn(
         [
             *OWN,
@@ -134,15 +139,17 @@ def test_approved_ramps_wait_for_a_safe_boundary_and_equal_a_switch_by_hand(manu
     m = manual
     assert m.result["applied"] == [6, 9], m.log
     assert "ramp applied at step 6: 4 x 4" in m.log and "ramp applied at step 9: 2 x 16" in m.log
-    assert m.result["stale"] == 0 and m.result["steps"] == 60  # every step began with zero_grad
+    assert m.result["stale"] == 0  # every step began with zero_grad
+    assert m.result["steps"] == MANUAL_STEPS  # the budget's: the own loop's too (params equal)
     assert_same_params(m.result, m.own)
     assert m.result["lr"] == pytest.approx(m.own["lr"], rel=1e-12)  # √ rule: 1e-2 × √4
     for cid, step in ((m.accum, 6), (m.batch, 9)):
         cmd = commands.get(m.db, cid)
         assert (cmd.status, cmd.applied_step) == ("applied", step)
     accum, batch = series(m.db, m.run_id, M.ACCUM), series(m.db, m.run_id, M.PER_DEVICE_BATCH)
-    assert [accum[s] for s in range(1, 61)] == [2] * 6 + [4] * 3 + [16] * 51  # from S + 1
-    assert [batch[s] for s in range(1, 61)] == [4] * 9 + [2] * 51
+    assert sorted(accum) == list(range(1, MANUAL_STEPS + 1))
+    assert [accum[s] for s in sorted(accum)] == [2] * 6 + [4] * 3 + [16] * 46  # from S + 1
+    assert [batch[s] for s in sorted(batch)] == [4] * 9 + [2] * 46
     ramps = store.events(m.db, m.run_id, kinds=[M.EVENT_RAMP])
     assert [e.step for e in ramps] == [6, 9]
     assert all("command" in e.message for e in ramps)
@@ -159,7 +166,7 @@ def test_telemetry_equals_the_own_loop_monitor_on_the_same_batches(manual):
         b = np.array([own[s] for s in sorted(own)])
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9 * np.abs(b).max(), err_msg=name)
     assert len(series(m.db, m.run_id, M.GNS)) > 0  # the window did produce estimates
-    assert len(series(m.db, m.run_id, M.GNS_G2)) == 60
+    assert len(series(m.db, m.run_id, M.GNS_G2)) == MANUAL_STEPS
 
 
 def test_the_unsafe_switch_it_avoids_would_apply_a_gradient_twice(tmp_path):
@@ -176,6 +183,7 @@ def test_the_unsafe_switch_it_avoids_would_apply_a_gradient_twice(tmp_path):
             "8",
             "--ramp",
             "off",
+            "--schedule-in-steps",  # as Lightning without the callback: 8 steps, sched per step
         ],
         **PIPES,
     )
@@ -219,7 +227,7 @@ def test_the_loss_scale_of_16_mixed_is_undone(manual, tmp_path):
             "--ramp",
             "off",
             "--steps",
-            "60",
+            BUDGET_STEPS,  # the manual fit's samples
             "--stop-after",
             "6",
             "--scaler",
@@ -237,6 +245,33 @@ def test_the_loss_scale_of_16_mixed_is_undone(manual, tmp_path):
         ours, fp32 = series(db, run_id, name), series(manual.db, manual.run_id, name)
         a, b = np.array([ours[s] for s in range(1, 7)]), np.array([fp32[s] for s in range(1, 7)])
         np.testing.assert_allclose(a, b, rtol=1e-2, atol=1e-2 * np.abs(b).max(), err_msg=name)
+
+
+def test_a_ramped_fit_ends_at_its_token_budget_with_its_schedule_in_tokens(tmp_path):
+    """max_steps 16 at 4 x 2 with a warmup-then-cosine schedule, ramped x2 (accumulation 2 -> 4)
+    by an approved command at step 6: max_steps becomes 6 + 5, and at every token the LR of the
+    same fit unramped x the ramp's √2."""
+    db, plain_db = tmp_path / "runs.duckdb", tmp_path / "plain.duckdb"
+    args = ("--schedule", "cosine", "--steps", "16")
+    proc = spawn(
+        [*LIGHTNING, str(db), str(tmp_path / "r.pt"), *args, "--wait-ramp-at", "6"], **PIPES
+    )
+    plain = None
+    try:
+        run_id = started(proc)
+        commands.submit(db, run_id, "ramp", {"per_device_batch": 4, "accum": 4}, actor="test")
+        assert "ramp applied at step 6: 4 x 4" in finished(proc)
+        plain = spawn(
+            [*LIGHTNING, str(plain_db), str(tmp_path / "p.pt"), *args, "--ramp", "off"], **PIPES
+        )
+        finished(plain)
+    finally:
+        for p in (proc, plain):
+            if p is not None and p.poll() is None:
+                kill_group(p)
+    steps = assert_keeps_budget(db, run_id, plain_db, only_run(plain_db))["step"]
+    assert steps.tolist() == list(range(1, 12))
+    assert torch.load(tmp_path / "r.pt")["steps"] == 11
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,8 @@ real child process (tests/hf_child.py) on a real DuckDB file, a tiny GPT-2 on th
 scale is fit on the micro-batches' token weights (equal to an own-loop Monitor fed the same
 weights, and at step 1 to a direct computation from each micro-batch's gradient); an approved
 ramp is applied by save-and-restart at the step boundary and the restarted run ends with the
-parameters of a run switched by hand at that step; a ramp that cannot run is refused with its
+parameters of a run switched by hand at that step, at the run's token budget, its LR at every
+token the unramped run's × the multiplier; a ramp that cannot run is refused with its
 reason on the card; a run that cannot restart says it is ramped by hand only; ramp="auto" ramps
 by itself; examples/hf_trainer.py runs as written. The test process never imports transformers.
 """
@@ -24,6 +25,7 @@ from rampwatch import store
 from rampwatch.store import CommandError, commands
 from rampwatch.store import names as M
 from tests import seed
+from tests.budget_checks import assert_keeps_budget
 from tests.procs import REPO, child_env, kill_group, spawn, wait_until
 
 pytestmark = [
@@ -66,10 +68,12 @@ def series(db, run_id, name) -> list[float]:
 @pytest.fixture(scope="module")
 def ramped(tmp_path_factory):
     """One run ramped from 2 x 2 to 4 x 2 at step 5 by an approved command (save, exit 75,
-    restart), and the same training written by hand and switched at step 5: 10 steps on 24
-    samples, so the restarted part reads across two epoch ends."""
+    restart), the same training written by hand and switched at step 5, and the run unramped:
+    a budget of 15 steps of 2 x 2, so the ramped run takes 10 steps on 24 samples and its
+    restarted part reads across two epoch ends."""
     tmp = tmp_path_factory.mktemp("hf")
     db, out = tmp / "runs.duckdb", tmp / "hf"
+    plain_db = tmp / "plain.duckdb"
     ref = spawn(
         [
             "-m",
@@ -78,7 +82,7 @@ def ramped(tmp_path_factory):
             str(db),
             str(tmp / "ref.pt"),
             "--steps",
-            "10",
+            "15",
             "--switch-at",
             "5:4:2",
         ],
@@ -86,23 +90,26 @@ def ramped(tmp_path_factory):
         stderr=subprocess.PIPE,
         text=True,
     )
-    first = second = None
+    first = second = plain = None
     try:
-        first = hf(db, out, "--wait-ramp-at", "5", "--plan", "--steps", "10")
+        first = hf(db, out, "--wait-ramp-at", "5", "--plan", "--steps", "15")
         run_id = read_until(first, "run ").split()[1]
         read_until(first, "waiting at 5")  # submitted earlier, it could land at any boundary
         cid = commands.submit(db, run_id, "ramp", {"per_device_batch": 4, "accum": 2}, actor="test")
         first_log = ended(first, EXIT_RAMP)
         state = json.loads((out / "checkpoint-5" / "rampwatch.json").read_text())
-        second = hf(db, out, "--steps", "10")  # the same command: resume_args continues it
+        second = hf(db, out, "--steps", "15")  # the same command: resume_args continues it
         second_log = ended(second)
         ended(ref)
+        plain = hf(plain_db, tmp / "plain", "--steps", "15")
+        ended(plain)
     finally:
-        for p in (ref, first, second):
+        for p in (ref, first, second, plain):
             if p is not None and p.poll() is None:
                 kill_group(p)
     return {
         "db": db,
+        "plain_db": plain_db,
         "run_id": run_id,
         "cid": cid,
         "state": state,
@@ -135,6 +142,18 @@ def test_an_approved_ramp_restarts_at_the_new_tier_like_a_switch_by_hand(ramped)
     for a, b in zip(hf_params, ref_params, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
     assert ramped["hf"]["lr"] == pytest.approx(ramped["ref"]["lr"], rel=1e-9)
+
+
+def test_a_ramp_restart_ends_at_the_token_budget_with_the_schedule_in_tokens(ramped):
+    """max_steps 15 at 2 x 2 is a budget of 15 x 64 tokens: the restart at 4 x 2 recomputes
+    max_steps to 5 + 5 from the tokens left, and its linear warmup and decay read the unramped
+    run's at every token (× √2) instead of counting steps."""
+    db, run_id = ramped["db"], ramped["run_id"]
+    assert store.get_run(db, run_id).config["total_tokens"] == 15 * 2 * 2 * 16
+    [plain] = store.list_runs(ramped["plain_db"])
+    steps = assert_keeps_budget(db, run_id, ramped["plain_db"], plain.run_id)["step"]
+    assert steps.tolist() == list(range(1, 11))  # the steps left halved, not the tokens doubled
+    assert ramped["state"]["budget_step_tokens"] == 2 * 2 * 16
 
 
 def test_the_noise_scale_is_fit_on_the_micro_batches_token_weights(ramped):

@@ -1,7 +1,8 @@
 """The ramp protocol in a user's own loop (monitor/ramp_protocol.py), each loop a real child process
 (tests/own_loop_child.py) against a real DuckDB file: an approved ramp lands at a step boundary
-exactly as a switch by hand would, the auto policy ramps by itself, measured memory gives the
-card a line, and a reported OOM or a tier that cannot run is refused with its reason on the card.
+exactly as a switch by hand would, the loop ends at its token budget with its LR schedule in
+tokens (monitor/token_clock.py), the auto policy ramps by itself, measured memory gives the card a
+line, and a reported OOM or a tier that cannot run is refused with its reason on the card.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from rampwatch import store
 from rampwatch.store import commands
 from rampwatch.store import names as M
 from tests import seed
+from tests.budget_checks import assert_keeps_budget
 from tests.procs import REPO, child_env, wait_until
 
 pytestmark = pytest.mark.timeout(300)
@@ -54,11 +56,12 @@ def run_child(db, out, *args) -> str:
 
 def test_an_approved_ramp_equals_a_switch_by_hand(tmp_path, procs):
     db = tmp_path / "runs.duckdb"
-    proc, run_id = start(procs, db, tmp_path / "ramped.pt", "--wait-ramp-at", "5", "--steps", "12")
+    # a budget of 19 steps of 4 x 2: 5 of them, then 7 of 4 x 4
+    proc, run_id = start(procs, db, tmp_path / "ramped.pt", "--wait-ramp-at", "5", "--steps", "19")
     cid = commands.submit(db, run_id, "ramp", {"per_device_batch": 4, "accum": 4}, actor="test")
     log = finish(proc)
     assert "ramp applied at step 5: 4 x 4" in log
-    run_child(db, tmp_path / "by_hand.pt", "--switch-at", "5:4:4", "--steps", "12", "--ramp", "off")
+    run_child(db, tmp_path / "by_hand.pt", "--switch-at", "5:4:4", "--steps", "19", "--ramp", "off")
     ramped, by_hand = torch.load(tmp_path / "ramped.pt"), torch.load(tmp_path / "by_hand.pt")
     assert ramped["applied"] == by_hand["applied"] == [5]
     for a, b in zip(ramped["params"], by_hand["params"], strict=True):
@@ -70,6 +73,21 @@ def test_an_approved_ramp_equals_a_switch_by_hand(tmp_path, procs):
     assert [int(v) for v in accum.last] == [2] * 5 + [4] * 7  # the new tier from step 6
     ramps = store.events(db, run_id, kinds=[M.EVENT_RAMP])
     assert len(ramps) == 1 and ramps[0].step == 5 and "command" in ramps[0].message
+
+
+def test_a_ramped_loop_ends_at_its_token_budget_with_its_schedule_in_tokens(tmp_path, procs):
+    """A warmup-then-cosine SequentialLR through a TokenClock, planned over 16 steps of 4 x 2 and
+    ramped x2 (accumulation 2 -> 4) by an approved command at step 6: 6 + 5 steps, and at every
+    token the LR of the same loop unramped x the ramp's √2."""
+    db, plain_db = tmp_path / "runs.duckdb", tmp_path / "plain.duckdb"
+    args = ("--schedule", "cosine", "--steps", "16")
+    proc, run_id = start(procs, db, tmp_path / "ramped.pt", *args, "--wait-ramp-at", "6")
+    commands.submit(db, run_id, "ramp", {"per_device_batch": 4, "accum": 4}, actor="test")
+    assert "ramp applied at step 6: 4 x 4" in finish(proc)
+    run_child(plain_db, tmp_path / "plain.pt", *args, "--ramp", "off")
+    [plain] = store.list_runs(plain_db)
+    steps = assert_keeps_budget(db, run_id, plain_db, plain.run_id)["step"]
+    assert steps.tolist() == list(range(1, 12))
 
 
 def test_the_auto_policy_ramps_by_itself(tmp_path):
@@ -111,7 +129,7 @@ def test_measured_memory_line_and_a_reported_oom_reach_the_card(tmp_path, procs,
         "--oom-at",
         "16",
         "--steps",
-        "40",
+        "80",  # a budget of 80 steps of 4 x 2: about 43 steps, most of them at 16 a step
         "--step-sleep",
         "0.2",
     )

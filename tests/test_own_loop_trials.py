@@ -1,7 +1,7 @@
 """The README's own-loop snippet with trials, as written (examples/own_loop.py run by
 tests/own_loop_example_child.py against a real DuckDB file): a "Test ×2 / ×4 first" command
 sent from another process runs in the loop, ends in trial_end, and the command is applied at the
-step the run continues from; the run then logs on from there to its last step."""
+step the run continues from; the run then logs on from there to its token budget."""
 
 from __future__ import annotations
 
@@ -64,9 +64,13 @@ def test_a_trial_command_in_the_readme_loop_ends_in_trial_end_with_the_command_a
     assert kept == end.data["verdict"]["kept_k"]
     # the kept arm's steps are the run's: no step logged twice, none during the arms
     steps = sorted(metric(db, run_id, M.LOSS))
-    assert steps == [*range(1, WAIT_AT + 1), *range(cmd.applied_step + 1, 61)]
     run = store.get_run(db, run_id)
-    assert (run.stored_status, run.last_step) == ("finished", 60)
+    assert steps == [*range(1, WAIT_AT + 1), *range(cmd.applied_step + 1, run.last_step + 1)]
+    assert run.stored_status == "finished"
+    # to the run's token budget (the trial's Δ counted in it), whatever tier it kept
+    tokens, last = metric(db, run_id, M.TOKENS_SEEN), metric(db, run_id, M.BATCH_TOKENS)
+    budget = run.config["total_tokens"]
+    assert budget <= tokens[run.last_step] < budget + last[run.last_step]
     ramps = store.events(db, run_id, kinds=[M.EVENT_RAMP])
     assert [e.data["source"] for e in ramps] == ([f"trial {cid}"] if kept > 1 else [])
     accum = store.series(db, run_id, M.ACCUM, width=1)

@@ -135,7 +135,8 @@ def test_own_loop_snippet_from_readme(tmp_path):
     assert all(line in readme for line in body), (
         "README's snippet differs from examples/own_loop.py"
     )
-    assert len(body) <= 17 + 10  # the loop itself, five calls that log and five that ramp
+    # the loop itself, five calls that log, five that ramp, the token budget and its clock
+    assert len(body) <= 17 + 10 + 3
 
 
 def test_sigterm_saves_a_final_checkpoint_at_the_next_step_boundary(tmp_path):

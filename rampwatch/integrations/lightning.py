@@ -39,6 +39,18 @@ What it relies on in Lightning (2.6.6, files under lightning/pytorch/):
 - The train DataLoader exists only from fit_loop.run()'s setup_data (fit_loop.py:209), after
   on_fit_start (trainer.py:1057): the monitor starts in on_train_start, before any batch, so it can
   read the per-device batch from the loader.
+- Budget: the Trainer's max_steps counts steps of the fit's first tier, so the run's token budget
+  is max_steps × that tier's tokens per step (`Monitor.start(total_tokens=…)`; the callback's
+  state keeps the tier's tokens per step, BUDGET_STEP_TOKENS). After a ramp, and on a resume,
+  `fit_loop.epoch_loop.max_steps` (what trainer.max_steps and the loops' `done` read,
+  fit_loop.py:129-131, training_epoch_loop.py:121) becomes the step + the steps the tokens left
+  take at the tier now (token_clock.steps_to_budget). The "step" LR schedulers (not
+  ReduceLROnPlateau) are wrapped in a TokenClock in on_fit_start, after strategy.setup made
+  them (trainer.py:1053-1058) and before restore_training_state loads their state
+  (trainer.py:1070, checkpoint_connector.py:396-404), so each is stepped by the monitor's tokens
+  seen: its warmup and decay stay where the unramped fit has them, in tokens. Only frequency 1:
+  Lightning counts a frequency in batches of the epoch (training_epoch_loop.py:482-486), which
+  a ramp changes anyway, so such a scheduler keeps Lightning's own stepping.
 
 A checkpoint carries the callback's tier, run id, ramp policy and the monitor's state_dict()
 (Callback.state_dict, kept in Lightning's own checkpoint file): resuming one restores
@@ -90,10 +102,12 @@ from rampwatch.advisor.policy import CONFIG_KEY as POLICY_KEY
 from rampwatch.advisor.policy import RampPolicy
 from rampwatch.monitor import Monitor
 from rampwatch.monitor.ramp_protocol import MODES, Ramp, scale_lr
+from rampwatch.monitor.token_clock import TokenClock, steps_to_budget
 from rampwatch.store import RunNotFoundError
 from rampwatch.store import names as M
 
 MONITOR_STATE = "monitor_state"  # where the callback's state_dict keeps Monitor.state_dict()
+BUDGET_STEP_TOKENS = "budget_step_tokens"  # its state: tokens of one step of the first tier
 # why the card offers no "Test ×2 first" here: a trial replays the same examples from a snapshot
 TRIALS_NOTE = (
     "Lightning owns the data loader and the optimizer step: a trial cannot replay the same "
@@ -138,6 +152,9 @@ class RampwatchCallback(pl.Callback):
         self._backwards = 0
         self._boundary = 0  # global_step of the last boundary handled
         self._restored: dict = {}  # a checkpoint's tier and run, or the last fit's
+        self._clocks: list[TokenClock] = []  # the "step" schedulers, stepped by tokens
+        self._step_tokens: int | None = None  # tokens of one step of the first tier
+        self._budget: int | None = None  # the run's tokens: max_steps × _step_tokens
         self._trainer = None
         self._untimed = None
 
@@ -153,6 +170,7 @@ class RampwatchCallback(pl.Callback):
             "run_id": mon.run_id,
             "per_device_batch": mon.per_device_batch,
             "accum": mon.accum,
+            BUDGET_STEP_TOKENS: self._step_tokens,
             POLICY_KEY: mon.policy.to_config(),
             MONITOR_STATE: mon.state_dict(),
         }
@@ -168,6 +186,21 @@ class RampwatchCallback(pl.Callback):
         module = trainer.lightning_module
         if lightning_hasattr(module, self.batch_attr):  # read by the loader made after restore
             lightning_setattr(module, self.batch_attr, int(state_dict["per_device_batch"]))
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        """The "step" schedulers, stepped by tokens from here on (the docstring's "Budget")."""
+        self._clocks = []
+        if not pl_module.automatic_optimization:  # the module steps its own schedulers
+            return
+        for config in trainer.lr_scheduler_configs:
+            if config.interval != "step" or config.frequency != 1 or config.reduce_on_plateau:
+                continue
+            if not isinstance(config.scheduler, TokenClock):
+                config.scheduler = TokenClock(config.scheduler, None, seen=self._tokens_seen)
+            self._clocks.append(config.scheduler)
+
+    def _tokens_seen(self) -> int:
+        return self.monitor.tokens_seen
 
     def on_train_start(self, trainer, pl_module) -> None:
         if self.monitor is not None:
@@ -185,6 +218,7 @@ class RampwatchCallback(pl.Callback):
                 "RampwatchCallback: cannot read the per-device batch from the train "
                 "DataLoader; pass per_device_batch="
             )
+        self._plan_budget(trainer, batch)
         config = {
             "integration": "lightning",
             "lightning": pl.__version__,
@@ -204,6 +238,7 @@ class RampwatchCallback(pl.Callback):
             policy=self.policy,
             trials=False,  # over monitor_kwargs: no trial_due() is ever asked here
             trials_note=TRIALS_NOTE,
+            total_tokens=self._budget,
         )
         run_id = self._restored.get("run_id")
         if run_id and trainer.global_step > 0:  # resumed from a checkpoint: continue its run
@@ -219,7 +254,32 @@ class RampwatchCallback(pl.Callback):
             self.monitor = Monitor.start(self.db, **start)
         elif MONITOR_STATE in self._restored:  # the resumed run's window, tokens, base LR, ...
             self.monitor.load_state_dict(self._restored[MONITOR_STATE])
+            self._keep_budget(trainer)  # at a ramped tier: the steps its tokens left take
         self._boundary = trainer.global_step
+
+    def _plan_budget(self, trainer, batch: int) -> None:
+        """The first tier's tokens per step (a resumed fit's, from its checkpoint) and the token
+        budget trainer.max_steps of them make; the clocks' step sizes."""
+        restored = self._restored if trainer.global_step > 0 else {}
+        step_tokens = restored.get(BUDGET_STEP_TOKENS)
+        if step_tokens is None and POLICY_KEY in restored:  # a checkpoint from before the budget
+            step_tokens = RampPolicy.from_config(restored).original_batch * self.seq_len
+        if step_tokens is None:
+            tier = batch * trainer.accumulate_grad_batches * trainer.world_size
+            step_tokens = tier * self.seq_len
+        self._step_tokens = int(step_tokens)
+        steps = trainer.max_steps
+        self._budget = steps * self._step_tokens if steps is not None and steps > 0 else None
+        for clock in self._clocks:
+            clock.tokens_per_step = self._step_tokens
+
+    def _keep_budget(self, trainer) -> None:
+        """max_steps: this step + the steps the budget's tokens left take at the tier now."""
+        mon = self.monitor
+        if self._budget is None or mon is None:
+            return
+        left = steps_to_budget(self._budget, mon.tokens_seen, mon.tier.batch * mon.seq_len)
+        trainer.fit_loop.epoch_loop.max_steps = trainer.global_step + left
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._finish("finished")
@@ -389,6 +449,7 @@ class RampwatchCallback(pl.Callback):
             for s in own[1:]:  # a second scheduler of the same optimizer: its own base LRs only
                 scale_lr(_NO_GROUPS, ramp.lr_multiplier, s)
         mon.ramp_applied(ramp)
+        self._keep_budget(trainer)
         self.history.append(ramp)
 
 

@@ -33,6 +33,16 @@ accelerate 1.15.0 data_loader.py.
   sample, in batches of b', behind exactly the batches that skip drops (SkipBatchSampler,
   data_loader.py:1332-1352). From a ramp on the epochs are one stream (a batch may span an
   epoch's end); no sample is skipped or repeated.
+- Budget: the command's `max_steps` counts steps of the run's first tier, so the run's token
+  budget is max_steps × that tier's tokens per step (`Monitor.start(total_tokens=…)`; the tier's
+  tokens per step ride in rampwatch.json as BUDGET_STEP_TOKENS). A restart at a new tier ends
+  where the budget does: `set_initial_training_values` (2495-2564, whose max_steps
+  `_init_training_state` gives the TrainerState, 1711, and `create_scheduler` its length, 1778)
+  returns the checkpoint's step + the steps the tokens left take at the new tier
+  (token_clock.steps_to_budget). The schedule stays the unramped one in tokens: `create_scheduler`
+  plans it over the command's max_steps and wraps it in a TokenClock driven by the monitor's
+  tokens seen, which `_run_epoch` steps after the optimizer (1951-1952), saves and loads with
+  the checkpoint (3584, 3996).
 """
 
 from __future__ import annotations
@@ -44,7 +54,7 @@ import sys
 import torch
 
 try:
-    from transformers import Trainer, TrainerCallback, TrainerState
+    from transformers import Trainer, TrainerCallback, TrainerState, optimization
     from transformers.loss.loss_utils import ForCausalLMLoss
     from transformers.trainer import TRAINER_STATE_NAME
     from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint, has_length
@@ -65,6 +75,7 @@ from rampwatch.integrations.hf_restart import (
     resume_args,
 )
 from rampwatch.monitor import Monitor
+from rampwatch.monitor.token_clock import TokenClock, steps_to_budget
 
 __all__ = ["EXIT_RAMP", "STATE_FILE", "RampRestart", "RampwatchTrainer", "resume_args"]
 
@@ -74,6 +85,9 @@ TRIALS_NOTE = (
     "replay the same examples from a snapshot"
 )
 _ORDERED_SAMPLERS = ("SeedableRandomSampler", "SequentialSampler")  # order independent of b
+BUDGET_STEP_TOKENS = "budget_step_tokens"  # rampwatch.json: tokens of one step of max_steps
+# schedulers the Trainer steps by an eval metric, not per step (trainer.py 1951): no clock
+_BY_METRIC = (torch.optim.lr_scheduler.ReduceLROnPlateau, getattr(optimization, "GreedyLR", ()))
 
 
 class RampwatchTrainer(Trainer):
@@ -102,6 +116,7 @@ class RampwatchTrainer(Trainer):
         self._seq_len, self._run_config = seq_len, dict(run_config or {})
         self._monitor_kwargs = dict(monitor_kwargs or {})
         self._mon: Monitor | None = None
+        self._resume: dict | None = None  # the checkpoint's rampwatch.json, set by train()
         self._shifts: bool | None = None  # does the model's loss shift its labels
         self.add_callback(_Hooks(self))
 
@@ -227,6 +242,43 @@ class RampwatchTrainer(Trainer):
         )
         return self.accelerator.prepare(stream)
 
+    # -- the budget: max_steps and the LR schedule in tokens (the module docstring, "Budget") ----
+    def _budget(self) -> tuple[int, int] | None:
+        """(tokens of one step of the command's max_steps, the run's token budget), or None for
+        a run whose length is in epochs."""
+        if self.args.max_steps is None or self.args.max_steps <= 0:
+            return None
+        st = self._resume or {}
+        step_tokens = st.get(BUDGET_STEP_TOKENS)
+        if step_tokens is None and st:  # a checkpoint from before the budget: the first tier
+            step_tokens = RampPolicy.from_config({CONFIG_KEY: st["policy"]}).original_batch
+            step_tokens *= self._sequence_tokens()
+        if step_tokens is None:
+            batch = self._train_batch_size * self.args.gradient_accumulation_steps
+            step_tokens = batch * self._sequence_tokens()
+        return step_tokens, self.args.max_steps * step_tokens
+
+    def set_initial_training_values(self, args, dataloader):
+        values = super().set_initial_training_values(args, dataloader)
+        st, budget = self._resume, self._budget()
+        if st is None or budget is None or "tokens_seen" not in st:
+            return values
+        tier_tokens = self._train_batch_size * args.gradient_accumulation_steps
+        left = steps_to_budget(budget[1], st["tokens_seen"], tier_tokens * self._sequence_tokens())
+        return (*values[:-1], st["step"] + left)  # the last value is max_steps
+
+    def create_scheduler(self, num_training_steps: int, optimizer=None):
+        budget = self._budget()
+        if budget is None or self.is_deepspeed_enabled:
+            return super().create_scheduler(num_training_steps, optimizer)
+        sched = super().create_scheduler(self.args.max_steps, optimizer)  # planned in its steps
+        if not isinstance(sched, (TokenClock, *_BY_METRIC)):
+            self.lr_scheduler = TokenClock(sched, budget[0], seen=lambda: self._mon.tokens_seen)
+        return self.lr_scheduler
+
+    def _sequence_tokens(self) -> int:
+        return self._seq_len or _seq_len(self)
+
     # -- each micro-batch ---------------------------------------------------------------------
     def training_step(self, model, inputs, num_items_in_batch=None):
         mon = self._mon
@@ -312,6 +364,7 @@ class RampwatchTrainer(Trainer):
         policy = RampPolicy.from_config({CONFIG_KEY: st["policy"]}) if st else self._policy
         kw = {"echo": sys.stderr, **self._monitor_kwargs}  # events as lines on stderr
         kw.update(trials=False, trials_note=TRIALS_NOTE)  # no trial_due() is ever asked here
+        budget = self._budget()
         self._mon = mon = Monitor.start(
             self._db,
             name=self._name or a.run_name or "hf-trainer",
@@ -320,7 +373,8 @@ class RampwatchTrainer(Trainer):
             optimizer=optimizer,
             per_device_batch=self._train_batch_size,
             accum=a.gradient_accumulation_steps,
-            seq_len=self._seq_len or _seq_len(self),
+            seq_len=self._sequence_tokens(),
+            total_tokens=budget[1] if budget else None,
             run_id=st.get("run_id"),
             resume_step=st.get("step"),
             ramp=mode,
@@ -397,6 +451,7 @@ class RampwatchTrainer(Trainer):
             "accum": a,
             "samples_seen": self._samples_seen,
             "stream": self._stream,
+            BUDGET_STEP_TOKENS: (self._budget() or (None,))[0],
             "policy": mon.policy.to_config(),
             "ramp": None
             if ramp is None

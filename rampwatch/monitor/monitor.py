@@ -81,6 +81,19 @@ def default_policy(optimizer, batch: int, lr_rule: str | None = None) -> RampPol
     return RampPolicy(original_batch=batch, original_lr=lr if lr > 0 else 1.0, lr_rule=rule)
 
 
+def _budget(total_tokens) -> int | None:
+    """The run's token budget as given to Monitor.start, checked (None: no budget)."""
+    if total_tokens is None:
+        return None
+    whole = isinstance(total_tokens, (int, float)) and not isinstance(total_tokens, bool)
+    if not (whole and math.isfinite(total_tokens) and total_tokens == int(total_tokens) > 0):
+        raise ValueError(
+            f"total_tokens must be a positive whole number of tokens (the run's budget), got "
+            f"{total_tokens!r}: pass e.g. total_tokens=steps * batch * seq_len, or leave it out"
+        )
+    return int(total_tokens)
+
+
 def _number(loss) -> float | None:
     """A train step's loss as a float for a progress point (a tensor is read here, rarely)."""
     if loss is None:
@@ -118,7 +131,7 @@ class Monitor:
         trials: bool = False,
         trial_delta_tokens: int | None = None,
         trials_note: str | None = None,
-        token_budget: int | None = None,
+        total_tokens: int | None = None,
     ):
         self.writer = writer
         self.echo = echo  # each event is also one line here (the trainer passes stderr)
@@ -161,7 +174,7 @@ class Monitor:
             mode=ramp,
             base_lr=base_lr or _base_lr(optimizer),
             channel=channel,
-            trials=TrialProtocol(bool(trials), trials_note, trial_delta_tokens, token_budget),
+            trials=TrialProtocol(bool(trials), trials_note, trial_delta_tokens, total_tokens),
         )
         self.set_tier(per_device_batch, accum)
 
@@ -187,6 +200,7 @@ class Monitor:
         trials: bool = False,
         trial_delta_tokens: int | None = None,
         trials_note: str | None = None,
+        total_tokens: int | None = None,
         **kwargs,
     ) -> "Monitor":
         """Open (or resume) a run in the database at db_path and return its monitor.
@@ -196,12 +210,15 @@ class Monitor:
         LR and its rule), the tier and `ramp`, so the dashboard's card judges as the loop does;
         and whether this loop runs trials (trials=True: it calls trial_due() and run_trial()),
         its default Δ or why it runs none (trials_note), so the card says so before a click.
+        total_tokens: the run's token budget (default: config's "total_tokens"), recorded as the
+        config's "total_tokens": the card's steps left and a trial's share of the run read it.
         """
+        total_tokens = _budget(config.get("total_tokens") if total_tokens is None else total_tokens)
         trial_kwargs = dict(
             trials=trials,
             trial_delta_tokens=trial_delta_tokens,
             trials_note=trials_note,
-            token_budget=kwargs.pop("token_budget", None) or config.get("total_tokens"),
+            total_tokens=total_tokens,
         )
         rank, world = distributed()
         world = world_size or world
@@ -225,6 +242,7 @@ class Monitor:
                 "optimizer": type(optimizer).__name__,
                 "lr": policy.original_lr,
                 **dict(config),
+                **({"total_tokens": total_tokens} if total_tokens else {}),
                 POLICY_KEY: policy.to_config(),
                 **TrialProtocol(trials, trials_note, trial_delta_tokens).config(),
             }
