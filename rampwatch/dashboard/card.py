@@ -4,7 +4,8 @@ and beside Approve "Test ×2 / ×4 first" (a ramp trial, issue 26) with its sect
 Owns the card's drawing and its controls (content comes from dashboard/recommend.py): the verdict
 and its evidence, the tier table with the chosen tier's predicted peak against capacity, LR
 change and predicted effect, the latest ramp command's state (pending → applied at step N, or
-refused with the reason), and the buttons. Stable widget keys for tests and the browser test:
+refused with the reason), the last ramp's LR change where the run did not carry it out (the
+monitor's LR check), and the buttons. Stable widget keys for tests and the browser test:
 "approve" (label starts with "Approve"; primary only when the advisor says "Ramp now", else
 "Approve early" behind the "override" checkbox), "reject", "cancel_command", "tier_choice", and the
 operator's "rw_operator" (name) and "rw_token" (the operator token, dashboard/guard.py).
@@ -360,9 +361,11 @@ def render(card: Card, *, db, run, read_only: bool, trial: TrialCard | None = No
     with st.container(border=True):
         # fixed slots: a message appearing or going does not shift the elements below it, so a
         # refresh never shows the previous buttons beside the new ones while it runs
-        flash, now, command = st.empty(), st.empty(), st.empty()
+        flash, now, command, lr_check = st.empty(), st.empty(), st.empty(), st.empty()
         _flash(flash)
         _command_line(card, command)
+        if card.lr_check:  # the ramp's record says what the run carried out
+            lr_check.warning(card.lr_check, icon=":material/warning:")
         if card.awaiting_reread:  # "Now" would be the old tier, and Approve a second ramp
             now.caption(
                 f"Now: the tier of ramp #{card.command.command_id}, from step "
