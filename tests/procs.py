@@ -80,6 +80,15 @@ def children():
                 kill_group(p)
 
 
+def start_loop(spawner, args: list[str]) -> tuple[subprocess.Popen, str]:
+    """Start a training loop child whose first line is "run ID" (tests/own_loop_child.py and
+    the example children); returns it and the run id, once the run is in the database."""
+    proc = spawner.spawn(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = proc.stdout.readline()
+    assert first.startswith("run "), first + proc.stderr.read()
+    return proc, first.split()[1]
+
+
 def loop_parser(steps: int = 20, batch: int = 4, accum: int = 2) -> argparse.ArgumentParser:
     """The arguments every test training loop takes (tests/own_loop_child.py, lightning_child.py):
     DB OUT [--ramp MODE] [--steps N] [--batch B] [--accum A] [--wait-ramp-at S ...] [--policy

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 
 import pytest
 
@@ -19,7 +18,7 @@ from rampwatch.advisor.lr_check import HEADLINE
 from rampwatch.store import commands
 from rampwatch.store import names as M
 from tests import seed
-from tests.procs import REPO, children
+from tests.procs import REPO, children, start_loop
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -33,15 +32,9 @@ def run(procs, tmp_path, variant: str, *args: str, ramp: bool = True):
     command is sent at its first boundary and taken at RAMP_AT. Returns (db, run id, out, log)."""
     db, out = tmp_path / f"{variant}.duckdb", tmp_path / f"{variant}.json"
     wait_at = RAMP_AT if ramp else 0
-    proc = procs.spawn(
-        ["-m", "tests.nanogpt_child", str(wait_at), str(out), variant, str(db), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    proc, run_id = start_loop(
+        procs, ["-m", "tests.nanogpt_child", str(wait_at), str(out), variant, str(db), *args]
     )
-    first = proc.stdout.readline()
-    assert first.startswith("run "), first + proc.stderr.read()
-    run_id = first.split()[1]
     cid = commands.submit(db, run_id, "ramp", RAMP, actor="test") if ramp else None
     stdout, stderr = proc.communicate(timeout=240)
     assert proc.returncode == 0, stderr
