@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.procs import kill_group, spawn
+from tests.procs import children
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -15,18 +15,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 @pytest.fixture
 def procs():
     """Start children with procs.spawn([...]); any still alive at teardown is killed as a group."""
-    started = []
-
-    class _Spawner:
-        def spawn(self, args, **kw):
-            p = spawn(args, **kw)
-            started.append(p)
-            return p
-
-    yield _Spawner()
-    for p in started:
-        if p.poll() is None:
-            kill_group(p)
+    with children() as spawner:
+        yield spawner
 
 
 @pytest.fixture

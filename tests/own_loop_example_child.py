@@ -11,29 +11,14 @@ from __future__ import annotations
 import runpy
 import sys
 
-from rampwatch import Monitor
-from tests.procs import REPO, wait_for_ramp
+from tests.procs import REPO, wait_at_boundary
 
 EXAMPLE = REPO / "examples" / "own_loop.py"
 
 
 def main() -> None:
     wait_at, args = int(sys.argv[1]), sys.argv[2:]
-    ramp_due = Monitor.ramp_due
-
-    def waiting_ramp_due(mon):
-        if mon.last_step == 1:
-            print(f"run {mon.run_id}", flush=True)
-        asked = []
-
-        def claimed():  # a ramp, or a trial that the loop's trial_due() will hand out next
-            asked.append(ramp_due(mon))
-            return asked[-1] or mon.ramps.trials.pending
-
-        wait_for_ramp(claimed, mon.last_step == wait_at)
-        return asked[-1]
-
-    Monitor.ramp_due = waiting_ramp_due
+    wait_at_boundary(wait_at)
     sys.argv = [str(EXAMPLE), *args]
     runpy.run_path(str(EXAMPLE), run_name="__main__")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import socket
@@ -70,6 +71,35 @@ def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL, wait: float = 
         proc.wait(timeout=wait)
 
 
+@contextlib.contextmanager
+def children():
+    """A spawner: children.spawn([...]) starts one; any still alive at the end is killed as a
+    group (the `procs` fixture's, and a module fixture's)."""
+    started = []
+
+    class _Spawner:
+        def spawn(self, args, **kw):
+            p = spawn(args, **kw)
+            started.append(p)
+            return p
+
+    try:
+        yield _Spawner()
+    finally:
+        for p in started:
+            if p.poll() is None:
+                kill_group(p)
+
+
+def start_loop(spawner, args: list[str]) -> tuple[subprocess.Popen, str]:
+    """Start a training loop child whose first line is "run ID" (tests/own_loop_child.py and
+    the example children); returns it and the run id, once the run is in the database."""
+    proc = spawner.spawn(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = proc.stdout.readline()
+    assert first.startswith("run "), first + proc.stderr.read()
+    return proc, first.split()[1]
+
+
 def loop_parser(steps: int = 20, batch: int = 4, accum: int = 2) -> argparse.ArgumentParser:
     """The arguments every test training loop takes (tests/own_loop_child.py, lightning_child.py):
     DB OUT [--ramp MODE] [--steps N] [--batch B] [--accum A] [--wait-ramp-at S ...] [--policy
@@ -99,3 +129,26 @@ def wait_for_ramp(ask, wait: bool, timeout: float = 120.0):
         time.sleep(0.1)
         ramp = ask()
     return ramp
+
+
+def wait_at_boundary(wait_at: int) -> None:
+    """Patch Monitor.ramp_due for a loop run as written (runpy): print "run ID" at the first
+    boundary, and at boundary `wait_at` wait until the test's ramp or trial command is claimed
+    (the loop would otherwise finish first)."""
+    from rampwatch import Monitor
+
+    ramp_due = Monitor.ramp_due
+
+    def waiting_ramp_due(mon):
+        if mon.last_step == 1:
+            print(f"run {mon.run_id}", flush=True)
+        asked = []
+
+        def claimed():  # a ramp, or a trial that the loop's trial_due() will hand out next
+            asked.append(ramp_due(mon))
+            return asked[-1] or mon.ramps.trials.pending
+
+        wait_for_ramp(claimed, mon.last_step == wait_at)
+        return asked[-1]
+
+    Monitor.ramp_due = waiting_ramp_due

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from rampwatch.advisor.gns_window import NoiseScaleWindow
@@ -77,12 +78,15 @@ def _step(monitors, model, step: int, data, b: int, k: int) -> list[dict]:
 
 
 def _ran(model, data) -> Monitor:
-    """Eight steps at 2 x 2, a ramp to 4 x 2 after step 8, an OOM at 8, measured peaks at 2 and
-    4, two more steps: every part of the state has moved from a fresh monitor's."""
+    """Eight steps at 2 x 2, a ramp to 4 x 2 after step 8 (its LR moved, as a loop does), an OOM
+    at 8, measured peaks at 2 and 4, two more steps: every part of the state has moved from a
+    fresh monitor's."""
     mon = _monitor(model)
     for step in range(1, 9):
         _step([mon], model, step, data, 2, 2)
-    mon.ramp_applied(Ramp(Tier(4, 2), 1.5, 0.15, step=8, source="test", before=Tier(2, 2)))
+    ramp = Ramp(Tier(4, 2), 1.5, 0.15, step=8, source="test", before=Tier(2, 2))
+    ramp.scale_lr(mon.optimizer)
+    mon.ramp_applied(ramp)
     mon.report_oom(8, 8, "out of memory")
     mon.add_memory_plan(
         [
@@ -101,6 +105,7 @@ def test_a_saved_state_gives_a_new_monitor_the_same_values_and_decisions(tmp_pat
     mon = _ran(model, data)
     saved = mon.state_dict()
     assert saved["step"] == 10 and saved["last_ramp_step"] == 8 and saved["base_lr"] == 0.15
+    assert mon.lr_scale == pytest.approx(1.5, rel=1e-15) and saved["start_base_lr"] == 0.1
     assert saved["tokens_seen"] == (8 * 4 + 2 * 8) * 4 and saved["infeasible"] == [8]
     assert mon.noise_scale is not None
 
@@ -111,7 +116,7 @@ def test_a_saved_state_gives_a_new_monitor_the_same_values_and_decisions(tmp_pat
 
     resumed, fresh = _monitor(model, 4, 2), _monitor(model, 4, 2)
     resumed.load_state_dict(state)
-    assert resumed.state_dict() == saved
+    assert resumed.state_dict() == saved and resumed.lr_scale == mon.lr_scale
     assert resumed.noise_scale == mon.noise_scale
     checks = [mon.ramps.check(p) for p in PAYLOADS]
     assert [resumed.ramps.check(p) for p in PAYLOADS] == checks
@@ -151,6 +156,7 @@ def test_a_trainer_checkpoint_keeps_the_monitor_state_in_its_own_fields(tmp_path
     resumed.load_state_dict(monitor_state(ckpt.load(tmp_path / "r.pt")["state"]))
     assert resumed.noise_scale == mon.noise_scale and resumed.tokens_seen == mon.tokens_seen
     assert resumed.ramps.infeasible == {8} and resumed.ramps.base_lr == 0.15
+    assert resumed.lr_scale == mon.lr_scale  # over the run's original LR (the policy's)
     assert resumed.ramps.last_ramp_step == 10  # the resume step: the hysteresis starts there
     assert resumed.ramps.measured == {} and resumed.last_step == 0  # measured again, as ever
 
@@ -210,3 +216,18 @@ def test_a_hugging_face_restart_file_from_before_resumes_the_monitor():
     resumed.load_state_dict(json.loads(json.dumps(old)))
     assert resumed.state_dict() == {**mon.state_dict(), "last_ramp_step": 0}
     assert [resumed.ramps.check(p) for p in PAYLOADS] == [mon.ramps.check(p) for p in PAYLOADS]
+
+
+def test_a_ramp_whose_lr_never_moved_is_taken_back_out_of_the_state():
+    """The loop takes the tier but leaves its LR (the optimizer's 0.1 throughout): after the two
+    checked steps the base LR and lr_scale are the run's own again, and so is what it saves."""
+    model, data = torch.nn.Linear(6, 3), _data()
+    mon = _monitor(model)
+    for step in range(1, 9):
+        _step([mon], model, step, data, 2, 2)
+    mon.ramp_applied(Ramp(Tier(4, 2), 1.5, 0.15, step=8, source="test", before=Tier(2, 2)))
+    assert mon.ramps.base_lr == 0.15 and mon.lr_scale > 1.49  # what the ramp asked
+    _step([mon], model, 9, data, 4, 2)
+    assert mon.lr_scale > 1.49  # one step is not enough to judge
+    _step([mon], model, 10, data, 4, 2)
+    assert mon.lr_scale == 1.0 and mon.state_dict()["base_lr"] == 0.1

@@ -18,21 +18,13 @@ from rampwatch.store import commands
 from rampwatch.store import names as M
 from tests import seed
 from tests.budget_checks import assert_keeps_budget
-from tests.procs import REPO, child_env, wait_until
+from tests.procs import REPO, child_env, start_loop, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
 
 def start(procs, db, out, *args):
-    proc = procs.spawn(
-        ["-m", "tests.own_loop_child", str(db), str(out), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    first = proc.stdout.readline()
-    assert first.startswith("run "), first + proc.stderr.read()
-    return proc, first.split()[1]
+    return start_loop(procs, ["-m", "tests.own_loop_child", str(db), str(out), *args])
 
 
 def finish(proc) -> str:

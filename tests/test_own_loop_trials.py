@@ -5,14 +5,12 @@ step the run continues from; the run then logs on from there to its token budget
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 
 from rampwatch import store
 from rampwatch.store import commands
 from rampwatch.store import names as M
-from tests.procs import REPO
+from tests.procs import REPO, start_loop
 from tests.trainer_runs import metric
 
 pytestmark = pytest.mark.timeout(300)
@@ -38,15 +36,9 @@ def test_a_trial_command_in_the_readme_loop_ends_in_trial_end_with_the_command_a
     tmp_path, procs
 ):
     db = tmp_path / "runs.duckdb"
-    proc = procs.spawn(
-        ["-m", "tests.own_loop_example_child", str(WAIT_AT), str(db), "trials"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    proc, run_id = start_loop(
+        procs, ["-m", "tests.own_loop_example_child", str(WAIT_AT), str(db), "trials"]
     )
-    first = proc.stdout.readline()
-    assert first.startswith("run "), first + proc.stderr.read()
-    run_id = first.split()[1]
     cid = commands.submit(db, run_id, "trial", {"factors": [2, 4]}, actor="test")
     out, err = proc.communicate(timeout=240)
     assert proc.returncode == 0, err

@@ -5,7 +5,9 @@ Owns the card's drawing and its controls (content comes from dashboard/recommend
 and its evidence, the chosen tier's predicted peak against capacity, LR change and predicted
 effect, the tier table (advisor/tier_table.py: every tier's memory, tokens/s, MFU, step time,
 steps and ETA to the token budget, LR; the running tier marked ▶; key "tier_table"), the latest
-ramp command's state (pending → applied at step N, or refused with the reason), and the buttons. Stable widget keys for tests and the browser test:
+ramp command's state (pending → applied at step N, or refused with the reason), the last ramp's
+LR change where the run did not carry it out (the monitor's LR check), and the buttons. Stable
+widget keys for tests and the browser test:
 "approve" (label starts with "Approve"; primary only when the advisor says "Ramp now", else
 "Approve early" behind the "override" checkbox), "reject", "cancel_command", "tier_choice", and the
 operator's "rw_operator" (name) and "rw_token" (the operator token, dashboard/guard.py).
@@ -360,9 +362,11 @@ def render(card: Card, *, db, run, read_only: bool, trial: TrialCard | None = No
     with st.container(border=True):
         # fixed slots: a message appearing or going does not shift the elements below it, so a
         # refresh never shows the previous buttons beside the new ones while it runs
-        flash, now, command = st.empty(), st.empty(), st.empty()
+        flash, now, command, lr_check = st.empty(), st.empty(), st.empty(), st.empty()
         _flash(flash)
         _command_line(card, command)
+        if card.lr_check:  # the ramp's record says what the run carried out
+            lr_check.warning(card.lr_check, icon=":material/warning:")
         if card.awaiting_reread:  # "Now" would be the old tier, and Approve a second ramp
             now.caption(
                 f"Now: the tier of ramp #{card.command.command_id}, from step "

@@ -1,16 +1,16 @@
 """The recommendation card's content: store rows in, the advisor's verdict out (no Streamlit).
 
 Owns: reading the run's current tier, sequence length, capacity, LR rule and policy from its
-config and latest metrics, the last ramp and the OOMs from its events, and what the latest ramp
-command says. The verdict itself is advisor/advice.py's `advise` over `memory_evidence` of the
-run's memory_plan rows and `TrialEvidence` of its latest finished trial (the store's trials
-table): the same functions and evidence the monitor's auto mode and command check use, so the
-card offers what the trainer would do, and says what it rests on (`Card.evidence`). The tier
-table (`Card.table`, advisor/tier_table.py) adds each tier's throughput, steps and hours from
-the run's per-step tier and tokens/s (advisor/throughput.py), fitted here, per refresh, never
-in the monitor's per-step advise(). `card_of` builds the card from a live_data.Snapshot: the
-live page and `rampwatch plan --db` both do. dashboard/card.py draws it; tests build it from
-seeded databases.
+config and latest metrics, the last ramp (and what the monitor's LR check said of it) and the
+OOMs from its events, and what the latest ramp command says. The verdict itself is
+advisor/advice.py's `advise` over `memory_evidence` of the run's memory_plan rows and
+`TrialEvidence` of its latest finished trial (the store's trials table): the same functions and
+evidence the monitor's auto mode and command check use, so the card offers what the trainer
+would do, and says what it rests on (`Card.evidence`). The tier table (`Card.table`,
+advisor/tier_table.py) adds each tier's throughput, steps and hours from the run's per-step tier
+and tokens/s (advisor/throughput.py), fitted here, per refresh, never in the monitor's per-step
+advise(). `card_of` builds the card from a live_data.Snapshot: the live page and `rampwatch plan
+--db` both do. dashboard/card.py draws it; tests build it from seeded databases.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import numpy as np
 
 from rampwatch.advisor.advice import NOISE_ONLY, RunningTier, TrialEvidence, advise, memory_evidence
 from rampwatch.advisor.lr import rule_for
+from rampwatch.advisor.lr_check import CAUSE as LR_CHECK
 from rampwatch.advisor.memory import MemoryModel, format_gb
 from rampwatch.advisor.policy import RampPolicy
 from rampwatch.advisor.ramp_point import Effect, Recommendation
@@ -92,6 +93,7 @@ class Card:
     evidence: str = NOISE_ONLY  # what the decision rests on (advisor.advice.Advice.evidence)
     table: list[TierRow] = field(default_factory=list)  # advisor.tier_table's rows
     table_notes: list[str] = field(default_factory=list)  # what the table's figures assume
+    lr_check: str | None = None  # the last ramp's LR change, where the run did not carry it out
 
     @property
     def awaiting_reread(self) -> bool:
@@ -232,6 +234,7 @@ def build_card(
         if e.get("kind") == M.EVENT_RAMP and e.get("step") is not None
     ]
     last_ramp = max(ramp_steps) if ramp_steps else None
+    lr_check = ramp_lr_problem(events, last_ramp)
     cmds = [
         c
         for c in commands
@@ -244,7 +247,15 @@ def build_card(
             "the run has not logged per_device_batch and accum yet (and its config "
             "does not name them): no tier can be computed"
         )
-        return Card(run_id, None, None, last_ramp_step=last_ramp, command=cmd, problems=problems)
+        return Card(
+            run_id,
+            None,
+            None,
+            last_ramp_step=last_ramp,
+            command=cmd,
+            problems=problems,
+            lr_check=lr_check,
+        )
     knows_lr = True  # the config names the original batch and LR the new base LR scales from
     try:
         policy = RampPolicy.from_config(config)
@@ -299,6 +310,7 @@ def build_card(
         advice.evidence,
         table,
         table_notes,
+        lr_check,
     )
 
 
@@ -364,6 +376,22 @@ def aligned_steps(series: Mapping[str, Buckets], names: Sequence[str], optional:
         hit = extra.last_step[at] == steps
         filled[hit] = extra.last[at[hit]]
     return (*values, filled)
+
+
+def ramp_lr_problem(events: Sequence[Mapping], ramp_step: int | None) -> str | None:
+    """What the monitor's LR check (advisor/lr_check.py) said of the ramp at ramp_step, when
+    its LR change did not reach the optimizer or could not be confirmed; None when it did."""
+    if ramp_step is None:
+        return None
+    for e in reversed(events):
+        data = e.get("data") or {}
+        if (
+            e.get("kind") == M.EVENT_ALERT
+            and data.get("cause") == LR_CHECK
+            and data.get("ramp_step") == ramp_step
+        ):
+            return f"The ramp at step {ramp_step:,}: {e.get('message')}."
+    return None
 
 
 def latest_trial_evidence(trials: Sequence) -> TrialEvidence | None:

@@ -14,6 +14,11 @@ at each step boundary (the ramp protocol), finish.
             mon.ramp_applied(ramp)
     mon.finish()
 
+A loop that sets param_group['lr'] itself every step (nanoGPT's get_lr()) moves its own
+schedule instead of calling ramp.scale_lr(): lr = get_lr(it) * mon.lr_scale
+(examples/nanogpt_loop.py). Either way the protocol checks, at the next two steps, that the LR
+logged moved by the ramp's multiplier, and says so in an alert where it did not.
+
 Device values are read once per optimizer step (one transfer of k norms), never per micro-step.
 Everything is written through store.RunWriter, whose log() only appends to a spool file. The
 monitor never raises into the loop: an error inside it becomes one `alert` event and the
@@ -175,6 +180,7 @@ class Monitor:
             base_lr=base_lr or _base_lr(optimizer),
             channel=channel,
             trials=TrialProtocol(bool(trials), trials_note, trial_delta_tokens, total_tokens),
+            author_alert=self._alert_author,
         )
         self.set_tier(per_device_batch, accum)
 
@@ -466,6 +472,14 @@ class Monitor:
             self._alerted.add(key)
             self._record(step, M.EVENT_ALERT, message, {"cause": key}, self.echo or sys.stderr)
 
+    def _alert_author(self, step: int, message: str, data: Mapping) -> None:
+        """An alert about what the loop does (its LR ignored a ramp), each time it happens;
+        the first of its cause is printed to stderr even without echo."""
+        cause = str(data.get("cause"))
+        loud = self.echo is None and cause not in self._alerted
+        self._alerted.add(cause)
+        self._record(step, M.EVENT_ALERT, message, data, sys.stderr if loud else self.echo)
+
     def _check_spike(self, step: int, grad_norm: float) -> None:
         """An alert when the gradient norm jumps past SPIKE_FACTOR × its median over the last
         SPIKE_WINDOW steps: the usual first sign of a bad batch or too high an LR."""
@@ -518,6 +532,14 @@ class Monitor:
         self.set_tier(ramp.tier.per_device_batch, ramp.tier.accum)
         self.noise.mark()  # the new LR may change the trend from here: test this step alone
         self.ramps.applied(ramp)
+
+    @property
+    def lr_scale(self) -> float:
+        """The cumulative LR multiplier of the ramps applied so far (the product of their
+        lr_multiplier; a resume continues it), for a loop that computes its own LR each step:
+        lr = get_lr(it) * mon.lr_scale. A ramp whose LR change the check found not carried
+        out is taken back out of it."""
+        return self.ramps.lr_scale
 
     def ramp_refused(self, ramp: Ramp, reason: str) -> None:
         """The loop could not apply it: the card shows 'refused: reason'."""
@@ -755,8 +777,9 @@ class Monitor:
     def state_dict(self) -> dict[str, Any]:
         """What a resumed run continues, as plain JSON values (torch checkpoints read with
         weights_only=True hold it, and the Hugging Face restart's rampwatch.json): the last step
-        logged, tokens seen, the noise-scale window, and the ramp protocol's base LR, last ramp,
-        per-device batches that ran out of memory and measured peaks."""
+        logged, tokens seen, the noise-scale window, and the ramp protocol's base LR (and the
+        base before any ramp: lr_scale), last ramp, per-device batches that ran out of memory
+        and measured peaks."""
         return {
             "step": self.last_step,
             "tokens_seen": self.tokens_seen,

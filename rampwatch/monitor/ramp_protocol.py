@@ -29,6 +29,13 @@ card's does from the store's trials table.
 Why the checks live here and not in the dashboard: the memory picture may have changed (an OOM,
 a new measurement) since the operator clicked, so a command is checked again at the boundary.
 Every command ends exactly once: applied at step N, or refused with a reason.
+
+After an applied ramp the protocol checks that its LR change reached the optimizer: the LR the
+loop logs at the next two steps against its own schedule extended past the ramp
+(advisor/lr_check.py). A change the run did not carry out is an alert that says so (the ramp's
+event stays as it was written, the alert follows it) and is taken back out of the base LR and
+`lr_scale`, so nothing the monitor records or hands on claims it. A check still open at a
+process restart (the Hugging Face restart) is not carried over.
 """
 
 from __future__ import annotations
@@ -38,6 +45,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rampwatch.advisor.advice import Advice, MemoryEvidence, RunningTier, advise, memory_evidence
+from rampwatch.advisor.lr_check import CAUSE as LR_CHECK
+from rampwatch.advisor.lr_check import NOT_REACHED, UNDONE, LrCheck
 from rampwatch.advisor.policy import RampPolicy
 from rampwatch.advisor.tiers import Tier
 from rampwatch.monitor.ramp_channel import Proposal, RampChannel
@@ -123,6 +132,9 @@ class RampProtocol:
     failed: Callable[[str, Exception, int], None]  # an error of its own: one alert, never raised
     mode: str = "manual"
     base_lr: float = 0.0  # the schedule's base LR now (the policy's rule moves it)
+    start_base_lr: float = 0.0  # the base LR before any ramp (default: the policy's original)
+    # an alert only the loop's author can fix (Monitor._alert_author: stderr too); else event
+    author_alert: Callable[[int, str, dict], None] | None = None
     variant: str = "plain"  # which memory-plan rows describe this run (the trainer: chunked CE)
     channel: RampChannel | None = None
     infeasible: set[int] = field(default_factory=set)
@@ -144,6 +156,10 @@ class RampProtocol:
             )
         self.tokens = 0  # tokens seen at the last step (the trial gate's interval counts them)
         self.base_lr = self.base_lr or self.policy.original_lr
+        self.start_base_lr = self.start_base_lr or self.policy.original_lr
+        self.lr_check: LrCheck | None = None  # the last ramp's, until it has an outcome
+        self._logged_lr: dict[int, float] = {}  # step -> LR logged, the last two steps
+        self._checked_bases = (0.0, 0.0)  # the checked ramp's base LR before and after
         self._gns_steps: list[int] = []  # steps with a fresh noise-scale estimate
         self._gns_values: list[float | None] = []
         self._gns_lower: list[float] = []
@@ -157,10 +173,17 @@ class RampProtocol:
         earlier (torch.distributed: every rank stops at the same boundary)."""
         return self.channel.stopping if self.channel is not None else self.stop_requested
 
+    @property
+    def lr_scale(self) -> float:
+        """The base LR now over the base before any ramp: the product of the applied ramps'
+        lr_multiplier (less any the LR check found not carried out)."""
+        return self.base_lr / self.start_base_lr if self.start_base_lr > 0 else 1.0
+
     # -- what a resume continues (Monitor.state_dict) -----------------------------------------
     def state_dict(self) -> dict:
         return {
             "base_lr": self.base_lr,
+            "start_base_lr": self.start_base_lr,
             "last_ramp_step": self.last_ramp_step,
             "infeasible": sorted(self.infeasible),
             "measured": {str(b): v for b, v in sorted(self.measured.items())},  # JSON keys
@@ -170,6 +193,8 @@ class RampProtocol:
     def load_state_dict(self, state: dict) -> None:
         if state.get("base_lr"):  # 0 or none (older checkpoints): the start's base stays
             self.base_lr = float(state["base_lr"])
+        if state.get("start_base_lr"):  # none (the trainer's own fields): the policy's original
+            self.start_base_lr = float(state["start_base_lr"])
         self.last_ramp_step = int(state.get("last_ramp_step", self.last_ramp_step))
         self.infeasible = {int(b) for b in state.get("infeasible", self.infeasible)}
         self.measured = {int(b): int(v) for b, v in state.get("measured", self.measured).items()}
@@ -179,6 +204,7 @@ class RampProtocol:
     # -- fed by Monitor.step ------------------------------------------------------------------
     def observe(self, step: int, metrics: dict) -> None:
         self.tokens = int(metrics.get(M.TOKENS_SEEN, self.tokens))
+        self._observe_lr(step, metrics.get(M.LR))
         if M.GNS_LOW in metrics:  # a fresh estimate this step (a point, a bound or both)
             self._gns_steps.append(step)
             self._gns_values.append(metrics.get(M.GNS))
@@ -194,6 +220,55 @@ class RampProtocol:
             self.write_plan_rows(
                 [{"per_device_batch": b, "measured_bytes": int(peak)}], "measured", step
             )
+
+    def _observe_lr(self, step: int, lr: float | None) -> None:
+        if lr is None:
+            return
+        self._logged_lr = {s: v for s, v in self._logged_lr.items() if s == step - 1}
+        self._logged_lr[step] = lr
+        if self.lr_check is not None:
+            outcome = self.lr_check.observe(step, lr)
+            if outcome is not None:
+                self._lr_checked(step, outcome)
+
+    def _start_lr_check(self, ramp: Ramp, old_base_lr: float) -> None:
+        """After an applied ramp: check its LR change at the next steps (advisor/lr_check.py),
+        when the LR was logged at its step (not after a trial, whose arms log none)."""
+        if self.lr_check is not None:  # a ramp right after another: judge that one on what it has
+            outcome = self.lr_check.outcome()
+            if outcome is not None:
+                self._lr_checked(max(self.lr_check.ratios, default=ramp.step), outcome)
+        at = self._logged_lr.get(ramp.step)
+        self._checked_bases = (old_base_lr, ramp.base_lr)
+        self.lr_check = (
+            None
+            if at is None
+            else LrCheck.start(
+                ramp.step, ramp.lr_multiplier, at, self._logged_lr.get(ramp.step - 1)
+            )
+        )
+
+    def _lr_checked(self, step: int, outcome: str) -> None:
+        check, self.lr_check = self.lr_check, None
+        message = check.message(outcome)
+        if message is None:  # reached
+            return
+        if outcome in (NOT_REACHED, UNDONE):  # the run's base LR is what it was
+            before, after = self._checked_bases
+            # exactly the old base, unless a later ramp moved it since (then by the multiplier)
+            self.base_lr = before if self.base_lr == after else self.base_lr / check.multiplier
+        data = {
+            "cause": LR_CHECK,
+            "outcome": outcome,
+            "ramp_step": check.step,
+            "lr_multiplier": check.multiplier,
+            "lr_ratios": {str(s): q for s, q in sorted(check.ratios.items())},
+            "base_lr": self.base_lr,
+        }
+        (self.author_alert or self._alert)(step, message, data)
+
+    def _alert(self, step: int, message: str, data: dict) -> None:
+        self.event(step, M.EVENT_ALERT, message, data)
 
     def write_plan_rows(self, rows, source: str, step: int | None = None) -> None:
         """Memory rows of any source: what they say is what the checks know (a measured peak,
@@ -423,6 +498,7 @@ class RampProtocol:
         if ramp.command_id is not None and self.writer is not None:
             self._in_flight.discard(ramp.command_id)
             self.writer.command_applied(ramp.command_id, ramp.step)
+        self._start_lr_check(ramp, old_lr)
 
     def refused(self, ramp: Ramp, reason: str) -> None:
         self.last_ramp_step = ramp.step  # an auto ramp the loop refused waits a whole streak
