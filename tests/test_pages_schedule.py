@@ -143,7 +143,9 @@ def test_the_plan_s_due_step_is_approved_through_approve(growing, monkeypatch):
     assert (c.kind, c.status) == ("ramp", "pending")
     assert c.payload == {"per_device_batch": 32, "accum": 2, "lr_multiplier": pytest.approx(2.0)}
     rows = _table(at)
-    assert rows["hand plan"]["batch from now (tokens/step)"].startswith("8K")
+    assert rows["hand plan"]["batch from now (tokens/step)"] == (
+        f"2K → 8K now → 16K at {0.9 * BUDGET:,.0f} tokens (90.0%)"
+    )
 
 
 def test_a_due_step_no_ramp_command_can_carry_says_why(growing, monkeypatch):
@@ -167,5 +169,25 @@ def test_a_run_without_a_budget_says_the_schedule_needs_one(db_path, monkeypatch
             in seed.texts(at)
         )
         assert CHART not in seed.figures(at)
+    finally:
+        run.close()
+
+
+def test_a_projection_past_the_ramp_point_now_jumps_now(db_path, monkeypatch):
+    above = 40.0 / math.sqrt(NOW)  # 40 now: past the ramp points of 16 and 32, short of 64's
+
+    def noise(step):
+        b = above * math.sqrt((step + 1) * STEP_TOKENS)
+        return b, 0.6 * b, 1.6 * b
+
+    run = seed.live_run(db_path, noise=noise, total_tokens=BUDGET)
+    try:
+        at = seed.app(monkeypatch, run.db)
+        assert not at.exception
+        at_64 = (64 / above) ** 2
+        assert NOW < at_64 < BUDGET
+        assert _table(at)["projected"]["batch from now (tokens/step)"] == (
+            f"2K → 8K now → 16K at {at_64:,.0f} tokens ({at_64 / BUDGET:.1%})"
+        )
     finally:
         run.close()

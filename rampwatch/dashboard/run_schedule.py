@@ -204,9 +204,13 @@ COLUMNS = (
 )
 
 
-def _ramps(s: sched.Schedule) -> str:
+def _ramps(s: sched.Schedule, running: int) -> str:
+    """The batches from now: "2K → 4K at 1,011,358 tokens (12.3%) → …"; a jump due already
+    (the projection is past the ramp point now) reads "2K → 8K now"."""
     first, budget = s.segments[0], s.budget
-    parts = [format_batch(first.batch * s.seq_len)]
+    parts = [format_batch(running * s.seq_len)]
+    if first.batch != running:
+        parts.append(f"{format_batch(first.batch * s.seq_len)} now")
     for seg in s.ramps:
         parts.append(
             f"{format_batch(seg.batch * s.seq_len)} at {seg.start_tokens:,.0f} tokens "
@@ -239,7 +243,7 @@ def rows(view: ScheduleView) -> list[dict[str, str]]:
         total = None if view.steps_done is None else view.steps_done + s.steps_left
         values = (
             s.name,
-            _ramps(s),
+            _ramps(s, view.constant.segments[0].batch),
             f"{s.steps_left:,}",
             NOT_KNOWN if total is None else f"{total:,}",
             hours_text(s.seconds_left),
