@@ -621,14 +621,6 @@ def schedule_figure(
                     hoverinfo="skip",
                 )
             )
-    if len(run_x):
-        x = [*np.asarray(run_x, float).tolist(), now]
-        y = [*np.asarray(run_y, float).tolist(), float(run_y[-1])]
-        fig.add_trace(
-            go.Scatter(
-                x=x, y=y, mode="lines", name="run so far", line=dict(color=PALETTE[0], shape="hv")
-            )
-        )
     for name, pts, color, dash in (
         ("projected", projected, PALETTE[2], "solid"),
         ("hand plan", plan, PALETTE[1], "dash"),
@@ -640,6 +632,18 @@ def schedule_figure(
                     x=x, y=y, mode="lines", name=name, line=dict(color=color, width=2, dash=dash)
                 )
             )
+    if len(run_x):  # last, on top: a plan that matches the run so far must not hide it
+        x = [*np.asarray(run_x, float).tolist(), now]
+        y = [*np.asarray(run_y, float).tolist(), float(run_y[-1])]
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=y,
+                mode="lines",
+                name="run so far",
+                line=dict(color=PALETTE[0], width=3, shape="hv"),
+            )
+        )
     _vertical(fig, "budget", budget, "#000000", "solid")
     _vertical(fig, "now", now, "#7f7f7f", "dot")
     levels = sorted(
