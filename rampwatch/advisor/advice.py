@@ -5,7 +5,9 @@ Owns `RunningTier` (the run as it is now: its tier, sequence length and device c
 per-device batches that ran out of memory), `advise` (policy + noise-scale estimates + memory
 evidence + the latest trial's calibration + the running tier → one `Advice`: the decision, what
 it rests on, the tiers with their LR and effect, notes), `TrialEvidence` (what a finished trial
-says of the noise scale) and `Advice.refusal` (why a tier cannot run). The monitor's auto mode and its check of an
+says of the noise scale), `Advice.refusal` (why a tier cannot run) and `Advice.advice_for` (the
+tier of any one factor, chosen as the offered ones are: the schedule's ramps and a hand plan's
+steps). The monitor's auto mode and its check of an
 approved command (monitor/ramp_protocol.py) and the dashboard's card (dashboard/recommend.py) all call
 these, so they cannot disagree: given the same rows, the same advice.
 
@@ -178,6 +180,12 @@ def _evidence_words(policy: RampPolicy, trial: TrialEvidence | None, now: int | 
     return NOISE_ONLY
 
 
+def _reads_critical(policy: RampPolicy, c: float | None) -> bool:
+    """The values are read as the critical batch itself: calibrated by a trial, or the trial
+    gate (RampPolicy.decide's `critical`)."""
+    return c is not None or policy.gate == "trial"
+
+
 def _translated(values, c: float | None):
     """The series × c (None stays None): the noise-scale trend as the critical batch."""
     if values is None or c is None:
@@ -215,11 +223,37 @@ class Advice:
     notes: list[str] = field(default_factory=list)  # what the advice could not judge, and why
     evidence: str = NOISE_ONLY  # what the decision rests on, in words (the card's line)
     trial: TrialEvidence | None = None  # the latest finished trial, when there is one
+    knows_lr: bool = True  # the run recorded its original LR (else no new base LR)
 
     @property
     def suggested(self) -> TierAdvice | None:
         """The tier of the policy's ramp (×factor): what auto applies and the card offers first."""
         return next((t for t in self.tiers if t.option.factor == self.policy.factor), None)
+
+    @property
+    def calibration(self) -> float | None:
+        """c of the latest trial (critical batch ≈ c × B_simple); None: the noise scale alone."""
+        return self.trial.coefficient if self.trial is not None else None
+
+    @property
+    def critical(self) -> bool:
+        """The decision reads the (calibrated) noise scale as the critical batch."""
+        return _reads_critical(self.policy, self.calibration)
+
+    def advice_for(self, factor: int) -> TierAdvice:
+        """×factor of the running batch as advise() advises it: its own tier when it offered
+        that factor, else the same choice made for this factor alone."""
+        mine = next((t for t in self.tiers if t.option.factor == factor), None)
+        if mine is not None:
+            return mine
+        [o] = _options(
+            self.policy, self.current, self.memory.infeasible, self.memory_model, (factor,)
+        )
+        return _tier_advice(self.policy, self.current, o, self.decision, self.knows_lr)
+
+    def option_for(self, factor: int) -> TierOption:
+        """The tier advise() chooses for ×factor of the running batch."""
+        return self.advice_for(factor).option
 
     def refusal(self, tier: Tier) -> str | None:
         """Why this tier (per-device batch × accumulation; the world is the run's) cannot run
@@ -273,7 +307,7 @@ def advise(
         _translated(gns_lower, c),
         current.batch,
         since_step,
-        critical=c is not None or policy.gate == "trial",
+        critical=_reads_critical(policy, c),
         subject="The noise scale" if c is None else "The calibrated noise scale",
     )
     now = int(max(gns_steps)) if len(gns_steps) else None
@@ -287,18 +321,9 @@ def advise(
         )
     else:
         usable = usable_bytes(current.capacity_bytes, policy.margin)
-    b_noise = decision.evidence.noise_scale
-    band_top = policy.band_cost()["batch_high"]  # the LR note: only for a tier past the band
     tiers = [
-        TierAdvice(
-            o,
-            policy.new_base_lr(o.tier.batch) if knows_lr else None,
-            noise_scale_warning(o.tier.batch, b_noise, band_top) if b_noise else None,
-            predicted_effect(current.batch, o.tier.batch, b_noise)
-            if b_noise and b_noise > 0
-            else None,
-        )
-        for o in _options(policy, current, memory.infeasible, model)
+        _tier_advice(policy, current, o, decision, knows_lr)
+        for o in _options(policy, current, memory.infeasible, model, _advised_factors(policy))
     ]
     return Advice(
         policy,
@@ -312,15 +337,33 @@ def advise(
         notes,
         _evidence_words(policy, trial, now),
         trial,
+        knows_lr,
     )
 
 
-def _options(
-    policy: RampPolicy, cur: RunningTier, infeasible, model: MemoryModel | None
-) -> list[TierOption]:
+def _tier_advice(
+    policy: RampPolicy, current: RunningTier, o: TierOption, decision: Recommendation, knows_lr
+) -> TierAdvice:
+    """A candidate tier with its new base LR, LR note and predicted effect."""
+    b_noise = decision.evidence.noise_scale
+    band_top = policy.band_cost()["batch_high"]  # the LR note: only for a tier past the band
+    return TierAdvice(
+        o,
+        policy.new_base_lr(o.tier.batch) if knows_lr else None,
+        noise_scale_warning(o.tier.batch, b_noise, band_top) if b_noise else None,
+        predicted_effect(current.batch, o.tier.batch, b_noise) if b_noise and b_noise > 0 else None,
+    )
+
+
+def _advised_factors(policy: RampPolicy) -> tuple[int, ...]:
+    """The offered factors, then the auto ramp's if it is not among them."""
     factors = tuple(policy.offered_factors)
-    if policy.factor not in factors:
-        factors += (policy.factor,)
+    return factors if policy.factor in factors else (*factors, policy.factor)
+
+
+def _options(
+    policy: RampPolicy, cur: RunningTier, infeasible, model: MemoryModel | None, factors
+) -> list[TierOption]:
     seq, t = cur.seq_len or 1, cur.tier
     if model is not None and cur.capacity_bytes:
         return candidate_tiers(

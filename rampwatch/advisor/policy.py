@@ -128,6 +128,16 @@ class RampPolicy:
             + ("; auto ramps only through a passing trial" if self.gate == "trial" else "")
         )
 
+    def critical_scale(self, critical: bool) -> int:
+        """What the ramp point is multiplied by when the values estimate the critical batch
+        itself (`decide`'s `critical`): the factor, so the new batch is at most B_crit."""
+        return self.factor if critical else 1
+
+    def ramp_point(self, batch: float, critical: bool = False) -> float:
+        """The noise scale (or, critical, the critical batch) at which `decide` ramps a run at
+        `batch`: ramp_at × batch, × factor when critical. advisor/schedule.py projects it."""
+        return self.ramp_at * self.critical_scale(critical) * float(batch)
+
     def trial_interval(self, delta_tokens: int) -> int:
         """Gate "trial": tokens from one trial's start to the next that the evidence did not call."""
         return self.trial_interval_tokens or TRIAL_INTERVAL_DELTAS * int(delta_tokens)
@@ -153,7 +163,7 @@ class RampPolicy:
         B_crit]; for B_crit the same ramp point is factor × ramp_at × B, so the new batch is at
         most the critical batch (Merrill et al.'s warmup: double B once B* > 2B). subject: what
         the verdict's sentences call the values ("The calibrated noise scale" after a trial)."""
-        scale = self.factor if critical else 1
+        scale = self.critical_scale(critical)
         return ramp_decision(
             steps,
             b_noise,

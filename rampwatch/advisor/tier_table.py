@@ -23,7 +23,7 @@ from rampwatch.advisor.memory import GB
 from rampwatch.advisor.throughput import UNKNOWN, ThroughputModel, TierSpeed
 from rampwatch.advisor.tiers import Tier
 
-__all__ = ["TierRow", "tier_rows", "COLUMNS", "cells", "text_table"]
+__all__ = ["TierRow", "tier_rows", "COLUMNS", "NOT_KNOWN", "cells", "hours_text", "text_table"]
 
 RUNNING, FITS, NO_FIT = "running", "fits", "does not fit"
 
@@ -214,7 +214,8 @@ def _seconds(s: float | None) -> str:
     return NOT_KNOWN if s is None else f"{s:.2f}" if s < 10 else f"{s:.1f}"
 
 
-def _hours(s: float | None) -> str:
+def hours_text(s: float | None) -> str:
+    """Seconds as hours: 0.25, 31.2; "unknown" for None."""
     return NOT_KNOWN if s is None else f"{s / 3600:.2f}" if s < 3600 else f"{s / 3600:.1f}"
 
 
@@ -237,7 +238,7 @@ def cells(row: TierRow) -> dict[str, str]:
         _num(row.tokens_per_step, ","),
         _num(row.total_steps, ","),
         _num(row.steps_left, ","),
-        _hours(row.eta_s),
+        hours_text(row.eta_s),
         f"{row.lr_multiplier:.3f}",
         _num(row.new_base_lr, ".3g"),
         _source(s),

@@ -9,7 +9,9 @@ ramp command's state (pending → applied at step N, or refused with the reason)
 LR change where the run did not carry it out (the monitor's LR check), and the buttons. Stable
 widget keys for tests and the browser test:
 "approve" (label starts with "Approve"; primary only when the advisor says "Ramp now", else
-"Approve early" behind the "override" checkbox), "reject", "cancel_command", "tier_choice", and the
+"Approve early" behind the "override" checkbox; "Approve hand-plan step" for a tier that carries
+out a due step of the operator's hand plan, dashboard/run_schedule.py, chosen by default and
+needing no override: the plan was the operator's call), "reject", "cancel_command", "tier_choice", and the
 operator's "rw_operator" (name) and "rw_token" (the operator token, dashboard/guard.py).
 Read-only mode and runs that are not running draw the same card with no buttons; a run that
 is not running gets "Not running" for its verdict and no forecast, a running one the advisor's
@@ -61,6 +63,7 @@ ERROR_SECONDS = 30.0
 SENDING = "rw_sending"  # an approval the callback recorded and the card has not sent yet
 SEND_GIVE_UP_SECONDS = 60.0  # an approval still unsent after this is dropped, with a reason
 CLICK_SEEN = "rw_click_seen"  # the Approve callback ran in this rerun
+PLAN_OFFERED = "rw_plan_offered"  # the hand-plan tier last chosen for the operator
 
 OPERATOR, TOKEN = "rw_operator", "rw_token"  # the fields' widget keys
 KEPT = {OPERATOR: "rw_kept_operator", TOKEN: "rw_kept_token"}  # their values, for the session
@@ -289,9 +292,13 @@ def _chosen(card: Card) -> TierView | None:
     if not card.tiers:
         return None
     labels = [v.label for v in card.tiers]
-    default = labels.index(card.suggested.label) if card.suggested else 0
-    if st.session_state.get("tier_choice") not in labels:
-        st.session_state["tier_choice"] = labels[default]
+    planned = [i for i, v in enumerate(card.tiers) if v.plan is not None]
+    default = planned[0] if planned else labels.index(card.suggested.label) if card.suggested else 0
+    state = st.session_state
+    if planned and state.get(PLAN_OFFERED) != labels[default]:  # a plan step just fell due
+        state[PLAN_OFFERED] = state["tier_choice"] = labels[default]
+    if state.get("tier_choice") not in labels:
+        state["tier_choice"] = labels[default]
     label = st.radio("Tier", labels, key="tier_choice", horizontal=True)
     return card.tiers[labels.index(label)]
 
@@ -349,6 +356,8 @@ def _tier_detail(card: Card, v: TierView) -> None:
             text=f"predicted peak {format_gb(t.predicted_peak_bytes)} of "
             f"{format_gb(cap)} capacity (usable {format_gb(card.usable_bytes or cap)})",
         )
+    if v.plan is not None:
+        st.caption(f"This tier carries out {v.plan}: your plan, approved step by step.")
     if v.lr_warning:  # a note on this tier, not a second verdict beside the card's
         st.caption(f"Note on this tier: {v.lr_warning}.")
     if not t.fits:
@@ -480,7 +489,8 @@ def _controls(card: Card, v: TierView | None, db, run_id: str, trial: TrialCard 
             if open_cmd
             else _trial_busy(trial)
         )
-        ready = card.decision is not None and card.decision.ready
+        # a hand-plan step is the operator's own call, made when the plan was typed
+        ready = v.plan is not None or (card.decision is not None and card.decision.ready)
         if not ready and blocked is None:  # an operator's override: it must look like one
             early = _clause(card.decision.status) if card.decision else "no recommendation yet"
             if not st.checkbox(
@@ -491,7 +501,9 @@ def _controls(card: Card, v: TierView | None, db, run_id: str, trial: TrialCard 
                 blocked = "tick the override first: the advisor says not yet"
         args = (db, run_id, v.payload(), label, _approval_key(card, v), blocked)
         clicked = cols[0].button(
-            f"Approve ramp to {label} (batch {t.tier.batch:,})"
+            f"Approve hand-plan step: ramp to {label} (batch {t.tier.batch:,})"
+            if v.plan is not None
+            else f"Approve ramp to {label} (batch {t.tier.batch:,})"
             if ready
             else f"Approve early: ramp to {label} (batch {t.tier.batch:,})",
             key="approve",

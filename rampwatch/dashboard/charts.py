@@ -1,7 +1,8 @@
 """Plotly figures the pages draw, built from plain arrays and `Buckets` (no store, no Streamlit).
 
 Owns: every figure of the live page (loss, gradient norm, noise scale vs batch, memory vs
-capacity with tier lines, throughput/MFU, a ramp trial's arms), the compare overlay, and the shared pieces: a
+capacity with tier lines, throughput/MFU, a ramp trial's arms, the whole run's schedule), the
+compare overlay, and the shared pieces: a
 downsampled series as a min/max band plus a last-value line, non-finite values as markers
 (never gaps), and events as vertical markers with a hover label.
 
@@ -9,6 +10,8 @@ Trace names are part of the contract with the tests (tests/test_pages_live.py re
 figure JSON): "<label>" for a series' line, "<label> range" for its band, "<label> non-finite"
 for its markers, "events" for the event hover trace; event lines are layout shapes named
 "event:<kind>". The noise chart adds "90% interval" (its band's two edges) and "lower bound only".
+The schedule chart's traces are "run so far", "projected", "projected range" (its band's two
+edges), "hand plan"; its vertical lines are the shapes "budget" and "now".
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import plotly.graph_objects as go
 
+from rampwatch.advisor.hand_plan import format_batch
 from rampwatch.advisor.memory import GB
 from rampwatch.dashboard.buckets import Buckets
 from rampwatch.dashboard.smoothing import debiased_ema
@@ -566,3 +570,102 @@ def trial_figure(points: Sequence) -> go.Figure:
                     )
                 )
     return fig
+
+
+# ---- the whole run's schedule (issue 27) -----------------------------------------------------
+
+
+def step_xy(points: Sequence[tuple[float, float]], end: float) -> tuple[list, list]:
+    """A step line through (start, value) points, each value held until the next start and the
+    last until `end`: the corners drawn, so two such lines can be filled between."""
+    xs, ys = [], []
+    for i, (start, value) in enumerate(points):
+        stop = points[i + 1][0] if i + 1 < len(points) else end
+        xs += [start, stop]
+        ys += [value, value]
+    return xs, ys
+
+
+def schedule_figure(
+    run_x: Sequence[float],
+    run_y: Sequence[float],
+    now: float,
+    budget: float,
+    projected: Sequence[tuple[float, float]] | None = None,
+    early: Sequence[tuple[float, float]] | None = None,
+    late: Sequence[tuple[float, float]] | None = None,
+    plan: Sequence[tuple[float, float]] | None = None,
+) -> go.Figure:
+    """Batch (tokens per step) against tokens seen, as step lines: the run so far as logged
+    (each step from where it began), the projected schedule from now to the budget with the
+    band between its early and late forms, the hand plan dashed over the whole budget, and the
+    budget and now as vertical lines. Schedules are (start tokens, batch tokens) points."""
+    title = "Schedule: batch vs tokens seen"
+    if not len(run_x) and not projected and not plan:
+        return empty_figure(title, "no batch or schedule to draw yet")
+    fig = _base(title, "batch (tokens per step)", "tokens seen")
+    if early and late:
+        for i, pts in enumerate((late, early)):
+            x, y = step_xy(pts, budget)
+            fig.add_trace(
+                go.Scatter(
+                    x=x,
+                    y=y,
+                    mode="lines",
+                    line=dict(width=0),
+                    fill="tonexty" if i else None,
+                    fillcolor=_rgba(PALETTE[2], 0.2),
+                    name="projected range",
+                    legendgroup="projected range",
+                    showlegend=bool(i),
+                    hoverinfo="skip",
+                )
+            )
+    for name, pts, color, dash in (
+        ("projected", projected, PALETTE[2], "solid"),
+        ("hand plan", plan, PALETTE[1], "dash"),
+    ):
+        if pts:
+            x, y = step_xy(pts, budget)
+            fig.add_trace(
+                go.Scatter(
+                    x=x, y=y, mode="lines", name=name, line=dict(color=color, width=2, dash=dash)
+                )
+            )
+    if len(run_x):  # last, on top: a plan that matches the run so far must not hide it
+        x = [*np.asarray(run_x, float).tolist(), now]
+        y = [*np.asarray(run_y, float).tolist(), float(run_y[-1])]
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=y,
+                mode="lines",
+                name="run so far",
+                line=dict(color=PALETTE[0], width=3, shape="hv"),
+            )
+        )
+    _vertical(fig, "budget", budget, "#000000", "solid")
+    _vertical(fig, "now", now, "#7f7f7f", "dot")
+    levels = sorted(
+        {float(v) for pts in (projected, early, late, plan) if pts for _, v in pts}
+        | {float(v) for v in run_y}
+    )
+    fig.update_yaxes(type="log", tickvals=levels, ticktext=[format_batch(v) for v in levels])
+    return fig
+
+
+def _vertical(fig: go.Figure, name: str, x: float, color: str, dash: str) -> None:
+    fig.add_shape(
+        type="line",
+        x0=x,
+        x1=x,
+        xref="x",
+        yref="paper",
+        y0=0,
+        y1=1,
+        name=name,
+        line=dict(color=color, width=1.5, dash=dash),
+    )
+    fig.add_annotation(
+        x=x, y=1, xref="x", yref="paper", text=name, showarrow=False, yanchor="bottom"
+    )

@@ -21,7 +21,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rampwatch.advisor.advice import NOISE_ONLY, RunningTier, TrialEvidence, advise, memory_evidence
+from rampwatch.advisor.advice import (
+    NOISE_ONLY,
+    Advice,
+    RunningTier,
+    TierAdvice,
+    TrialEvidence,
+    advise,
+    memory_evidence,
+)
 from rampwatch.advisor.lr import rule_for
 from rampwatch.advisor.lr_check import CAUSE as LR_CHECK
 from rampwatch.advisor.memory import MemoryModel, format_gb
@@ -42,6 +50,7 @@ class TierView:
     new_base_lr: float | None
     lr_warning: str | None
     effect: Effect | None
+    plan: str | None = None  # a hand-plan step this tier carries out (dashboard/run_schedule.py)
 
     @property
     def fits(self) -> bool:
@@ -94,6 +103,8 @@ class Card:
     table: list[TierRow] = field(default_factory=list)  # advisor.tier_table's rows
     table_notes: list[str] = field(default_factory=list)  # what the table's figures assume
     lr_check: str | None = None  # the last ramp's LR change, where the run did not carry it out
+    advice: Advice | None = None  # what the card was built from (the schedule reads it too)
+    speeds: ThroughputModel | None = None  # the throughput model fitted for the table
 
     @property
     def awaiting_reread(self) -> bool:
@@ -284,13 +295,10 @@ def build_card(
         trial=latest_trial_evidence(trials),
     )
     problems += advice.notes
-    views = [
-        TierView(t.option, _label(t.option), t.new_base_lr, t.lr_warning, t.effect)
-        for t in advice.tiers
-    ]
+    views = [tier_view(t) for t in advice.tiers]
     newest = int(gns_steps[-1]) if len(gns_steps) else None
     last_step = _pos_int(run.get("last_step"))
-    table, table_notes = _table(advice, series, latest, config, knows_lr)
+    table, table_notes, speeds = _table(advice, series, latest, config, knows_lr)
     return Card(
         run_id,
         cur,
@@ -311,6 +319,8 @@ def build_card(
         table,
         table_notes,
         lr_check,
+        advice,
+        speeds,
     )
 
 
@@ -339,8 +349,8 @@ def card_of(snap) -> Card:
 
 
 def _table(advice, series: Mapping[str, Buckets], latest, config, knows_lr):
-    """The tier table's rows and what they assume: the throughput model fitted on the run's
-    per-step tier and tokens/s, the budget from the run config."""
+    """The tier table's rows, what they assume, and the throughput model fitted on the run's
+    per-step tier and tokens/s (None: nothing timed); the budget from the run config."""
     cur, notes = advice.current, []
     speeds = None
     per_step = aligned_steps(series, (M.PER_DEVICE_BATCH, M.ACCUM, M.TOKENS_PER_S), M.MFU)
@@ -348,14 +358,14 @@ def _table(advice, series: Mapping[str, Buckets], latest, config, knows_lr):
         measured = measure_tiers(*per_step, cur.tier.world_size)
         speeds = ThroughputModel.fit(measured, cur.seq_len, cur.tier.world_size)
         notes += speeds.notes
-    budget = _pos_int(_get(config, "total_tokens"))
+    budget = budget_of(config)
     if budget is None:
         notes.append(
             "steps and ETA unknown: the run records no token budget (run config "
             "total_tokens: the trainer's --total-tokens, Monitor.start(total_tokens=...))"
         )
     rows = tier_rows(advice, speeds, latest.get(M.TOKENS_SEEN), budget, knows_lr)
-    return rows, notes
+    return rows, notes, speeds
 
 
 def aligned_steps(series: Mapping[str, Buckets], names: Sequence[str], optional: str):
@@ -417,6 +427,19 @@ def step_rate(throughput: Buckets | None, cur: RunningTier) -> float | None:
     if not recent.size:
         return None
     return float(np.median(recent)) / (cur.batch * cur.seq_len)
+
+
+def tier_view(t: TierAdvice, plan: str | None = None) -> TierView:
+    """The card's view of one advised tier; `plan`: the hand-plan step it carries out."""
+    label = _label(t.option)
+    if plan is not None:
+        label = f"hand plan {label}"
+    return TierView(t.option, label, t.new_base_lr, t.lr_warning, t.effect, plan)
+
+
+def budget_of(config: Mapping | None) -> int | None:
+    """The run's token budget (run config `total_tokens`), None when it records none."""
+    return _pos_int(_get(config, "total_tokens"))
 
 
 def _label(o: TierOption) -> str:
@@ -497,7 +520,7 @@ def trial_offer(config: Mapping | None, latest: Mapping[str, float], refusal: st
     return TrialOffer(
         TRIAL_FACTORS,
         _pos_int(_get(config, "trial_delta_tokens")),
-        _pos_int(_get(config, "total_tokens")),
+        budget_of(config),
         tps,
         refusal,
     )

@@ -4,8 +4,10 @@ Thin page: dashboard/live_data.py fetches (incrementally, inside an st.fragment 
 seconds while the run is live), dashboard/recommend.py decides, dashboard/charts.py and dashboard/card.py draw.
 Charts: loss (raw faint + debiased EMA, validation), gradient norm, noise scale vs batch,
 memory vs capacity with each tier's predicted peak, tokens/s and MFU; events on every chart.
-The ramp trials' section under the card (latest trial, its arms' chart, earlier trials). Below
-them the events, and the run's refused writes (when there are any).
+Under the card the schedule (dashboard/run_schedule.py builds, schedule_section.py draws: the
+projected ramps, a hand plan kept in the URL, steps and hours), then the ramp trials' section
+(latest trial, its arms' chart, earlier trials). Below them the events, and the run's refused
+writes (when there are any).
 """
 
 from __future__ import annotations
@@ -15,7 +17,14 @@ import time
 import streamlit as st
 
 from rampwatch.dashboard import card as card_view
-from rampwatch.dashboard import charts, live_data, recommend, store_access
+from rampwatch.dashboard import (
+    charts,
+    live_data,
+    recommend,
+    run_schedule,
+    schedule_section,
+    store_access,
+)
 from rampwatch.store import names as M
 from rampwatch.store.naming import display_name
 
@@ -175,6 +184,8 @@ def live_view() -> None:
         st.info(f"Could not refresh: {e}")
         return
     card = recommend.card_of(snap)
+    schedule = run_schedule.build_schedule(snap, card, schedule_section.plan_text(snap.run.run_id))
+    card = run_schedule.with_plan_step(card, schedule)  # a due hand-plan step, under Approve
     with top:
         _header(snap)
     if snap.busy:  # the status line is always there, so the elements below keep their places
@@ -188,6 +199,7 @@ def live_view() -> None:
         snap.trial_points,
     )
     card_view.render(card, db=db, run=snap.run, read_only=read_only, trial=trial)
+    schedule_section.render(schedule, run_id=snap.run.run_id)
     card_view.render_trial(trial, run=snap.run)
     _charts(snap, card)
     _events_table(snap)

@@ -1,0 +1,115 @@
+"""The live page's schedule section, drawn: the chart (charts.schedule_figure), the steps and
+hours table (dashboard/run_schedule.py `rows`), and the hand plan's text field.
+
+The plan's text is kept in the page's address (`?run=ID&plan=TEXT`, st.query_params), so a
+reload or a shared link brings it back. It is the browser's: nothing of it is stored in the
+database, and another browser sees only its own. The field starts from the address when the
+address names this run (or no run), and is kept per run for the session. A step of the plan the
+run has reached is offered on the card (run_schedule.with_plan_step); this section says so.
+Keys: the field "rw_plan:<run id>", "chart_schedule", "schedule_table".
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from rampwatch.dashboard import charts, run_schedule
+from rampwatch.dashboard.run_schedule import ScheduleView
+
+PLAN_PARAM, RUN_PARAM = "plan", "run"  # the address's query parameters
+EXAMPLE = "2M → 4M at 70% → 8M at 90%"
+
+
+def _key(run_id: str) -> str:
+    return f"rw_plan:{run_id}"
+
+
+def plan_text(run_id: str) -> str:
+    """The hand plan as typed for this run: the session's, else the address's."""
+    key, q = _key(run_id), st.query_params
+    if key not in st.session_state:
+        st.session_state[key] = q.get(PLAN_PARAM, "") if q.get(RUN_PARAM) in (None, run_id) else ""
+    return st.session_state[key]
+
+
+def _keep_in_url(run_id: str) -> None:
+    text = (st.session_state.get(_key(run_id)) or "").strip()
+    if text:
+        st.query_params[PLAN_PARAM] = text
+        st.query_params[RUN_PARAM] = run_id
+    elif PLAN_PARAM in st.query_params:
+        del st.query_params[PLAN_PARAM]
+
+
+def _figure(view: ScheduleView):
+    p, plan = view.projection, view.plan
+    return charts.schedule_figure(
+        view.run_x,
+        view.run_y,
+        view.now_tokens,
+        view.budget,
+        p.central.points() if p else None,
+        p.early.points() if p else None,
+        p.late.points() if p else None,
+        plan.points() if plan else None,
+    )
+
+
+def render(view: ScheduleView, *, run_id: str) -> None:
+    st.subheader("Schedule")
+    with st.container(border=True):
+        for problem in view.problems:
+            st.info(problem, icon=":material/info:")
+        if view.constant is None:
+            return
+        st.plotly_chart(_figure(view), key="chart_schedule")
+        st.dataframe(
+            run_schedule.rows(view),
+            hide_index=True,
+            key="schedule_table",
+            column_config={"why unknown": st.column_config.TextColumn(width="large")},
+        )
+        p = view.projection
+        if p is not None:
+            st.caption(
+                "Projected: the noise scale extrapolated as a power of the tokens seen "
+                f"({'; '.join(p.notes)}). A ramp where it reaches the ramp point. The range is "
+                "the fit's slope ± 1.645 standard errors (early: steeper, late: flatter): it "
+                "takes correlated estimates for independent ones and is narrower than the truth; "
+                "a noise scale that levels off comes later than projected, or never. Hours from "
+                "the tier table's throughput."
+            )
+        _plan_field(view, run_id)
+
+
+def _plan_field(view: ScheduleView, run_id: str) -> None:
+    st.text_input(
+        "Hand plan",
+        key=_key(run_id),
+        placeholder=EXAMPLE,
+        on_change=_keep_in_url,
+        args=(run_id,),
+        help="batches in tokens per step (K = 1,024, M = 1,024²) or sequences ('1024 seq'); "
+        "points 'at N%' of the token budget, 'at N tokens' or 'at N steps'",
+    )
+    if view.plan_error:
+        st.error(f"Hand plan not read: {view.plan_error}", icon=":material/error:")
+    elif view.plan is not None:
+        st.caption(f"Read as: {view.plan.words()}.")
+    due = view.due
+    if due is not None:
+        words = due.words(view.plan)
+        if due.tier is not None:
+            o = due.tier.option
+            st.info(
+                f"{words[0].upper()}{words[1:]} is due: the card offers it as ×{o.factor:g}, "
+                f"{o.tier.per_device_batch} × {o.tier.accum}, under Approve.",
+                icon=":material/event_available:",
+            )
+        else:
+            st.warning(f"{words[0].upper()}{words[1:]} is due, but {due.why_not}.")
+    st.caption(
+        "The plan is kept in this page's address, so a reload or a shared link keeps it; it is "
+        "this browser's, not stored in the database. Each step is approved on the card when the "
+        "run reaches it."
+    )
