@@ -25,6 +25,7 @@ from rampwatch.dashboard.store_access import (
     buckets_from,
     event_dict,
     plan_dict,
+    refresh_series,
 )
 from rampwatch.store import commands as store_commands
 from rampwatch.store import names as M
@@ -123,14 +124,8 @@ class LiveState:
             run = reader.get_run(run_id)
             evs = [event_dict(e) for e in reader.events(run_id) if e.kind != M.EVENT_TRIAL_ARM]
             epoch = sum(1 for e in evs if e["kind"] == M.EVENT_RESUME)
-            out = {}
-            for name, cache in self.caches.items():
-
-                def fetch(since, width, name=name):
-                    self.fetches += 1
-                    return buckets_from(reader.series(run_id, name, width=width, since_step=since))
-
-                out[name] = cache.refresh(fetch, run.last_step, epoch)
+            out = refresh_series(reader, run_id, self.caches, run.last_step, epoch)
+            self.fetches += len(out)  # one fetch per cache
             gsteps, gvals, glower = self._gns_window(reader, run_id, run.last_step, epoch)
             plan = [plan_dict(p) for p in reader.memory_plan(run_id)]
             trials = reader.trials(run_id)
