@@ -31,3 +31,24 @@ def test_bench_runs_small(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert "| refresh after 5 new steps |" in out.stdout
     assert "| refresh while a ramp command is open |" in out.stdout
+
+
+def test_team_bench_runs_small(tmp_path):
+    """--runs: a team's database built through RunWriter, every figure measured in a child."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            "bench/dashboard_bench.py",
+            *("--runs", "2", "--run-steps", "40", "--reps", "1", "--page-reps", "1"),
+            *("--dir", str(tmp_path)),
+        ],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    for row in ("Runs page, first load", "Compare, rerun after 5 new steps of the live run"):
+        assert f"| {row} | " in out.stdout, out.stdout
+    assert "| 2 runs after |" in out.stdout
