@@ -126,8 +126,8 @@ def _curve(at, name):
 
 def test_curves_in_one_session_and_a_refresh_reads_only_what_changed(db_path, monkeypatch):
     """Compare's curves of every chosen run come from one read session; after new steps of one
-    run, the next load reads only that run, from its last bucket on; a resumed run is read again
-    whole."""
+    run, the next load reads only that run, from its last bucket on; a resumed run, or one
+    deleted and made again under its id, is read again whole."""
     done = seed.team(db_path, 3, steps=200)
     live = seed.live_run(db_path, name="live")
     try:
@@ -171,3 +171,13 @@ def test_curves_in_one_session_and_a_refresh_reads_only_what_changed(db_path, mo
     curve = _curve(at, "r00")
     assert curve["x"][-1] == 149 and curve["y"][-1] == 9.0  # the resumed history, not the old
     assert caches[(done[0], "loss")].fetches[-1][0] == 0  # read again whole
+
+    store.delete_run(db_path, done[1])  # and made again under its id, longer than before
+    w = store.RunWriter.start(db_path, "r01", run_id=done[1], handle_sigterm=False)
+    for s in range(250):
+        w.log(s, {"loss": 7.0})
+    assert w.close()
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    curve = _curve(at, "r01")
+    assert curve["x"][-1] == 249 and set(curve["y"]) == {7.0}  # none of the deleted run's

@@ -7,10 +7,10 @@ Owns: where the database path and read-only flag come from (`rampwatch dashboard
 RAMPWATCH_READ_ONLY); turning store errors into a message a page can show (`db_problem`);
 st.cache_data reads keyed on the file's version token (its and its WAL's size and mtime), or,
 for reads of chosen runs, on each run's `run_version`, so a finished run is read once and a
-live one on every change; what a page shows for many runs read in one session whatever their
+live one on every change; what a page shows for many runs, read in one session whatever their
 number (the Runs page's summaries; the compare page's curves, kept per session as SeriesCaches
-and refreshed only for the runs that changed, as the live page refreshes its one); the command calls, each checked by
-guard.py and, when refused, recorded in the store with the client's address and counted
+and refreshed only for the runs that changed, as the live page refreshes its one run); the
+command calls, each checked by guard.py and, when refused, recorded in the store with the client's address and counted
 against the client (guard.THROTTLE); and the notes on dead writers' waiting spools. The live
 page's incremental refresh builds on these in dashboard/live_data.py. Pages never call store/
 directly.
@@ -232,8 +232,8 @@ def run_version(run) -> tuple:
     """Changes whenever rows of this run are added or removed: every ingest moves its last step
     or heartbeat (a live writer's) or its status (recovery closes a dead writer's run; a resume
     reopens one). The key of the reads of one run, so a live run's writes leave the others'
-    cached."""
-    return (run.stored_status, run.last_step, run.heartbeat, run.ended_at)
+    cached. Its first item, created_at, tells a run deleted and made again under its id."""
+    return (run.created_at, run.stored_status, run.last_step, run.heartbeat, run.ended_at)
 
 
 def _versions(runs) -> tuple:
@@ -308,6 +308,9 @@ def run_series(
         del versions[rid]
     stale = []
     for r in runs:
+        if versions.get(r.run_id, (r.created_at,))[0] != r.created_at:  # another run, same id
+            for key in [k for k in caches if k[0] == r.run_id]:
+                del caches[key]
         new = [n for n in names if (r.run_id, n) not in caches]
         for n in new:
             caches[(r.run_id, n)] = SeriesCache(buckets)
