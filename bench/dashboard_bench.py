@@ -18,6 +18,19 @@ Streamlit: its constants are imported from there, and tests/test_dashboard_bench
 fetches stay in step.
 `page` renders the live page with AppTest (the real app.py and pages, figures serialized), first
 run and reruns (a rerun is one refresh of an open session).
+
+A team's database, many runs of 2,000 steps x 20 metrics (issue 29), before and after a change:
+
+    python -m bench.dashboard_bench --runs 10,100,1000 --before ../old-checkout --reps 5
+
+builds out/dashboard-runs/runs-NxS.duckdb once per size (each a copy of the smaller one topped
+up, written by the --before checkout so both can read it) and measures each version in its own
+process on its own copy: the store's query patterns (a connect; one run's series; 10 runs'
+curves a connect each and in one session; the latest loss of every run), the Runs page and the
+compare page with 10 runs (one of them live: resumed, 5 new steps before each refresh) rendered
+by AppTest after a warm-up on a one-run file (first load with empty caches, then reruns), and
+the live page's query plan on the live run. The first open of the copy is timed too (a newer
+version upgrades the file there).
 """
 
 from __future__ import annotations
@@ -26,6 +39,7 @@ import argparse
 import math
 import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -264,6 +278,271 @@ def bench_page(db: Path, reps: int) -> None:
     print(f"| rerun (one refresh) | {_stats(reruns)} |")
 
 
+# ------------------------------------------------------------ a team's database: many runs
+
+RUN_STEPS = 2000  # the issue's shape: 2,000 steps x 20 metrics per run
+RUNS_DIR = REPO / "out" / "dashboard-runs"
+COMPARED = 10  # runs on the compare page
+
+
+def _team_run(db: Path, i: int, steps: int) -> None:
+    """Run i of a team's database: `steps` steps x 20 metrics through RunWriter, then finished.
+    Every 7th run has an alert that counts lost records (the Runs page's 'lost records')."""
+    w = RunWriter.start(
+        db,
+        name=f"run-{i:04d}",
+        config={"per_device_batch": 8 << (i % 4), "accum": 2, "lr": 3e-4 * (1 + i % 5), "seed": i},
+        device="NVIDIA H200",
+        capacity_bytes=141_000_000_000,
+        world_size=1,
+        handle_sigterm=False,
+        flush_interval=3600,  # one ingest at close
+    )
+    vals = _values(np.arange(steps))
+    vals[M.LOSS] = vals[M.LOSS] * (1 + 0.001 * i)
+    cols = [vals[n] for n in METRICS_20]
+    for j in range(steps):
+        w.log(j, {n: c[j] for n, c in zip(METRICS_20, cols, strict=True)})
+    for s in range(0, steps, 500):
+        w.event(M.EVENT_CHECKPOINT, f"checkpoint at {s}", step=s)
+    if i % 7 == 3:
+        w.event(M.EVENT_ALERT, "records dropped", step=steps // 2, data={"dropped": i})
+    w.close("finished")
+
+
+def _remove(db: Path) -> None:
+    import shutil
+
+    for suffix in ("", ".wal", ".lock"):
+        Path(str(db) + suffix).unlink(missing_ok=True)
+    shutil.rmtree(str(db) + ".spool", ignore_errors=True)
+
+
+def build_team(db: Path, n_runs: int, steps: int, smaller: Path | None) -> None:
+    """db: n_runs runs, a copy of `smaller` (fewer runs built the same way) topped up."""
+    import shutil
+
+    _remove(db)
+    db.parent.mkdir(parents=True, exist_ok=True)
+    first = 0
+    if smaller is not None:
+        shutil.copyfile(smaller, db)
+        first = _file_facts(db)[0]
+    t0 = time.perf_counter()
+    for i in range(first, n_runs):
+        _team_run(db, i, steps)
+        if (i + 1) % 100 == 0:
+            print(f"  {db.name}: {i + 1} runs, {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    print(
+        f"built {db.name}: runs {first}..{n_runs - 1} in {time.perf_counter() - t0:.0f} s "
+        f"({os.path.getsize(db) / 1e6:.0f} MB)",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _file_facts(db: Path) -> tuple[int, int]:
+    """(runs, schema version) read with duckdb itself: looking upgrades nothing."""
+    import duckdb
+
+    with duckdb.connect(str(db), read_only=True) as con:
+        [(runs,)] = con.execute("SELECT count(*) FROM runs").fetchall()
+        [(version,)] = con.execute("SELECT max(version) FROM rampwatch_schema").fetchall()
+    return int(runs), int(version)
+
+
+def _python(code: Path, *args: str, timeout: float = 7200) -> str:
+    """This file run on the rampwatch of checkout `code`; its stdout."""
+    env = {**os.environ, "PYTHONPATH": str(code), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(
+        [sys.executable, __file__, *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"{' '.join(args)} on {code} failed:\n{out.stderr[-3000:]}")
+    return out.stdout
+
+
+def team_base(root: Path, n_runs: int, steps: int, code: Path, smaller: Path | None) -> Path:
+    """root/runs-NxS.duckdb, written by checkout `code` (the oldest compared, so that every
+    version reads it; a newer one upgrades its copy when it first opens it). Built once."""
+    db = root / f"runs-{n_runs}x{steps}.duckdb"
+    version = int(_python(code, "--code-version").strip())
+    if not (db.exists() and _file_facts(db) == (n_runs, version)):
+        _python(
+            code,
+            "--build-team",
+            str(n_runs),
+            "--run-steps",
+            str(steps),
+            "--into",
+            str(db),
+            *(["--smaller", str(smaller)] if smaller else []),
+        )
+    return db
+
+
+def _connect_only(db: Path) -> None:
+    from rampwatch.store import read_connection
+
+    with read_connection(db):
+        pass
+
+
+def _page_env(db: Path):
+    """Streamlit's AppTest set up on `db`, with what a running server has done once already
+    (imports, the first script runs of both pages) done on a one-run database beside it."""
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    import rampwatch
+
+    app = str(Path(rampwatch.__file__).parent / "dashboard" / "app.py")
+    sys.argv = ["app.py"]
+    os.environ.pop("RAMPWATCH_READ_ONLY", None)
+    warm = db.parent / "warm-up.duckdb"
+    _remove(warm)
+    _team_run(warm, 0, 50)
+    os.environ["RAMPWATCH_DB"] = str(warm)
+    for page in ("views/runs.py", "views/compare.py"):
+        AppTest.from_file(app, default_timeout=120).switch_page(page).run()
+    _remove(warm)
+    st.cache_data.clear()
+    os.environ["RAMPWATCH_DB"] = str(db)
+    return st, AppTest, app
+
+
+def measure_team(db: Path, reps: int, page_reps: int) -> dict[str, list[float]]:
+    """Every figure of the team bench on `db`, with the rampwatch this process imports."""
+    out: dict[str, list[float]] = {}
+
+    def timed(what, fn, n=reps):
+        for _ in range(n):
+            t = time.perf_counter()
+            fn()
+            out.setdefault(what, []).append(time.perf_counter() - t)
+
+    r = Reader(db)
+    timed("first open (a newer version upgrades the file)", r.list_runs, n=1)
+    runs = r.list_runs()
+    ids = [x.run_id for x in runs]
+    compared = ids[:COMPARED]
+    timed("connect alone (store.read_connection)", lambda: _connect_only(db))
+    timed("series() of one run, 2,000 buckets", lambda: r.series(compared[1], M.LOSS))
+    timed("10 runs' loss curves, a connect each", lambda: [r.series(i, M.LOSS) for i in compared])
+
+    def one_session():
+        with r.session():
+            [r.series(i, M.LOSS) for i in compared]
+
+    timed("10 runs' loss curves, one session", one_session)
+    if hasattr(r, "metric_stats"):
+        timed("latest loss of every run", lambda: r.metric_stats([M.LOSS]))
+    else:  # one call per run, the only way there is
+        timed("latest loss of every run", lambda: [r.latest(i, [M.LOSS]) for i in ids], n=1)
+
+    st, AppTest, app = _page_env(db)
+    for _ in range(page_reps):
+        st.cache_data.clear()
+        at = AppTest.from_file(app, default_timeout=1800).switch_page("views/runs.py")
+        timed("Runs page, first load", at.run, n=1)
+        assert not at.exception, [e.message for e in at.exception]
+        [table] = [d.value for d in at.dataframe if "status" in d.value.columns]
+        assert len(table) == len(runs), (len(table), len(runs))
+        timed("Runs page, second load", at.run, n=1)
+
+    live = runs[0]  # resumed at its last step: new steps arrive while the pages refresh
+    w = RunWriter.start(
+        db,
+        run_id=live.run_id,
+        resume_step=live.last_step,
+        flush_interval=3600,
+        handle_sigterm=False,
+    )
+    last = live.last_step + 1
+
+    def append():
+        nonlocal last
+        _log(w, last, last + 5)
+        last += 5
+        w.flush(timeout=60)
+
+    try:
+        w.flush(timeout=60)
+        for _ in range(page_reps):
+            st.cache_data.clear()
+            at = AppTest.from_file(app, default_timeout=1800).switch_page("views/compare.py")
+            at.session_state["compare_runs"] = compared
+            timed("Compare, 10 runs (one live), first load", at.run, n=1)
+            assert not at.exception, [e.message for e in at.exception]
+            timed("Compare, rerun, nothing new", at.run, n=1)
+            for _ in range(reps):
+                append()
+                timed("Compare, rerun after 5 new steps of the live run", at.run, n=1)
+        for _ in range(reps):
+            timed("live page's series, first load", lambda: LiveMirror().tick(db, live.run_id), 1)
+        m = LiveMirror()
+        m.tick(db, live.run_id)
+        for _ in range(reps):
+            append()
+            timed(
+                "live page's series, refresh after 5 new steps", lambda: m.tick(db, live.run_id), 1
+            )
+    finally:
+        w.close("finished")
+    return out
+
+
+def _cell(xs: list[float] | None) -> str:
+    if not xs:
+        return "—"
+    return f"{statistics.median(xs) * 1e3:,.0f} ({len(xs)})"
+
+
+def bench_team(
+    root: Path, sizes: list[int], steps: int, before: Path | None, reps: int, page_reps: int
+):
+    """The team's database at each size: before (checkout `before`) and after (this checkout),
+    each on its own copy of the same file, in one run. Prints one markdown table."""
+    import json
+    import shutil
+
+    codes = [("before", before)] if before else []
+    codes.append(("after", REPO))
+    load0 = os.getloadavg()
+    results, smaller = {}, None
+    for n in sizes:
+        base = team_base(root, n, steps, codes[0][1], smaller)
+        smaller = base
+        for label, code in codes:
+            copy = root / f"{base.stem}.{label}.duckdb"
+            _remove(copy)
+            shutil.copyfile(base, copy)
+            print(f"measuring {label} on {copy.name}", file=sys.stderr, flush=True)
+            raw = _python(
+                code,
+                "--measure-team",
+                str(copy),
+                "--reps",
+                str(reps),
+                "--page-reps",
+                str(page_reps),
+            )
+            results[(n, label)] = json.loads(raw.strip().splitlines()[-1])
+            _remove(copy)
+    load1 = os.getloadavg()
+    rows = list(dict.fromkeys(k for res in results.values() for k in res))
+    cols = [(n, label) for n in sizes for label, _ in codes]
+    print(
+        f"\n### A team's database: runs of {steps:,} steps x 20 metrics "
+        f"(median ms, (n); {os.cpu_count()} cores, load average "
+        f"{load0[0]:.1f} before, {load1[0]:.1f} after)\n"
+    )
+    print("| what | " + " | ".join(f"{n:,} runs {label}" for n, label in cols) + " |")
+    print("|---|" + "---|" * len(cols))
+    for what in rows:
+        print(f"| {what} | " + " | ".join(_cell(results[c].get(what)) for c in cols) + " |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="100K steps instead of 1M")
@@ -272,7 +551,31 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--append", type=int, default=5, help="new steps between refreshes")
     ap.add_argument("--no-page", action="store_true", help="skip the AppTest page timing")
+    ap.add_argument("--runs", help="a team's database instead: run counts, e.g. 10,100,1000")
+    ap.add_argument("--run-steps", type=int, default=RUN_STEPS, help="steps of each such run")
+    ap.add_argument("--before", type=Path, help="with --runs: a checkout to measure too")
+    ap.add_argument("--dir", type=Path, default=RUNS_DIR, help="with --runs: where files go")
+    ap.add_argument("--page-reps", type=int, default=2, help="with --runs: cold page loads")
+    ap.add_argument("--build-team", type=int, help=argparse.SUPPRESS)  # the subprocesses'
+    ap.add_argument("--into", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--smaller", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--measure-team", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--code-version", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.code_version:
+        from rampwatch.store.schema import CURRENT_VERSION
+
+        return print(CURRENT_VERSION)
+    if a.build_team:
+        return build_team(a.into, a.build_team, a.run_steps, a.smaller)
+    if a.measure_team:
+        import json
+
+        return print(json.dumps(measure_team(a.measure_team, a.reps, a.page_reps)))
+    if a.runs:
+        sizes = [int(x) for x in a.runs.split(",")]
+        before = a.before.resolve() if a.before else None
+        return bench_team(a.dir, sizes, a.run_steps, before, a.reps, a.page_reps)
     steps = a.steps or (100_000 if a.quick else 1_000_000)
     db = a.db or Path(f"/tmp/rampwatch-bench/dashboard-{steps}.duckdb")
     found = None

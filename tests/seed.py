@@ -284,6 +284,24 @@ def h200_run(db, steps_per_tier: int = 40, name: str = "h200-seed") -> Seeded:
     return Seeded(Path(db), w.run_id, w, events=1)
 
 
+def team(db, n: int, steps: int = 20) -> list[str]:
+    """n short finished runs (a team's database), named r00, r01, …; batches 16, 32, 64, 128."""
+    return [finished_run(db, 16 << (i % 4), name=f"r{i:02d}", steps=steps) for i in range(n)]
+
+
+def count_connects(monkeypatch) -> list[str]:
+    """The path of every duckdb.connect from now on (the store opens a file only through it):
+    a hook that records each call and calls through."""
+    calls, real = [], duckdb.connect
+
+    def counted(database=":memory:", *args, **kw):
+        calls.append(str(database))
+        return real(database, *args, **kw)
+
+    monkeypatch.setattr(duckdb, "connect", counted)
+    return calls
+
+
 # ------------------------------------------------------------------------------ broken files
 
 
@@ -347,9 +365,11 @@ def app(
     page: str | None = None,
     timeout: float = 60,
     token: str | None = TOKEN,
+    first: str | None = None,
 ):
     """AppTest of the dashboard app on `db` (through RAMPWATCH_DB, as a deployment would), with
-    the server's operator token `token`, already run."""
+    the server's operator token `token`, already run (on the page `first`, default the live
+    page; then on `page`, if given)."""
     from streamlit.testing.v1 import AppTest
 
     monkeypatch.setenv("RAMPWATCH_DB", str(db))
@@ -361,7 +381,10 @@ def app(
         monkeypatch.setenv("RAMPWATCH_READ_ONLY", "1")
     else:
         monkeypatch.delenv("RAMPWATCH_READ_ONLY", raising=False)
-    at = AppTest.from_file(str(APP), default_timeout=timeout).run()
+    at = AppTest.from_file(str(APP), default_timeout=timeout)
+    if first is not None:
+        at.switch_page(first)
+    at.run()
     if page is not None:
         at.switch_page(page).run()
     return at

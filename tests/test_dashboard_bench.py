@@ -9,25 +9,30 @@ import sys
 from tests.procs import REPO, child_env
 
 
-def test_bench_runs_small(tmp_path):
+def _bench(*args: str, timeout: float) -> str:
     out = subprocess.run(
-        [
-            sys.executable,
-            "bench/dashboard_bench.py",
-            "--steps",
-            "3000",
-            "--reps",
-            "3",
-            "--no-page",
-            "--db",
-            str(tmp_path / "b.duckdb"),
-        ],
+        [sys.executable, "bench/dashboard_bench.py", *args],
         cwd=REPO,
         env=child_env(),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "| refresh after 5 new steps |" in out.stdout
-    assert "| refresh while a ramp command is open |" in out.stdout
+    return out.stdout
+
+
+def test_bench_runs_small(tmp_path):
+    args = ("--steps", "3000", "--reps", "3", "--no-page", "--db", str(tmp_path / "b.duckdb"))
+    out = _bench(*args, timeout=120)
+    assert "| refresh after 5 new steps |" in out
+    assert "| refresh while a ramp command is open |" in out
+
+
+def test_team_bench_runs_small(tmp_path):
+    """--runs: a team's database built through RunWriter, every figure measured in a child."""
+    args = ("--runs", "2", "--run-steps", "40", "--reps", "1", "--page-reps", "1")
+    out = _bench(*args, "--dir", str(tmp_path), timeout=240)
+    for row in ("Runs page, first load", "Compare, rerun after 5 new steps of the live run"):
+        assert f"| {row} | " in out, out
+    assert "| 2 runs after |" in out

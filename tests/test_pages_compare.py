@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from rampwatch import store
 from tests import seed
 
 
@@ -116,3 +117,67 @@ def test_unreached_target_and_ramped_runs_are_named(db_path, monkeypatch):
         assert "not reached by: b16" in text and "batch changed during: ramped" in text
     finally:
         live.close()
+
+
+def _curve(at, name):
+    fig = seed.figures(at)["loss by step"]
+    return next(t for t in fig["data"] if t["name"] == name)
+
+
+def test_curves_in_one_session_and_a_refresh_reads_only_what_changed(db_path, monkeypatch):
+    """Compare's curves of every chosen run come from one read session; after new steps of one
+    run, the next load reads only that run, from its last bucket on; a resumed run, or one
+    deleted and made again under its id, is read again whole."""
+    done = seed.team(db_path, 3, steps=200)
+    live = seed.live_run(db_path, name="live")
+    try:
+        calls = seed.count_connects(monkeypatch)
+        at = seed.app(monkeypatch, db_path, first="views/compare.py")
+        assert not at.exception, [e.message for e in at.exception]
+        assert set(at.multiselect(key="compare_runs").value) == {*done, live.run_id}
+        # the runs, their metric names, every curve (+ a first look at the file)
+        assert len(calls) <= 4, calls
+        caches = at.session_state["_rw_series"]["caches"]
+        assert {rid for rid, _ in caches} == {*done, live.run_id}
+        assert all(len(c.fetches) == 1 for c in caches.values())  # one fetch each, from step 0
+
+        for s in range(400, 410):
+            live.writer.log(s, {"loss": 1.5, "tokens_seen": (s + 1) * 16 * seed.SEQ_LEN})
+        assert live.writer.flush()
+        del calls[:]
+        at.run()
+        assert not at.exception, [e.message for e in at.exception]
+        assert len(calls) <= 3, calls  # runs, names, curves: one session for what changed
+        for (rid, name), c in caches.items():
+            if rid == live.run_id:
+                assert len(c.fetches) == 2 and c.fetches[-1][0] > 0, (name, c.fetches)
+            else:
+                assert len(c.fetches) == 1, (rid, name, c.fetches)
+        curve = _curve(at, "live")
+        assert curve["x"][-1] == 409 and len(curve["x"]) == 410
+
+        opened = len(calls)
+        at.slider(key="compare_smoothing").set_value(0.0).run()  # nothing changed: no read
+        assert len(calls) == opened
+    finally:
+        live.close()
+
+    w = store.RunWriter.start(db_path, run_id=done[0], resume_step=99, handle_sigterm=False)
+    for s in range(100, 150):
+        w.log(s, {"loss": 9.0})
+    assert w.close()
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    curve = _curve(at, "r00")
+    assert curve["x"][-1] == 149 and curve["y"][-1] == 9.0  # the resumed history, not the old
+    assert caches[(done[0], "loss")].fetches[-1][0] == 0  # read again whole
+
+    store.delete_run(db_path, done[1])  # and made again under its id, longer than before
+    w = store.RunWriter.start(db_path, "r01", run_id=done[1], handle_sigterm=False)
+    for s in range(250):
+        w.log(s, {"loss": 7.0})
+    assert w.close()
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    curve = _curve(at, "r01")
+    assert curve["x"][-1] == 249 and set(curve["y"]) == {7.0}  # none of the deleted run's

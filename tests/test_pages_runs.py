@@ -106,3 +106,26 @@ def test_read_only_serves_runs_without_writing(many, monkeypatch):
     assert not at.exception
     after = {p: os.stat(db.parent / p).st_mtime_ns for p in os.listdir(db.parent)}
     assert after == before
+
+
+def test_runs_page_sessions_do_not_grow_with_the_runs(tmp_path, monkeypatch):
+    """A first load of the Runs page opens the store as often for 30 runs as for 3: every
+    summary comes from one read session (not two connections per run)."""
+    calls = seed.count_connects(monkeypatch)
+    opened = {}
+    for n in (3, 30):
+        db = tmp_path / f"team-{n}.duckdb"
+        ids = seed.team(db, n)
+        before = len(calls)
+        at = seed.app(monkeypatch, db, first="views/runs.py")
+        assert not at.exception, [e.message for e in at.exception]
+        opened[n] = calls[before:]
+        assert set(opened[n]) == {str(db)}
+        t = _runs_table(at)
+        assert sorted(t.index) == [f"r{i:02d}" for i in range(n)]
+        assert sorted(t["run id"]) == sorted(ids)
+        assert (t["steps"] == 19).all() and (t["alerts"] == 0).all()
+        assert t.loc["r01", "tokens"] == 20 * 32 * seed.SEQ_LEN
+        assert t.loc["r01", "peak memory (GB)"] == pytest.approx((10 + 32 / 4) * seed.GB / 1e9)
+    # the runs, their summaries, the refused writes (+ a first look at a file new to the process)
+    assert len(opened[30]) == len(opened[3]) <= 4, opened

@@ -215,7 +215,7 @@ def test_v5_file_gains_the_refusals_table_and_reads_read_only_as_is(db_path):
     store.record_refusal(
         db_path, run_id="r", action="approve", detail="ramp", operator="al", client=None, reason="x"
     )
-    assert store.schema_version(db_path, read_only=True) == schema.CURRENT_VERSION == 7
+    assert store.schema_version(db_path, read_only=True) == schema.CURRENT_VERSION
     [r] = store.list_refusals(db_path, "r")
     assert (r.run_id, r.action, r.operator, r.client, r.reason) == ("r", "approve", "al", None, "x")
     assert store.refusal_counts(db_path) == {"r": 1}

@@ -151,6 +151,20 @@ def _check_history(db, w, steps, values, order, flush_after):
             s = r.series(w.run_id, "x", buckets=buckets)
             assert 1 <= len(s.step) <= buckets and s.width & (s.width - 1) == 0
             assert_matches(s, reference(steps, values, s.width), f"buckets={buckets}")
+        [stats] = r.metric_stats(["x"]).values()
+        assert_stats(stats["x"], steps, values)
+        np.testing.assert_equal(
+            r.latest(w.run_id, ["x"]), {"x": (stats["x"].last_step, stats["x"].last)}
+        )
+
+
+def assert_stats(got: store.MetricStats, steps: np.ndarray, values: np.ndarray) -> None:
+    """min/max over finite values (None when none), the value at the largest step."""
+    finite = values[np.isfinite(values)]
+    assert got.min == (float(finite.min()) if finite.size else None)
+    assert got.max == (float(finite.max()) if finite.size else None)
+    assert got.last_step == int(steps.max())
+    np.testing.assert_equal(got.last, values[np.argmax(steps)])
 
 
 def test_width_choice_and_empty_and_bad_arguments(db_path):
@@ -190,3 +204,92 @@ def test_rollup_layout_serves_wide_buckets(db_path):
     assert all(n == 64 for _, _, n in complete)
     buckets = [b for _, b, _ in complete]
     assert buckets == sorted(buckets)  # appended in bucket order: zone maps prune on refresh
+
+
+def test_every_run_at_once_equals_one_run_at_a_time(db_path):
+    """metric_stats and events_of_runs answer for all runs in one query what latest, series and
+    events answer per run; a run or metric without rows is absent; run_ids and names filter."""
+    rng = np.random.default_rng(1)
+    data = {}
+    for i in range(4):
+        w = store.RunWriter.start(db_path, f"r{i}", flush_interval=1000, handle_sigterm=False)
+        steps = np.arange(0, 150 * (i + 1), dtype=np.int64)
+        values = rng.normal(size=len(steps))
+        values[rng.integers(0, len(steps), 5)] = np.nan
+        for s, v in zip(steps.tolist(), values.tolist(), strict=True):
+            w.log(s, {"loss": v, **({"tokens": s * 10.0} if i != 2 else {})})
+            if s % 97 == 0:
+                w.flush()  # open and complete rollup buckets everywhere
+        w.event("alert", f"alert of run {i}", step=3, data={"dropped": i})
+        w.event("checkpoint", "ckpt", step=5)
+        assert w.close() if i != 3 else w.flush()  # run 3 stays open: its buckets are open
+        data[w.run_id] = (w, steps, values)
+    try:
+        r = store.Reader(db_path)
+        with r.session():
+            stats = r.metric_stats(["loss", "tokens", "never"])
+            assert set(stats) == set(data)
+            for rid, (_, steps, values) in data.items():
+                assert_stats(stats[rid]["loss"], steps, values)
+                whole = r.series(rid, "loss", buckets=1)
+                assert stats[rid]["loss"].min == whole.min[0]
+                latest = r.latest(rid)
+                assert set(stats[rid]) == set(latest) - {"never"}
+                for name, (step, value) in latest.items():
+                    assert (stats[rid][name].last_step, stats[rid][name].last) == (step, value)
+            assert "tokens" not in stats[list(data)[2]] and "never" not in stats[list(data)[0]]
+            some = list(data)[1:3]
+            assert set(r.metric_stats(["loss"], run_ids=some)) == set(some)
+            assert r.metric_stats(["loss"], run_ids=[]) == {}
+            alerts = r.events_of_runs(["alert"])
+            for rid in data:
+                assert alerts[rid] == r.events(rid, kinds=["alert"])
+                assert r.events_of_runs(run_ids=[rid]) == {rid: r.events(rid)}
+            assert r.events_of_runs(["no such kind"]) == {}
+    finally:
+        for w, _, _ in data.values():
+            w.close()
+
+
+def _spans(db) -> dict:
+    import duckdb
+
+    with duckdb.connect(str(db), read_only=True) as con:
+        stored = con.execute("SELECT run_id, metrics_t_min, metrics_t_max FROM runs").fetchall()
+        rows = con.execute("SELECT run_id, min(t), max(t) FROM metrics GROUP BY run_id").fetchall()
+    return {r: (lo, hi) for r, lo, hi in stored}, {r: (lo, hi) for r, lo, hi in rows}
+
+
+def test_the_span_of_a_runs_rows_is_kept_by_ingest_and_backfilled(db_path):
+    """Schema v8: each run's stored t span is exactly its metric rows' (raw reads are bounded by
+    it); kept over flushes of interleaved runs, and backfilled when a v7 file is upgraded."""
+    import duckdb
+
+    from rampwatch.store import schema
+
+    a = store.RunWriter.start(db_path, "a", flush_interval=1000, handle_sigterm=False)
+    b = store.RunWriter.start(db_path, "b", flush_interval=1000, handle_sigterm=False)
+    for s in range(300):
+        (a if s % 3 else b).log(s, {"x": float(s)})
+        if s % 50 == 49:
+            assert a.flush() and b.flush()
+    a.event("checkpoint", "no rows in this visit", step=5)
+    assert a.close() and b.close()
+    stored, rows = _spans(db_path)
+    assert stored == rows and set(rows) == {a.run_id, b.run_id}
+    for w, steps in ((a, [s for s in range(300) if s % 3]), (b, list(range(0, 300, 3)))):
+        got = store.series(db_path, w.run_id, "x", width=1)
+        assert got.step.tolist() == steps and got.last.tolist() == [float(s) for s in steps]
+
+    old = db_path.parent / "v7.duckdb"
+    schema.create_at_version(old, 7)
+    with duckdb.connect(str(old)) as con:
+        con.execute("INSERT INTO runs (run_id, status, created_at) VALUES ('r', 'finished', 1)")
+        con.execute("INSERT INTO runs (run_id, status, created_at) VALUES ('e', 'finished', 1)")
+        con.execute("INSERT INTO metrics VALUES ('r', 1, 10.0, 'x', 1.0), ('r', 2, 12.5, 'x', 2.0)")
+    got = store.series(old, "r", "x", width=1, read_only=True)  # v7 as it is: no bound
+    assert got.step.tolist() == [1, 2] and store.schema_version(old, read_only=True) == 7
+    assert store.series(old, "r", "x", width=1).last.tolist() == [1.0, 2.0]  # upgraded
+    stored, _ = _spans(old)
+    assert stored == {"r": (10.0, 12.5), "e": (None, None)}
+    assert len(store.series(old, "e", "x", width=1).step) == 0

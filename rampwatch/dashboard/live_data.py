@@ -47,6 +47,21 @@ def buckets_from(series) -> Buckets:
     )
 
 
+def refresh_series(
+    reader: Reader, run_id: str, caches: dict, last_step: int | None, epoch: int
+) -> dict[str, Buckets]:
+    """{name: Buckets}: each of the run's SeriesCaches brought up to date through `reader` (one
+    fetch each, from its last partial bucket on: dashboard/buckets.py). Call it inside
+    reader.session(), for as many runs as the page shows."""
+
+    def fetch_of(name):
+        return lambda since, width: buckets_from(
+            reader.series(run_id, name, width=width, since_step=since)
+        )
+
+    return {n: c.refresh(fetch_of(n), last_step, epoch) for n, c in caches.items()}
+
+
 def event_dict(e) -> dict:
     return {"step": e.step, "t": e.t, "kind": e.kind, "message": e.message, "data": e.data}
 
@@ -152,14 +167,8 @@ class LiveState:
             run = reader.get_run(run_id)
             evs = [event_dict(e) for e in reader.events(run_id) if e.kind != M.EVENT_TRIAL_ARM]
             epoch = sum(1 for e in evs if e["kind"] == M.EVENT_RESUME)
-            out = {}
-            for name, cache in self.caches.items():
-
-                def fetch(since, width, name=name):
-                    self.fetches += 1
-                    return buckets_from(reader.series(run_id, name, width=width, since_step=since))
-
-                out[name] = cache.refresh(fetch, run.last_step, epoch)
+            out = refresh_series(reader, run_id, self.caches, run.last_step, epoch)
+            self.fetches += len(out)  # one fetch per cache
             gsteps, gvals, glower = self._gns_window(reader, run_id, run.last_step, epoch)
             plan = [plan_dict(p) for p in reader.memory_plan(run_id)]
             trials = reader.trials(run_id)

@@ -5,9 +5,12 @@ command, cancel one), with the record of those refused.
 Owns: where the database path and read-only flag come from (`rampwatch dashboard --db PATH
 [--read-only]`, which passes them after `--` to the app; else RAMPWATCH_DB /
 RAMPWATCH_READ_ONLY); turning store errors into a message a page can show (`db_problem`);
-st.cache_data reads keyed on the file's version token (its and its WAL's size and mtime), so a
-finished run is read once and a live one on every change; the command calls, each checked by
-guard.py and, when refused, recorded in the store with the client's address and counted
+st.cache_data reads keyed on the file's version token (its and its WAL's size and mtime), or,
+for reads of chosen runs, on each run's `run_version`, so a finished run is read once and a
+live one on every change; what a page shows for many runs, read in one session whatever their
+number (the Runs page's summaries; the compare page's curves, kept per session as SeriesCaches
+and refreshed only for the runs that changed, as the live page refreshes its one run); the
+command calls, each checked by guard.py and, when refused, recorded in the store with the client's address and counted
 against the client (guard.THROTTLE); and the notes on dead writers' waiting spools. The live
 page's incremental refresh is dashboard/live_data.py, which runs outside Streamlit too (`rampwatch
 plan --db`), so the store rows' plain forms and the read timeout live there and are used here.
@@ -23,18 +26,18 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import streamlit as st
 
 from rampwatch.dashboard import guard
-from rampwatch.dashboard.buckets import Buckets
+from rampwatch.dashboard.buckets import Buckets, SeriesCache
 from rampwatch.dashboard.live_data import (
     COMMANDS_DIRTY,
     TIMEOUT,
     buckets_from,
     event_dict,
+    refresh_series,
 )
 from rampwatch.store import commands as store_commands
 from rampwatch.store import db as store_db
@@ -230,13 +233,27 @@ def list_runs(db: Path):
     return _list_runs(str(db), version_token(db))
 
 
-@st.cache_data(ttl=60, max_entries=256, show_spinner=False)
-def _metric_names(db: str, run_id: str, token: tuple) -> list[str]:
-    return Reader(db, timeout=TIMEOUT).metric_names(run_id)
+def run_version(run) -> tuple:
+    """Changes whenever rows of this run are added or removed: every ingest moves its last step
+    or heartbeat (a live writer's) or its status (recovery closes a dead writer's run; a resume
+    reopens one). The key of the reads of one run, so a live run's writes leave the others'
+    cached. Its first item, created_at, tells a run deleted and made again under its id."""
+    return (run.created_at, run.stored_status, run.last_step, run.heartbeat, run.ended_at)
 
 
-def metric_names(db: Path, run_id: str) -> list[str]:
-    return _metric_names(str(db), run_id, version_token(db))
+def _versions(runs) -> tuple:
+    return tuple((r.run_id, run_version(r)) for r in runs)
+
+
+@st.cache_data(ttl=300, max_entries=64, show_spinner=False)
+def _metric_names(db: str, versions: tuple) -> list[str]:
+    stats = Reader(db, timeout=TIMEOUT).metric_stats(run_ids=[rid for rid, _ in versions])
+    return sorted(set().union(*(set(s) for s in stats.values())))
+
+
+def metric_names(db: Path, runs) -> list[str]:
+    """Every metric any of these runs (store.reader.Run) logged, in one query."""
+    return _metric_names(str(db), _versions(runs))
 
 
 @st.cache_data(ttl=300, max_entries=512, show_spinner=False)
@@ -244,36 +261,80 @@ def _series(db: str, run_id: str, name: str, buckets: int, token: tuple) -> Buck
     return buckets_from(Reader(db, timeout=TIMEOUT).series(run_id, name, buckets=buckets))
 
 
-def series(db: Path, run_id: str, name: str, buckets: int = COMPARE_BUCKETS) -> Buckets:
-    """One whole metric downsampled to ~`buckets` (compare and runs pages)."""
-    return _series(str(db), run_id, name, buckets, version_token(db))
+_SERIES_STATE = "_rw_series"  # session state: SeriesCaches of the runs this session compares
 
 
-@st.cache_data(ttl=60, max_entries=256, show_spinner=False)
-def _run_summary(db: str, run_id: str, token: tuple) -> dict:
+def run_series(
+    db: Path, runs, names, buckets: int = COMPARE_BUCKETS
+) -> dict[str, dict[str, Buckets]]:
+    """{run_id: {name: Buckets}}: whole metrics of several runs (store.reader.Run) at ~`buckets`
+    points each, for the compare page.
+
+    Kept per session as one SeriesCache per run and metric; a run whose run_version is what it
+    was is not read at all, the others are read in one Reader session, each series only from
+    its last bucket on (a resume, counted by the run's resume events, refetches it whole).
+    Runs not asked for are dropped from the session.
+    """
+    names = tuple(dict.fromkeys(names))
+    state = st.session_state.setdefault(_SERIES_STATE, {})
+    if state.get("db") != str(db):
+        state.clear()
+        state.update(db=str(db), caches={}, versions={})
+    caches, versions = state["caches"], state["versions"]
+    wanted = {r.run_id for r in runs}
+    for key in [k for k in caches if k[0] not in wanted]:
+        del caches[key]
+    for rid in [k for k in versions if k not in wanted]:
+        del versions[rid]
+    stale = []
+    for r in runs:
+        if versions.get(r.run_id, (r.created_at,))[0] != r.created_at:  # another run, same id
+            for key in [k for k in caches if k[0] == r.run_id]:
+                del caches[key]
+        new = [n for n in names if (r.run_id, n) not in caches]
+        for n in new:
+            caches[(r.run_id, n)] = SeriesCache(buckets)
+        if new or versions.get(r.run_id) != run_version(r):
+            stale.append(r)
+    if stale:
+        reader = Reader(db, timeout=TIMEOUT)
+        with reader.session():
+            resumes = reader.events_of_runs([M.EVENT_RESUME], [r.run_id for r in stale])
+            for r in stale:
+                mine = {k[1]: c for k, c in caches.items() if k[0] == r.run_id}
+                epoch = len(resumes.get(r.run_id, ()))
+                refresh_series(reader, r.run_id, mine, r.last_step, epoch)
+                versions[r.run_id] = run_version(r)
+    return {r.run_id: {n: caches[(r.run_id, n)].data for n in names} for r in runs}
+
+
+@st.cache_data(ttl=60, max_entries=16, show_spinner=False)
+def _run_summaries(db: str, token: tuple) -> dict[str, dict]:
     r = Reader(db, timeout=TIMEOUT)
     with r.session():
-        latest = r.latest(run_id, [M.TOKENS_SEEN, M.LOSS])
-        loss = r.series(run_id, M.LOSS, buckets=1)
-        peak = r.series(run_id, M.MEM_PEAK, buckets=1)
-    best = float(np.nanmin(loss.min)) if len(loss.min) and np.isfinite(loss.min).any() else None
-    top = float(np.nanmax(peak.max)) if len(peak.max) and np.isfinite(peak.max).any() else None
-    tokens = latest.get(M.TOKENS_SEEN, (None, None))[1]
-    return {"tokens": tokens, "best_loss": best, "peak_bytes": top}
+        stats = r.metric_stats([M.TOKENS_SEEN, M.LOSS, M.MEM_PEAK])
+        alerts = r.events_of_runs([M.EVENT_ALERT])
+    out = {}
+    for rid in set(stats) | set(alerts):
+        s, evs = stats.get(rid, {}), [event_dict(e) for e in alerts.get(rid, ())]
+        tokens, loss, peak = (s.get(n) for n in (M.TOKENS_SEEN, M.LOSS, M.MEM_PEAK))
+        out[rid] = {
+            "tokens": None if tokens is None else tokens.last,
+            "best_loss": None if loss is None else loss.min,
+            "peak_bytes": None if peak is None else peak.max,
+            "alerts": len(evs),
+            "lost_records": lost_records(evs),
+        }
+    return out
 
 
-def run_summary(db: Path, run_id: str) -> dict:
-    """tokens seen, best (lowest finite) loss and peak memory of a run."""
-    return _run_summary(str(db), run_id, version_token(db))
+NO_SUMMARY = {"tokens": None, "best_loss": None, "peak_bytes": None, "alerts": 0, "lost_records": 0}
 
 
-@st.cache_data(ttl=300, max_entries=64, show_spinner=False)
-def _events(db: str, run_id: str, token: tuple) -> list[dict]:
-    return [event_dict(e) for e in Reader(db, timeout=TIMEOUT).events(run_id)]
-
-
-def events(db: Path, run_id: str) -> list[dict]:
-    return _events(str(db), run_id, version_token(db))
+def run_summaries(db: Path) -> dict[str, dict]:
+    """{run_id: tokens seen, best (lowest finite) loss, peak memory, alerts, lost records} of
+    every run, in one read session (a run with none of these: absent, see NO_SUMMARY)."""
+    return _run_summaries(str(db), version_token(db))
 
 
 # what an alert's data counts when records never reached the database: dropped by the writer
@@ -553,9 +614,11 @@ __all__ = [
     "db_problem",
     "list_runs",
     "metric_names",
-    "series",
-    "run_summary",
-    "events",
+    "run_version",
+    "run_series",
+    "refresh_series",
+    "run_summaries",
+    "NO_SUMMARY",
     "refusals",
     "refusal_counts",
     "dead_writer_notes",

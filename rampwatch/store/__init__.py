@@ -5,7 +5,8 @@ Public API (see each module's docstring for the why):
       .take_claimed_commands, .command_applied, .command_refused (never wait on the database),
       .flush, .close, .stats (writer.py; its Flusher: flusher.py)
   Reader(db) and list_runs, get_run, metric_names, series, latest, events, memory_plan,
-      trials, trial_points, export (reader.py)
+      trials, trial_points, export; metric_stats and events_of_runs, of every run in one
+      query (reader.py)
   commands: submit, claim, apply, refuse, cancel, list_commands, get, log (commands.py)
   recover(db) and dead_writers(db), which only looks, delete_run(db, run_id) (recovery.py),
       schema_version(db) (db.py);
@@ -40,6 +41,7 @@ from rampwatch.store.errors import (
 )
 from rampwatch.store.reader import (
     Event,
+    MetricStats,
     PlanRow,
     Reader,
     Run,
@@ -47,12 +49,14 @@ from rampwatch.store.reader import (
     Trial,
     TrialPoint,
     events,
+    events_of_runs,
     export,
     get_run,
     latest,
     list_runs,
     memory_plan,
     metric_names,
+    metric_stats,
     series,
     trial_points,
     trials,
@@ -69,6 +73,7 @@ __all__ = [
     "Run",
     "Series",
     "Event",
+    "MetricStats",
     "PlanRow",
     "Trial",
     "TrialPoint",
@@ -82,7 +87,9 @@ __all__ = [
     "metric_names",
     "series",
     "latest",
+    "metric_stats",
     "events",
+    "events_of_runs",
     "memory_plan",
     "trials",
     "trial_points",

@@ -3,7 +3,7 @@
 Owns ingest: read the spool offsets stored in the database, take the whole records after them
 (JSON-lines first: a run's start or resume must precede its metrics), insert metrics through
 Arrow (never executemany, never pandas, which would turn NaN into NULL), fold them into the
-rollup, update the run's heartbeat and last step, keep the trials table from the trial_* events
+rollup, update the run's heartbeat, last step and the t span of its metric rows, keep the trials table from the trial_* events
 (one row per trial, updated in place: replaying an event changes nothing), and store the new
 offsets, all in the same transaction. A crash anywhere leaves the old offsets and no rows, so the next ingest of the
 spool (by the writer or by recovery) redoes exactly the missing part.
@@ -540,12 +540,24 @@ def ingest_spool(
                 _alert(result, path, bin_damage, js_damage, lost_names, apply.unusable, time.time())
             )
         apply.flush_rows()
+        t_min = float(recs["t"].min()) if len(recs) else None
+        # least/greatest skip NULLs: a visit without metric rows keeps the span
         con.execute(
             """UPDATE runs SET last_step = CASE WHEN ?::BIGINT IS NULL THEN last_step
                                    ELSE greatest(coalesce(last_step, ?::BIGINT), ?::BIGINT) END,
-                               heartbeat = coalesce(?, heartbeat)
+                               heartbeat = coalesce(?, heartbeat),
+                               metrics_t_min = least(metrics_t_min, ?::DOUBLE),
+                               metrics_t_max = greatest(metrics_t_max, ?::DOUBLE)
                WHERE run_id = ?""",
-            [result.max_step, result.max_step, result.max_step, heartbeat, run_id],
+            [
+                result.max_step,
+                result.max_step,
+                result.max_step,
+                heartbeat,
+                t_min,
+                result.max_t,
+                run_id,
+            ],
         )
         now = time.time()
         if row is None:  # a second row for the spool fails here: primary key

@@ -5,6 +5,12 @@ Owns every read query. Each call opens a read-only connection under the shared l
 it (`Reader.session()` keeps one for a few calls in a row); nothing holds the file between
 calls, so the trainer's writer is never locked out for long.
 
+Connecting costs more than any query a page makes (DuckDB's connect, the same for an empty
+database; the README's "Benchmarks" has the figures), so what a page shows for many runs comes
+from one query over all of them: `list_runs` (their spools looked up at once), `metric_stats`
+(each run's min, max and latest value of some metrics, from the coarse rollup) and
+`events_of_runs`.
+
 Charts are downsampled in SQL: min and max over finite values, last (the value at the largest
 step), count and count of non-finite values per bucket. Bucket widths are powers of two in
 steps and buckets are aligned to multiples of the width, so a live page keeps the buckets it
@@ -13,7 +19,11 @@ has and refetches only from the last, partial one (`since_step=series.since`, th
 Why rollups and not a sorted copy of the raw rows: a sorted layout needs compaction, which stalls
 the writer for seconds while it sorts a chunk, while rollups fold in on each ingest
 (store/rollup.py); the 8-step level keeps raw reads to runs of at most 8K steps. The README's
-"Store layout" has the measurements behind the choice.
+"Store layout" has the measurements behind the choice. A raw read still scans the metrics table
+of every run, whose row groups hold several runs each (their run_id zone maps span most ids),
+so it also bounds `t` by the run's stored span (schema v8, `_row_span`): rows are appended in
+ingest order, t's zone maps are tight, and the read skips every row group written while the run
+wrote nothing, so its cost follows the rows written during the run's life, not the file's.
 """
 
 from __future__ import annotations
@@ -53,6 +63,7 @@ _BUCKETS_RAW = """
            arg_max(value, step) AS last, max(step) AS last_step, count(*) AS count,
            count(*) FILTER (WHERE NOT isfinite(value)) AS nonfinite
     FROM metrics WHERE run_id = $run AND name = $name AND step >= $start
+      AND t >= $t_min AND t <= $t_max
     GROUP BY b ORDER BY b"""
 
 
@@ -77,6 +88,27 @@ _BUCKETS_ROLLUP = {
 }
 _COARSE = LEVELS[-1]  # the fewest rows: extents, names and latest values come from it
 _EXTENT = f"SELECT min(bucket), max(last_step) FROM ({_rolled(_COARSE)})"
+
+
+def _stats_sql(where: str) -> str:
+    """Per run and metric: min, max, latest step and value over the coarse rollup's rows that
+    `where` keeps ($names NULL: every metric)."""
+    cols = "run_id, name, vmin, vmax, last_step, last_value"
+    where = f"({where}) AND ($names::VARCHAR[] IS NULL OR name = ANY($names::VARCHAR[]))"
+    return f"""
+    SELECT run_id, name, min(vmin), max(vmax), max(last_step), arg_max(last_value, last_step)
+    FROM (SELECT {cols} FROM {_COARSE.complete} WHERE {where}
+          UNION ALL SELECT {cols} FROM {_COARSE.partial} WHERE {where})
+    GROUP BY run_id, name"""
+
+
+_EVENTS = f"""{EVENTS.select}
+    WHERE ({{runs}}) AND ($s::BIGINT IS NULL OR step >= $s)
+      AND ($k::VARCHAR[] IS NULL OR list_contains($k::VARCHAR[], kind))
+    ORDER BY step NULLS FIRST, t"""
+# one run: an equality, which DuckDB's zone maps prune on; several: a list ($runs NULL: all)
+_STATS_ONE = _stats_sql("run_id = $run")
+_STATS_MANY = _stats_sql("$runs::VARCHAR[] IS NULL OR run_id = ANY($runs::VARCHAR[])")
 
 
 @dataclass(frozen=True)
@@ -130,6 +162,17 @@ class TrialPoint:
     loss: float | None  # train loss of that step
     eval_loss: float | None  # held-out mean, at the arm's end only
     done: bool  # the arm's last point
+
+
+@dataclass(frozen=True)
+class MetricStats:
+    """One metric of one run over its whole history (from the coarse rollup: exact, as every
+    rollup aggregate merges exactly)."""
+
+    min: float | None  # lowest finite value; None when the run logged none
+    max: float | None  # highest finite value
+    last_step: int
+    last: float  # the value at last_step (may be non-finite)
 
 
 def _number(v) -> float | None:
@@ -205,26 +248,41 @@ class Reader:
             with read_connection(self.db, self.timeout, read_only=self.read_only) as con:
                 yield con
 
-    def _run(self, con, row, now: float) -> Run:
-        values = RUNS.values(row)
+    def _run(self, values: dict, now: float, spools: dict[str, list[str]]) -> Run:
         run_id, heartbeat = values["run_id"], values["heartbeat"]
         status = stored = values["stored_status"]
         if stored == "running":
             quiet = heartbeat is None or now - heartbeat > self.stale_after
-            spools = con.execute(
-                "SELECT spool FROM spool_offsets WHERE run_id = ?", [run_id]
-            ).fetchall()
             root = spool_root(self.db)
-            if quiet or not any(spool.is_live(root / s) for (s,) in spools):
+            if quiet or not any(spool.is_live(root / s) for s in spools.get(run_id, ())):
                 status = "stale"
         return Run(status=status, **values)
+
+    @staticmethod
+    def _spools(con, run_ids: list[str]) -> dict[str, list[str]]:
+        """{run_id: its spools' names} for these runs, in one query (whose writers are alive
+        is then asked of the spools themselves)."""
+        out: dict[str, list[str]] = {}
+        if run_ids:
+            rows = con.execute(
+                "SELECT run_id, spool FROM spool_offsets WHERE run_id = ANY(?::VARCHAR[])",
+                [run_ids],
+            ).fetchall()
+            for run_id, s in rows:
+                out.setdefault(run_id, []).append(s)
+        return out
+
+    def _runs(self, con, rows) -> list[Run]:
+        values = [RUNS.values(r) for r in rows]
+        running = [v["run_id"] for v in values if v["stored_status"] == "running"]
+        spools, now = self._spools(con, running), time.time()
+        return [self._run(v, now, spools) for v in values]
 
     def list_runs(self) -> list[Run]:
         """Every run, newest first."""
         with self._connection() as con:
             rows = con.execute(f"{RUNS.select} ORDER BY created_at DESC, run_id").fetchall()
-            now = time.time()
-            return [self._run(con, r, now) for r in rows]
+            return self._runs(con, rows)
 
     def get_run(self, run_id: str) -> Run:
         with self._connection() as con:
@@ -233,7 +291,7 @@ class Reader:
                 raise RunNotFoundError(
                     f"no run {run_id!r} in {self.db}; `rampwatch info {self.db}` lists the runs"
                 )
-            return self._run(con, row, time.time())
+            return self._runs(con, [row])[0]
 
     def metric_names(self, run_id: str) -> list[str]:
         with self._connection() as con:
@@ -282,11 +340,14 @@ class Reader:
                 }
                 cols = con.execute(_BUCKETS_ROLLUP[lv.shift], params).fetchnumpy()
             else:
+                t_min, t_max = self._row_span(con, run_id)
                 params = {
                     "run": run_id,
                     "name": name,
                     "k": k,
                     "start": _NO_START if start is None else start,
+                    "t_min": t_min,
+                    "t_max": t_max,
                 }
                 cols = con.execute(_BUCKETS_RAW, params).fetchnumpy()
         return Series(
@@ -302,18 +363,25 @@ class Reader:
     def latest(self, run_id: str, names: list[str] | None = None) -> dict[str, tuple[int, float]]:
         """{name: (step, value)} at each metric's largest step (all metrics, or `names`)."""
         with self._connection() as con:
-            rows = con.execute(
-                f"""SELECT name, max(last_step), arg_max(last_value, last_step) FROM (
-                       SELECT name, last_step, last_value FROM {_COARSE.partial}
-                       WHERE run_id = $r
-                       UNION ALL
-                       SELECT name, last_step, last_value FROM {_COARSE.complete}
-                       WHERE run_id = $r)
-                   WHERE $names::VARCHAR[] IS NULL OR list_contains($names::VARCHAR[], name)
-                   GROUP BY name""",
-                {"r": run_id, "names": names},
-            ).fetchall()
-        return {n: (int(s), float(v)) for n, s, v in rows}
+            rows = con.execute(_STATS_ONE, {"run": run_id, "names": names}).fetchall()
+        return {n: (int(s), float(v)) for _, n, _, _, s, v in rows}
+
+    def metric_stats(
+        self, names: list[str] | None = None, run_ids: list[str] | None = None
+    ) -> dict[str, dict[str, MetricStats]]:
+        """{run_id: {name: MetricStats}} of every run (or `run_ids`) and every metric (or
+        `names`), in one query: a run or metric without rows is absent."""
+        with self._connection() as con:
+            rows = con.execute(_STATS_MANY, {"runs": run_ids, "names": names}).fetchall()
+        out: dict[str, dict[str, MetricStats]] = {}
+        for run_id, name, lo, hi, step, last in rows:
+            out.setdefault(run_id, {})[name] = MetricStats(
+                None if lo is None else float(lo),
+                None if hi is None else float(hi),
+                int(step),
+                float(last),
+            )
+        return out
 
     def events(
         self, run_id: str, since_step: int | None = None, kinds: list[str] | None = None
@@ -321,13 +389,25 @@ class Reader:
         """Events in step order (those with step >= since_step; of the given kinds)."""
         with self._connection() as con:
             rows = con.execute(
-                f"""{EVENTS.select}
-                   WHERE run_id = $r AND ($s::BIGINT IS NULL OR step >= $s)
-                     AND ($k::VARCHAR[] IS NULL OR list_contains($k::VARCHAR[], kind))
-                   ORDER BY step NULLS FIRST, t""",
-                {"r": run_id, "s": since_step, "k": kinds},
+                _EVENTS.format(runs="run_id = $r"), {"r": run_id, "s": since_step, "k": kinds}
             ).fetchall()
         return [Event(**EVENTS.values(r)) for r in rows]
+
+    def events_of_runs(
+        self, kinds: list[str] | None = None, run_ids: list[str] | None = None
+    ) -> dict[str, list[Event]]:
+        """{run_id: its events in step order} of every run (or `run_ids`) that has any of the
+        given kinds, in one query."""
+        where = "$r::VARCHAR[] IS NULL OR run_id = ANY($r::VARCHAR[])"
+        with self._connection() as con:
+            rows = con.execute(
+                _EVENTS.format(runs=where), {"r": run_ids, "s": None, "k": kinds}
+            ).fetchall()
+        out: dict[str, list[Event]] = {}
+        for r in rows:
+            e = Event(**EVENTS.values(r))
+            out.setdefault(e.run_id, []).append(e)
+        return out
 
     def memory_plan(self, run_id: str) -> list[PlanRow]:
         with self._connection() as con:
@@ -357,13 +437,28 @@ class Reader:
                 out.append(point)
         return out
 
+    def _row_span(self, con, run_id: str) -> tuple[float, float]:
+        """The t span of the run's metric rows (schema v8), as bounds a raw read adds to
+        `run_id = …`: the metrics table's zone maps on t then skip the row groups written while
+        the run wrote nothing. Without a stored span (an older file read read-only), no bound."""
+        if schema.read_version(con, self.db) >= schema.ROW_TIMES_VERSION:
+            row = first(
+                con.execute(
+                    "SELECT metrics_t_min, metrics_t_max FROM runs WHERE run_id = ?", [run_id]
+                )
+            )
+            if row is not None and row[0] is not None:
+                return float(row[0]), float(row[1])
+        return -np.inf, np.inf
+
     def export(self, run_id: str) -> pa.Table:
         """Every raw metric row of a run (run_id, step, t, name, value), for CSV/Parquet."""
         with self._connection() as con:
+            t_min, t_max = self._row_span(con, run_id)
             return con.sql(
                 "SELECT run_id, step, t, name, value FROM metrics WHERE run_id = ? "
-                "ORDER BY step, name",
-                params=[run_id],
+                "AND t >= ? AND t <= ? ORDER BY step, name",
+                params=[run_id, t_min, t_max],
             ).to_arrow_table()
 
 
@@ -393,6 +488,18 @@ def series(
 
 def latest(db, run_id: str, names: list[str] | None = None, **kw) -> dict[str, tuple[int, float]]:
     return Reader(db, **kw).latest(run_id, names)
+
+
+def metric_stats(
+    db, names: list[str] | None = None, run_ids: list[str] | None = None, **kw
+) -> dict[str, dict[str, MetricStats]]:
+    return Reader(db, **kw).metric_stats(names, run_ids)
+
+
+def events_of_runs(
+    db, kinds: list[str] | None = None, run_ids: list[str] | None = None, **kw
+) -> dict[str, list[Event]]:
+    return Reader(db, **kw).events_of_runs(kinds, run_ids)
 
 
 def events(

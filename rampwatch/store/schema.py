@@ -22,6 +22,10 @@ Version history (a file at any older version is upgraded in place when opened):
   7  trials: one row per ramp trial, kept by the ingest from the trial_* events (store/names.py)
      of a run: its plan, status, cost, kept arm and verdict. Read-only reading of v3..v6 sees
      no trials.
+  8  runs gains metrics_t_min, metrics_t_max: the earliest and latest `t` of the run's metric
+     rows (backfilled; kept by the ingest). Rows are appended in ingest order, so `t`'s zone
+     maps are tight, and a raw read bounded by these skips other runs' row groups (the reader
+     says what it pays). Read-only reading of v3..v7 reads without the bound.
 Times are unix seconds (DOUBLE); JSON is stored as text. No other primary keys or unique
 indexes: uniqueness is enforced by code under the exclusive lock (an index would grow the
 metrics table several-fold and make a whole append fail on one duplicate). spool_offsets is the
@@ -64,7 +68,7 @@ def transaction(con):
     con.execute("COMMIT")
 
 
-CURRENT_VERSION = 7
+CURRENT_VERSION = 8
 # Oldest version the readers' queries work on unchanged (read-only reading does not upgrade):
 # v3 added the rollups every chart reads; v4 and v5 changed nothing a reader selects; v6's
 # and v7's tables are read only where the file has them (store/refusals.py, store/reader.py).
@@ -196,6 +200,15 @@ _V7 = [
         updated_at DOUBLE NOT NULL)"""
 ]
 
+ROW_TIMES_VERSION = 8
+_V8 = [
+    "ALTER TABLE runs ADD COLUMN metrics_t_min DOUBLE",
+    "ALTER TABLE runs ADD COLUMN metrics_t_max DOUBLE",
+    """UPDATE runs SET metrics_t_min = m.lo, metrics_t_max = m.hi
+       FROM (SELECT run_id, min(t) AS lo, max(t) AS hi FROM metrics GROUP BY run_id) m
+       WHERE runs.run_id = m.run_id""",
+]
+
 # Every table with a run_id column, children first (commands' log goes with its commands).
 RUN_TABLES = (
     "metrics",
@@ -218,6 +231,7 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
     (5, "idempotency keys of commands", _V5),
     (REFUSALS_VERSION, "refused dashboard writes", _V6),
     (TRIALS_VERSION, "ramp trials", _V7),
+    (ROW_TIMES_VERSION, "the time span of each run's metric rows", _V8),
 ]
 assert [v for v, _, _ in MIGRATIONS] == list(range(1, CURRENT_VERSION + 1))
 
@@ -332,6 +346,10 @@ class Run:
     ended_at: float | None = _column()
     heartbeat: float | None = _column()
     last_step: int | None = _column()
+    # v8, kept by the ingest: the t span of the run's metric rows (store/reader.py reads them
+    # itself: older files, read read-only, have none)
+    metrics_t_min: float | None = _column(read=False, default=None)
+    metrics_t_max: float | None = _column(read=False, default=None)
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,10 @@
 
 Thin page: choose runs; overlay any metric against step, tokens or time; the config keys that
 differ; steps, tokens and time to a chosen loss; and, with >= 3 runs at different constant batch
-sizes, the critical batch from S = S_min(1 + B_crit/B). Data via dashboard/store_access.py,
-arithmetic in dashboard/comparison.py, the figure in dashboard/charts.py.
+sizes, the critical batch from S = S_min(1 + B_crit/B). Data via dashboard/store_access.py (the
+chosen runs' metric names in one query, their curves in one read session, kept per session and
+refreshed only for runs that changed), arithmetic in dashboard/comparison.py, the figure in
+dashboard/charts.py.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ labels = {rid: display_name(by_id[rid].name or rid) for rid in chosen}
 if len(set(labels.values())) < len(labels):
     labels = {rid: f"{labels[rid]} ({display_name(rid)})" for rid in chosen}
 
-names = sorted(set().union(*[set(store_access.metric_names(db, rid)) for rid in chosen]))
+names = store_access.metric_names(db, [by_id[rid] for rid in chosen])
 if not names:
     st.info("The chosen runs have not logged any metrics yet.")
     st.stop()
@@ -63,9 +65,11 @@ smoothing = c3.slider(
     "when each run reaches the target loss below.",
 )
 
+AUX = (M.LOSS, M.TOKENS_SEEN, M.STEP_TIME, M.BATCH_SEQS)  # the axes and the target table
+data = store_access.run_series(db, [by_id[rid] for rid in chosen], (metric, *AUX))
 curves, time_how = [], set()
 for rid in chosen:
-    b = store_access.series(db, rid, metric)
+    b = data[rid][metric]
     if not len(b):
         continue
     y = (
@@ -75,9 +79,9 @@ for rid in chosen:
     )
     x = b.steps.astype(np.float64)
     if axis == "tokens":
-        x = comparison.tokens_at(b.steps, store_access.series(db, rid, M.TOKENS_SEEN))
+        x = comparison.tokens_at(b.steps, data[rid][M.TOKENS_SEEN])
     elif axis == "time":
-        x, how = comparison.elapsed_at(b.steps, store_access.series(db, rid, M.STEP_TIME))
+        x, how = comparison.elapsed_at(b.steps, data[rid][M.STEP_TIME])
         time_how.add(how)
     if x is None:
         st.caption(
@@ -110,15 +114,8 @@ else:
     st.dataframe(diff, hide_index=True, key="config_diff")
 
 st.subheader("Steps, tokens and time to a target loss")
-loss = {rid: store_access.series(db, rid, M.LOSS) for rid in chosen}
-aux = {
-    rid: (
-        store_access.series(db, rid, M.TOKENS_SEEN),
-        store_access.series(db, rid, M.STEP_TIME),
-        store_access.series(db, rid, M.BATCH_SEQS),
-    )
-    for rid in chosen
-}
+loss = {rid: data[rid][M.LOSS] for rid in chosen}
+aux = {rid: tuple(data[rid][n] for n in AUX[1:]) for rid in chosen}
 t_smooth = smoothing  # one smoothing for the curves and the target, said in the table
 probe = [comparison.to_target(labels[r], loss[r], -np.inf, t_smooth) for r in chosen]
 default_target = comparison.default_target([p.best for p in probe])

@@ -1,7 +1,8 @@
 """Runs page: every run in the database, its status and summary, and export of its raw rows.
 
 Thin page: store.reader.Run rows via dashboard/store_access.py (status 'stale' when a running
-run's writer is gone), a per-run summary (tokens, best loss, peak memory, refused writes), a
+run's writer is gone), each run's summary (tokens, best loss, peak memory, alerts, lost records:
+one read session for all runs) and refused writes, a
 note for each dead writer whose spool waits for `rampwatch recover`, and CSV / Parquet export
 through st.download_button (the file is built only when the button is clicked).
 """
@@ -41,10 +42,10 @@ def _duration(r) -> str | None:
 st.title("Runs")
 runs = store_access.list_runs(db)
 refused = store_access.refusal_counts(db)
+summaries = store_access.run_summaries(db)
 rows = []
 for r in runs:
-    s = store_access.run_summary(db, r.run_id)
-    evs = store_access.events(db, r.run_id)
+    s = summaries.get(r.run_id, store_access.NO_SUMMARY)
     rows.append(
         {
             "name": display_name(r.name or r.run_id),
@@ -57,8 +58,8 @@ for r in runs:
             "peak memory (GB)": None
             if s["peak_bytes"] is None
             else round(s["peak_bytes"] / 1e9, 2),
-            "alerts": sum(e["kind"] == "alert" for e in evs),
-            "lost records": store_access.lost_records(evs),
+            "alerts": s["alerts"],
+            "lost records": s["lost_records"],
             "refused writes": refused.get(r.run_id, 0),
             "device": r.device,
             "run id": display_name(r.run_id),
