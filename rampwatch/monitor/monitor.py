@@ -119,6 +119,7 @@ class Monitor:
         trial_delta_tokens: int | None = None,
         trials_note: str | None = None,
         token_budget: int | None = None,
+        trial_delta_from_loss: bool = False,
     ):
         self.writer = writer
         self.echo = echo  # each event is also one line here (the trainer passes stderr)
@@ -161,7 +162,13 @@ class Monitor:
             mode=ramp,
             base_lr=base_lr or _base_lr(optimizer),
             channel=channel,
-            trials=TrialProtocol(bool(trials), trials_note, trial_delta_tokens, token_budget),
+            trials=TrialProtocol(
+                bool(trials),
+                trials_note,
+                trial_delta_tokens,
+                token_budget,
+                delta_from_loss=trial_delta_from_loss,
+            ),
         )
         self.set_tier(per_device_batch, accum)
 
@@ -187,6 +194,7 @@ class Monitor:
         trials: bool = False,
         trial_delta_tokens: int | None = None,
         trials_note: str | None = None,
+        trial_delta_from_loss: bool = False,
         **kwargs,
     ) -> "Monitor":
         """Open (or resume) a run in the database at db_path and return its monitor.
@@ -196,11 +204,14 @@ class Monitor:
         LR and its rule), the tier and `ramp`, so the dashboard's card judges as the loop does;
         and whether this loop runs trials (trials=True: it calls trial_due() and run_trial()),
         its default Δ or why it runs none (trials_note), so the card says so before a click.
+        trial_delta_from_loss: the default Δ is a cap, and each trial's Δ comes from the run's
+        own loss curve below it (monitor/trial_protocol.py).
         """
         trial_kwargs = dict(
             trials=trials,
             trial_delta_tokens=trial_delta_tokens,
             trials_note=trials_note,
+            trial_delta_from_loss=trial_delta_from_loss,
             token_budget=kwargs.pop("token_budget", None) or config.get("total_tokens"),
         )
         rank, world = distributed()
@@ -226,7 +237,9 @@ class Monitor:
                 "lr": policy.original_lr,
                 **dict(config),
                 POLICY_KEY: policy.to_config(),
-                **TrialProtocol(trials, trials_note, trial_delta_tokens).config(),
+                **TrialProtocol(
+                    trials, trials_note, trial_delta_tokens, delta_from_loss=trial_delta_from_loss
+                ).config(),
             }
             writer = RunWriter.start(
                 db_path,
@@ -406,6 +419,7 @@ class Monitor:
         if self.writer:
             self.writer.log(step, m)
         self.ramps.observe(step, m)
+        self.ramps.trials.observe(m)
         return m
 
     def _without_after_backward(self, step: int) -> bool | None:
