@@ -29,14 +29,14 @@ def _data(n: int, seed: int):
     return x, x @ torch.arange(1.0, 9.0).unsqueeze(1) + 0.3 * torch.randn(n, 1, generator=g)
 
 
-def _loop(db, trials: bool, **kw):
+def _loop(db, trials: bool, budget: int = 100_000, **kw):
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 1)
     opt = torch.optim.AdamW(model.parameters(), lr=0.05)
     mon = Monitor.start(
         db,
         name="trial-loop",
-        config={"total_tokens": 100_000},
+        config={"total_tokens": budget},
         model=model,
         optimizer=opt,
         per_device_batch=4,
@@ -168,24 +168,9 @@ def test_with_delta_from_loss_the_trial_takes_delta_from_the_runs_loss_curve(tmp
     curve (its control's half-progress ratio on the true curve near the 0.8 aimed at), within
     the loop's Δ as the cap, and the trial_start says so; its cost is a share of the 10¹²-token
     budget in significant digits (never "0.0%") and of the tokens seen so far."""
-    db = tmp_path / "runs.duckdb"
-    torch.manual_seed(0)
-    model = torch.nn.Linear(8, 1)
-    opt = torch.optim.AdamW(model.parameters(), lr=0.05)
-    cap = 4096
-    mon = Monitor.start(
-        db,
-        name="delta-loop",
-        config={"total_tokens": 10**12},
-        model=model,
-        optimizer=opt,
-        per_device_batch=4,
-        accum=2,
-        seq_len=1,
-        policy=RampPolicy(original_batch=8, original_lr=0.05, lr_rule="sqrt"),
-        trials=True,
-        trial_delta_tokens=cap,
-        trial_delta_from_loss=True,
+    db, cap = tmp_path / "runs.duckdb", 4096
+    model, opt, mon = _loop(
+        db, True, budget=10**12, trial_delta_tokens=cap, trial_delta_from_loss=True
     )
     assert reader.get_run(db, mon.run_id).config["trial_delta_from_loss"] is True
     tau = 100 * 8
