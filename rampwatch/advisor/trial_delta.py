@@ -30,7 +30,10 @@ The choice. Δ = τ·delta_over_tau(TARGET_HALF_PROGRESS): the Δ at which the e
 where the trial needs HALF_PROGRESS_MIN ≈ 0.672 (Δ = 0.45·τ against 0.79·τ); the margin is for
 the ratio the trial measures, a point estimate that one arm's trajectory noise moves. Δ is then
 bounded: at least `floor` (a few steps of the largest branch, so that each arm makes progress the
-held-out evaluation can resolve) and at most `ceiling` (the loop's budget rule).
+held-out evaluation can resolve) and at most `ceiling` (the loop's budget rule). A shorter Δ is
+no free gain: the control's progress over it, which the tolerance and the ratio are fractions
+of, shrinks towards the held-out loss's step-to-step noise (bench/trial_delta_bench.py measures
+how often a trial is judged with each rule).
 """
 
 from __future__ import annotations
