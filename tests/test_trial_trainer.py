@@ -220,6 +220,20 @@ def test_the_default_delta_comes_from_the_runs_loss_curve(tmp_path, procs):
     assert verdict.plan.delta_tokens == delta and verdict.half_progress_ratio is not None
 
 
+def test_a_resume_keeps_the_runs_trial_delta_cap_whatever_its_launch_flags(tmp_path):
+    """The cap is the default rule at the run's first tier (4 × 2 here), not at this launch's
+    --per-device-batch/--accum (a resume that names none gets the preset's 8 × 2)."""
+    db, ck = tmp_path / "runs.duckdb", tmp_path / "ckpt"
+    first = run_trainer(db, ck, "--run-id", "c", "--steps", "3", *COMMON)
+    assert first.returncode == 0, first.stdout
+    assert reader.get_run(db, "c").config["trial_delta_tokens"] == 65_536
+    rest = run_trainer(
+        db, ck, "--resume", "c", "--steps", "5", "--no-plan", "--total-tokens", "10000000000"
+    )
+    assert rest.returncode == 0, rest.stdout
+    assert reader.get_run(db, "c").config["trial_delta_tokens"] == 65_536
+
+
 def _ended(db) -> bool:
     try:
         return any(t.status != "running" for t in reader.trials(db, "d"))

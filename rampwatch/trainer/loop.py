@@ -283,13 +283,14 @@ class Trainer:
     def _trial_options(self) -> dict:
         """The monitor's trial settings: trials run unless ramps are off; Δ is --trial-delta-tokens,
         else chosen from the run's loss curve at each trial, at most
-        config.default_trial_delta_tokens at the starting tier."""
-        a = self.args
+        config.default_trial_delta_tokens at the run's first tier (a resume's run config is
+        the first launch's, whatever this launch's --per-device-batch and --accum say)."""
+        a, c = self.args, self.run_config
         if a.ramp == "off":
             return {"trials": False, "trials_note": "the run was started with --ramp off"}
         given = getattr(a, "trial_delta_tokens", None)
         delta = given or default_trial_delta_tokens(
-            Tier(a.per_device_batch, a.accum, self.ddp.world_size).batch,
+            Tier(c["per_device_batch"], c["accum"], self.ddp.world_size).batch,
             self.cfg.seq_len,
             a.total_tokens,
         )
