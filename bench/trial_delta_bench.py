@@ -8,8 +8,8 @@ loss curve, from the same snapshot.
 Per seed: the reference trainer (`rampwatch train`, bench/tiny_runs.train_tiny) trains the demo's
 run (scripts/demo.sh: cpu-tiny, 4 × 2 sequences per step) to `--step` and checkpoints there (its
 monitor's loss history rides in the checkpoint). Then, from copies of that database and
-checkpoint, two resumes each take a "Test ×2 / ×4 first" command at their first boundaries, as
-the card sends it: one with the old default Δ (trainer/config.py default_trial_delta_tokens,
+checkpoint, two resumes each take a "Test ×2 / ×4 first" command as the card sends it, within a
+few steps of the snapshot (when the writer's flusher claims it): one with the old default Δ (trainer/config.py default_trial_delta_tokens,
 given as the command's Δ), one with Δ left to the loop (null: chosen from the loss curve). Each
 resume is stopped (SIGTERM: a checkpoint at the next boundary) once its trial has ended. The
 table: Δ and what it rested on, the control's half-progress ratio, whether the trial was judged
