@@ -46,7 +46,7 @@ def _data(seed: int = 0):
     return x, y
 
 
-def _monitor(model, per_device_batch=2, accum=2) -> Monitor:
+def _monitor(model, per_device_batch=2, accum=2, **kw) -> Monitor:
     """A rank's monitor as a loop that resumes makes it: at the tier its own checkpoint names."""
     return Monitor(
         None,
@@ -60,6 +60,7 @@ def _monitor(model, per_device_batch=2, accum=2) -> Monitor:
         capacity_bytes=64 * GB,
         noise_window=NoiseScaleWindow(min_steps=3),
         policy=RampPolicy(original_batch=4, original_lr=0.1),
+        **kw,
     )
 
 
@@ -150,6 +151,7 @@ def test_a_trainer_checkpoint_keeps_the_monitor_state_in_its_own_fields(tmp_path
         "base_lr",
         "infeasible_batches",
         "noise_window",
+        "loss_history",
     }
 
     resumed = _monitor(model, 4, 2)
@@ -159,6 +161,26 @@ def test_a_trainer_checkpoint_keeps_the_monitor_state_in_its_own_fields(tmp_path
     assert resumed.lr_scale == mon.lr_scale  # over the run's original LR (the policy's)
     assert resumed.ramps.last_ramp_step == 10  # the resume step: the hysteresis starts there
     assert resumed.ramps.measured == {} and resumed.last_step == 0  # measured again, as ever
+
+
+def test_the_loss_history_a_trials_delta_is_chosen_from_rides_the_trainer_checkpoint(tmp_path):
+    """A monitor with trial_delta_from_loss keeps each step's loss against tokens seen; the
+    trainer's checkpoint keeps it (TrainState.loss_history), so a resumed run chooses Δ from the
+    same curve; a monitor without it keeps none."""
+    model, data = torch.nn.Linear(6, 3), _data()
+    mon = _monitor(model, trials=True, trial_delta_from_loss=True)
+    for step in range(1, 6):
+        _step([mon], model, step, data, 2, 2)
+    history = mon.state_dict()["trials"]["loss_history"]
+    assert history["tokens"] == [16 * s for s in range(1, 6)] and len(history["losses"]) == 5
+    state = ckpt.TrainState("r", step=5, tokens_seen=mon.tokens_seen, per_device_batch=2, accum=2)
+    keep_monitor_state(state, mon.state_dict())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ckpt.save(tmp_path / "r.pt", state=state, model=model, optimizer=opt, config={})
+    resumed = _monitor(model, trials=True, trial_delta_from_loss=True)
+    resumed.load_state_dict(monitor_state(ckpt.load(tmp_path / "r.pt")["state"]))
+    assert resumed.ramps.trials.history.to_dict() == history
+    assert _monitor(model).state_dict()["trials"]["loss_history"] is None
 
 
 def test_a_checkpoint_written_before_state_dict_resumes_the_monitor(tmp_path):

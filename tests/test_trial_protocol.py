@@ -6,10 +6,13 @@ the next boundary with the reason, and a factor that cannot run refuses the whol
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from rampwatch import Monitor
+from rampwatch.advisor.gns_window import significant
 from rampwatch.advisor.policy import RampPolicy
 from rampwatch.store import commands, reader
 from rampwatch.store import names as M
@@ -26,14 +29,14 @@ def _data(n: int, seed: int):
     return x, x @ torch.arange(1.0, 9.0).unsqueeze(1) + 0.3 * torch.randn(n, 1, generator=g)
 
 
-def _loop(db, trials: bool, **kw):
+def _loop(db, trials: bool, budget: int = 100_000, **kw):
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 1)
     opt = torch.optim.AdamW(model.parameters(), lr=0.05)
     mon = Monitor.start(
         db,
         name="trial-loop",
-        config={"total_tokens": 100_000},
+        config={"total_tokens": budget},
         model=model,
         optimizer=opt,
         per_device_batch=4,
@@ -158,3 +161,48 @@ def test_a_trial_command_runs_in_an_own_loop_and_continues_from_the_kept_arm(tmp
     # no per-step metrics while the arms ran: the run's steps jump from 5 to continue_step + 1
     loss_steps = sorted(metric(db, mon.run_id, M.LOSS))
     assert loss_steps == [1, 2, 3, 4, 5, continue_step + 1, continue_step + 2]
+
+
+def test_with_delta_from_loss_the_trial_takes_delta_from_the_runs_loss_curve(tmp_path):
+    """A loop whose loss decays as 1 + exp(−t/τ) in tokens (τ = 100 steps): Δ comes from that
+    curve (its control's half-progress ratio on the true curve near the 0.8 aimed at), within
+    the loop's Δ as the cap, and the trial_start says so; its cost is a share of the 10¹²-token
+    budget in significant digits (never "0.0%") and of the tokens seen so far."""
+    db, cap = tmp_path / "runs.duckdb", 4096
+    model, opt, mon = _loop(
+        db, True, budget=10**12, trial_delta_tokens=cap, trial_delta_from_loss=True
+    )
+    assert reader.get_run(db, mon.run_id).config["trial_delta_from_loss"] is True
+    tau = 100 * 8
+
+    def curve(tokens):
+        return 1.0 + math.exp(-tokens / tau)
+
+    x = torch.randn(8, 8)
+    for step in range(1, 301):
+        (model(x) ** 2).mean().backward()
+        mon.after_backward()
+        mon.step(step, loss=curve(8 * step))  # the loop's loss: a known curve
+        opt.zero_grad(set_to_none=True)
+    cid = commands.submit(db, mon.run_id, "trial", {"factors": [2, 4]}, actor="test")
+    trial = _boundary(mon)
+    assert trial is not None and trial.trial_id == cid
+    choice = trial.delta_choice
+    assert choice["basis"] == "loss curve" and choice["tokens"] == trial.delta_tokens
+    assert 4 * 4 * 8 <= trial.delta_tokens < cap and trial.delta_tokens % 32 == 0
+    t0 = 8 * 300
+    a, b, c = (curve(t0 + f * trial.delta_tokens) for f in (0, 0.5, 1))
+    assert 0.75 <= (b - c) / (a - b) <= 0.9
+    mon.trial_abandoned(trial, "the test stops here")
+    mon.finish()
+
+    [start] = reader.events(db, mon.run_id, kinds=[M.EVENT_TRIAL_START])
+    cost = 2 * trial.delta_tokens
+    assert start.data["delta_choice"] == choice
+    assert start.data["cost_fraction"] == cost / 10**12
+    assert start.data["cost_fraction_seen"] == cost / 2400
+    assert (
+        "0.0%" not in start.message and "% of the 1,000,000,000,000-token budget" in start.message
+    )
+    assert f"{significant(100 * cost / 2400)}% of the 2,400 tokens seen so far" in start.message
+    assert "Δ from the loss curve: τ ≈" in start.message

@@ -1,8 +1,9 @@
 """The judgement of a ramp trial: is a k× larger batch as good, token for token, as the running one?
 
 Owns `TrialPlan` (what a trial runs: the batch B, the factors k, Δ tokens per arm, the LR rule),
-`BranchResult` and `TrialVerdict` (what it found), `tolerance_fraction`, `HALF_PROGRESS_MIN` and
-`judge`. Pure: the
+`BranchResult` and `TrialVerdict` (what it found), `tolerance_fraction`, `HALF_PROGRESS_MIN`, the
+exponential model's two directions (`delta_over_tau`, `half_progress_ratio_at`) and `judge`.
+Pure: the
 losses come in as arrays; running the arms is the caller's (monitor/trial_runner.py for a plain
 torch model and optimizer).
 
@@ -82,11 +83,24 @@ __all__ = [
     "TrialVerdict",
     "tolerance_fraction",
     "HALF_PROGRESS_MIN",
+    "delta_over_tau",
+    "half_progress_ratio_at",
     "judge",
 ]
 
 # the control's second-half over first-half progress below which Δ is too long (docstring)
 HALF_PROGRESS_MIN = ((1 + math.sqrt(13)) / 6) ** 1.5
+
+
+def delta_over_tau(ratio: float) -> float:
+    """Δ/τ at which the control's half-progress ratio is `ratio` (0 < r < 1) under exponential
+    decay: −2·ln r (docstring, "Δ too long"); advisor/trial_delta.py picks the default Δ by it."""
+    return -2.0 * math.log(ratio)
+
+
+def half_progress_ratio_at(x: float) -> float:
+    """The other direction: the ratio a control of Δ = x·τ shows, exp(−x/2) (1 at τ = ∞)."""
+    return math.exp(-x / 2)
 
 
 def tolerance_fraction(k: int) -> float:
@@ -208,7 +222,7 @@ class TrialVerdict:
             return None
         if r <= 0:
             return self.plan.delta_tokens // 4
-        return round(self.plan.delta_tokens * math.log(HALF_PROGRESS_MIN) / math.log(r))
+        return round(self.plan.delta_tokens * delta_over_tau(HALF_PROGRESS_MIN) / delta_over_tau(r))
 
     @property
     def summary(self) -> str:

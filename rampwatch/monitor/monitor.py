@@ -137,6 +137,7 @@ class Monitor:
         trial_delta_tokens: int | None = None,
         trials_note: str | None = None,
         total_tokens: int | None = None,
+        trial_delta_from_loss: bool = False,
     ):
         self.writer = writer
         self.echo = echo  # each event is also one line here (the trainer passes stderr)
@@ -179,7 +180,13 @@ class Monitor:
             mode=ramp,
             base_lr=base_lr or _base_lr(optimizer),
             channel=channel,
-            trials=TrialProtocol(bool(trials), trials_note, trial_delta_tokens, total_tokens),
+            trials=TrialProtocol(
+                bool(trials),
+                trials_note,
+                trial_delta_tokens,
+                total_tokens,
+                delta_from_loss=trial_delta_from_loss,
+            ),
             author_alert=self._alert_author,
         )
         self.set_tier(per_device_batch, accum)
@@ -207,6 +214,7 @@ class Monitor:
         trial_delta_tokens: int | None = None,
         trials_note: str | None = None,
         total_tokens: int | None = None,
+        trial_delta_from_loss: bool = False,
         **kwargs,
     ) -> "Monitor":
         """Open (or resume) a run in the database at db_path and return its monitor.
@@ -218,6 +226,8 @@ class Monitor:
         its default Δ or why it runs none (trials_note), so the card says so before a click.
         total_tokens: the run's token budget (default: config's "total_tokens"), recorded as the
         config's "total_tokens": the card's steps left and a trial's share of the run read it.
+        trial_delta_from_loss: the default Δ is a cap, and each trial's Δ comes from the run's
+        own loss curve below it (monitor/trial_protocol.py).
         """
         total_tokens = _budget(config.get("total_tokens") if total_tokens is None else total_tokens)
         trial_kwargs = dict(
@@ -225,6 +235,7 @@ class Monitor:
             trial_delta_tokens=trial_delta_tokens,
             trials_note=trials_note,
             total_tokens=total_tokens,
+            trial_delta_from_loss=trial_delta_from_loss,
         )
         rank, world = distributed()
         world = world_size or world
@@ -250,7 +261,9 @@ class Monitor:
                 **dict(config),
                 **({"total_tokens": total_tokens} if total_tokens else {}),
                 POLICY_KEY: policy.to_config(),
-                **TrialProtocol(trials, trials_note, trial_delta_tokens).config(),
+                **TrialProtocol(
+                    trials, trials_note, trial_delta_tokens, delta_from_loss=trial_delta_from_loss
+                ).config(),
             }
             writer = RunWriter.start(
                 db_path,
@@ -430,6 +443,7 @@ class Monitor:
         if self.writer:
             self.writer.log(step, m)
         self.ramps.observe(step, m)
+        self.ramps.trials.observe(m)
         return m
 
     def _without_after_backward(self, step: int) -> bool | None:

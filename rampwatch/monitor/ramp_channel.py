@@ -30,6 +30,7 @@ class Proposal:
     kind: str = "ramp"
     delta_tokens: int = 0
     arms: tuple[tuple[int, Tier], ...] = ()  # (factor, tier) of each branch, factor increasing
+    delta_choice: dict | None = None  # what a trial's Δ rests on: rank 0's own, never sent
 
 
 class RampChannel:

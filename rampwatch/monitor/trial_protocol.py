@@ -21,7 +21,11 @@ A command's factors each get the tier that the one `advise()` offers at that fac
 factor it does not offer, the running per-device batch with k× the accumulation, which fits by
 construction) and must pass `Advice.refusal`; one that cannot run refuses the whole command with
 the reason (a trial never silently drops an arm). Δ is rounded up to a whole number of steps of
-every arm (advisor/trial.py's TrialPlan needs it: every arm reads the same examples).
+every arm (advisor/trial.py's TrialPlan needs it: every arm reads the same examples). A loop
+started with `trial_delta_from_loss` (the reference trainer, unless told a Δ) has its default Δ
+chosen at each trial from its own loss curve (advisor/trial_delta.py, from the training losses
+this protocol keeps: `observe`), at most the loop's Δ and at least MIN_BRANCH_STEPS steps of
+the largest branch; the trial_start event says what Δ rests on.
 
 A finished trial is the run's newest trial evidence (`latest`, advisor/advice.py TrialEvidence):
 advise() reads the noise scale through its calibration until the next one. Under the policy's
@@ -38,8 +42,10 @@ import math
 from dataclasses import dataclass, field
 
 from rampwatch.advisor.advice import TrialEvidence
+from rampwatch.advisor.gns_window import significant
 from rampwatch.advisor.tiers import RAMP_MAX_FACTOR, Tier
 from rampwatch.advisor.trial import TrialPlan, TrialVerdict
+from rampwatch.advisor.trial_delta import DeltaChoice, LossHistory, choose_delta
 from rampwatch.monitor.ramp_channel import Proposal
 from rampwatch.store import CommandError
 from rampwatch.store import names as M
@@ -56,6 +62,8 @@ __all__ = [
 
 # Δ of a loop that names none: this many optimizer steps of the largest branch
 DEFAULT_BRANCH_STEPS = 8
+# the shortest Δ from the loss curve: this many steps of the largest branch
+MIN_BRANCH_STEPS = 4
 NOT_OPTED_IN = "its monitor started without trials=True"
 
 
@@ -84,6 +92,7 @@ class TrialRequest:
     arms: tuple[TrialArm, ...]
     source: str  # "command 7"
     command_id: int | None = None
+    delta_choice: dict | None = None  # DeltaChoice.to_dict(): what Δ rests on (rank 0's)
 
     @property
     def factors(self) -> tuple[int, ...]:
@@ -148,6 +157,8 @@ class TrialProtocol:
     note: str | None = None  # why this loop does not run trials (the card shows it)
     delta_tokens: int | None = None  # the loop's default Δ (None: DEFAULT_BRANCH_STEPS)
     budget_tokens: int | None = None  # the run's token budget, for the cost's share
+    delta_from_loss: bool = False  # the default Δ is a cap: the loss curve picks Δ below it
+    history: LossHistory = field(default_factory=LossHistory, repr=False)
     pending: TrialRequest | None = field(default=None, repr=False)
     latest: TrialEvidence | None = None  # the newest finished trial: advise() reads it
     last_start_tokens: int | None = None  # tokens seen at the last trial's start (None: none yet)
@@ -160,6 +171,7 @@ class TrialProtocol:
             "last_start_tokens": self.last_start_tokens,
             "last_ramped": self.last_ramped,
             "auto_trials": self.auto_trials,
+            "loss_history": self.history.to_dict() if self.delta_from_loss else None,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -168,10 +180,19 @@ class TrialProtocol:
         self.last_start_tokens = state.get("last_start_tokens", self.last_start_tokens)
         self.last_ramped = bool(state.get("last_ramped", self.last_ramped))
         self.auto_trials = int(state.get("auto_trials", self.auto_trials))
+        if state.get("loss_history"):
+            self.history = LossHistory.from_dict(state["loss_history"])
+
+    def observe(self, metrics: dict) -> None:
+        """Monitor.step's metrics: the training loss against tokens seen, for the Δ choice."""
+        if self.delta_from_loss and M.LOSS in metrics and M.TOKENS_SEEN in metrics:
+            self.history.add(int(metrics[M.TOKENS_SEEN]), float(metrics[M.LOSS]))
 
     def config(self) -> dict:
         """What the run config records: the card says up front whether trials run, and why not."""
         out = {"trials": self.enabled, "trial_delta_tokens": self.delta_tokens}
+        if self.delta_from_loss:  # trial_delta_tokens is then Δ's cap: the card's "at most"
+            out["trial_delta_from_loss"] = True
         if not self.enabled:
             out["trials_note"] = self.note or NOT_OPTED_IN
         return out
@@ -211,16 +232,40 @@ class TrialProtocol:
             if why is not None:
                 return f"×{k} cannot run: {why}"
             arms.append((k, tier))
-        delta = self.whole_delta(payload["delta_tokens"], payload["factors"], running)
-        return Proposal(running.tier, ramps.base_lr, "", None, "trial", delta, tuple(arms))
+        delta = self.choose_delta(payload["delta_tokens"], payload["factors"], running)
+        return Proposal(
+            running.tier,
+            ramps.base_lr,
+            "",
+            None,
+            "trial",
+            delta.tokens,
+            tuple(arms),
+            delta.to_dict(),
+        )
 
     def whole_delta(self, requested: int | None, factors, running) -> int:
-        """Δ: the command's, else the loop's default, else DEFAULT_BRANCH_STEPS steps of the
-        largest branch, rounded up to whole steps of every arm."""
+        """Δ without the loss curve: the command's, else the loop's default, else
+        DEFAULT_BRANCH_STEPS steps of the largest branch, rounded up to whole steps of every
+        arm (the trial gate's interval counts in it)."""
         step = running.tier.batch * (running.seq_len or 1)
         unit = math.lcm(*factors) * step
         want = requested or self.delta_tokens or DEFAULT_BRANCH_STEPS * max(factors) * step
         return -(-want // unit) * unit
+
+    def choose_delta(self, requested: int | None, factors, running) -> DeltaChoice:
+        """A trial's Δ: the command's; else, with delta_from_loss, from the loss curve between
+        MIN_BRANCH_STEPS steps of the largest branch and the default (whole_delta's); else the
+        default."""
+        delta = self.whole_delta(requested, factors, running)
+        if requested:
+            return DeltaChoice(delta, "command", "Δ as the command asked.")
+        if not self.delta_from_loss:
+            return DeltaChoice(delta, "default", "The loop's default Δ.")
+        step = running.tier.batch * (running.seq_len or 1)
+        floor = min(delta, MIN_BRANCH_STEPS * max(factors) * step)
+        unit = math.lcm(*factors) * step
+        return choose_delta(self.history.tokens, self.history.losses, floor, delta, unit)
 
     # -- a trial the loop starts itself (ramp="auto" under the trial gate; rank 0) -----------
     def auto(self, ramps, advice, tokens: int) -> Proposal | None:
@@ -274,26 +319,45 @@ class TrialProtocol:
             ),
             source=proposal.source,
             command_id=proposal.command_id,
+            delta_choice=proposal.delta_choice,
         )
 
     # -- the events of the contract (rank 0 writes; Monitor.event is a no-op elsewhere) ------
     def cost(self, req: TrialRequest, tokens_per_s: float | None) -> dict:
+        """The discarded arms' tokens, their share of the run's budget (None: none given) and
+        of the tokens seen before the trial (None: none yet), seconds at the throughput."""
         tokens = req.plan().cost_tokens
         fraction = tokens / self.budget_tokens if self.budget_tokens else None
+        seen = self.last_start_tokens
         seconds = tokens / tokens_per_s if tokens_per_s and tokens_per_s > 0 else None
-        return {"cost_tokens": tokens, "cost_fraction": fraction, "cost_seconds": seconds}
+        return {
+            "cost_tokens": tokens,
+            "cost_fraction": fraction,
+            "cost_fraction_seen": tokens / seen if seen else None,
+            "cost_seconds": seconds,
+        }
 
     def started(self, event, req: TrialRequest, tokens_per_s: float | None) -> None:
         cost = self.cost(req, tokens_per_s)
         arms = ", ".join(f"×{k}" for k in req.factors)
         extra = []
-        if cost["cost_fraction"] is not None:
-            extra.append(f"{cost['cost_fraction']:.1%} of the run")
+        if cost["cost_fraction"] is not None:  # a budget of 10¹² is a share, never "0.0%"
+            extra.append(
+                f"{_percent(cost['cost_fraction'])} of the {self.budget_tokens:,}-token budget"
+            )
+        if cost["cost_fraction_seen"] is not None:
+            extra.append(
+                f"{_percent(cost['cost_fraction_seen'])} of the {self.last_start_tokens:,} "
+                "tokens seen so far"
+            )
         if cost["cost_seconds"] is not None:
             extra.append(f"~{_duration(cost['cost_seconds'])}")
+        choice = (req.delta_choice or {}) if self.delta_from_loss else {}
         message = (
             f"trial {arms} from step {req.step}: {len(req.arms)} × {req.delta_tokens:,} tokens "
-            "discarded at most" + (f" ({', '.join(extra)})" if extra else "")
+            "discarded at most"
+            + (f" ({', '.join(extra)})" if extra else "")
+            + (f". {choice['note']}" if "note" in choice else "")
         )
         event(
             req.step,
@@ -308,6 +372,7 @@ class TrialProtocol:
                 "seq_len": req.seq_len,
                 "lr_rule": req.rule,
                 **cost,
+                "delta_choice": req.delta_choice,
                 "source": req.source,
                 "arms": [{"factor": a.factor, **a.tier.to_payload()} for a in req.arms],
             },
@@ -375,6 +440,11 @@ def abandoned_note(req: TrialRequest) -> dict:
         "message": f"trial {req.trial_id} abandoned: {reason}",
         "data": {"trial_id": req.trial_id, "reason": reason},
     }
+
+
+def _percent(fraction: float) -> str:
+    """A share as a percentage of three significant digits: 1.60%, 0.000026% (never 0.0%)."""
+    return f"{significant(100 * fraction)}%"
 
 
 def _duration(seconds: float) -> str:

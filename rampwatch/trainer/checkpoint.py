@@ -62,6 +62,7 @@ class TrainState:
     base_lr: float = 0.0  # the schedule's base; ramps move it, the schedule shapes it
     infeasible_batches: list[int] = field(default_factory=list)  # per-device batches that OOMed
     noise_window: dict[str, Any] = field(default_factory=dict)  # NoiseScaleWindow.to_dict()
+    loss_history: dict[str, Any] = field(default_factory=dict)  # LossHistory.to_dict(): trial Δ
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

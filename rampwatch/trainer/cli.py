@@ -113,8 +113,9 @@ def add_arguments(t: argparse.ArgumentParser) -> None:
     ramp.add_argument(
         "--trial-delta-tokens",
         type=int,
-        help="tokens each arm of a ramp trial trains (default: whole steps of the x4 branch, "
-        "as many as keep a x2, x4 trial's discarded arms within 2%% of --total-tokens, 1 to 16)",
+        help="tokens each arm of a ramp trial trains (default: chosen at each trial from the "
+        "run's training-loss curve, at most whole steps of the x4 branch, as many as keep a "
+        "x2, x4 trial's discarded arms within 2%% of --total-tokens, 1 to 16)",
     )
     ramp.add_argument(
         "--trial-eval-batch",

@@ -64,9 +64,11 @@ class RunDefaults:
         return asdict(self)
 
 
-# The default Δ of a trial: whole steps of the card's largest first test (×4), as many as keep
-# its two discarded arms (×2, ×4) within TRIAL_BUDGET_SHARE of the run's tokens, at least one and
-# at most TRIAL_MAX_STEPS of them (a longer Δ tells more, but the run waits for it).
+# The cap of a trial's default Δ (the Δ itself comes from the run's loss curve at the trial,
+# advisor/trial_delta.py, and is this where the curve tells nothing): whole steps of the card's
+# largest first test (×4), as many as keep its two discarded arms (×2, ×4) within
+# TRIAL_BUDGET_SHARE of the run's tokens, at least one and at most TRIAL_MAX_STEPS of them (a
+# longer Δ tells more, but the run waits for it).
 TRIAL_BUDGET_SHARE, TRIAL_MAX_STEPS, TRIAL_UNIT_FACTOR = 0.02, 16, 4
 
 

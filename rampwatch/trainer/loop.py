@@ -65,15 +65,17 @@ class StepOutcome:
 def monitor_state(state: ckpt.TrainState) -> dict:
     """The Monitor.load_state_dict() of a run at `state`. A checkpoint keeps the monitor's state
     in TrainState's own fields, as every checkpoint has (so older ones resume as they are): the
-    noise window, the per-device batches that ran out of memory, tokens seen and the base LR.
-    Not kept: measured peaks (measured again) and the last ramp (the resume step stands for it:
-    the noise-scale history behind a ramp decision starts there)."""
+    noise window, the per-device batches that ran out of memory, tokens seen, the base LR and
+    the training losses a trial's Δ is chosen from (older checkpoints have none). Not kept:
+    measured peaks (measured again) and the last ramp (the resume step stands for it: the
+    noise-scale history behind a ramp decision starts there)."""
     return {
         "tokens_seen": state.tokens_seen,
         "base_lr": state.base_lr,
         "last_ramp_step": state.step,
         "noise_window": state.noise_window,
         "infeasible": state.infeasible_batches,
+        "trials": {"loss_history": state.loss_history},
     }
 
 
@@ -82,6 +84,7 @@ def keep_monitor_state(state: ckpt.TrainState, monitor: dict) -> None:
     base LR are the loop's own: it keeps them at every step and ramp)."""
     state.noise_window = monitor["noise_window"]
     state.infeasible_batches = monitor["infeasible"]
+    state.loss_history = monitor["trials"]["loss_history"] or {}
 
 
 # What a resumed run takes from its own checkpoint rather than from this launch's flags: the
@@ -278,17 +281,20 @@ class Trainer:
         return mon
 
     def _trial_options(self) -> dict:
-        """The monitor's trial settings: trials run unless ramps are off; Δ is --trial-delta-tokens
-        or config.default_trial_delta_tokens at the starting tier."""
-        a = self.args
+        """The monitor's trial settings: trials run unless ramps are off; Δ is --trial-delta-tokens,
+        else chosen from the run's loss curve at each trial, at most
+        config.default_trial_delta_tokens at the run's first tier (a resume's run config is
+        the first launch's, whatever this launch's --per-device-batch and --accum say)."""
+        a, c = self.args, self.run_config
         if a.ramp == "off":
             return {"trials": False, "trials_note": "the run was started with --ramp off"}
-        delta = getattr(a, "trial_delta_tokens", None) or default_trial_delta_tokens(
-            Tier(a.per_device_batch, a.accum, self.ddp.world_size).batch,
+        given = getattr(a, "trial_delta_tokens", None)
+        delta = given or default_trial_delta_tokens(
+            Tier(c["per_device_batch"], c["accum"], self.ddp.world_size).batch,
             self.cfg.seq_len,
             a.total_tokens,
         )
-        return {"trials": True, "trial_delta_tokens": delta}
+        return {"trials": True, "trial_delta_tokens": delta, "trial_delta_from_loss": not given}
 
     # -- one optimizer step -------------------------------------------------------------------
     def _micro_batches(self, tier: Tier):
