@@ -1,8 +1,9 @@
 """The tier table (advisor/tier_table.py) on the card and in `rampwatch plan --db`: issue 27's
 seed case — one H200, 16 × 16 and 32 × 16 measured, 64 and 128 out of memory — written through
 the real RunWriter, must read as the seed concluded: the same tokens/s, half the steps, an ETA
-within a few percent. Then a run with one measured per-device batch and no budget: its unknowns
-are written as such."""
+within a few percent, and 64 and 128 per device as rows of their own, out of memory. Then a run
+with one measured per-device batch and no budget: its unknowns are written as such; and a
+per-device batch the memory model predicts to fit gets its row with its predicted peak."""
 
 from __future__ import annotations
 
@@ -67,6 +68,11 @@ def _assert_reads_as_the_seed(rows: dict[str, dict]) -> None:
     assert double["steps (run)"] == "7,250"
     assert float(double["tokens/s (K)"]) == pytest.approx(tps32, abs=0.11)  # the same b, a model
     assert double["throughput from"] == "model: per-device batch 32 as measured"
+    for b, steps, lr in (("64", "7,250", "1.414"), ("128", "3,625", "2.000")):
+        oom = rows[f"per-device {b}: {b} × 16"]  # at the running accumulation
+        assert (oom["status"], oom["peak measured (GB)"]) == ("does not fit", "OOM")
+        assert (oom["why"], oom["steps (run)"], oom["LR ×"]) == ("ran out of memory", steps, lr)
+        assert (oom["tokens/s (K)"], oom["ETA (h)"]) == ("unknown", "unknown")  # it cannot run
 
 
 def test_the_seed_case_on_the_card(h200, monkeypatch):
@@ -79,6 +85,8 @@ def test_the_seed_case_on_the_card(h200, monkeypatch):
         "×4: 32 × 64",
         "×8: 32 × 128",
         "ran: 16 × 16",
+        "per-device 64: 64 × 16",
+        "per-device 128: 128 × 16",
     ]
     _assert_reads_as_the_seed(rows)
     assert "per-step overhead taken as 0" in seed.texts(at)  # what the model assumes, said
@@ -98,7 +106,7 @@ def test_the_seed_case_in_rampwatch_plan(h200):
             break
         values = re.split(r"\s{2,}", line.strip())
         rows[values[0]] = dict(zip(columns, values, strict=True))
-    assert len(rows) == 5
+    assert len(rows) == 7
     _assert_reads_as_the_seed(rows)
     doc = json.loads(_plan("--db", str(h200.db), "--run", h200.run_id, "--json").stdout)
     by_tier = {(t["kind"], t["per_device_batch"], t["accum"]): t for t in doc["tiers"]}
@@ -114,7 +122,8 @@ def test_the_seed_case_in_rampwatch_plan(h200):
 def test_the_card_and_the_cli_show_the_same_cells(h200, monkeypatch):
     card = _card_table(seed.app(monkeypatch, h200.db))
     doc = json.loads(_plan("--db", str(h200.db), "--json").stdout)
-    assert [t["kind"] for t in doc["tiers"]] == ["now", "×2", "×4", "×8", "ran"]
+    kinds = [t["kind"] for t in doc["tiers"]]
+    assert kinds == ["now", "×2", "×4", "×8", "ran", "per-device 64", "per-device 128"]
     assert doc["tiers"][0]["tokens_per_s"] / 1e3 == pytest.approx(
         float(card["▶ now: 32 × 16"]["tokens/s (K)"]), abs=0.051
     )
@@ -157,3 +166,30 @@ def test_steps_left_stop_at_zero_and_round_up():
     one_size = dataclasses.replace(now, tier=Tier(8, 1))  # accumulation 1 on one device
     assert cells(one_size)["why"].endswith("measures no noise scale (one batch size per step)")
     assert "noise scale" not in cells(now)["why"]
+
+
+def test_per_device_batches_predicted_to_fit_get_rows():
+    """4 × 8 running, 2 and 4 measured (a line: 2 GB + 2 GB per sequence): at accumulation 8,
+    per-device 8 and 16 are predicted to fit, 32 × 8 is the ×8 tier already, 64 needs 130 GB."""
+    cur = RunningTier(Tier(4, 8), seq_len=100, capacity_bytes=80 * GB)
+    policy = RampPolicy(original_batch=32, original_lr=1e-3)
+    peaks = [{"per_device_batch": b, "measured_bytes": (2 + 2 * b) * GB} for b in (2, 4)]
+    advice = advise(policy, cur, [], [], None, memory_evidence(peaks, "plain"), since_step=None)
+    speeds = ThroughputModel.fit({cur.tier: MeasuredSpeed(cur.tier, 3_200.0, None, 9)}, 100, 1)
+    rows = tier_rows(advice, speeds, tokens_seen=0, total_tokens=128_000)
+    assert [r.label for r in rows] == [
+        "now: 4 × 8",
+        "×2: 32 × 2",
+        "×4: 32 × 4",
+        "×8: 32 × 8",
+        "per-device 2: 2 × 8",
+        "per-device 8: 8 × 8",
+        "per-device 16: 16 × 8",
+    ]
+    small, eight, sixteen = (cells(r) for r in rows[-3:])
+    assert (small["why"], small["peak measured (GB)"]) == ("measured in this run", "6.0 (8%)")
+    assert (eight["status"], eight["peak predicted (GB)"]) == ("fits", "18.0 (22%)")
+    assert eight["why"] == f"predicted 18.0 GB <= {advice.usable_bytes / GB:.1f} GB usable"
+    assert (eight["peak measured (GB)"], eight["steps (run)"]) == ("unknown", "20")  # 6,400/step
+    assert sixteen["peak predicted (GB)"] == "34.0 (42%)" and sixteen["LR ×"] == "2.000"
+    assert rows[-1].new_base_lr == pytest.approx(policy.new_base_lr(128))

@@ -4,7 +4,8 @@ Owns `TierRow` (a tier's predicted and measured peak, its tokens/s, step time an
 advisor/throughput.py — measured where it ran, else modelled, else unknown —, tokens per step,
 steps of the whole run at it and steps left to the run's token budget, ETA = steps left × step
 time, LR multiplier and new base LR), `tier_rows` (the running tier, then the advice's tiers
-×2, ×4, ×8 as advise() chose them, then tiers this run ran earlier and measured) and the one
+×2, ×4, ×8 as advise() chose them, then tiers this run ran earlier and measured, then each
+per-device batch the memory evidence knows at the running accumulation) and the one
 text form of the rows (`COLUMNS`, `cells`, `text_table`: GB, K tokens/s, %, s, h, "unknown"
 where nothing is known) that the card (dashboard/card.py) and `rampwatch plan --db` both show.
 
@@ -19,9 +20,9 @@ from dataclasses import dataclass
 
 from rampwatch.advisor.advice import Advice
 from rampwatch.advisor.lr import lr_multiplier
-from rampwatch.advisor.memory import GB
+from rampwatch.advisor.memory import GB, format_gb
 from rampwatch.advisor.throughput import UNKNOWN, ThroughputModel, TierSpeed
-from rampwatch.advisor.tiers import Tier
+from rampwatch.advisor.tiers import Tier, per_device_candidates
 
 __all__ = ["TierRow", "tier_rows", "COLUMNS", "NOT_KNOWN", "cells", "hours_text", "text_table"]
 
@@ -30,7 +31,7 @@ RUNNING, FITS, NO_FIT = "running", "fits", "does not fit"
 
 @dataclass(frozen=True)
 class TierRow:
-    kind: str  # "now", "×2" … (the advice's factors), or "ran" (measured earlier in this run)
+    kind: str  # "now", "×2" … (the advice's factors), "ran" (measured earlier), "per-device 64"
     tier: Tier
     seq_len: int | None
     status: str  # RUNNING, FITS or NO_FIT
@@ -98,7 +99,8 @@ def tier_rows(
     total_tokens: int | None,
     knows_lr: bool = True,
 ) -> list[TierRow]:
-    """The table's rows: the running tier, the advice's tiers, then tiers measured earlier.
+    """The table's rows: the running tier, the advice's tiers, tiers measured earlier, then
+    the per-device batches of `_per_device_rows` (each group by effective batch after the first).
 
     speeds: the run's throughput model (None: nothing timed); tokens_seen: the run's tokens so
     far (None: none logged, read as 0); total_tokens: its token budget (run config
@@ -111,7 +113,7 @@ def tier_rows(
     why = "no step of this run was timed yet" if seq else "the run records no sequence length"
     unknown = TierSpeed(None, None, None, UNKNOWN, why)
 
-    def row(kind, tier, status, reason, predicted, mult, base_lr) -> TierRow:
+    def row(kind, tier, status, reason, predicted, mult, base_lr, speed=None) -> TierRow:
         b = tier.per_device_batch
         if predicted is None and advice.memory_model is not None:
             predicted = advice.memory_model.predict(b)
@@ -130,7 +132,7 @@ def tier_rows(
             advice.memory.measured.get(b),
             b in advice.memory.infeasible,
             cur.capacity_bytes,
-            speeds.speed(tier) if speeds is not None else unknown,
+            speed or (speeds.speed(tier) if speeds is not None else unknown),
             total,
             left,
             mult,
@@ -173,7 +175,44 @@ def tier_rows(
                 base_lr(tier.batch),
             )
         )
+    for tier, status, reason in _per_device_rows(advice):
+        if any(r.tier == tier for r in rows):
+            continue
+        oom = status == NO_FIT  # a tier that cannot run has no throughput to show
+        rows.append(
+            row(
+                f"per-device {tier.per_device_batch}",
+                tier,
+                status,
+                reason,
+                None,
+                lr_multiplier(cur.batch, tier.batch, policy.lr_rule),
+                base_lr(tier.batch),
+                TierSpeed(None, None, None, UNKNOWN, reason) if oom else None,
+            )
+        )
     return rows
+
+
+def _per_device_rows(advice: Advice) -> list[tuple[Tier, str, str]]:
+    """(tier, status, reason) for each per-device batch the memory evidence knows, at the
+    running accumulation and world size, by effective batch: those measured, those that ran
+    out of memory, and those of candidate_tiers' candidates up to the largest offered factor
+    that advice.refusal (its memory model against the usable memory) lets run."""
+    cur, memory = advice.current.tier, advice.memory
+    factors = [t.option.factor for t in advice.tiers]
+    top = cur.per_device_batch * max(factors, default=1)
+    out = []
+    for b in sorted({*memory.measured, *memory.infeasible, *per_device_candidates(cur, factors)}):
+        tier = Tier(b, cur.accum, cur.world_size)
+        if b in memory.infeasible:
+            out.append((tier, NO_FIT, "ran out of memory"))
+        elif b in memory.measured:
+            out.append((tier, FITS, "measured in this run"))
+        elif cur.per_device_batch < b <= top and advice.refusal(tier) is None:
+            need = format_gb(advice.memory_model.predict(b))
+            out.append((tier, FITS, f"predicted {need} <= {format_gb(advice.usable_bytes)} usable"))
+    return out
 
 
 # ------------------------------------------------------------------------- the table as text

@@ -5,7 +5,8 @@ Rampwatch passes around for "a tier", with its sizes, its sentence and its comma
 `RAMP_MAX_FACTOR` (policy.py's, the most one ramp may grow the batch: the store refuses
 more, the candidates never offer more), `TierOption` (a candidate tier with its predictions), `candidate_tiers`
 (effective batch ×2/×4/×8 split into per-device batch × accumulation × world size under a memory
-model) and `accumulation_tiers` (the same without a memory model: accumulation only). They follow
+model), `per_device_candidates` (the per-device batches it weighs) and `accumulation_tiers` (the
+same without a memory model: accumulation only). They follow
 docs/ARCHITECTURE.md "Tier": prefer the largest per-device batch that fits, make up the rest
 with accumulation; a per-device batch that ran out of memory stays infeasible.
 """
@@ -21,7 +22,14 @@ from rampwatch.advisor.lr import lr_multiplier, rule_for
 from rampwatch.advisor.memory import MemoryModel, format_gb, usable_bytes
 from rampwatch.advisor.policy import RAMP_MAX_FACTOR, default
 
-__all__ = ["RAMP_MAX_FACTOR", "Tier", "TierOption", "candidate_tiers", "accumulation_tiers"]
+__all__ = [
+    "RAMP_MAX_FACTOR",
+    "Tier",
+    "TierOption",
+    "candidate_tiers",
+    "accumulation_tiers",
+    "per_device_candidates",
+]
 
 
 @dataclass(frozen=True)
@@ -114,6 +122,12 @@ def _divisors(n: int) -> list[int]:
                 large.append(n // i)
         i += 1
     return small + large[::-1]
+
+
+def per_device_candidates(tier: Tier, factors: Iterable[int]) -> list[int]:
+    """The per-device batches candidate_tiers weighs for `factors` × this tier's effective
+    batch: every divisor of factor × its per-rank batch, ascending."""
+    return sorted({d for f in factors for d in _divisors(_factor(f) * tier.per_rank)})
 
 
 def candidate_tiers(
