@@ -92,8 +92,9 @@ def test_killed_run_resumes_as_the_same_run(tmp_path):
     db, ckpt = tmp_path / "runs.duckdb", tmp_path / "ckpt"
     proc = spawn(
         trainer_args(
-            db, ckpt, "--run-id", "r", "--steps", "1000", "--checkpoint-every", "10", "--no-plan"
-        ),
+            db, ckpt, "--run-id", "r", "--name", "first-launch", "--steps", "1000",
+            "--checkpoint-every", "10", "--no-plan",
+        ),  # fmt: skip
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -114,6 +115,7 @@ def test_killed_run_resumes_as_the_same_run(tmp_path):
     assert len(resumes) == 1 and resumes[0].step in (20, 30)
     assert_continuous_samples(db, "r")
     assert run.config["preset"] == "test-tiny"
+    assert run.name == "first-launch"  # a resume without --name keeps the run's name
 
 
 def test_own_loop_snippet_from_readme(tmp_path):

@@ -270,7 +270,8 @@ class Trainer:
         else:
             mon = Monitor.start(
                 self.args.db,
-                name=self.args.name or self.state.run_id,
+                # a resume without --name keeps the run's name (None: the store keeps it)
+                name=self.args.name if resumed else (self.args.name or self.state.run_id),
                 config=self.run_config,
                 capacity_bytes=self.args.capacity_bytes,
                 run_id=self.state.run_id,
