@@ -92,9 +92,18 @@ def test_killed_run_resumes_as_the_same_run(tmp_path):
     db, ckpt = tmp_path / "runs.duckdb", tmp_path / "ckpt"
     proc = spawn(
         trainer_args(
-            db, ckpt, "--run-id", "r", "--name", "first-launch", "--steps", "1000",
-            "--checkpoint-every", "10", "--no-plan",
-        ),  # fmt: skip
+            db,
+            ckpt,
+            "--run-id",
+            "r",
+            "--name",
+            "first-launch",
+            "--steps",
+            "1000",
+            "--checkpoint-every",
+            "10",
+            "--no-plan",
+        ),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
