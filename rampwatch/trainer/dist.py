@@ -309,11 +309,17 @@ def debug_step(info: DistInfo, state: ckpt.TrainState, tier: Tier, lr: float) ->
         return
     n = tier.batch
     first, _ = rank_slice(state.next_sample - n, n, info.rank, info.world_size)
-    print(
+    _debug_line(
         f"rampwatch-rank rank={info.rank} step={state.step} tier={tier.per_device_batch}x"
-        f"{tier.accum} first_sample={first} lr={lr:.6g}",
-        flush=True,
+        f"{tier.accum} first_sample={first} lr={lr:.6g}"
     )
+
+
+def _debug_line(line: str) -> None:
+    """One write of the line and its newline: the ranks share torchrun's stdout, and print()
+    on an unbuffered stream writes the newline separately, so two ranks' lines could merge."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def weights_digest(state: dict) -> str:
@@ -339,13 +345,13 @@ def debug_trial(info: DistInfo, what: str, request, outcome=None, model=None) ->
             f" kept={outcome.kept.factor} continue={outcome.continue_step} "
             f"digest={weights_digest(model.state_dict())}"
         )
-    print(line, flush=True)
+    _debug_line(line)
 
 
 def _debug_weights(info: DistInfo) -> None:
     if os.environ.get("RAMPWATCH_DEBUG_RANKS") and info.model is not None:
         digest = weights_digest(info.model.state_dict())
-        print(f"rampwatch-weights rank={info.rank} digest={digest}", flush=True)
+        _debug_line(f"rampwatch-weights rank={info.rank} digest={digest}")
 
 
 def teardown(info: DistInfo) -> None:
