@@ -61,6 +61,20 @@ def _config(device_batch: int, accum: int, **extra) -> dict:
     return cfg
 
 
+def _writer(db, name: str, config: dict, capacity: int, device: str = "NVIDIA H200") -> RunWriter:
+    """A one-rank run's writer that flushes only when the seed asks (w.flush())."""
+    return RunWriter.start(
+        db,
+        name=name,
+        config=config,
+        device=device,
+        capacity_bytes=capacity,
+        world_size=1,
+        handle_sigterm=False,
+        flush_interval=3600.0,
+    )
+
+
 def live_run(
     db,
     steps: int = 400,
@@ -86,16 +100,7 @@ def live_run(
     with a small `capacity` no tier can fit then.
     """
     device_batch, accum = 8, 2
-    w = RunWriter.start(
-        db,
-        name=name,
-        config=_config(device_batch, accum, **config),
-        device="NVIDIA H200",
-        capacity_bytes=capacity,
-        world_size=1,
-        handle_sigterm=False,
-        flush_interval=3600.0,
-    )
+    w = _writer(db, name, _config(device_batch, accum, **config), capacity)
     rng = np.random.default_rng(0)
     batch = device_batch * accum
     tokens = 0
@@ -185,16 +190,7 @@ def finished_run(
     step ceil(S_MIN (1 + B_CRIT / batch)) exactly: loss = 2 + 3 exp(-s / tau), no noise."""
     s_target = S_MIN * (1 + B_CRIT / batch)
     tau = s_target / math.log(3.0 / (TARGET_LOSS - 2.0))
-    w = RunWriter.start(
-        db,
-        name=name or f"b{batch}",
-        config=_config(batch, 1, lr=lr),
-        device="cpu",
-        capacity_bytes=CAPACITY,
-        world_size=1,
-        handle_sigterm=False,
-        flush_interval=3600.0,
-    )
+    w = _writer(db, name or f"b{batch}", _config(batch, 1, lr=lr), CAPACITY, device="cpu")
     tokens = 0
     for s in range(steps):
         tokens += batch * SEQ_LEN
@@ -237,16 +233,7 @@ def h200_run(db, steps_per_tier: int = 40, name: str = "h200-seed") -> Seeded:
     accum = 16
     cfg = _config(16, accum, seq_len=H200_SEQ, total_tokens=H200_BUDGET, lr=3e-4)
     cfg["model"] = {"d_model": 1536, "n_layer": 24, "seq_len": H200_SEQ, "chunked_ce": False}
-    w = RunWriter.start(
-        db,
-        name=name,
-        config=cfg,
-        device="NVIDIA H200",
-        capacity_bytes=H200_CAPACITY,
-        world_size=1,
-        handle_sigterm=False,
-        flush_interval=3600.0,
-    )
+    w = _writer(db, name, cfg, H200_CAPACITY)
     rng = np.random.default_rng(27)
     tokens, step = 0, 0
     for b, (tps, mfu, peak) in H200_TIERS.items():
@@ -498,16 +485,7 @@ def replay_run(
     if policy is not None:
         extra["ramp_policy"] = {"original_batch": 16, "original_lr": 1e-3, **policy}
     config = _config(device_batch, accum, **extra)
-    w = RunWriter.start(
-        db,
-        name="recorded",
-        config=config,
-        device="NVIDIA H200",
-        capacity_bytes=capacity,
-        world_size=1,
-        handle_sigterm=False,
-        flush_interval=3600.0,
-    )
+    w = _writer(db, "recorded", config, capacity)
     tiers = {s: (b, a) for s, b, a in ramps}
     for s in range(steps):
         gns = 4.0 * math.exp(s * math.log(20) / steps)
