@@ -281,3 +281,83 @@ def test_sharded_gradients_are_said_not_measured(tmp_path):
     assert not names & {M.GNS_G2, M.GNS, M.GRAD_NORM}  # a shard's norm is not the gradient's
     [alert] = store.events(db, run.run_id, kinds=[M.EVENT_ALERT])
     assert alert.message.startswith("noise scale not measured: sharded gradients")
+
+
+# A nanochat-style loop: no DDP wrapper; the optimizer averages .grad over the ranks inside
+# step(), so before it every rank's .grad is its own. Each rank also prints its own |.grad|²
+# after each backward, the recomputation the logged line must fit.
+LOCAL_SYNC_CHILD = """
+import sys, torch, torch.distributed as dist
+from rampwatch import Monitor
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+
+class SyncingSGD(torch.optim.SGD):
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                dist.all_reduce(p.grad)
+                p.grad /= world
+        return super().step(closure)
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+opt = SyncingSGD(model.parameters(), lr=1e-2)
+mon = Monitor.start(sys.argv[1], name="local-sync", config={}, model=model, optimizer=opt,
+                    per_device_batch=4, accum=2, seq_len=1, lr_rule="linear")
+gen = torch.Generator().manual_seed(1 + rank)
+for step in range(1, 5):
+    sq = []
+    for _ in range(2):
+        x = torch.randn(4, 8, generator=gen)
+        loss = (model(x) - x[:, :1]).pow(2).mean()
+        (loss / 2).backward()
+        mon.after_backward()
+        sq.append(sum(p.grad.double().square().sum() for p in model.parameters()))
+    means = torch.stack(sq)
+    dist.all_reduce(means)
+    if rank == 0:
+        print("SQ", step, *(v / world for v in means.tolist()), flush=True)
+    mon.step(step, loss=loss.detach())
+    opt.step()
+    opt.zero_grad()
+mon.finish()
+dist.destroy_process_group()
+"""
+
+
+def test_a_loop_that_syncs_inside_the_optimizer_gets_the_noise_scale_of_its_ranks(tmp_path):
+    """Two gloo ranks, no DDP: the points are the ranks' own running sums (batch 4 and 8 per
+    rank), averaged over ranks; the logged |G|² and tr(Σ) are the line through them."""
+    db, child = tmp_path / "runs.duckdb", tmp_path / "child.py"
+    child.write_text(textwrap.dedent(LOCAL_SYNC_CHILD))
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(child),
+            str(db),
+        ],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    [run] = store.list_runs(db)
+    g2, trace = metric(db, run.run_id, M.GNS_G2), metric(db, run.run_id, M.GNS_TRACE)
+    assert sorted(g2) == [1, 2, 3, 4]
+    for line in done.stdout.splitlines():
+        if line.startswith("SQ"):
+            _, step, y1, y2 = line.split()
+            # y = |G|² + tr(Σ)/B through (4, y1) and (8, y2): .grad is S_j/2, so |S_1|² = 4·sq
+            y1, y2 = float(y1) * 4, float(y2)
+            want_trace = (y1 - y2) / (1 / 4 - 1 / 8)
+            assert trace[int(step)] == pytest.approx(want_trace, rel=1e-6)
+            # |G|² is a small difference of the points (norms taken in fp32): their tolerance
+            assert g2[int(step)] == pytest.approx(y2 - want_trace / 8, abs=1e-5 * y1)
+    assert not store.events(db, run.run_id, kinds=[M.EVENT_ALERT])

@@ -18,6 +18,12 @@ ranks, e.g. the loss and the peak memory) and fits the line through
 keeps their expectation |G|^2 + tr(Sigma)/(j*b), cuts their variance, and gives every rank the
 same estimate (so a checkpoint written by any rank holds rank 0's noise-scale EMA).
 
+A loop under torch.distributed without DDP whose optimizer averages the gradients inside
+step() (nanochat's reduce-scatter) has .grad = this rank's own S_j/k after every backward, the
+last included (`local_grads`): the fit then uses the rank averages of all k local points and no
+global one; with k = 1 there is one batch size and nothing to fit. A loop that all-reduces .grad
+itself before after_backward() breaks that assumption: wrap the model in DDP instead.
+
 Micro-batches weighted other than 1/k (Hugging Face's num_items_in_batch divides each summed
 token loss by the step's token count) pass their weight to after_backward; the points are then
 token-weighted means over the tokens behind them (under DDP, each rank's weights of its own
@@ -120,12 +126,16 @@ class AccumulationStats:
         self._weights: list[float | None] = []  # per backward: what its mean loss was scaled by
         self.sharded = False  # set when .grad is sharded (FSDP, ZeRO): no norm is taken
         self.rank_hook: RankNormHook | None = None  # set by attach_ddp (world size > 1)
+        # world size > 1 without DDP (an optimizer that syncs inside step(), as nanochat's):
+        # .grad is this rank's own after every backward, the last one included
+        self.local_grads = False
 
     def attach_ddp(self, ddp_model, process_group=None) -> None:
         """Register the per-rank norm hook on a DistributedDataParallel model (before its first
         backward); needed by collect(world_size > 1)."""
         self.rank_hook = RankNormHook(process_group)
         self.rank_hook.register(ddp_model)
+        self.local_grads = False
 
     def after_backward(self, weight: float | torch.Tensor | None = None) -> None:
         """weight: the factor this micro-batch's mean loss was multiplied by before backward,
@@ -239,17 +249,22 @@ class AccumulationStats:
     def _collect_ddp(
         self, micro_batch: int, grad_scale: float, world: int, rank_mean, rank_max
     ) -> StepGradStats:
-        local_full = self.rank_hook.take() if self.rank_hook is not None else None
-        if local_full is None:
-            raise RuntimeError(
-                "collect(world_size > 1) needs the per-rank norm hook: call "
-                "attach_ddp(ddp_model) before the first backward"
-            )
-        dev, f64 = local_full.device, torch.float64
+        if self.local_grads:  # every point is this rank's own: no all-reduced .grad to add
+            local, group = torch.stack(self._sq_norms), None
+        else:
+            local_full = self.rank_hook.take() if self.rank_hook is not None else None
+            if local_full is None:
+                raise RuntimeError(
+                    "collect(world_size > 1) needs the per-rank norm hook: call "
+                    "attach_ddp(ddp_model) before the first backward"
+                )
+            local = torch.stack([*self._sq_norms[:-1], local_full])
+            group = self.rank_hook.process_group
+        dev, f64 = local.device, torch.float64
+        local = local.to(f64)
         k, n_max = len(self._sq_norms), len(rank_max)
         # One SUM all-reduce: the local points (averaged below), the values to average, and one
         # slot per rank for each value to max (a max via a sum of one-hot slots: no second op).
-        local = torch.stack([*self._sq_norms[:-1], local_full]).to(f64)
         means = [torch.as_tensor(v, device=dev).to(f64).reshape(1) for v in rank_mean]
         slots = torch.zeros(world * n_max, dtype=f64, device=dev)
         if n_max:
@@ -258,8 +273,8 @@ class AccumulationStats:
                 [float(v) for v in rank_max], dtype=f64
             ).to(dev)
         vec = torch.cat([local, *means, slots])
-        torch_dist.all_reduce(vec, group=self.rank_hook.process_group)
-        # the last backward's .grad is already the global mean: same on every rank
+        torch_dist.all_reduce(vec, group=group)
+        # DDP: the last backward's .grad is already the global mean, the same on every rank
         host = torch.cat([vec, self._sq_norms[-1].to(f64).reshape(1)]).cpu().tolist()
         n_mean = len(means)
         weights = self._take_weights()
@@ -268,9 +283,13 @@ class AccumulationStats:
         sq_norms, sizes = self._points(
             [v / world for v in host[:k]], weights, micro_batch, grad_scale
         )
-        global_sq, inv_scale2 = host[-1], 1.0 / (grad_scale * grad_scale)
-        sq_norms.append(global_sq / sum(weights) ** 2 * inv_scale2)
-        sizes.append(sizes[-1] * world)
+        inv_scale2 = 1.0 / (grad_scale * grad_scale)
+        if self.local_grads:  # the norm reported: the ranks' RMS of their own full gradients
+            global_sq = host[k - 1] / world
+        else:
+            global_sq = host[-1]
+            sq_norms.append(global_sq / sum(weights) ** 2 * inv_scale2)
+            sizes.append(sizes[-1] * world)
         slot_values = host[k + n_mean : k + n_mean + world * n_max]
         return StepGradStats(
             grad_norm=math.sqrt(global_sq * inv_scale2),
