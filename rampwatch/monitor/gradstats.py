@@ -20,7 +20,7 @@ same estimate (so a checkpoint written by any rank holds rank 0's noise-scale EM
 
 A loop under torch.distributed without DDP whose optimizer averages the gradients inside
 step() (nanochat's reduce-scatter) has .grad = this rank's own S_j/k after every backward, the
-last included (`local_grads`): the fit then uses the rank averages of all k local points and no
+last included (no DDP hook attached): the fit then uses the rank averages of all k local points and no
 global one; with k = 1 there is one batch size and nothing to fit. A loop that all-reduces .grad
 itself before after_backward() breaks that assumption: wrap the model in DDP instead.
 
@@ -126,16 +126,12 @@ class AccumulationStats:
         self._weights: list[float | None] = []  # per backward: what its mean loss was scaled by
         self.sharded = False  # set when .grad is sharded (FSDP, ZeRO): no norm is taken
         self.rank_hook: RankNormHook | None = None  # set by attach_ddp (world size > 1)
-        # world size > 1 without DDP (an optimizer that syncs inside step(), as nanochat's):
-        # .grad is this rank's own after every backward, the last one included
-        self.local_grads = False
 
     def attach_ddp(self, ddp_model, process_group=None) -> None:
         """Register the per-rank norm hook on a DistributedDataParallel model (before its first
-        backward); needed by collect(world_size > 1)."""
+        backward). Without it, collect(world_size > 1) takes every .grad as the rank's own."""
         self.rank_hook = RankNormHook(process_group)
         self.rank_hook.register(ddp_model)
-        self.local_grads = False
 
     def after_backward(self, weight: float | torch.Tensor | None = None) -> None:
         """weight: the factor this micro-batch's mean loss was multiplied by before backward,
@@ -204,8 +200,8 @@ class AccumulationStats:
         """End of an optimizer step: one device-to-host copy, then per-point |S_j/j|^2.
 
         micro_batch: sequences per micro-batch on this rank; grad_scale: a loss scaler's current
-        scale (gradients are divided by it to undo scaling). world_size > 1: DDP (see the module
-        docstring); every rank must call it, and rank_mean / rank_max (device tensors or floats)
+        scale (gradients are divided by it to undo scaling). world_size > 1: DDP, or a loop that
+        syncs inside the optimizer when no hook is attached (see the module docstring); every rank must call it, and rank_mean / rank_max (device tensors or floats)
         come back averaged / maxed over ranks in StepGradStats.rank_means / rank_maxes.
         """
         if not self._sq_norms:
@@ -249,14 +245,15 @@ class AccumulationStats:
     def _collect_ddp(
         self, micro_batch: int, grad_scale: float, world: int, rank_mean, rank_max
     ) -> StepGradStats:
-        if self.local_grads:  # every point is this rank's own: no all-reduced .grad to add
+        own_grads = self.rank_hook is None  # no DDP: every point is this rank's own
+        if own_grads:
             local, group = torch.stack(self._sq_norms), None
         else:
-            local_full = self.rank_hook.take() if self.rank_hook is not None else None
+            local_full = self.rank_hook.take()
             if local_full is None:
                 raise RuntimeError(
-                    "collect(world_size > 1) needs the per-rank norm hook: call "
-                    "attach_ddp(ddp_model) before the first backward"
+                    "collect(world_size > 1): the DDP norm hook saw no gradient this step "
+                    "(attach_ddp(ddp_model) before the first backward)"
                 )
             local = torch.stack([*self._sq_norms[:-1], local_full])
             group = self.rank_hook.process_group
@@ -284,7 +281,7 @@ class AccumulationStats:
             [v / world for v in host[:k]], weights, micro_batch, grad_scale
         )
         inv_scale2 = 1.0 / (grad_scale * grad_scale)
-        if self.local_grads:  # the norm reported: the ranks' RMS of their own full gradients
+        if own_grads:  # the norm reported: the ranks' RMS of their own full gradients
             global_sq = host[k - 1] / world
         else:
             global_sq = host[-1]

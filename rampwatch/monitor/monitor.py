@@ -154,7 +154,6 @@ class Monitor:
         if type(model).__name__ == "DistributedDataParallel" and world > 1:
             self.grads.attach_ddp(model)
         self.grads.sharded = sharded_model(model)
-        self.grads.local_grads = world > 1 and self.grads.rank_hook is None
         self.noise = noise_window or NoiseScaleWindow(
             max_steps=gns_window_steps or DEFAULT_MAX_STEPS
         )
@@ -753,7 +752,7 @@ class Monitor:
                     "DistributedDataParallel gives one batch size per step (.grad is the "
                     "rank's own until the optimizer syncs it); use accumulation ≥ 2, or "
                     "wrap the model in DistributedDataParallel"
-                    if self.grads.local_grads
+                    if self.world_size > 1  # with DDP's hook there are always two sizes
                     else "noise scale not measured: accumulation 1 on one device gives one "
                     "batch size per step; use accumulation ≥ 2 (or --split-micro)"
                 ),
