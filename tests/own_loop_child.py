@@ -10,6 +10,7 @@ tests: run in a child process against a real database (tests/test_own_loop_ramps
         [--oom-at B]                                a per-device batch >= B "runs out of memory"
         [--policy JSON] [--capacity-bytes N] [--step-sleep SECONDS]
         [--no-after-backward]                       the loop forgets mon.after_backward()
+        [--compile]                                 pass torch.compile(model) to the monitor
     torchrun --nproc_per_node=2 -m tests.own_loop_child …   data parallel (gloo): OUT.rank{r}
 
 OUT.pt gets the final parameters and the step each ramp was applied at.
@@ -65,6 +66,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-after-backward", action="store_true")
     p.add_argument("--schedule", choices=["warmup", "cosine"], default="warmup")
     p.add_argument("--schedule-in-steps", action="store_true")
+    p.add_argument("--compile", action="store_true")
     a = p.parse_args(argv)
 
     model, opt, sched = build(schedule=a.schedule, steps=a.steps)
@@ -73,6 +75,8 @@ def main(argv=None) -> int:
         torch.distributed.init_process_group("gloo")
         rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
         train = torch.nn.parallel.DistributedDataParallel(model)
+    if a.compile:  # the eager backend: the wrapper a compiled model has, without the compile time
+        train = torch.compile(train, backend="eager")
     x_all, y_all = data(a.batch * a.accum * a.steps * 16 * world)
     batch, accum, pos = a.batch, a.accum, 0
     budget = a.steps * batch * accum * world  # seq_len 1: one token per sample

@@ -361,3 +361,23 @@ def test_a_loop_that_syncs_inside_the_optimizer_gets_the_noise_scale_of_its_rank
             # |G|² is a small difference of the points (norms taken in fp32): their tolerance
             assert g2[int(step)] == pytest.approx(y2 - want_trace / 8, abs=1e-5 * y1)
     assert not store.events(db, run.run_id, kinds=[M.EVENT_ALERT])
+
+
+def test_a_compiled_ddp_model_is_measured_as_ddp(tmp_path):
+    """torch.compile(DDP(model)) passed to the monitor: it looks through the compile wrapper, so
+    the per-rank norm hook adds the all-reduced point and accumulation 1 gets a noise scale."""
+    db = tmp_path / "runs.duckdb"
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+        + ["-m", "tests.own_loop_child", str(db), str(tmp_path / "out.pt"), "--compile"]
+        + ["--ramp", "off", "--steps", "4", "--batch", "4", "--accum", "1"],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    [run] = store.list_runs(db)
+    assert sorted(metric(db, run.run_id, M.GNS_TRACE)) == [1, 2, 3, 4]
+    assert not store.events(db, run.run_id, kinds=[M.EVENT_ALERT])

@@ -143,6 +143,7 @@ class Monitor:
         self.echo = echo  # each event is also one line here (the trainer passes stderr)
         self.model = model  # what a trial snapshots (run_trial), with the optimizer
         self.optimizer = optimizer
+        model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper: the module inside
         module = getattr(model, "module", model)  # DistributedDataParallel's wrapped model
         self.device = device or next(module.parameters()).device
         capacity = capacity_bytes or device_capacity_bytes(self.device)
