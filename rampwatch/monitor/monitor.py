@@ -154,7 +154,8 @@ class Monitor:
         self.grads = AccumulationStats(module.parameters(), loss_divided_by_accum)
         if type(model).__name__ == "DistributedDataParallel" and world > 1:
             self.grads.attach_ddp(model)
-        self.grads.sharded = sharded_model(model)
+        sharded = sharded_model(model)  # FSDP / ZeRO: each device holds a shard of the state
+        self.grads.sharded = sharded
         self.noise = noise_window or NoiseScaleWindow(
             max_steps=gns_window_steps or DEFAULT_MAX_STEPS
         )
@@ -189,6 +190,7 @@ class Monitor:
                 delta_from_loss=trial_delta_from_loss,
             ),
             author_alert=self._alert_author,
+            shards=world if sharded else 1,
         )
         self.set_tier(per_device_batch, accum)
 
@@ -687,7 +689,7 @@ class Monitor:
         ramp_due(). A model fake tensors cannot run gets an alert naming probe_memory()."""
         from rampwatch.monitor import memplan  # torch.distributed._tools: only when planning
 
-        if self.writer is None:
+        if self.writer is None or self._sharded_plan_said("plan_memory"):
             return
         b = self.per_device_batch
         batches = per_device_batches or sorted({max(1, b // 2), b, 2 * b, 4 * b, 8 * b})
@@ -703,9 +705,25 @@ class Monitor:
         For models the fake-tensor plan cannot run: what Lightning's BatchSizeFinder does."""
         from rampwatch.monitor.memprobe import probe
 
+        if self._sharded_plan_said("probe_memory"):
+            return []
         rows = probe(setup, per_device_batches, device=self.device.type)
         self.add_memory_plan(rows, "probe")
         return rows
+
+    def _sharded_plan_said(self, what: str) -> bool:
+        """True (and one alert) when the model is sharded over several devices: a plan or a
+        probe runs a replica in one process, whose peak is not a shard's."""
+        shards = self.ramps.shards
+        if shards > 1:
+            self.event(
+                self.last_step,
+                M.EVENT_ALERT,
+                f"{what}() skipped: the model is sharded over {shards} devices and it would "
+                f"measure a replica; the card's tiers use the peaks measured at {shards} shards",
+                {"shards": shards},
+            )
+        return shards > 1
 
     def add_memory_plan(self, rows, source: str = "plan") -> None:
         """Rows of a memory plan (monitor/memplan.py) or a probe: the card and the checks use

@@ -139,6 +139,9 @@ class RampProtocol:
     channel: RampChannel | None = None
     infeasible: set[int] = field(default_factory=set)
     measured: dict[int, int] = field(default_factory=dict)
+    # devices the parameters are sharded over (FSDP, ZeRO: the world size; a replica: 1): the
+    # per-device peaks, and the batches that ran out of memory, hold at this count only
+    shards: int = 1
     plan_rows: list[dict] = field(default_factory=list)
     plan_pending: bool = False  # a plan is on its way: auto waits for it before a larger batch
     last_ramp_step: int = 0
@@ -187,6 +190,7 @@ class RampProtocol:
             "last_ramp_step": self.last_ramp_step,
             "infeasible": sorted(self.infeasible),
             "measured": {str(b): v for b, v in sorted(self.measured.items())},  # JSON keys
+            "shards": self.shards,
             "trials": self.trials.state_dict(),
         }
 
@@ -196,8 +200,18 @@ class RampProtocol:
         if state.get("start_base_lr"):  # none (the trainer's own fields): the policy's original
             self.start_base_lr = float(state["start_base_lr"])
         self.last_ramp_step = int(state.get("last_ramp_step", self.last_ramp_step))
-        self.infeasible = {int(b) for b in state.get("infeasible", self.infeasible)}
-        self.measured = {int(b): int(v) for b, v in state.get("measured", self.measured).items()}
+        shards = int(state.get("shards", 1))  # saved before shard counts were: a replica
+        if shards == self.shards:
+            self.infeasible = {int(b) for b in state.get("infeasible", self.infeasible)}
+            self.measured = {int(b): int(v) for b, v in state.get("measured", {}).items()}
+        elif state.get("measured") or state.get("infeasible"):
+            self.event(
+                int(state.get("step", 0)),
+                M.EVENT_RESUME,
+                f"memory peaks measured with the model on {shards} shard(s) dropped: this "
+                f"launch shards it over {self.shards}, so its per-device peaks are measured anew",
+                {"shards_before": shards, "shards": self.shards},
+            )
         self.trials.load_state_dict(state.get("trials") or {})
         self.tokens = int(state.get("tokens_seen", self.tokens))  # Monitor.state_dict's
 
