@@ -9,8 +9,10 @@ copied in later shows up on the next page load."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -148,3 +150,31 @@ def test_a_file_copied_in_appears_on_the_next_load(team, monkeypatch, tmp_path):
     t = _runs_table(at)
     assert ("node-c/late.duckdb", "late") in set(zip(t["file"], t["run id"], strict=True))
     assert store.list_runs(root / "node-c" / "late.duckdb")[0].status == "finished"
+
+
+def test_files_named_by_repeated_db_flags(team, monkeypatch):
+    """`rampwatch dashboard --db A --db B` hands the app both files (after `--`): their runs
+    on one Runs page, each labelled below the files' common folder."""
+    root, _ = team
+    monkeypatch.setattr(
+        sys, "argv", ["app.py", "--db", str(root / LIVE_FILE), "--db", str(root / DONE_FILE)]
+    )
+    at = _ok(seed.app(monkeypatch, root / "elsewhere.duckdb", page="views/runs.py"))  # flags win
+    t = _runs_table(at)
+    assert sorted(zip(t["file"], t["run id"], strict=True)) == [
+        (LIVE_FILE, TWIN),
+        (DONE_FILE, "b16"),
+        (DONE_FILE, TWIN),
+    ]
+    assert not at.warning  # only the two good files were named
+
+
+def test_a_page_load_reads_only_the_files_that_changed(team, monkeypatch):
+    """The directory is listed again on each load, but an unchanged file (finished, damaged,
+    foreign, newer) is not opened again: its runs or its problem are cached on its version."""
+    root, _ = team
+    at = _ok(seed.app(monkeypatch, root, page="views/runs.py"))
+    calls = seed.count_connects(monkeypatch)
+    _ok(at.run())
+    opened = {os.path.relpath(c, root) for c in calls}
+    assert opened <= {LIVE_FILE}, opened  # the live file changes every flush of its writer
