@@ -1,10 +1,11 @@
 """The `rampwatch` command: one entry point for every tool, from any directory.
 
-    rampwatch dashboard [--db PATH] [--read-only] [--host H] [--port P] [-- streamlit flags…]
+    rampwatch dashboard [DIR …] [--db PATH …] [--read-only] [--host H] [--port P] [-- flags…]
     rampwatch train …                 the reference trainer (rampwatch/trainer/cli.py)
     rampwatch plan …                  batch tiers that fit in memory (rampwatch/advisor/cli.py);
                                       --db DB [--run RUN]: a run's tier table, as its card shows it
     rampwatch info | recover | upgrade DB,  rampwatch export DB [RUN]   (rampwatch/store/cli.py)
+    rampwatch info DIR                each database under DIR: its runs or its problem
 
 Owns the dispatch and the rule that every mistake on the command line is one line on stderr and
 exit 2, never a traceback or a usage screen; and that a closed standard output (`| head`) ends
@@ -28,6 +29,7 @@ from rampwatch.advisor import cli as plan_cli
 from rampwatch.dashboard import guard
 from rampwatch.store import cli as store_cli
 from rampwatch.store import errors as store_errors
+from rampwatch.store.db_files import database_files
 from rampwatch.trainer import cli as train_cli
 
 APP = Path(__file__).resolve().parent / "dashboard" / "app.py"
@@ -47,11 +49,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d = sub.add_parser(
         "dashboard",
-        help="serve the dashboard (Streamlit) on one database",
+        help="serve the dashboard (Streamlit) on a database, or a directory of them",
         description="Serve the dashboard. Anything after `--` goes to "
         "`streamlit run` unchanged (e.g. -- --theme.base dark).",
     )
-    d.add_argument("--db", help="the Rampwatch DuckDB file (default $RAMPWATCH_DB)")
+    d.add_argument(
+        "dirs",
+        nargs="*",
+        metavar="DIR",
+        help="a directory of Rampwatch databases: every *.duckdb file in it and below it, "
+        "listed again on each page load (a .duckdb file may be named here too)",
+    )
+    d.add_argument(
+        "--db",
+        action="append",
+        default=[],
+        help="a Rampwatch DuckDB file, or a directory of them; repeat it for several "
+        "(default $RAMPWATCH_DB)",
+    )
     d.add_argument(
         "--read-only",
         action="store_true",
@@ -105,9 +120,12 @@ def _dashboard(args: argparse.Namespace, streamlit_flags: list[str]) -> int:
             env[guard.TOKEN_ENV] = _operator_token(args)
         except ValueError as e:
             refuse(str(e))
-    app_args = (["--db", str(Path(args.db).expanduser().absolute())] if args.db else []) + (
-        ["--read-only"] if args.read_only else []
-    )
+    try:
+        paths = [*_checked_dirs(args.dirs), *args.db]  # a --db file may not exist yet: it waits
+    except ValueError as e:
+        refuse(str(e))
+    app_args = [a for p in paths for a in ("--db", str(Path(p).expanduser().absolute()))]
+    app_args += ["--read-only"] if args.read_only else []
     hosts = []  # Host names a browser may use: a DNS-rebinding page's name is refused
     if guard.is_loopback(args.host) and not any("allowedHosts" in f for f in streamlit_flags):
         for name in guard.LOOPBACK_NAMES:
@@ -137,6 +155,29 @@ def _dashboard(args: argparse.Namespace, streamlit_flags: list[str]) -> int:
     ]
     sys.stdout.flush()
     os.execve(sys.executable, command, env)  # Streamlit owns the process (and Ctrl-C) now
+
+
+def _checked_dirs(dirs: list[str]) -> list[str]:
+    """The DIR arguments, each an existing directory that can be listed, or a file; ValueError
+    naming the first that is neither. One without databases yet is served (they may appear)."""
+    for d in dirs:
+        p = Path(d).expanduser()
+        if p.is_file():
+            continue
+        if not p.is_dir():
+            raise ValueError(
+                f"{d}: no such directory (name a directory of Rampwatch databases, or a "
+                ".duckdb file with --db)"
+            )
+        try:
+            found = database_files(p)
+        except OSError as e:
+            raise ValueError(f"cannot list the directory {d}: {e.strerror}") from None
+        if not found:
+            print(
+                f"{d}: no *.duckdb files yet; the dashboard lists them as they appear", flush=True
+            )
+    return dirs
 
 
 def _try_listening(host: str, port: int) -> None:

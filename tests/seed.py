@@ -61,11 +61,14 @@ def _config(device_batch: int, accum: int, **extra) -> dict:
     return cfg
 
 
-def _writer(db, name: str, config: dict, capacity: int, device: str = "NVIDIA H200") -> RunWriter:
+def _writer(
+    db, name: str, config: dict, capacity: int, device: str = "NVIDIA H200", run_id=None
+) -> RunWriter:
     """A one-rank run's writer that flushes only when the seed asks (w.flush())."""
     return RunWriter.start(
         db,
         name=name,
+        run_id=run_id,
         config=config,
         device=device,
         capacity_bytes=capacity,
@@ -85,6 +88,7 @@ def live_run(
     capacity: int = CAPACITY,
     estimates_until: int | None = None,
     noise=None,
+    run_id: str | None = None,
     **config,
 ) -> Seeded:
     """A running run (its writer stays open): device_batch 8 × accum 2 = 16 sequences.
@@ -100,7 +104,7 @@ def live_run(
     with a small `capacity` no tier can fit then.
     """
     device_batch, accum = 8, 2
-    w = _writer(db, name, _config(device_batch, accum, **config), capacity)
+    w = _writer(db, name, _config(device_batch, accum, **config), capacity, run_id=run_id)
     rng = np.random.default_rng(0)
     batch = device_batch * accum
     tokens = 0
@@ -184,13 +188,19 @@ def with_command(
 
 
 def finished_run(
-    db, batch: int, name: str | None = None, steps: int = 600, lr: float = 1e-3
+    db,
+    batch: int,
+    name: str | None = None,
+    steps: int = 600,
+    lr: float = 1e-3,
+    run_id: str | None = None,
 ) -> str:
     """A finished run at constant batch `batch` (sequences) whose loss reaches TARGET_LOSS at
     step ceil(S_MIN (1 + B_CRIT / batch)) exactly: loss = 2 + 3 exp(-s / tau), no noise."""
     s_target = S_MIN * (1 + B_CRIT / batch)
     tau = s_target / math.log(3.0 / (TARGET_LOSS - 2.0))
-    w = _writer(db, name or f"b{batch}", _config(batch, 1, lr=lr), CAPACITY, device="cpu")
+    cfg = _config(batch, 1, lr=lr)
+    w = _writer(db, name or f"b{batch}", cfg, CAPACITY, device="cpu", run_id=run_id)
     tokens = 0
     for s in range(steps):
         tokens += batch * SEQ_LEN

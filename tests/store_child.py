@@ -7,6 +7,9 @@ Run as `python tests/store_child.py MODE …` from the repository root (tests.pr
   readloop  take read connections back to back (readers that never leave the lock free)
   diskfull  log and send events while the spool cannot grow (RLIMIT_FSIZE), then with room
             again; print `ACK`/`DROP <step>` for each log() and `ROOM` when the limit is lifted
+  seeded  tests/seed.py's live run (a ramp is due) with its writer kept open in this process:
+          print `READY <run id>`, then flush about 3× a second (heartbeats, claims) and print
+          `CLAIMED <id> <payload JSON>` for each command the writer takes, until killed
 Value of metric j at step s in generation g: g * 1e6 + s * 100 + j (exact in float64).
 """
 
@@ -177,6 +180,19 @@ def _readloop(a) -> int:
     return 0
 
 
+def _seeded(a) -> int:
+    from tests import seed
+
+    run = seed.live_run(a.db, name=a.name, run_id=a.run_id)
+    w = run.writer
+    print(f"READY {run.run_id}", flush=True)
+    while True:
+        for c in w.take_claimed_commands():  # the first call hands claims to the flusher
+            print(f"CLAIMED {c.command_id} {json.dumps(c.payload)}", flush=True)
+        w.flush()
+        time.sleep(0.3)
+
+
 def _hold(a) -> int:
     from rampwatch.store.db import write_connection
 
@@ -190,7 +206,7 @@ def _hold(a) -> int:
 
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["log", "read", "hold", "readloop", "diskfull"])
+    p.add_argument("mode", choices=["log", "read", "hold", "readloop", "diskfull", "seeded"])
     p.add_argument("db")
     p.add_argument("--run-id")
     p.add_argument("--name", default="child")
@@ -221,6 +237,7 @@ def main() -> int:
         "hold": _hold,
         "readloop": _readloop,
         "diskfull": _diskfull,
+        "seeded": _seeded,
     }[a.mode](a)
 
 

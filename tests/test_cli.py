@@ -58,9 +58,9 @@ def test_export_csv_to_stdout_and_parquet_to_a_file(two_runs, tmp_path):
             "holds 2 runs (second, first): name the one to export",
         ),  # newest first
         (["export", "{db}", "third"], "no run 'third' in"),
-        (["info", "{dir}"], "is a directory, not a database file"),
+        (["recover", "{dir}"], "is a directory, not a database file"),  # info DIR lists it
         (["info", "{dir}/missing.duckdb"], "the file does not exist"),
-        (["dashboard", "--db", "{db}", "--dbb", "x"], "unrecognized arguments: --dbb x"),
+        (["dashboard", "--db", "{db}", "--dbb", "x"], "unrecognized arguments: --dbb"),
         (["train", "--per-device-batch", "0"], "--per-device-batch must be positive"),
         (["plan", "--capacity-gb", "80"], "the following arguments are required"),
     ],

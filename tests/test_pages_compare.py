@@ -137,8 +137,10 @@ def test_curves_in_one_session_and_a_refresh_reads_only_what_changed(db_path, mo
         assert set(at.multiselect(key="compare_runs").value) == {*done, live.run_id}
         # the runs, their metric names, every curve (+ a first look at the file)
         assert len(calls) <= 4, calls
-        caches = at.session_state["_rw_series"]["caches"]
-        assert {rid for rid, _ in caches} == {*done, live.run_id}
+        caches = at.session_state["_rw_series"]["caches"]  # by (file, run id, metric)
+        assert {(db, rid) for db, rid, _ in caches} == {
+            (str(db_path), r) for r in {*done, live.run_id}
+        }
         assert all(len(c.fetches) == 1 for c in caches.values())  # one fetch each, from step 0
 
         for s in range(400, 410):
@@ -148,7 +150,7 @@ def test_curves_in_one_session_and_a_refresh_reads_only_what_changed(db_path, mo
         at.run()
         assert not at.exception, [e.message for e in at.exception]
         assert len(calls) <= 3, calls  # runs, names, curves: one session for what changed
-        for (rid, name), c in caches.items():
+        for (_, rid, name), c in caches.items():
             if rid == live.run_id:
                 assert len(c.fetches) == 2 and c.fetches[-1][0] > 0, (name, c.fetches)
             else:
@@ -170,7 +172,7 @@ def test_curves_in_one_session_and_a_refresh_reads_only_what_changed(db_path, mo
     assert not at.exception, [e.message for e in at.exception]
     curve = _curve(at, "r00")
     assert curve["x"][-1] == 149 and curve["y"][-1] == 9.0  # the resumed history, not the old
-    assert caches[(done[0], "loss")].fetches[-1][0] == 0  # read again whole
+    assert caches[(str(db_path), done[0], "loss")].fetches[-1][0] == 0  # read again whole
 
     store.delete_run(db_path, done[1])  # and made again under its id, longer than before
     w = store.RunWriter.start(db_path, "r01", run_id=done[1], handle_sigterm=False)

@@ -76,9 +76,12 @@ def test_no_runs_yet(tmp_path, monkeypatch):
     assert "a Rampwatch database with no runs yet" in msg
 
 
-def test_directory(tmp_path, monkeypatch):
-    msg = _only_message(seed.app(monkeypatch, tmp_path), "error")
-    assert "is a directory, not a database file" in msg
+def test_directory_without_databases_waits_for_them(tmp_path, monkeypatch):
+    """A directory is a team's directory of databases (tests/test_pages_directory.py): with no
+    *.duckdb file in it yet, the page says so and waits, never an error."""
+    msg = _only_message(seed.app(monkeypatch, tmp_path), "info")
+    assert f"No runs yet in the Rampwatch databases under {tmp_path}" in msg
+    assert "(0 *.duckdb file(s) found)" in msg and "refreshes when one appears" in msg
 
 
 def test_run_deleted_while_viewed(db_path, monkeypatch):

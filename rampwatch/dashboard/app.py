@@ -1,11 +1,14 @@
-"""The Rampwatch dashboard app: `rampwatch dashboard --db PATH [--read-only]`, which runs this file
-with Streamlit (from a checkout, `streamlit run app.py -- --db PATH` runs main() too).
+"""The Rampwatch dashboard app: `rampwatch dashboard [DIR …] [--db PATH …] [--read-only]`, which
+runs this file with Streamlit (from a checkout, `streamlit run app.py -- --db PATH` runs main()
+too).
 
 Owns: page config, the navigation over views/ (Live run, Compare, Runs), and the shared sidebar
-(the database in use, read-only badge, run picker). It checks the database once per run of the
-script and shows what is wrong (missing, empty, foreign, newer schema) instead of any page; the
-pages then read the choice from st.session_state: "rw_db" (Path), "rw_read_only" (bool) and
-"rw_run_id" (the picked run, or None).
+(the databases in use, read-only badge, run picker over every file's runs). It lists and checks
+the databases once per run of the script (dashboard/sources.py) and shows what is wrong with
+one file (missing, empty, foreign, newer schema), or that a directory has no runs yet, instead
+of any page; the pages then read the choice from st.session_state: "rw_db" (the picked run's
+file, a Path), "rw_read_only" (bool), "rw_run_id" (the picked run's id, or None), "rw_run"
+(its key: sources.run_key) and "rw_file" (its file's label, '' for the only file).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from rampwatch.dashboard import store_access
+from rampwatch.dashboard import sources, store_access
 from rampwatch.store.naming import display_name
 
 # The page scripts live in the package, so an installed dashboard needs no pages/ folder beside
@@ -22,34 +25,50 @@ from rampwatch.store.naming import display_name
 VIEWS = Path(__file__).resolve().parent / "views"
 
 
-def _run_label(run) -> str:
+def _run_label(ref: sources.RunRef, clashes: set[str]) -> str:
+    run = ref.run
     name = run.name or run.run_id
     label = f"{display_name(name)} · {run.status}"
-    return label if name == run.run_id else f"{label} · {display_name(run.run_id)}"
+    label = label if name == run.run_id else f"{label} · {display_name(run.run_id)}"
+    return f"{label} · {display_name(ref.file)}" if run.run_id in clashes else label
 
 
-def _pick_run(runs) -> str | None:
-    """Sidebar run picker; keeps the choice across pages, falls back when it disappears."""
-    ids = [r.run_id for r in runs]
-    by_id = {r.run_id: r for r in runs}
-    wanted = st.session_state.get("rw_run_id") or st.query_params.get("run")
-    if wanted and wanted not in by_id:
+def _wanted(cat: sources.Catalog) -> str | None:
+    """The run this session or its address asked for: the session's pick, else ?db=&run=."""
+    ss, q = st.session_state, st.query_params
+    if ss.get("rw_run"):
+        return ss["rw_run"]
+    if cat.single and ss.get("rw_run_id"):
+        return ss["rw_run_id"]
+    return cat.key_from_address(q.get(sources.DB_PARAM), q.get(sources.RUN_PARAM))
+
+
+def _pick_run(cat: sources.Catalog) -> sources.RunRef:
+    """Sidebar run picker over every file's runs; keeps the choice across pages (by file and
+    run id), falls back when it disappears."""
+    refs = cat.refs()
+    by_key = {r.key: r for r in refs}
+    wanted = _wanted(cat)
+    if wanted and wanted not in by_key:
+        run_id = wanted.rsplit(sources.KEY_SEP, 1)[-1]
+        where = "the database" if cat.single else "the databases"
         st.sidebar.warning(
-            f"Run {display_name(wanted)} is no longer in the database (deleted?); showing "
-            "another run."
+            f"Run {display_name(run_id)} is no longer in {where} (deleted?); showing another run."
         )
         wanted = None
         st.session_state.pop("run_picker", None)
     if wanted is None:
-        live = [r.run_id for r in runs if r.status == "running"]
-        wanted = live[0] if live else ids[0]
-    if st.session_state.get("run_picker") not in by_id:
+        live = [r.key for r in refs if r.run.status == "running"]
+        wanted = live[0] if live else refs[0].key
+    if st.session_state.get("run_picker") not in by_key:
         st.session_state["run_picker"] = wanted
+    clashes = cat.clashing_ids()
     chosen = st.sidebar.selectbox(
-        "Run", ids, key="run_picker", format_func=lambda i: _run_label(by_id[i])
+        "Run", list(by_key), key="run_picker", format_func=lambda k: _run_label(by_key[k], clashes)
     )
-    st.session_state["rw_run_id"] = chosen
-    return chosen
+    ref = by_key[chosen]
+    st.session_state.update(rw_run=chosen, rw_run_id=ref.run_id, rw_db=ref.db, rw_file=ref.file)
+    return ref
 
 
 def _pages() -> list:
@@ -75,35 +94,38 @@ def main() -> None:
     """One run of the app: sidebar, database checks, then the page the URL names."""
     st.set_page_config(page_title="Rampwatch", page_icon="📈", layout="wide")
     opts = store_access.options()
-    st.session_state["rw_db"] = opts.db
+    st.session_state["rw_db"] = opts.db  # the picked run's file, once a run is picked
     st.session_state["rw_read_only"] = opts.read_only
     nav = st.navigation(_pages())
+    cat = sources.catalog(opts)
 
     with st.sidebar:
         st.markdown("**Rampwatch**")
-        st.caption(f"Database: `{opts.db}`" if opts.db else "Database: none")
+        st.caption(cat.describe() if opts.sources else "Database: none")
         if opts.read_only:
             st.caption(":lock: read-only: no controls, nothing is written")
 
-    problem = store_access.options_problem(opts) or store_access.db_problem(opts.db)
-    if problem is not None and problem.fatal:
+    problem = store_access.options_problem(opts) or cat.problem
+    if problem is not None:
         st.session_state["rw_run_id"] = None
+        st.session_state.pop("rw_run", None)
         st.title("Rampwatch")
-        st.error(problem.message, icon=":material/error:")
-    elif problem is not None:
-        st.session_state["rw_run_id"] = None
-        st.title("Rampwatch")
+        if problem.fatal:
+            st.error(problem.message, icon=":material/error:")
+            return
         st.info(problem.message, icon=":material/info:")
+        if not cat.single:
+            for bad, note in sources.file_notes(cat):
+                (st.warning if bad else st.caption)(note)
 
         @st.fragment(run_every=5)
         def _wait_for_runs():
-            if store_access.db_problem(opts.db) is None:
+            if sources.catalog(opts).problem is None:
                 st.rerun(scope="app")
 
         _wait_for_runs()
     else:
-        runs = store_access.list_runs(opts.db)
-        _pick_run(runs)
+        _pick_run(cat)
         nav.run()
 
 

@@ -1,12 +1,13 @@
 """The live page's schedule section, drawn: the chart (charts.schedule_figure), the steps and
 hours table (dashboard/run_schedule.py `rows`), and the hand plan's text field.
 
-The plan's text is kept in the page's address (`?run=ID&plan=TEXT`, st.query_params), so a
+The plan's text is kept in the page's address (`?run=ID&plan=TEXT`, and `&db=FILE` when the
+dashboard serves several files: dashboard/sources.py), so a
 reload or a shared link brings it back. It is the browser's: nothing of it is stored in the
 database, and another browser sees only its own. The field starts from the address when the
 address names this run (or no run), and is kept per run for the session. A step of the plan the
 run has reached is offered on the card (run_schedule.with_plan_step); this section says so.
-Keys: the field "rw_plan:<run id>", "chart_schedule", "schedule_table".
+Keys: the field "rw_plan:<run key>" (the run id for the only file), "chart_schedule", "schedule_table".
 """
 
 from __future__ import annotations
@@ -15,28 +16,35 @@ import streamlit as st
 
 from rampwatch.dashboard import charts, run_schedule
 from rampwatch.dashboard.run_schedule import ScheduleView
+from rampwatch.dashboard.sources import DB_PARAM, RUN_PARAM, run_key
 
-PLAN_PARAM, RUN_PARAM = "plan", "run"  # the address's query parameters
+PLAN_PARAM = "plan"  # the address's query parameter (beside the run's: dashboard/sources.py)
 EXAMPLE = "2M → 4M at 70% → 8M at 90%"
 
 
-def _key(run_id: str) -> str:
-    return f"rw_plan:{run_id}"
+def _key(run_id: str, file: str = "") -> str:
+    return f"rw_plan:{run_key(file, run_id)}"
 
 
-def plan_text(run_id: str) -> str:
-    """The hand plan as typed for this run: the session's, else the address's."""
-    key, q = _key(run_id), st.query_params
+def plan_text(run_id: str, file: str = "") -> str:
+    """The hand plan as typed for this run (of this file): the session's, else the address's
+    when it names this run or none."""
+    key, q = _key(run_id, file), st.query_params
     if key not in st.session_state:
-        st.session_state[key] = q.get(PLAN_PARAM, "") if q.get(RUN_PARAM) in (None, run_id) else ""
+        ours = q.get(RUN_PARAM) in (None, run_id) and q.get(DB_PARAM) in (None, file or None)
+        st.session_state[key] = q.get(PLAN_PARAM, "") if ours else ""
     return st.session_state[key]
 
 
-def _keep_in_url(run_id: str) -> None:
-    text = (st.session_state.get(_key(run_id)) or "").strip()
+def _keep_in_url(run_id: str, file: str = "") -> None:
+    text = (st.session_state.get(_key(run_id, file)) or "").strip()
     if text:
         st.query_params[PLAN_PARAM] = text
         st.query_params[RUN_PARAM] = run_id
+        if file:
+            st.query_params[DB_PARAM] = file
+        elif DB_PARAM in st.query_params:
+            del st.query_params[DB_PARAM]
     elif PLAN_PARAM in st.query_params:
         del st.query_params[PLAN_PARAM]
 
@@ -55,7 +63,7 @@ def _figure(view: ScheduleView):
     )
 
 
-def render(view: ScheduleView, *, run_id: str) -> None:
+def render(view: ScheduleView, *, run_id: str, file: str = "") -> None:
     st.subheader("Schedule")
     with st.container(border=True):
         for problem in view.problems:
@@ -79,16 +87,16 @@ def render(view: ScheduleView, *, run_id: str) -> None:
                 "a noise scale that levels off comes later than projected, or never. Hours from "
                 "the tier table's throughput."
             )
-        _plan_field(view, run_id)
+        _plan_field(view, run_id, file)
 
 
-def _plan_field(view: ScheduleView, run_id: str) -> None:
+def _plan_field(view: ScheduleView, run_id: str, file: str) -> None:
     st.text_input(
         "Hand plan",
-        key=_key(run_id),
+        key=_key(run_id, file),
         placeholder=EXAMPLE,
         on_change=_keep_in_url,
-        args=(run_id,),
+        args=(run_id, file),
         help="batches in tokens per step (K = 1,024, M = 1,024²) or sequences ('1024 seq'); "
         "points 'at N%' of the token budget, 'at N tokens' or 'at N steps'",
     )

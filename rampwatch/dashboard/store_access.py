@@ -2,9 +2,9 @@
 one place: options, database checks, cached reads, and the writes (submit a ramp or a trial
 command, cancel one), with the record of those refused.
 
-Owns: where the database path and read-only flag come from (`rampwatch dashboard --db PATH
-[--read-only]`, which passes them after `--` to the app; else RAMPWATCH_DB /
-RAMPWATCH_READ_ONLY); turning store errors into a message a page can show (`db_problem`);
+Owns: where the database paths and read-only flag come from (`rampwatch dashboard [DIR …]
+[--db PATH …] [--read-only]`, which passes them as `--db` after `--` to the app; else
+RAMPWATCH_DB / RAMPWATCH_READ_ONLY; the files under a directory are dashboard/sources.py's); turning store errors into a message a page can show (`db_problem`);
 st.cache_data reads keyed on the file's version token (its and its WAL's size and mtime), or,
 for reads of chosen runs, on each run's `run_version`, so a finished run is read once and a
 live one on every change; what a page shows for many runs, read in one session whatever their
@@ -64,10 +64,15 @@ COMPARE_BUCKETS = 2000
 
 @dataclass(frozen=True)
 class Options:
-    db: Path | None
+    sources: tuple[Path, ...]  # database files and directories of them (dashboard/sources.py)
     read_only: bool
-    source: str  # where the path came from, for the sidebar
+    source: str  # where the paths came from, for the sidebar
     unknown: tuple[str, ...] = ()  # arguments the dashboard does not take (shown as an error)
+
+    @property
+    def db(self) -> Path | None:
+        """The one path given (today's dashboard on one file), else None."""
+        return self.sources[0] if len(self.sources) == 1 else None
 
 
 def _truthy(v: str | None) -> bool:
@@ -75,22 +80,23 @@ def _truthy(v: str | None) -> bool:
 
 
 def parse_options(argv: list[str] | None = None, env: dict | None = None) -> Options:
-    """--db / --read-only after `--` on the streamlit command line, else the environment."""
+    """--db PATH (repeated: files or directories of them) / --read-only after `--` on the
+    streamlit command line, else the environment (RAMPWATCH_DB: one path)."""
     argv = sys.argv[1:] if argv is None else argv
     env = os.environ if env is None else env
     ap = argparse.ArgumentParser(add_help=False)
-    ap.add_argument("--db")
+    ap.add_argument("--db", action="append", default=[])
     ap.add_argument("--read-only", action="store_true")
     args, unknown = ap.parse_known_args(argv)
     read_only = bool(args.read_only) or _truthy(env.get("RAMPWATCH_READ_ONLY"))
     unknown = tuple(unknown)
     if args.db:
-        return Options(Path(args.db).expanduser().absolute(), read_only, "--db", unknown)
+        paths = tuple(dict.fromkeys(Path(p).expanduser().absolute() for p in args.db))
+        return Options(paths, read_only, "--db", unknown)
     if env.get("RAMPWATCH_DB"):
-        return Options(
-            Path(env["RAMPWATCH_DB"]).expanduser().absolute(), read_only, "RAMPWATCH_DB", unknown
-        )
-    return Options(None, read_only, "", unknown)
+        path = Path(env["RAMPWATCH_DB"]).expanduser().absolute()
+        return Options((path,), read_only, "RAMPWATCH_DB", unknown)
+    return Options((), read_only, "", unknown)
 
 
 def options() -> Options:
@@ -208,6 +214,31 @@ def db_problem(db: Path | None) -> Problem | None:
     return None
 
 
+class _Uncached(Exception):
+    """A problem that passes (a busy file): raised out of the cache, so it is not kept."""
+
+    def __init__(self, problem: Problem):
+        super().__init__(problem.message)
+        self.problem = problem
+
+
+@st.cache_data(ttl=60, max_entries=1024, show_spinner=False)
+def _file_problem(db: str, token: tuple) -> Problem | None:
+    problem = db_problem(Path(db))
+    if problem is not None and problem.kind == "busy":
+        raise _Uncached(problem)
+    return problem
+
+
+def file_problem(db: Path) -> Problem | None:
+    """db_problem, cached on the file's version token: a damaged or foreign file in a directory
+    is looked at again only when it changes, not on every page load (a busy one: every time)."""
+    try:
+        return _file_problem(str(db), version_token(db))
+    except _Uncached as e:
+        return e.problem
+
+
 def _problem_from(e: Exception, db: Path) -> Problem:
     if isinstance(e, SchemaTooNewError):
         return Problem("newer", f"{e} (This dashboard cannot read it; nothing was changed.)")
@@ -223,7 +254,7 @@ def _problem_from(e: Exception, db: Path) -> Problem:
 # ----------------------------------------------------------------------------- cached reads
 
 
-@st.cache_data(ttl=60, max_entries=64, show_spinner=False)
+@st.cache_data(ttl=60, max_entries=256, show_spinner=False)
 def _list_runs(db: str, token: tuple):
     return Reader(db, timeout=TIMEOUT).list_runs()
 
@@ -265,50 +296,51 @@ _SERIES_STATE = "_rw_series"  # session state: SeriesCaches of the runs this ses
 
 
 def run_series(
-    db: Path, runs, names, buckets: int = COMPARE_BUCKETS
-) -> dict[str, dict[str, Buckets]]:
-    """{run_id: {name: Buckets}}: whole metrics of several runs (store.reader.Run) at ~`buckets`
-    points each, for the compare page.
+    chosen, names, buckets: int = COMPARE_BUCKETS
+) -> dict[tuple[str, str], dict[str, Buckets]]:
+    """{(db, run_id): {name: Buckets}}: whole metrics of several runs at ~`buckets` points each,
+    for the compare page; chosen: (db, store.reader.Run) pairs, from one file or several.
 
     Kept per session as one SeriesCache per run and metric; a run whose run_version is what it
-    was is not read at all, the others are read in one Reader session, each series only from
-    its last bucket on (a resume, counted by the run's resume events, refetches it whole).
-    Runs not asked for are dropped from the session.
+    was is not read at all, the others are read in one Reader session per file, each series
+    only from its last bucket on (a resume, counted by the run's resume events, refetches it
+    whole). Runs not asked for are dropped from the session.
     """
     names = tuple(dict.fromkeys(names))
+    chosen = [(str(db), r) for db, r in chosen]
     state = st.session_state.setdefault(_SERIES_STATE, {})
-    if state.get("db") != str(db):
-        state.clear()
-        state.update(db=str(db), caches={}, versions={})
+    if "caches" not in state:
+        state.update(caches={}, versions={})
     caches, versions = state["caches"], state["versions"]
-    wanted = {r.run_id for r in runs}
-    for key in [k for k in caches if k[0] not in wanted]:
+    wanted = {(db, r.run_id) for db, r in chosen}
+    for key in [k for k in caches if k[:2] not in wanted]:
         del caches[key]
-    for rid in [k for k in versions if k not in wanted]:
-        del versions[rid]
-    stale = []
-    for r in runs:
-        if versions.get(r.run_id, (r.created_at,))[0] != r.created_at:  # another run, same id
-            for key in [k for k in caches if k[0] == r.run_id]:
+    for key in [k for k in versions if k not in wanted]:
+        del versions[key]
+    stale: dict[str, list] = {}
+    for db, r in chosen:
+        run_key = (db, r.run_id)
+        if versions.get(run_key, (r.created_at,))[0] != r.created_at:  # another run, same id
+            for key in [k for k in caches if k[:2] == run_key]:
                 del caches[key]
-        new = [n for n in names if (r.run_id, n) not in caches]
+        new = [n for n in names if (*run_key, n) not in caches]
         for n in new:
-            caches[(r.run_id, n)] = SeriesCache(buckets)
-        if new or versions.get(r.run_id) != run_version(r):
-            stale.append(r)
-    if stale:
+            caches[(*run_key, n)] = SeriesCache(buckets)
+        if new or versions.get(run_key) != run_version(r):
+            stale.setdefault(db, []).append(r)
+    for db, runs in stale.items():
         reader = Reader(db, timeout=TIMEOUT)
         with reader.session():
-            resumes = reader.events_of_runs([M.EVENT_RESUME], [r.run_id for r in stale])
-            for r in stale:
-                mine = {k[1]: c for k, c in caches.items() if k[0] == r.run_id}
+            resumes = reader.events_of_runs([M.EVENT_RESUME], [r.run_id for r in runs])
+            for r in runs:
+                mine = {k[2]: c for k, c in caches.items() if k[:2] == (db, r.run_id)}
                 epoch = len(resumes.get(r.run_id, ()))
                 refresh_series(reader, r.run_id, mine, r.last_step, epoch)
-                versions[r.run_id] = run_version(r)
-    return {r.run_id: {n: caches[(r.run_id, n)].data for n in names} for r in runs}
+                versions[(db, r.run_id)] = run_version(r)
+    return {(db, r.run_id): {n: caches[(db, r.run_id, n)].data for n in names} for db, r in chosen}
 
 
-@st.cache_data(ttl=60, max_entries=16, show_spinner=False)
+@st.cache_data(ttl=60, max_entries=256, show_spinner=False)
 def _run_summaries(db: str, token: tuple) -> dict[str, dict]:
     r = Reader(db, timeout=TIMEOUT)
     with r.session():
@@ -413,7 +445,7 @@ def refusals(db: Path, run_id: str) -> list[dict]:
     return _refusals(str(db), run_id)
 
 
-@st.cache_data(ttl=REFUSALS_TTL, max_entries=64, show_spinner=False)
+@st.cache_data(ttl=REFUSALS_TTL, max_entries=256, show_spinner=False)
 def _refusal_counts(db: str) -> dict[str, int]:
     return store_refusals.refusal_counts(db, timeout=TIMEOUT)
 
@@ -424,7 +456,7 @@ def refusal_counts(db: Path) -> dict[str, int]:
 
 
 # a writer's death changes no byte of the database, so this is cached for a while, not by version
-@st.cache_data(ttl=5, max_entries=16, show_spinner=False)
+@st.cache_data(ttl=5, max_entries=256, show_spinner=False)
 def _dead_writers(db: str) -> list:
     return store_recovery.dead_writers(db, timeout=TIMEOUT)
 
@@ -612,6 +644,7 @@ __all__ = [
     "page_context",
     "options_problem",
     "db_problem",
+    "file_problem",
     "list_runs",
     "metric_names",
     "run_version",

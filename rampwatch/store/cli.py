@@ -1,10 +1,13 @@
-"""`rampwatch info|recover|upgrade|export DB`: look at, repair, upgrade or export a database.
+"""`rampwatch info|recover|upgrade|export DB`: look at, repair, upgrade or export a database;
+`rampwatch info DIR`: each database under a directory (store/db_files.py), its runs or its problem.
 
 Owns the command line: exit 0 on success, 1 when the database stays busy, 2 on anything else
 that stops it (usage, a missing, foreign, too-new, too-old-to-read or damaged file, a file that
 cannot be read), always with a one-line message naming the file and what to do, never a
 traceback (report(): the same line and status for `rampwatch train`). `info` only reads: it
-changes nothing in or beside the file, whatever its schema.
+changes nothing in or beside the file, whatever its schema. `info DIR` lists every file, a
+damaged, foreign or too-new one as one line in its place, and then exits as the worst file did
+(2, or 1 when one stayed busy), so a script sees that something under DIR needs a look.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
 from rampwatch import store
+from rampwatch.store.db_files import SUFFIX, database_files
 from rampwatch.store.errors import StoreBusyError, StoreError
 from rampwatch.store.naming import display_name
 
@@ -43,6 +47,40 @@ def _info(db: str) -> None:
             last = "-" if r.last_step is None else str(r.last_step)
             run_id, name = display_name(r.run_id), display_name(r.name or "")
             print(f"{run_id:<28} {r.status:<9} {last:>10} {_age(r.heartbeat):>12}  {name}")
+
+
+def _info_dir(root: str) -> int:
+    """`rampwatch info DIR`: every database under root, each as `info DB` prints it, or its
+    problem in one line; the status of the worst file."""
+    try:
+        files = database_files(root)
+    except OSError as e:
+        raise StoreError(f"cannot list the directory {root}: {e.strerror}") from None
+    if not files:
+        raise store.DatabaseMissingError(
+            f"no Rampwatch databases (*{SUFFIX} files) under {root}; check the path, or point "
+            "training runs' --db at files in it"
+        )
+    print(f"directory {root}: {len(files)} database file(s)")
+    worst = 0
+    for path in files:
+        print()
+        try:
+            _info(str(path))
+        except BrokenPipeError:
+            raise
+        except Exception as e:  # noqa: BLE001 - one file's problem is one line, never the end
+            message, code = _problem(str(path), e)
+            if code is None:
+                raise
+            print(f"database {path}: cannot be read: {_one_line(message)}")
+            worst = max(worst, code)
+    if worst:
+        print(
+            f"rampwatch info: error: some files under {root} could not be read (listed above)",
+            file=sys.stderr,
+        )
+    return worst
 
 
 def _recover(db: str) -> None:
@@ -130,7 +168,15 @@ def add_commands(sub) -> None:
     """info, recover, upgrade and export as subcommands of the `rampwatch` parser."""
     for name, help_ in COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
-        p.add_argument("db", help="path of the Rampwatch DuckDB file")
+        p.add_argument(
+            "db",
+            help="path of the Rampwatch DuckDB file"
+            + (
+                ", or a directory of them (each file's runs or its problem)"
+                if name == "info"
+                else ""
+            ),
+        )
         if name == "export":
             p.add_argument("run", nargs="?", help="run id (needed when the file holds several)")
             p.add_argument("--format", choices=("csv", "parquet"), default="csv")
@@ -141,6 +187,8 @@ def run(args) -> int:
     """Exit 0 on success, 1 while the database stays busy, 2 on anything else, in one line."""
     if args.command == "export":
         return guarded(args.command, args.db, _export, args.db, args.run, args.format, args.output)
+    if args.command == "info" and os.path.isdir(args.db):
+        return guarded(args.command, args.db, _info_dir, args.db)
     action = {"info": _info, "recover": _recover, "upgrade": _upgrade}[args.command]
     return guarded(args.command, args.db, action, args.db)
 
@@ -151,17 +199,27 @@ def guarded(command: str, db: str, action, *args) -> int:
     what the store did not foresee."""
     try:
         return action(*args) or 0
-    except StoreError as e:
-        return report(command, e)
     except BrokenPipeError:  # stdout's reader left (`| head`): not the file's fault (../cli.py)
         raise
-    except (duckdb.Error, OSError, pa.ArrowException) as e:  # not foreseen: still one line
-        return _fail(
-            command,
+    except Exception as e:  # noqa: BLE001 - mapped to one line below, or raised again
+        message, code = _problem(db, e)
+        if code is None:
+            raise
+        return _fail(command, message, code)
+
+
+def _problem(db: str, e: Exception) -> tuple[str, int | None]:
+    """(one line, exit status) for what stopped a command on db; status None: not a problem of
+    the file (a bug), to be raised. A store error says it all; the rest were not foreseen."""
+    if isinstance(e, StoreError):
+        return str(e), 1 if isinstance(e, StoreBusyError) else 2
+    if isinstance(e, (duckdb.Error, OSError, pa.ArrowException)):
+        return (
             f"could not read {db}: {e}. If the file is damaged, restore it "
             "from a backup or start a new database at another path.",
             2,
         )
+    return str(e), None
 
 
 def report(command: str, e: StoreError) -> int:

@@ -4,7 +4,7 @@ Thin page: choose runs; overlay any metric against step, tokens or time; the con
 differ; steps, tokens and time to a chosen loss; and, with >= 3 runs at different constant batch
 sizes, the critical batch from S = S_min(1 + B_crit/B). Data via dashboard/store_access.py (the
 chosen runs' metric names in one query, their curves in one read session, kept per session and
-refreshed only for runs that changed), arithmetic in dashboard/comparison.py, the figure in
+refreshed only for runs that changed; from several files, dashboard/sources.py), arithmetic in dashboard/comparison.py, the figure in
 dashboard/charts.py.
 """
 
@@ -13,39 +13,44 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from rampwatch.dashboard import charts, comparison, store_access
+from rampwatch.dashboard import charts, comparison, sources
 from rampwatch.store import names as M
 from rampwatch.store.naming import display_name
 
-db, current, _ = store_access.page_context(need_run=False)
+cat, current, _ = sources.page_catalog()
 
 st.title("Compare runs")
-runs = store_access.list_runs(db)
-by_id = {r.run_id: r for r in runs}
-default = [current] if current in by_id else []
-default += [r.run_id for r in runs if r.run_id not in default][: max(0, 6 - len(default))]
+refs = cat.refs()
+by_key = {ref.key: ref for ref in refs}  # a run is its file and its id (sources.run_key)
+clashes = cat.clashing_ids()
+default = [current] if current in by_key else []
+default += [k for k in by_key if k not in default][: max(0, 6 - len(default))]
 if "compare_runs" in st.session_state:
-    st.session_state["compare_runs"] = [r for r in st.session_state["compare_runs"] if r in by_id]
+    st.session_state["compare_runs"] = [k for k in st.session_state["compare_runs"] if k in by_key]
 
 
-def _label(rid: str) -> str:
-    r = by_id[rid]
-    return f"{display_name(r.name or rid)} ({r.status})"
+def _label(key: str) -> str:
+    ref = by_key[key]
+    label = f"{display_name(ref.run.name or ref.run_id)} ({ref.run.status})"
+    return f"{label} · {display_name(ref.file)}" if ref.run_id in clashes else label
 
 
 chosen = st.multiselect(
-    "Runs", list(by_id), default=default, key="compare_runs", format_func=_label
+    "Runs", list(by_key), default=default, key="compare_runs", format_func=_label
 )
 if not chosen:
     st.info("Choose one or more runs to compare.")
     st.stop()
 
 # legends, captions and table columns: names shown safely; two that read alike get their ids
-labels = {rid: display_name(by_id[rid].name or rid) for rid in chosen}
+runs = {k: by_key[k].run for k in chosen}
+labels = {k: display_name(runs[k].name or runs[k].run_id) for k in chosen}
 if len(set(labels.values())) < len(labels):
-    labels = {rid: f"{labels[rid]} ({display_name(rid)})" for rid in chosen}
+    labels = {k: f"{labels[k]} ({display_name(runs[k].run_id)})" for k in chosen}
+if len(set(labels.values())) < len(labels):  # the same id in two files: name the file too
+    labels = {k: f"{labels[k][:-1]}, {display_name(by_key[k].file)})" for k in chosen}
 
-names = store_access.metric_names(db, [by_id[rid] for rid in chosen])
+names = sources.metric_names([by_key[k] for k in chosen])
 if not names:
     st.info("The chosen runs have not logged any metrics yet.")
     st.stop()
@@ -66,7 +71,7 @@ smoothing = c3.slider(
 )
 
 AUX = (M.LOSS, M.TOKENS_SEEN, M.STEP_TIME, M.BATCH_SEQS)  # the axes and the target table
-data = store_access.run_series(db, [by_id[rid] for rid in chosen], (metric, *AUX))
+data = sources.series_of([by_key[k] for k in chosen], (metric, *AUX))
 curves, time_how = [], set()
 for rid in chosen:
     b = data[rid][metric]
@@ -105,7 +110,7 @@ if axis == "time" and time_how:
     st.caption("Time axis: " + ", ".join(sorted(time_how)) + ".")
 
 st.subheader("Config differences")
-diff = comparison.config_diff({labels[rid]: by_id[rid].config for rid in chosen})
+diff = comparison.config_diff({labels[rid]: runs[rid].config for rid in chosen})
 if len(chosen) < 2:
     st.caption("Choose at least two runs to see what differs.")
 elif not diff:
@@ -127,7 +132,7 @@ target = st.number_input(
 )
 rows = [
     comparison.to_target(
-        labels[r], loss[r], target, t_smooth, *aux[r][:2], batch=aux[r][2], config=by_id[r].config
+        labels[r], loss[r], target, t_smooth, *aux[r][:2], batch=aux[r][2], config=runs[r].config
     )
     for r in chosen
 ]

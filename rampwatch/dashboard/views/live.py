@@ -31,6 +31,7 @@ from rampwatch.store.naming import display_name
 REFRESH_CHOICES = {"off": None, "2 s": 2, "5 s": 5, "10 s": 10, "30 s": 30}
 
 db, run_id, read_only = store_access.page_context()
+file = st.session_state.get("rw_file") or ""  # the run's file among several ('' for the only one)
 
 with st.sidebar:
     smoothing = st.slider(
@@ -66,6 +67,8 @@ def _header(snap: live_data.Snapshot) -> None:
         f"heartbeat {_age(run.heartbeat)}",
         f"id `{display_name(run.run_id)}`",
     ]
+    if file:
+        bits.append(f"file `{display_name(file)}`")
     if tokens:
         bits.insert(2, f"tokens **{tokens:,.0f}**")
     st.markdown(" · ".join(bits))
@@ -184,7 +187,9 @@ def live_view() -> None:
         st.info(f"Could not refresh: {e}")
         return
     card = recommend.card_of(snap)
-    schedule = run_schedule.build_schedule(snap, card, schedule_section.plan_text(snap.run.run_id))
+    schedule = run_schedule.build_schedule(
+        snap, card, schedule_section.plan_text(snap.run.run_id, file)
+    )
     card = run_schedule.with_plan_step(card, schedule)  # a due hand-plan step, under Approve
     with top:
         _header(snap)
@@ -199,7 +204,7 @@ def live_view() -> None:
         snap.trial_points,
     )
     card_view.render(card, db=db, run=snap.run, read_only=read_only, trial=trial)
-    schedule_section.render(schedule, run_id=snap.run.run_id)
+    schedule_section.render(schedule, run_id=snap.run.run_id, file=file)
     card_view.render_trial(trial, run=snap.run)
     _charts(snap, card)
     _events_table(snap)

@@ -1,10 +1,13 @@
-"""Runs page: every run in the database, its status and summary, and export of its raw rows.
+"""Runs page: every run in the database (or in each database of a directory), its status and
+summary, and export of its raw rows.
 
-Thin page: store.reader.Run rows via dashboard/store_access.py (status 'stale' when a running
-run's writer is gone), each run's summary (tokens, best loss, peak memory, alerts, lost records:
-one read session for all runs) and refused writes, a
-note for each dead writer whose spool waits for `rampwatch recover`, and CSV / Parquet export
-through st.download_button (the file is built only when the button is clicked).
+Thin page: store.reader.Run rows of every file via dashboard/sources.py and store_access.py
+(status 'stale' when a running run's writer is gone), each run's summary (tokens, best loss,
+peak memory, alerts, lost records: one read session per file for all its runs) and refused
+writes, a line for each file that could not be read (damaged, foreign, newer schema) or has no
+runs yet, a note for each dead writer whose spool waits for `rampwatch recover`, and CSV /
+Parquet export through st.download_button (the file is built only when the button is clicked).
+With several files the table has a file column.
 """
 
 from __future__ import annotations
@@ -15,10 +18,10 @@ import time
 
 import streamlit as st
 
-from rampwatch.dashboard import store_access
+from rampwatch.dashboard import sources, store_access
 from rampwatch.store.naming import display_name
 
-db, current, _ = store_access.page_context(need_run=False)
+cat, current, _ = sources.page_catalog()
 
 STATUS_HELP = (
     "running: its writer is alive · stale: marked running but no heartbeat or no live "
@@ -40,12 +43,14 @@ def _duration(r) -> str | None:
 
 
 st.title("Runs")
-runs = store_access.list_runs(db)
-refused = store_access.refusal_counts(db)
-summaries = store_access.run_summaries(db)
+refs = cat.refs()
+files = {f.path: f for f in cat.files if f.runs}
+refused = {db: store_access.refusal_counts(db) for db in files}
+summaries = {db: store_access.run_summaries(db) for db in files}
 rows = []
-for r in runs:
-    s = summaries.get(r.run_id, store_access.NO_SUMMARY)
+for ref in refs:
+    r = ref.run
+    s = summaries[ref.db].get(r.run_id, store_access.NO_SUMMARY)
     rows.append(
         {
             "name": display_name(r.name or r.run_id),
@@ -60,9 +65,10 @@ for r in runs:
             else round(s["peak_bytes"] / 1e9, 2),
             "alerts": s["alerts"],
             "lost records": s["lost_records"],
-            "refused writes": refused.get(r.run_id, 0),
+            "refused writes": refused[ref.db].get(r.run_id, 0),
             "device": r.device,
             "run id": display_name(r.run_id),
+            **({} if cat.single else {"file": display_name(ref.file)}),
         }
     )
 st.dataframe(
@@ -72,8 +78,11 @@ st.dataframe(
     column_config={"tokens": st.column_config.NumberColumn(format="localized")},
 )
 st.caption(STATUS_HELP)
-for note in store_access.dead_writer_notes(db):  # the dashboard never recovers: say who can
-    st.warning(note + ".", icon=":material/warning:")
+for bad, note in [] if cat.single else sources.file_notes(cat):  # one file: shown by app.py
+    (st.warning if bad else st.info)(note, icon=":material/warning:" if bad else None)
+for db in files:  # the dashboard never recovers: say who can
+    for note in store_access.dead_writer_notes(db):
+        st.warning(note + ".", icon=":material/warning:")
 lossy = [row["name"] for row in rows if row["lost records"]]
 if lossy:
     st.warning(
@@ -84,22 +93,34 @@ if lossy:
     )
 
 st.subheader("Export")
-by_id = {r.run_id: r for r in runs}
+by_key = {ref.key: ref for ref in refs}
+clashes = cat.clashing_ids()
+
+
+def _export_label(k: str) -> str:
+    r = by_key[k].run
+    label = f"{display_name(r.name or r.run_id)} ({display_name(r.run_id)})"
+    return f"{label} · {display_name(by_key[k].file)}" if r.run_id in clashes else label
+
+
 c1, c2, c3 = st.columns([3, 1, 2])
-rid = c1.selectbox(
+key = c1.selectbox(
     "Run to export",
-    list(by_id),
+    list(by_key),
     key="export_run",
-    index=list(by_id).index(current) if current in by_id else 0,
-    format_func=lambda i: f"{display_name(by_id[i].name or i)} ({display_name(i)})",
+    index=list(by_key).index(current) if current in by_key else 0,
+    format_func=_export_label,
 )
+ref = by_key[key]
 fmt = c2.radio("Format", ["CSV", "Parquet"], key="export_format", horizontal=True)
 ext, mime = ("csv", "text/csv") if fmt == "CSV" else ("parquet", "application/vnd.apache.parquet")
 c3.download_button(
     f"Download {fmt}",
-    data=lambda: store_access.export_bytes(db, rid, ext),
+    data=lambda: store_access.export_bytes(ref.db, ref.run_id, ext),
     file_name=re.sub(
-        r"[/\\]", "_", f"{display_name(by_id[rid].name or rid, 80)}-{display_name(rid)}.{ext}"
+        r"[/\\]",
+        "_",
+        f"{display_name(ref.run.name or ref.run_id, 80)}-{display_name(ref.run_id)}.{ext}",
     ),
     mime=mime,
     key="export_download",
