@@ -60,7 +60,16 @@ monitor (noise-scale window, tokens seen, base LR, last ramp, measured and infea
 
 Under DDP every rank runs the callback; Monitor.start opens the database on rank 0 only, and the
 monitor gets `trainer.model` (the DistributedDataParallel wrapper) to attach its per-rank norm
-hook. DDP allows one comm hook: a DDPStrategy(ddp_comm_hook=...) of your own is refused at start.
+hook: strategy.setup wraps it (trainer.py:1053, strategies/ddp.py:172) before on_train_start and
+any backward, and Lightning's no_sync on the accumulating batches (loops/optimization/
+automatic.py:184) leaves .grad each rank's own until the last one, as the hook expects. DDP allows
+one comm hook: a DDPStrategy(ddp_comm_hook=...) of your own is refused at start. Every rank asks
+ramp_due() at every boundary and gets rank 0's decision at the same one, and Lightning's counters
+agree on every rank, so all ranks apply a ramp after the same step. The train loader's
+DistributedSampler (always shuffled for training, data_connector.py:491, seeded by PL_GLOBAL_SEED)
+splits by sample index, not by batch, and a per-device batch ramp's new loader gets a fresh one
+whose epoch is set at the epoch start (fit_loop.py:445): the ranks keep sharing each epoch out.
+tests/test_integration_lightning_dist.py runs it on two gloo ranks.
 Manual optimization: telemetry only (each optimizer.step() is a step; ramps are
 refused: the module owns its accumulation). A short last batch of an epoch (drop_last=False) is
 counted as a full per-device batch.
