@@ -13,6 +13,8 @@ data are tests/own_loop_child.py's, in the same order, so the two loops compare 
         [--checkpoint-dir DIR --checkpoint-every N]  Lightning's ModelCheckpoint every N steps
         [--resume CKPT]                    fit(ckpt_path=CKPT): resume from that checkpoint
         [--schedule warmup|cosine]         the own loop's LR schedules, planned over --steps
+        [--then-resume CKPT DB OUT [--then-stop-after S]]  then, in the same processes, a fresh
+                                           fit(ckpt_path=CKPT) into DB, its results in OUT
     torchrun --nproc_per_node=2 -m tests.lightning_child …   strategy="ddp" on gloo: OUT.rank{r}
 
 The callback keeps the token budget (--steps steps of the first tier) and steps the schedule by
@@ -31,6 +33,7 @@ it out to the ranks.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -157,8 +160,18 @@ def main(argv=None) -> int:
     p.add_argument("--checkpoint-every", type=int)
     p.add_argument("--resume")
     p.add_argument("--schedule", choices=["warmup", "cosine"], default="warmup")
+    p.add_argument("--then-resume", nargs=3, metavar=("CKPT", "DB", "OUT"))
+    p.add_argument("--then-stop-after", type=int)
     a = p.parse_args(argv)
+    fit(a)
+    if a.then_resume:  # a fresh module, data, callback and Trainer, as a new process has
+        ckpt, db, out = a.then_resume
+        again = dict(db=db, out=out, resume=ckpt, stop_after=a.then_stop_after)
+        fit(argparse.Namespace(**{**vars(a), **again, "wait_ramp_at": [], "checkpoint_dir": None}))
+    return 0
 
+
+def fit(a: argparse.Namespace) -> None:
     world = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's: Lightning reads it too
     # the own loop's n for this world size: same samples, same order
     x, y = data(a.batch * a.accum * a.steps * 16 * world)
@@ -228,7 +241,6 @@ def main(argv=None) -> int:
         },
         a.out if world == 1 else f"{a.out}.rank{trainer.global_rank}",
     )
-    return 0
 
 
 if __name__ == "__main__":

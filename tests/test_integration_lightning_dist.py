@@ -9,7 +9,8 @@ monitor hooks Lightning's DistributedDataParallel, and step 1's |G|² and tr(Σ)
 recomputation from the samples each rank trained on (as tests/test_dist.py checks the reference
 trainer's); both ranks switch at the same steps with the LR moved by the √ rule and the weights
 equal; Lightning's DistributedSampler keeps dealing each epoch out across the ramps, no sample
-read twice.
+read twice. A fit resumed from its checkpoint into another database starts a new run there on
+every rank alike (only rank 0 can look for the old one).
 """
 
 from __future__ import annotations
@@ -61,6 +62,16 @@ def ddp(tmp_path_factory):
             "--epoch-samples",
             str(EPOCH),
             "--reload",
+            "--checkpoint-dir",
+            str(tmp / "ck"),
+            "--checkpoint-every",
+            "6",
+            "--then-resume",  # once it ends: its step-6 checkpoint into another database
+            str(tmp / "ck" / "epoch=0-step=6.ckpt"),
+            str(tmp / "other.duckdb"),
+            str(tmp / "again.pt"),
+            "--then-stop-after",
+            "9",
         ),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -78,17 +89,20 @@ def ddp(tmp_path_factory):
             db, run_id, "ramp", {"per_device_batch": 2, "accum": 16}, actor="test"
         )
         out, err = proc.communicate(timeout=150)
-        assert proc.returncode == 0, err[-6000:]
     finally:
         if proc.poll() is None:
             kill_group(proc)
+    done = [tmp / f"l.pt.rank{r}" for r in (0, 1)]  # the first fit's (the second one's: below)
+    assert all(path.exists() for path in done), err[-6000:]
     return SimpleNamespace(
         db=db,
+        tmp=tmp,
         run_id=run_id,
         accum=accum,
         batch=batch,
         log=first + out + err,
-        ranks=[torch.load(tmp / f"l.pt.rank{r}") for r in (0, 1)],
+        returncode=proc.returncode,
+        ranks=[torch.load(path) for path in done],
     )
 
 
@@ -110,7 +124,8 @@ def test_rank_0_writes_each_step_once_and_the_card_says_two_devices(ddp, monkeyp
     # one event per ramp (not one per rank), and nothing went wrong on either rank
     assert [e.step for e in store.events(ddp.db, ddp.run_id, kinds=[M.EVENT_RAMP])] == [6, 9]
     assert store.events(ddp.db, ddp.run_id, kinds=[M.EVENT_ALERT, "error"]) == []
-    assert ddp.log.count("run ") == 1 and "run None" not in ddp.log  # rank 1 has no writer
+    lines = [line for line in ddp.log.splitlines() if line.startswith("run ")]
+    assert lines[0] == f"run {ddp.run_id}" and "run None" not in lines  # rank 1 has no writer
     text = seed.texts(seed.app(monkeypatch, ddp.db))
     assert "Now: 2 per device × 16 accumulation × 2 device(s) = 64 sequences" in text
     assert f"Ramp #{ddp.batch} to 2 per device × 16 accumulation was applied at step 9." in text
@@ -207,3 +222,20 @@ def test_each_rank_reads_its_share_of_each_epoch_and_no_sample_twice(ddp):
     assert len(seen) == len(set(seen)) == BUDGET_STEPS * 16  # no repeats: the budget's samples
     epoch0 = [i for r in ddp.ranks for s, _, ids in r["batches"] if s <= 9 for i in ids]
     assert sorted(epoch0) == list(range(EPOCH))  # the epoch before the batch ramp, all of it
+
+
+def test_a_resume_into_another_database_starts_afresh_on_every_rank(ddp):
+    """Only rank 0 opens the database, so only rank 0 finds the checkpoint's run missing: every
+    rank must then start afresh, or rank 1 alone would continue the saved tokens (its LR clock,
+    its max_steps) and the ranks would part. (The child's second fit, in the same processes.)"""
+    returncode, log = ddp.returncode, ddp.log
+    assert returncode == 0, log[-6000:]  # the second fit's: the first one's outputs are there
+    other, out = ddp.tmp / "other.duckdb", ddp.tmp / "again.pt"
+    (run,) = store.list_runs(other)
+    assert run.run_id != ddp.run_id and run.world_size == 2
+    assert sorted(series(other, run.run_id, M.LOSS)) == [7, 8, 9]
+    r0, r1 = (torch.load(f"{out}.rank{r}") for r in (0, 1))
+    assert r0["monitor_at_start"] == r1["monitor_at_start"]
+    assert r0["steps"] == r1["steps"] == 3 and r0["lr"] == r1["lr"]
+    for a, b in zip(r0["params"], r1["params"], strict=True):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)

@@ -57,6 +57,9 @@ A checkpoint carries the callback's tier, run id, ramp policy and the monitor's 
 accumulate_grad_batches and the batch attribute, which Lightning does not (they are constructor
 arguments), continues the same database run from the restored global_step, and continues the
 monitor (noise-scale window, tokens seen, base LR, last ramp, measured and infeasible batches).
+A database without that run gets a new one and a fresh monitor; under DDP only rank 0 can look,
+and every rank follows what it found (a rank that alone continued the tokens would step its LR
+clock and max_steps apart from the others).
 
 Under DDP every rank runs the callback; Monitor.start opens the database on rank 0 only, and the
 monitor gets `trainer.model` (the DistributedDataParallel wrapper) to attach its per-rank norm
@@ -249,7 +252,7 @@ class RampwatchCallback(pl.Callback):
             trials_note=TRIALS_NOTE,
             total_tokens=self._budget,
         )
-        run_id = self._restored.get("run_id")
+        run_id, resumed = self._restored.get("run_id"), False
         if run_id and trainer.global_step > 0:  # resumed from a checkpoint: continue its run
             if self.policy is None and POLICY_KEY in self._restored:  # its original batch and LR
                 start["policy"] = RampPolicy.from_config(self._restored)
@@ -257,11 +260,14 @@ class RampwatchCallback(pl.Callback):
                 self.monitor = Monitor.start(
                     self.db, run_id=run_id, resume_step=trainer.global_step, **start
                 )
+                resumed = True
             except RunNotFoundError:  # another database: a new run
                 pass
         if self.monitor is None:
             self.monitor = Monitor.start(self.db, **start)
-        elif MONITOR_STATE in self._restored:  # the resumed run's window, tokens, base LR, ...
+        if trainer.world_size > 1:  # only rank 0 opened the database: every rank does as it did
+            resumed = trainer.strategy.broadcast(resumed, src=0)  # (after each rank's one start)
+        if resumed and MONITOR_STATE in self._restored:  # the run's window, tokens, base LR, ...
             self.monitor.load_state_dict(self._restored[MONITOR_STATE])
             self._keep_budget(trainer)  # at a ramped tier: the steps its tokens left take
         self._boundary = trainer.global_step
