@@ -13,18 +13,29 @@ data are tests/own_loop_child.py's, in the same order, so the two loops compare 
         [--checkpoint-dir DIR --checkpoint-every N]  Lightning's ModelCheckpoint every N steps
         [--resume CKPT]                    fit(ckpt_path=CKPT): resume from that checkpoint
         [--schedule warmup|cosine]         the own loop's LR schedules, planned over --steps
+        [--then-resume CKPT DB OUT [--then-stop-after S]]  then, in the same processes, a fresh
+                                           fit(ckpt_path=CKPT) into DB, its results in OUT
+    torchrun --nproc_per_node=2 -m tests.lightning_child …   strategy="ddp" on gloo: OUT.rank{r}
 
 The callback keeps the token budget (--steps steps of the first tier) and steps the schedule by
 tokens; without it (--unsafe-switch-at) Lightning steps the schedule and ends at --steps.
 
 OUT.pt gets the final parameters, the steps ramps were applied at, the LR, the optimizer steps,
-how many of them ran with no zero_grad since the step before (gradients applied twice), and the
-monitor's state_dict() when the fit started (a resumed one: what it continued).
+how many of them ran with no zero_grad since the step before (gradients applied twice), every
+batch's (step, accumulation, sample ids), the monitor's state_dict() when the fit started (a
+resumed one: what it continued) and whether its DDP norm hook was attached.
+
+Under torchrun the data are the own loop's for that world size, and Lightning puts a
+DistributedSampler in the train loader, which shuffles each epoch's slice (a training loader is
+always shuffled under DDP: trainer/connectors/data_connector.py `_process_dataloader`) and deals
+it out to the ranks.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import sys
 
 import lightning.pytorch as pl
@@ -48,7 +59,7 @@ class Module(pl.LightningModule):
         self.net, self.opt, self.sched = build(schedule=schedule, steps=steps)
 
     def training_step(self, batch, batch_idx):
-        x, y = batch
+        x, y, _ = batch  # the third: sample ids (SampleLog)
         return torch.nn.functional.mse_loss(self.net(x), y)
 
     def configure_optimizers(self):
@@ -68,7 +79,9 @@ class Slices(pl.LightningDataModule):
     def train_dataloader(self):
         lo, self.offset = self.offset, self.offset + self.n
         return DataLoader(
-            TensorDataset(self.x[lo : lo + self.n], self.y[lo : lo + self.n]),
+            TensorDataset(
+                self.x[lo : lo + self.n], self.y[lo : lo + self.n], torch.arange(lo, lo + self.n)
+            ),
             batch_size=self.batch_size,
         )
 
@@ -86,6 +99,17 @@ class StaleSteps(pl.Callback):
         self.steps += 1
         self.stale += not self.zeroed
         self.zeroed = False
+
+
+class SampleLog(pl.Callback):
+    """(step, accumulate_grad_batches, sample ids) of every batch this rank trains on."""
+
+    def __init__(self):
+        self.batches: list[tuple[int, int, list[int]]] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        step = trainer.global_step + 1  # the optimizer step this batch's gradient goes into
+        self.batches.append((step, trainer.accumulate_grad_batches, batch[2].tolist()))
 
 
 class UnsafeSwitch(pl.Callback):
@@ -117,7 +141,9 @@ class Waiting(RampwatchCallback):
     def on_train_start(self, trainer, pl_module):
         super().on_train_start(trainer, pl_module)
         self.started_with = self.monitor.state_dict()
-        print(f"run {self.monitor.run_id}", flush=True)
+        self.rank_hook = self.monitor.grads.rank_hook is not None  # DDP's per-rank norm hook
+        if trainer.global_rank == 0:  # under DDP: the rank with the writer
+            print(f"run {self.monitor.run_id}", flush=True)
 
     def ramp_due(self, step):
         return wait_for_ramp(lambda: super(Waiting, self).ramp_due(step), step in self.wait_at)
@@ -134,19 +160,31 @@ def main(argv=None) -> int:
     p.add_argument("--checkpoint-every", type=int)
     p.add_argument("--resume")
     p.add_argument("--schedule", choices=["warmup", "cosine"], default="warmup")
+    p.add_argument("--then-resume", nargs=3, metavar=("CKPT", "DB", "OUT"))
+    p.add_argument("--then-stop-after", type=int)
     a = p.parse_args(argv)
+    fit(a)
+    if a.then_resume:  # a fresh module, data, callback and Trainer, as a new process has
+        ckpt, db, out = a.then_resume
+        again = dict(db=db, out=out, resume=ckpt, stop_after=a.then_stop_after)
+        fit(argparse.Namespace(**{**vars(a), **again, "wait_ramp_at": [], "checkpoint_dir": None}))
+    return 0
 
-    x, y = data(a.batch * a.accum * a.steps * 16)  # the own loop's n: same samples, same order
+
+def fit(a: argparse.Namespace) -> None:
+    world = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's: Lightning reads it too
+    # the own loop's n for this world size: same samples, same order
+    x, y = data(a.batch * a.accum * a.steps * 16 * world)
     module = Module(a.schedule, a.steps)
-    stale = StaleSteps()
-    callbacks: list[pl.Callback] = [stale]
+    stale, samples = StaleSteps(), SampleLog()
+    callbacks: list[pl.Callback] = [stale, samples]
     cb = None
     if a.unsafe_switch_at:
         s, k = (int(v) for v in a.unsafe_switch_at.split(":"))
         callbacks.append(UnsafeSwitch(s, k, a.batch))
     else:
         policy = RampPolicy(
-            original_batch=a.batch * a.accum,
+            original_batch=a.batch * a.accum * world,
             original_lr=1e-2,
             lr_rule="sqrt",
             **json.loads(a.policy),
@@ -170,7 +208,9 @@ def main(argv=None) -> int:
     amp = [MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu", init_scale=a.scaler))]
     trainer = pl.Trainer(
         accelerator="cpu",
-        devices=1,
+        devices=world,
+        num_nodes=1,
+        strategy="ddp" if world > 1 else "auto",
         logger=False,
         enable_checkpointing=bool(a.checkpoint_dir),
         enable_progress_bar=False,
@@ -195,11 +235,12 @@ def main(argv=None) -> int:
             "lr": module.opt.param_groups[0]["lr"],
             "steps": stale.steps,
             "stale": stale.stale,
+            "batches": samples.batches,
             "monitor_at_start": cb.started_with if cb else None,
+            "rank_hook": cb.rank_hook if cb else None,
         },
-        a.out,
+        a.out if world == 1 else f"{a.out}.rank{trainer.global_rank}",
     )
-    return 0
 
 
 if __name__ == "__main__":

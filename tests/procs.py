@@ -58,6 +58,12 @@ def spawn(args: list[str], **popen_kwargs) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, *args], start_new_session=True, **popen_kwargs)
 
 
+def torchrun(*args: str, nproc: int = 2) -> list[str]:
+    """spawn() arguments of `torchrun --standalone --nproc_per_node=N ARGS…` (gloo on the CPU:
+    the child picks its backend), e.g. torchrun("-m", "tests.lightning_child", DB, OUT)."""
+    return ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
+
+
 def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL, wait: float = 10.0) -> None:
     """Signal the child's whole process group (DataLoader workers, planners) and reap it."""
     try:

@@ -57,10 +57,22 @@ A checkpoint carries the callback's tier, run id, ramp policy and the monitor's 
 accumulate_grad_batches and the batch attribute, which Lightning does not (they are constructor
 arguments), continues the same database run from the restored global_step, and continues the
 monitor (noise-scale window, tokens seen, base LR, last ramp, measured and infeasible batches).
+A database without that run gets a new one and a fresh monitor; under DDP only rank 0 can look,
+and every rank follows what it found (a rank that alone continued the tokens would step its LR
+clock and max_steps apart from the others).
 
 Under DDP every rank runs the callback; Monitor.start opens the database on rank 0 only, and the
 monitor gets `trainer.model` (the DistributedDataParallel wrapper) to attach its per-rank norm
-hook. DDP allows one comm hook: a DDPStrategy(ddp_comm_hook=...) of your own is refused at start.
+hook: strategy.setup wraps it (trainer.py:1053, strategies/ddp.py:172) before on_train_start and
+any backward, and Lightning's no_sync on the accumulating batches (loops/optimization/
+automatic.py:184) leaves .grad each rank's own until the last one, as the hook expects. DDP allows
+one comm hook: a DDPStrategy(ddp_comm_hook=...) of your own is refused at start. Every rank asks
+ramp_due() at every boundary and gets rank 0's decision at the same one, and Lightning's counters
+agree on every rank, so all ranks apply a ramp after the same step. The train loader's
+DistributedSampler (always shuffled for training, data_connector.py:491, seeded by PL_GLOBAL_SEED)
+splits by sample index, not by batch, and a per-device batch ramp's new loader gets a fresh one
+whose epoch is set at the epoch start (fit_loop.py:445): the ranks keep sharing each epoch out.
+tests/test_integration_lightning_dist.py runs it on two gloo ranks.
 Manual optimization: telemetry only (each optimizer.step() is a step; ramps are
 refused: the module owns its accumulation). A short last batch of an epoch (drop_last=False) is
 counted as a full per-device batch.
@@ -240,7 +252,7 @@ class RampwatchCallback(pl.Callback):
             trials_note=TRIALS_NOTE,
             total_tokens=self._budget,
         )
-        run_id = self._restored.get("run_id")
+        run_id, resumed = self._restored.get("run_id"), False
         if run_id and trainer.global_step > 0:  # resumed from a checkpoint: continue its run
             if self.policy is None and POLICY_KEY in self._restored:  # its original batch and LR
                 start["policy"] = RampPolicy.from_config(self._restored)
@@ -248,11 +260,14 @@ class RampwatchCallback(pl.Callback):
                 self.monitor = Monitor.start(
                     self.db, run_id=run_id, resume_step=trainer.global_step, **start
                 )
+                resumed = True
             except RunNotFoundError:  # another database: a new run
                 pass
         if self.monitor is None:
             self.monitor = Monitor.start(self.db, **start)
-        elif MONITOR_STATE in self._restored:  # the resumed run's window, tokens, base LR, ...
+        if trainer.world_size > 1:  # only rank 0 opened the database: every rank does as it did
+            resumed = trainer.strategy.broadcast(resumed, src=0)  # (after each rank's one start)
+        if resumed and MONITOR_STATE in self._restored:  # the run's window, tokens, base LR, ...
             self.monitor.load_state_dict(self._restored[MONITOR_STATE])
             self._keep_budget(trainer)  # at a ramped tier: the steps its tokens left take
         self._boundary = trainer.global_step
