@@ -1,0 +1,160 @@
+"""The noise scale under FSDP2 (fully_shard) against DDP's, two gloo ranks on the CPU.
+
+One torchrun of tests/fsdp_child.py trains the same tiny model on the same data once per
+wrapping, each a run of one real database. Shown: accumulating without sync (sync only at the
+last micro-step) logs per step the |G|², tr(Σ), B_simple, gradient norm and loss that DDP logs;
+so does ZeroRedundancyOptimizer over DDP; syncing every micro-step (FSDP2's default) logs the
+line through its own points (single micro-batches and global running sums) by brute force, and
+DDP's values at accumulation 1; a torch.compile'd FSDP2 model is measured the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from rampwatch import store
+from rampwatch.store import names as M
+from tests.procs import REPO, child_env
+
+RUNS = [
+    "ddp:3",
+    "fsdp-nosync:3",
+    "zero:3",
+    "fsdp-sync:3",
+    "ddp:1",
+    "fsdp-sync:1",
+    "fsdp-sync:2:compile",
+]
+PER_STEP = (M.GNS_G2, M.GNS_TRACE, M.GNS_RAW, M.GNS, M.GRAD_NORM, M.LOSS)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """(database, {run name: {metric: {step: value}}}, {(run name, step): brute-force points})."""
+    db = tmp_path_factory.mktemp("fsdp") / "runs.duckdb"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "-m",
+            "tests.fsdp_child",
+            str(db),
+            *RUNS,
+        ],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    points = {}
+    for line in done.stdout.splitlines():
+        if line.startswith("POINTS "):
+            _, spec, step, rest = line.split(" ", 3)
+            points[spec, int(step)] = json.loads(rest)
+    return db, {run.name: _per_step(db, run.run_id) for run in store.list_runs(db)}, points
+
+
+def _per_step(db, run_id: str) -> dict[str, dict[int, float]]:
+    """{metric: {step: value}} of one run's PER_STEP metrics, from its raw rows."""
+    rows = store.export(db, run_id).to_pylist()
+    out: dict[str, dict[int, float]] = {name: {} for name in PER_STEP}
+    for row in rows:
+        if row["name"] in out:
+            assert row["step"] not in out[row["name"]], "a step logged twice"
+            out[row["name"]][row["step"]] = row["value"]
+    return out
+
+
+def _logged(runs, name: str) -> dict[str, dict[int, float]]:
+    return runs[1][name]
+
+
+def _same(got: dict, want: dict, scale: float) -> None:
+    """Each metric on the same steps and within float32 tolerance: |G|² is a small difference
+    of the points, so its tolerance is the points' scale."""
+    for name in PER_STEP:
+        assert sorted(got[name]) == sorted(want[name]), name
+        for step, value in want[name].items():
+            tol = dict(abs=1e-5 * scale) if name == M.GNS_G2 else dict(rel=2e-5)
+            assert got[name][step] == pytest.approx(value, **tol), (name, step)
+
+
+def _fit(points) -> tuple[float, float]:
+    """(|G|², tr(Σ)): least squares of |g_B|² on 1/B (McCandlish et al. 2018, App. A)."""
+    sizes, sq = np.array(points, dtype=np.float64).T
+    slope, intercept = np.polyfit(1.0 / sizes, sq, 1)
+    return intercept, slope
+
+
+def _matches_brute_force(runs, name: str) -> None:
+    _, _, points = runs
+    logged = _logged(runs, name)
+    assert sorted(logged[M.GNS_G2]) == [1, 2, 3, 4]
+    for step in logged[M.GNS_G2]:
+        pts = points[name, step]
+        g2, trace = _fit(pts)
+        scale = max(v for _, v in pts)
+        assert logged[M.GNS_TRACE][step] == pytest.approx(trace, rel=1e-4), (name, step)
+        assert logged[M.GNS_G2][step] == pytest.approx(g2, abs=1e-5 * scale), (name, step)
+        # the gradient norm: the global point of the whole step, |.grad| of every rank's batch
+        assert logged[M.GRAD_NORM][step] == pytest.approx(math.sqrt(pts[-1][1]), rel=1e-5)
+
+
+def _scale(runs, name: str) -> float:
+    return max(v for (spec, _), pts in runs[2].items() if spec == name for _, v in pts)
+
+
+def test_fsdp2_accumulating_without_sync_logs_what_ddp_logs(runs):
+    """set_requires_gradient_sync(False) before the last micro-step: the local running sums,
+    the local full gradient FSDP2 reduce-scatters and the global point from the summed shard
+    norms are DDP's points, so every step's figures are DDP's; and both are the line through
+    the points recomputed by hand."""
+    _matches_brute_force(runs, "ddp:3")
+    _same(_logged(runs, "fsdp-nosync:3"), _logged(runs, "ddp:3"), _scale(runs, "ddp:3"))
+    assert _logged(runs, "ddp:3")[M.GNS], "B_simple: no windowed value to compare"
+
+
+def test_zero_redundancy_optimizer_over_ddp_logs_what_ddp_logs(runs):
+    """ZeroRedundancyOptimizer shards the optimizer state only: .grad stays whole under DDP."""
+    _same(_logged(runs, "zero:3"), _logged(runs, "ddp:3"), _scale(runs, "ddp:3"))
+
+
+def test_fsdp2_syncing_every_micro_step_fits_its_own_points(runs):
+    """FSDP2's default accumulation: the points are each rank's single micro-batches (batch 3,
+    rank averages) and the global running sums (6, 12, 18), recomputed by hand from a plain
+    copy of the weights; not DDP's points, so not DDP's values step by step."""
+    _matches_brute_force(runs, "fsdp-sync:3")
+    sizes = sorted(b for b, _ in runs[2]["fsdp-sync:3", 1])
+    assert sizes == [3, 3, 3, 6, 12, 18]
+    sync, ddp = _logged(runs, "fsdp-sync:3"), _logged(runs, "ddp:3")
+    assert sync[M.GRAD_NORM] == pytest.approx(ddp[M.GRAD_NORM], rel=1e-5)  # the same gradient
+    assert sync[M.GNS_TRACE] != pytest.approx(ddp[M.GNS_TRACE], rel=1e-2)  # other points
+
+
+def test_fsdp2_syncing_every_micro_step_at_accumulation_1_logs_what_ddp_logs(runs):
+    _matches_brute_force(runs, "ddp:1")
+    _same(_logged(runs, "fsdp-sync:1"), _logged(runs, "ddp:1"), _scale(runs, "ddp:1"))
+
+
+def test_a_compiled_fsdp2_model_is_measured(runs):
+    """torch.compile's wrapper hides the FSDPModules from type checks, not from modules()."""
+    _matches_brute_force(runs, "fsdp-sync:2:compile")
+
+
+def test_no_run_has_an_alert(runs):
+    db = runs[0]
+    names = {run.run_id: run.name for run in store.list_runs(db)}
+    assert sorted(names.values()) == sorted(RUNS)
+    for run_id, name in names.items():
+        assert not store.events(db, run_id, kinds=[M.EVENT_ALERT]), name
