@@ -37,15 +37,17 @@ def model_and_data(n: int):
     return model, x, x[:, :1] * 2 + 0.3 * torch.randn(n, 1, generator=g)
 
 
-def wrapped(wrap: str, model, compile_it: bool):
+def wrapped(wrap: str, model, options: list[str]):
     """(model to train, optimizer)."""
     if wrap.startswith("fsdp"):
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        fully_shard(model[0])
-        fully_shard(model)
+        mp = MixedPrecisionPolicy(torch.bfloat16, torch.float32) if "bf16" in options else None
+        kw = {"mp_policy": mp} if mp else {}
+        fully_shard(model[0], **kw)
+        fully_shard(model, **kw)
         opt = torch.optim.SGD(model.parameters(), lr=LR)
-        return (torch.compile(model, backend="eager") if compile_it else model), opt
+        return (torch.compile(model, backend="eager") if "compile" in options else model), opt
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     if wrap == "zero":
         from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -84,10 +86,10 @@ def brute_points(ref, xs, ys, sync_every: bool, world: int) -> list[list[float]]
 
 def run(db: str, spec: str, rank: int, world: int) -> None:
     wrap, k, *rest = spec.split(":")
-    k, compile_it = int(k), rest == ["compile"]
+    k = int(k)
     model, x_all, y_all = model_and_data(STEPS * k * world * B)
     ref, _, _ = model_and_data(1)  # the same weights, never wrapped
-    train, opt = wrapped(wrap, model, compile_it)
+    train, opt = wrapped(wrap, model, rest)
     mon = Monitor.start(
         db,
         name=spec,

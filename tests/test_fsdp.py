@@ -5,7 +5,8 @@ wrapping, each a run of one real database. Shown: accumulating without sync (syn
 last micro-step) logs per step the |G|², tr(Σ), B_simple, gradient norm and loss that DDP logs;
 so does ZeroRedundancyOptimizer over DDP; syncing every micro-step (FSDP2's default) logs the
 line through its own points (single micro-batches and global running sums) by brute force, and
-DDP's values at accumulation 1; a torch.compile'd FSDP2 model is measured the same way.
+DDP's values at accumulation 1; a torch.compile'd FSDP2 model is measured the same way, and
+so is one in bfloat16 that reduces in float32.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ RUNS = [
     "ddp:1",
     "fsdp-sync:1",
     "fsdp-sync:2:compile",
+    "fsdp-nosync:3:bf16",
 ]
 PER_STEP = (M.GNS_G2, M.GNS_TRACE, M.GNS_RAW, M.GNS, M.GRAD_NORM, M.LOSS)
 
@@ -97,7 +99,9 @@ def _fit(points) -> tuple[float, float]:
     return intercept, slope
 
 
-def _matches_brute_force(runs, name: str) -> None:
+def _matches_brute_force(runs, name: str, rel: float = 1e-4) -> None:
+    """The logged |G|², tr(Σ) and gradient norm of every step are the fit through the points
+    recomputed by hand (float64, from the same weights): rel is float32's tolerance."""
     _, _, points = runs
     logged = _logged(runs, name)
     assert sorted(logged[M.GNS_G2]) == [1, 2, 3, 4]
@@ -105,10 +109,10 @@ def _matches_brute_force(runs, name: str) -> None:
         pts = points[name, step]
         g2, trace = _fit(pts)
         scale = max(v for _, v in pts)
-        assert logged[M.GNS_TRACE][step] == pytest.approx(trace, rel=1e-4), (name, step)
-        assert logged[M.GNS_G2][step] == pytest.approx(g2, abs=1e-5 * scale), (name, step)
+        assert logged[M.GNS_TRACE][step] == pytest.approx(trace, rel=rel), (name, step)
+        assert logged[M.GNS_G2][step] == pytest.approx(g2, abs=rel / 10 * scale), (name, step)
         # the gradient norm: the global point of the whole step, |.grad| of every rank's batch
-        assert logged[M.GRAD_NORM][step] == pytest.approx(math.sqrt(pts[-1][1]), rel=1e-5)
+        assert logged[M.GRAD_NORM][step] == pytest.approx(math.sqrt(pts[-1][1]), rel=rel / 10)
 
 
 def _scale(runs, name: str) -> float:
@@ -150,6 +154,13 @@ def test_fsdp2_syncing_every_micro_step_at_accumulation_1_logs_what_ddp_logs(run
 def test_a_compiled_fsdp2_model_is_measured(runs):
     """torch.compile's wrapper hides the FSDPModules from type checks, not from modules()."""
     _matches_brute_force(runs, "fsdp-sync:2:compile")
+
+
+def test_fsdp2_in_bfloat16_reducing_in_float32_reads_its_float32_accumulated_gradients(runs):
+    """MixedPrecisionPolicy(bfloat16, float32): without sync FSDP2 accumulates the local
+    gradients in a float32 copy of its own; the fit stays within bfloat16's error of the
+    float64 recomputation (a copy missed or counted twice is off by far more)."""
+    _matches_brute_force(runs, "fsdp-nosync:3:bf16", rel=3e-2)
 
 
 def test_no_run_has_an_alert(runs):
