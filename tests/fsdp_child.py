@@ -8,7 +8,8 @@ RUN is WRAP:K[:compile], K the accumulation: `ddp` (DistributedDataParallel, no_
 micro-steps before the last), `zero` (the same with ZeroRedundancyOptimizer), `fsdp-nosync`
 (fully_shard on the first layer and the root, set_requires_gradient_sync(False) before the
 last micro-step) and `fsdp-sync` (FSDP2's default: every backward reduce-scatters); `compile`
-wraps the FSDP2 model in torch.compile (eager backend: no C++ compiler needed). Each run is
+wraps the FSDP2 model in torch.compile (eager backend: no C++ compiler needed), `bf16` gives it
+MixedPrecisionPolicy(bfloat16, float32), `f64` trains it in float64. Each run is
 named after its RUN. Every step, rank 0 prints the brute-force points the monitor's fit must go
 through, from a plain copy of the model with the same weights and per-rank autograd:
 `POINTS RUN STEP [[batch, |mean gradient|²], …]`.
@@ -89,6 +90,8 @@ def run(db: str, spec: str, rank: int, world: int) -> None:
     k = int(k)
     model, x_all, y_all = model_and_data(STEPS * k * world * B)
     ref, _, _ = model_and_data(1)  # the same weights, never wrapped
+    if "f64" in rest:  # FSDP2 divides float64 before its reduce-scatter: not measured
+        model, ref, x_all, y_all = model.double(), ref.double(), x_all.double(), y_all.double()
     train, opt = wrapped(wrap, model, rest)
     mon = Monitor.start(
         db,

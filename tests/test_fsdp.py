@@ -32,6 +32,7 @@ RUNS = [
     "fsdp-sync:1",
     "fsdp-sync:2:compile",
     "fsdp-nosync:3:bf16",
+    "fsdp-sync:1:f64",  # said not measured
 ]
 PER_STEP = (M.GNS_G2, M.GNS_TRACE, M.GNS_RAW, M.GNS, M.GRAD_NORM, M.LOSS)
 
@@ -163,9 +164,24 @@ def test_fsdp2_in_bfloat16_reducing_in_float32_reads_its_float32_accumulated_gra
     _matches_brute_force(runs, "fsdp-nosync:3:bf16", rel=3e-2)
 
 
-def test_no_run_has_an_alert(runs):
+def test_no_measured_run_has_an_alert(runs):
     db = runs[0]
     names = {run.run_id: run.name for run in store.list_runs(db)}
     assert sorted(names.values()) == sorted(RUNS)
     for run_id, name in names.items():
-        assert not store.events(db, run_id, kinds=[M.EVENT_ALERT]), name
+        if name != "fsdp-sync:1:f64":
+            assert not store.events(db, run_id, kinds=[M.EVENT_ALERT]), name
+
+
+def test_fsdp2_reducing_in_float64_is_said_not_measured(runs):
+    """FSDP2 divides a float64 (or float16) reduce-scatter's input before the op: its norm is
+    not the local gradient's, so the run gets the alert and no noise scale, not a wrong one."""
+    db = runs[0]
+    [run_id] = [run.run_id for run in store.list_runs(db) if run.name == "fsdp-sync:1:f64"]
+    logged = _logged(runs, "fsdp-sync:1:f64")
+    assert sorted(logged[M.LOSS]) == [1, 2, 3, 4]
+    assert not logged[M.GNS_G2] and not logged[M.GRAD_NORM]
+    [alert] = store.events(db, run_id, kinds=[M.EVENT_ALERT])
+    assert alert.message.startswith(
+        "noise scale not measured: sharded gradients: FSDP2 reduces in a dtype it divides"
+    ), alert.message

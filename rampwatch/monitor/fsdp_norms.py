@@ -82,6 +82,7 @@ class Fsdp2Norms:
         self.world = world  # ranks of the mesh, all of the job's
         self._sq: torch.Tensor | None = None
         self.undivided = True  # False once a reduce-scatter's input was pre-divided
+        self.failed = ""  # the error of a norm the reduce-scatter could not take
 
     @classmethod
     def attach(cls, model: torch.nn.Module, world: int) -> "Fsdp2Norms | str":
@@ -100,10 +101,15 @@ class Fsdp2Norms:
         return norms
 
     def _add(self, flat: torch.Tensor) -> None:
+        """Inside FSDP2's backward: never raises (an error there would stop the training)."""
         if flat.dtype not in _UNDIVIDED:
             self.undivided = False
-        sq = torch.linalg.vector_norm(flat, dtype=torch.float32).square()
-        self._sq = sq if self._sq is None else self._sq + sq
+            return
+        try:
+            sq = torch.linalg.vector_norm(flat, dtype=torch.float32).square()
+            self._sq = sq if self._sq is None else self._sq + sq
+        except Exception as e:  # said by gradstats as the reason nothing is measured
+            self.failed = self.failed or f"{type(e).__name__}: {e}"
 
     def take(self) -> torch.Tensor | None:
         """|local gradient|² the reduce-scatters saw since the last take(); None: none ran."""

@@ -169,7 +169,10 @@ class AccumulationStats:
     def attach_fsdp(self, model, world_size: int) -> None:
         """Wrap the reduce-scatter of every FSDPModule of an FSDP2 model (before its first
         backward); or, where its gradients cannot be measured, mark them sharded and say why."""
-        norms = Fsdp2Norms.attach(model, world_size)
+        try:
+            norms = Fsdp2Norms.attach(model, world_size)
+        except Exception as e:  # an FSDP2 the monitor does not know: no noise scale, no crash
+            norms = f"the monitor could not attach to FSDP2: {type(e).__name__}: {e}"
         if isinstance(norms, str):
             self.mark_sharded(norms)
         else:
@@ -202,9 +205,11 @@ class AccumulationStats:
         """FSDP2: this backward's local point and, when it synced, its shard of the global one."""
         fsdp = self.fsdp
         seen = fsdp.take()  # the local gradient this backward reduce-scattered
-        if not fsdp.undivided:
+        if not fsdp.undivided or fsdp.failed:
             self.mark_sharded(
-                "FSDP2 reduces in a dtype it divides before the reduce-scatter (float16, "
+                f"FSDP2's reduce-scatter input gave no norm ({fsdp.failed})"
+                if fsdp.failed
+                else "FSDP2 reduces in a dtype it divides before the reduce-scatter (float16, "
                 "float64), so the local norm is not the gradient's"
             )
             return
