@@ -13,9 +13,9 @@ Three figures, all on the device, none synchronized with the host:
   world size (`foreach_reduce_scatter_copy_in`, `torch._chunk_cat`), so its squared norm is the
   local gradient's. FSDP2 pre-divides that input only for reduce dtypes other than float32 and
   bfloat16 (torch 2.13 _fsdp_collectives.py `_get_gradient_divide_factors`, `overflow_risk`):
-  for those the comm records the dtype and nothing is measured. It runs once per parameter
-  group, in FSDP2's reduce-scatter stream, inside backward(); FSDP2's last backward callback
-  waits on that stream, and `take()` records the sum on the current stream before it is read.
+  for those the comm only notes it, and nothing is measured. It runs once per parameter
+  group, in FSDP2's reduce-scatter stream, inside backward(); `take()` makes the current stream
+  wait for it (an event, no host sync) and records the sum on that stream before it is read.
 - between backwards that do not sync (`set_requires_gradient_sync(False)`), this rank's
   accumulated unsharded gradients: only torch's internals hold them (`_unsharded_grads`).
 - after a backward that syncs, the sharded `.grad` (a DTensor): |.grad.to_local()|² summed over
@@ -81,6 +81,7 @@ class Fsdp2Norms:
         self.params = params  # the sharded parameters (DTensors) whose .grad is a shard
         self.world = world  # ranks of the mesh, all of the job's
         self._sq: torch.Tensor | None = None
+        self._ready = None  # CUDA: the event after the last norm, on the reduce-scatter stream
         self.undivided = True  # False once a reduce-scatter's input was pre-divided
         self.failed = ""  # the error of a norm the reduce-scatter could not take
 
@@ -108,15 +109,21 @@ class Fsdp2Norms:
         try:
             sq = torch.linalg.vector_norm(flat, dtype=torch.float32).square()
             self._sq = sq if self._sq is None else self._sq + sq
+            if flat.is_cuda:  # FSDP2's reduce-scatter stream: take() waits for this on its own
+                self._ready = torch.cuda.current_stream(flat.device).record_event()
         except Exception as e:  # said by gradstats as the reason nothing is measured
             self.failed = self.failed or f"{type(e).__name__}: {e}"
 
     def take(self) -> torch.Tensor | None:
         """|local gradient|² the reduce-scatters saw since the last take(); None: none ran."""
-        value, self._sq = self._sq, None
+        value, self._sq, ready, self._ready = self._sq, None, self._ready, None
         if value is not None and value.is_cuda:
-            # made on FSDP2's reduce-scatter stream, read (and freed) on this one
-            value.record_stream(torch.cuda.current_stream(value.device))
+            # made on FSDP2's reduce-scatter stream, read (and freed) on this one: a wait on
+            # the device, not the host (also where set_is_last_backward(False) skips FSDP2's)
+            stream = torch.cuda.current_stream(value.device)
+            if ready is not None:
+                stream.wait_event(ready)
+            value.record_stream(stream)
         return value
 
     def unsharded_sq(self, squared_norm) -> torch.Tensor | None:
@@ -124,7 +131,7 @@ class Fsdp2Norms:
         None when there is none (the last backward synced) or torch's internals moved."""
         try:
             grads = _unsharded_grads(self.modules)
-        except AttributeError:
+        except Exception:  # torch's internals moved (AttributeError, most likely): say so
             return None
         return squared_norm(grads) if grads else None
 
