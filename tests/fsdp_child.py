@@ -27,7 +27,7 @@ import torch.distributed as dist
 from rampwatch import Monitor
 from rampwatch.advisor.gns_window import NoiseScaleWindow
 
-B, STEPS, LR = 3, 4, 0.05  # per-device batch, optimizer steps, SGD learning rate
+B, STEPS, LR = 16, 4, 0.05  # per-device batch, optimizer steps, SGD learning rate
 
 
 def model_and_data(n: int):
