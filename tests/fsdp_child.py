@@ -9,7 +9,8 @@ micro-steps before the last), `zero` (the same with ZeroRedundancyOptimizer), `f
 (fully_shard on the first layer and the root, set_requires_gradient_sync(False) before the
 last micro-step) and `fsdp-sync` (FSDP2's default: every backward reduce-scatters); `compile`
 wraps the FSDP2 model in torch.compile (eager backend: no C++ compiler needed), `bf16` gives it
-MixedPrecisionPolicy(bfloat16, float32), `f64` trains it in float64. Each run is
+MixedPrecisionPolicy(bfloat16, float32), `f64` trains it in float64, `no-after-backward` is a
+loop that never calls mon.after_backward(). Each run is
 named after its RUN. Every step, rank 0 prints the brute-force points the monitor's fit must go
 through, from a plain copy of the model with the same weights and per-rank autograd:
 `POINTS RUN STEP [[batch, |mean gradient|²], …]`.
@@ -128,7 +129,8 @@ def run(db: str, spec: str, rank: int, world: int) -> None:
             with ctx:
                 loss = torch.nn.functional.mse_loss(train(x), y)
                 (loss / k).backward()
-            mon.after_backward()
+            if "no-after-backward" not in rest:
+                mon.after_backward()
             total += loss.detach() / k
         mon.step(step, loss=total)
         opt.step()

@@ -33,6 +33,7 @@ RUNS = [
     "fsdp-sync:2:compile",
     "fsdp-nosync:3:bf16",
     "fsdp-sync:1:f64",  # said not measured
+    "fsdp-sync:2:no-after-backward",
 ]
 PER_STEP = (M.GNS_G2, M.GNS_TRACE, M.GNS_RAW, M.GNS, M.GRAD_NORM, M.LOSS)
 
@@ -170,7 +171,7 @@ def test_no_measured_run_has_an_alert(runs):
     names = {run.run_id: run.name for run in store.list_runs(db)}
     assert sorted(names.values()) == sorted(RUNS)
     for run_id, name in names.items():
-        if name != "fsdp-sync:1:f64":
+        if name not in ("fsdp-sync:1:f64", "fsdp-sync:2:no-after-backward"):
             assert not store.events(db, run_id, kinds=[M.EVENT_ALERT]), name
 
 
@@ -186,3 +187,17 @@ def test_fsdp2_reducing_in_float64_is_said_not_measured(runs):
     assert alert.message.startswith(
         "noise scale not measured: sharded gradients: FSDP2 reduces in a dtype it divides"
     ), alert.message
+
+
+def test_fsdp2_without_after_backward_still_logs_the_global_gradient_norm(runs):
+    """Never told of a backward, the monitor reads the shards at step(): the global norm."""
+    db = runs[0]
+    name = "fsdp-sync:2:no-after-backward"
+    logged = _logged(runs, name)
+    assert not logged[M.GNS_G2]
+    assert sorted(logged[M.GRAD_NORM]) == [1, 2, 3, 4]
+    for step, norm in logged[M.GRAD_NORM].items():
+        assert norm == pytest.approx(math.sqrt(runs[2][name, step][-1][1]), rel=1e-5)
+    [run_id] = [run.run_id for run in store.list_runs(db) if run.name == name]
+    [alert] = store.events(db, run_id, kinds=[M.EVENT_ALERT])
+    assert alert.message.startswith("mon.after_backward() was not called"), alert.message
