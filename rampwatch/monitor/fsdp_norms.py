@@ -27,6 +27,8 @@ repeat over replicas, or the unsharded gradient is itself a shard.
 
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.distributed as torch_dist
 
@@ -37,11 +39,12 @@ _UNDIVIDED = (torch.float32, torch.bfloat16)
 def fsdp2_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     """Every FSDPModule in the model (fully_shard's FSDP<Module> classes); [] without any.
     model.modules() reaches them under a torch.compile wrapper or a DDP-like wrapper too."""
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # a torch without FSDP2
+    # a model holds FSDPModules only once the package is loaded (importing it costs seconds)
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    module_class = getattr(fsdp, "FSDPModule", None)
+    if module_class is None:
         return []
-    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+    return [m for m in model.modules() if isinstance(m, module_class)]
 
 
 class _NormReduceScatter:
