@@ -6,7 +6,8 @@ last micro-step) logs per step the |G|², tr(Σ), B_simple, gradient norm and lo
 so does ZeroRedundancyOptimizer over DDP; syncing every micro-step (FSDP2's default) logs the
 line through its own points (single micro-batches and global running sums) by brute force, and
 DDP's values at accumulation 1; a torch.compile'd FSDP2 model is measured the same way, and
-so is one in bfloat16 that reduces in float32.
+so is one in bfloat16 that reduces in float32; one reducing in float64 (which FSDP2 divides
+first) is said not measured; a loop without after_backward() still logs the global norm.
 """
 
 from __future__ import annotations
