@@ -1,5 +1,5 @@
 """The monitor in loops it does not control: micro-batches weighted by their token counts (the
-Hugging Face Trainer's num_items_in_batch), sharded gradients (FSDP2, in a real process group),
+Hugging Face Trainer's num_items_in_batch), FSDP2 on one process (measured; HSDP said not measured),
 an error inside the monitor, which must never reach the training loop, and a loop that calls the
 monitor wrongly (no after_backward(), step() twice): all it can still logged, the mistake named."""
 
@@ -233,32 +233,42 @@ def test_a_step_with_no_after_backward_since_the_last_is_said(tmp_path, capfd):
     assert capfd.readouterr().err.count("since mon.step(2)") == 1
 
 
+# FSDP2 on one process: `1d` (fully_shard's default mesh) is measured and logs what the same
+# loop without FSDP logs (`plain`); `2d`, a 1 × 1 (replicate, shard) mesh, is HSDP: said not
+# measured.
 FSDP_CHILD = """
-import os, sys, torch, torch.distributed as dist
+import sys, torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from rampwatch import Monitor
 dist.init_process_group("gloo")
-torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
-fully_shard(model)
-opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-mon = Monitor.start(sys.argv[1], name="fsdp", config={}, model=model, optimizer=opt,
-                    per_device_batch=4, accum=2, seq_len=1)
-for step in range(1, 4):
-    for _ in range(2):
-        loss = model(torch.randn(4, 8)).pow(2).mean()
-        (loss / 2).backward()
-        mon.after_backward()
-    mon.step(step, loss=loss.detach())
-    opt.step()
-    opt.zero_grad()
-mon.finish()
+for wrap in sys.argv[2:]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    if wrap == "2d":
+        fully_shard(model, mesh=init_device_mesh("cpu", (1, 1), mesh_dim_names=("r", "s")))
+    elif wrap == "1d":
+        fully_shard(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    mon = Monitor.start(sys.argv[1], name=wrap, config={}, model=model, optimizer=opt,
+                        per_device_batch=4, accum=2, seq_len=1)
+    gen = torch.Generator().manual_seed(1)
+    for step in range(1, 4):
+        for j in range(2):
+            if wrap != "plain":  # FSDP2's accumulation without sync, then one sync
+                model.set_requires_gradient_sync(j == 1)
+            loss = model(torch.randn(4, 8, generator=gen)).pow(2).mean()
+            (loss / 2).backward()
+            mon.after_backward()
+        mon.step(step, loss=loss.detach())
+        opt.step()
+        opt.zero_grad()
+    mon.finish()
 dist.destroy_process_group()
 """
 
 
-def test_sharded_gradients_are_said_not_measured(tmp_path):
-    db = tmp_path / "runs.duckdb"
+def _one_process(db, *wraps: str) -> subprocess.CompletedProcess:
     env = child_env(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(free_port()),
@@ -266,21 +276,36 @@ def test_sharded_gradients_are_said_not_measured(tmp_path):
         WORLD_SIZE="1",
         LOCAL_RANK="0",
     )
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(FSDP_CHILD), str(db)],
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(FSDP_CHILD), str(db), *wraps],
         cwd=REPO,
         env=env,
         capture_output=True,
         text=True,
         timeout=240,
     )
+
+
+def test_fsdp2_on_one_process_is_measured_as_without_it_and_hsdp_is_not(tmp_path):
+    db = tmp_path / "runs.duckdb"
+    done = _one_process(db, "plain", "1d", "2d")
     assert done.returncode == 0, done.stderr
-    [run] = store.list_runs(db)
-    names = set(store.metric_names(db, run.run_id))
+    runs = {run.name: run.run_id for run in store.list_runs(db)}
+    for name in (M.GNS_G2, M.GNS_TRACE, M.GRAD_NORM, M.LOSS):
+        plain, fsdp = metric(db, runs["plain"], name), metric(db, runs["1d"], name)
+        assert sorted(fsdp) == sorted(plain) == [1, 2, 3], name
+        assert list(fsdp.values()) == pytest.approx(list(plain.values()), rel=1e-5), name
+    assert not store.events(db, runs["1d"], kinds=[M.EVENT_ALERT])
+    names = set(store.metric_names(db, runs["2d"]))
     assert {M.LOSS, M.MEM_PEAK, M.ACCUM} <= names
     assert not names & {M.GNS_G2, M.GNS, M.GRAD_NORM}  # a shard's norm is not the gradient's
-    [alert] = store.events(db, run.run_id, kinds=[M.EVENT_ALERT])
-    assert alert.message.startswith("noise scale not measured: sharded gradients")
+    [alert] = store.events(db, runs["2d"], kinds=[M.EVENT_ALERT])
+    assert alert.message.startswith(
+        "noise scale not measured: sharded gradients: FSDP2 on a 2-D device mesh"
+    ), alert.message
+    # what is measured and what is not, named
+    assert "DistributedDataParallel" in alert.message and "FSDP2" in alert.message
+    assert "DeepSpeed" in alert.message and "FSDP1" in alert.message
 
 
 # A nanochat-style loop: no DDP wrapper; the optimizer averages .grad over the ranks inside

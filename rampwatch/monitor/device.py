@@ -2,7 +2,8 @@
 distributed job it runs in, and whether the model's gradients are sharded.
 
 Owns: `device_capacity_bytes`, `device_name`, `CpuPeak` (peak RSS between steps on Linux),
-`memory_metrics`, `distributed` (rank, world size) and `sharded_model` (FSDP / DeepSpeed).
+`memory_metrics`, `distributed` (rank, world size) and `unmeasured_sharding` (FSDP1 / DeepSpeed;
+FSDP2 is measured: monitor/fsdp_norms.py).
 No store writes here: monitor.py and memprobe.py call these and log what they return.
 """
 
@@ -78,10 +79,12 @@ def memory_metrics(
     return out
 
 
-def sharded_model(model: torch.nn.Module) -> bool:
-    """FSDP (1: the wrapper class; 2: fully_shard's FSDP<Module> classes) or DeepSpeed."""
+def unmeasured_sharding(model: torch.nn.Module) -> str | None:
+    """Why a wrapper's gradients cannot be measured: FSDP1's FullyShardedDataParallel or
+    DeepSpeed's engine (their .grad is a shard, or none); None otherwise."""
     names = {type(m).__name__ for m in (model, getattr(model, "module", model))}
-    return any(
-        n == "FullyShardedDataParallel" or n.startswith("FSDP") or n == "DeepSpeedEngine"
-        for n in names
-    )
+    if "FullyShardedDataParallel" in names:
+        return "FSDP1 (FullyShardedDataParallel) keeps a flat shard of .grad per rank"
+    if "DeepSpeedEngine" in names:
+        return "DeepSpeed ZeRO keeps its gradients partitioned, outside .grad"
+    return None

@@ -27,8 +27,31 @@ itself before after_backward() breaks that assumption: wrap the model in DDP ins
 Micro-batches weighted other than 1/k (Hugging Face's num_items_in_batch divides each summed
 token loss by the step's token count) pass their weight to after_backward; the points are then
 token-weighted means over the tokens behind them (under DDP, each rank's weights of its own
-micro-batches). Sharded gradients (FSDP's flat or DTensor parameters, ZeRO's missing .grad) set
-`sharded`: their local norm is not the gradient's, so nothing is measured.
+micro-batches).
+
+FSDP2 (`fully_shard`, monitor/fsdp_norms.py: where each figure comes from) gives the same kinds
+of point. A backward that syncs reduce-scatters this rank's local gradient of the micro-batches
+since the last sync (`attach_fsdp`'s reduce-scatter takes its |.|², the analog of RankNormHook)
+and leaves the global running sum sharded in .grad: |shard|² summed over ranks is |.grad|²,
+one more slot of the same all-reduce. A backward that does not sync
+(`set_requires_gradient_sync(False)`) leaves this rank's running sum unsharded, read after it.
+So each backward j gives a local point over the micro-batches since the last synced backward,
+and each synced one a global point over all j·b·W sequences so far:
+- sync only at the last backward (no-sync on j < k): local running sums (j·b, j <= k) and the
+  global point (k·b·W): exactly DDP's points, so the same data and weights log the same
+  |G|², tr(Sigma) and B_simple as under DDP.
+- sync every backward (FSDP2's default): each micro-batch's local gradient is reduce-scattered
+  and freed before the next backward adds to it (post_backward), so the local running sums
+  S_j, j >= 2, never exist on any rank. The points are instead the k single micro-batches
+  (b, rank averages) and the k global running sums (j·b·W). Each has the same expectation
+  |G|^2 + tr(Sigma)/B as DDP's, and least squares is unbiased for any correlation of the
+  points (advisor/gns.py line_estimates), so the estimates agree with DDP's in expectation,
+  not step by step: other batch sizes, other noise. With k = 1 both lists are DDP's.
+The logged gradient norm is sqrt of the summed |shard|², the global norm, as under DDP.
+FSDP2 on one rank runs no reduce-scatter and its .grad is the whole gradient: the single
+process case. What cannot be measured sets `sharded`, with the reason in `sharded_why`:
+FSDP1's flat parameters, DeepSpeed ZeRO (no .grad), DTensor gradients without FSDP2 (tensor
+parallel), FSDP2 on a 2-D mesh (HSDP) or reducing in a dtype it pre-divides (fp16, fp64).
 """
 
 from __future__ import annotations
@@ -38,6 +61,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as torch_dist
+
+from rampwatch.monitor.fsdp_norms import Fsdp2Norms
 
 
 @dataclass
@@ -85,16 +110,21 @@ def _rank_norm_allreduce_hook(state: RankNormHook, bucket):
 
 
 def _is_sharded_tensor(t: torch.Tensor) -> bool:
-    # FSDP2 and tensor parallelism: DTensor gradients hold this rank's shard only
+    # tensor parallelism (FSDP2 is attached instead): DTensor gradients hold this rank's shard
     return type(t).__name__ == "DTensor"
 
 
-def _sharded(params) -> bool:
-    """No .grad after a backward (ZeRO-2/3 keep gradients in their own partitioned buffers) or
-    FSDP1's flat parameters: the norm of .grad would not be the gradient's norm."""
-    return any(
-        type(p).__name__ == "FlatParameter" or getattr(p, "ds_id", None) is not None for p in params
-    ) or all(p.grad is None for p in params)
+def _sharded(params) -> str | None:
+    """Why the norm of .grad would not be the gradient's: FSDP1's flat parameters, DeepSpeed's
+    partitioned parameters, or no .grad after a backward (ZeRO-2/3 keep gradients in their own
+    partitioned buffers); None when .grad is whole."""
+    if any(type(p).__name__ == "FlatParameter" for p in params):
+        return "FSDP1's flat parameters hold a shard of .grad per rank"
+    if any(getattr(p, "ds_id", None) is not None for p in params):
+        return "DeepSpeed ZeRO keeps its gradients partitioned"
+    if all(p.grad is None for p in params):
+        return "no .grad after a backward (ZeRO-2/3 keep gradients in their own buffers)"
+    return None
 
 
 def _squared_norm(grads: list[torch.Tensor]) -> torch.Tensor:
@@ -124,8 +154,11 @@ class AccumulationStats:
         self.loss_divided_by_accum = loss_divided_by_accum
         self._sq_norms: list[torch.Tensor] = []
         self._weights: list[float | None] = []  # per backward: what its mean loss was scaled by
-        self.sharded = False  # set when .grad is sharded (FSDP, ZeRO): no norm is taken
+        self.sharded = False  # set when .grad is sharded (FSDP1, ZeRO): no norm is taken
+        self.sharded_why = ""  # what made it so, for the alert
         self.rank_hook: RankNormHook | None = None  # set by attach_ddp (world size > 1)
+        self.fsdp: Fsdp2Norms | None = None  # set by attach_fsdp
+        self._synced: dict[int, torch.Tensor] = {}  # FSDP2: backward index -> |shard of .grad|²
 
     def attach_ddp(self, ddp_model, process_group=None) -> None:
         """Register the per-rank norm hook on a DistributedDataParallel model (before its first
@@ -133,21 +166,78 @@ class AccumulationStats:
         self.rank_hook = RankNormHook(process_group)
         self.rank_hook.register(ddp_model)
 
+    def attach_fsdp(self, model, world_size: int) -> None:
+        """Wrap the reduce-scatter of every FSDPModule of an FSDP2 model (before its first
+        backward); or, where its gradients cannot be measured, mark them sharded and say why."""
+        try:
+            norms = Fsdp2Norms.attach(model, world_size)
+        except Exception as e:  # an FSDP2 the monitor does not know: no noise scale, no crash
+            norms = f"the monitor could not attach to FSDP2: {type(e).__name__}: {e}"
+        if isinstance(norms, str):
+            self.mark_sharded(norms)
+        else:
+            self.fsdp = norms
+
+    def mark_sharded(self, why: str) -> None:
+        """Nothing is measured from now on; `why` names the first cause."""
+        self.sharded = True
+        self.sharded_why = self.sharded_why or why
+
     def after_backward(self, weight: float | torch.Tensor | None = None) -> None:
         """weight: the factor this micro-batch's mean loss was multiplied by before backward,
         when it is not 1/k (e.g. n_tokens_j / n_tokens_step, Hugging Face's num_items_in_batch).
         """
+        if self.sharded:
+            return
+        if self.fsdp is not None:
+            self._record_fsdp(weight)
+            return
         grads = self._local_grads()
         if not grads:
-            self.sharded = self.sharded or _sharded(self.params)
+            why = _sharded(self.params)
+            if why:
+                self.mark_sharded(why)
             return
         self._sq_norms.append(_squared_norm(grads))
+        self._weights.append(weight)
+
+    def _record_fsdp(self, weight) -> None:
+        """FSDP2: this backward's local point and, when it synced, its shard of the global one."""
+        fsdp = self.fsdp
+        seen = fsdp.take()  # the local gradient this backward reduce-scattered
+        if not fsdp.undivided or fsdp.failed:
+            self.mark_sharded(
+                f"FSDP2's reduce-scatter input gave no norm ({fsdp.failed})"
+                if fsdp.failed
+                else "FSDP2 reduces in a dtype it divides before the reduce-scatter (float16, "
+                "float64), so the local norm is not the gradient's"
+            )
+            return
+        shard = None
+        if seen is not None:
+            local, shard = seen, fsdp.shard_sq(_squared_norm)
+        else:  # no sync: the rank's running sum, unsharded; one rank: .grad is all of it
+            local = fsdp.unsharded_sq(_squared_norm)
+            if local is None and fsdp.world == 1:
+                local = fsdp.shard_sq(_squared_norm)
+        if local is None or (seen is not None and shard is None):
+            self.mark_sharded(
+                "FSDP2 left neither a reduce-scattered nor an unsharded gradient to read "
+                "(a reduce-scatter set after Monitor.start, or torch's internals changed)"
+            )
+            return
+        if shard is not None:
+            self._synced[len(self._sq_norms)] = shard
+        self._sq_norms.append(local)
         self._weights.append(weight)
 
     def record_final(self) -> bool:
         """For a loop that never calls after_backward: .grad as it stands at the optimizer step
         becomes the step's one point, so collect() still gives the gradient norm (one point: no
         noise scale). False when there is no .grad to read."""
+        if self.fsdp is not None:
+            self._record_fsdp(None)
+            return not self.sharded
         grads = self._local_grads()
         if grads:
             self._sq_norms.append(_squared_norm(grads))
@@ -158,15 +248,18 @@ class AccumulationStats:
         """The .grad tensors whose norm is the gradient's; none once they are known sharded."""
         grads = [p.grad for p in self.params if p.grad is not None]
         if grads and not self.sharded and _is_sharded_tensor(grads[0]):
-            self.sharded = True
+            self.mark_sharded("DTensor gradients without FSDP2 (tensor parallel) are shards")
         return [] if self.sharded else grads
 
     def reset(self) -> None:
         """Forget the partial sums of an abandoned step (e.g. after an out-of-memory retry)."""
         self._sq_norms.clear()
         self._weights.clear()
+        self._synced.clear()
         if self.rank_hook is not None:
             self.rank_hook.take()
+        if self.fsdp is not None:
+            self.fsdp.take()
 
     def _step_weights(self, k: int) -> list[float]:
         if self._weights and all(w is not None for w in self._weights):
@@ -222,46 +315,69 @@ class AccumulationStats:
         weights = self._step_weights(len(self._sq_norms))
         self._sq_norms.clear()
         self._weights.clear()
+        self._synced.clear()
         return weights
 
     @staticmethod
     def _points(
-        raw: list[float], weights: list[float], micro_batch: int, grad_scale: float
+        raw: list[float],
+        weights: list[float],
+        micro_batch: int,
+        grad_scale: float,
+        restart_after: frozenset[int] = frozenset(),
     ) -> tuple[list[float], list[float]]:
         """(|mean gradient|², sequences behind it) after each backward of the step.
 
         .grad after backward j = Σ_{i<=j} w_i·g_i (g_i: micro-batch i's mean gradient), so
         .grad / W_j is the mean gradient over the W_j / w̄ micro-batches behind it: with w = 1/k
-        that is S_j/j over j·b sequences; with token weights, a token-weighted mean."""
+        that is S_j/j over j·b sequences; with token weights, a token-weighted mean.
+        restart_after: backwards after which the sum starts again from zero (FSDP2 frees the
+        local gradient it reduce-scatters), so a point holds the micro-batches since."""
         inv_scale2 = 1.0 / (grad_scale * grad_scale)
         sq_norms, sizes, total, mean_w = [], [], 0.0, sum(weights) / len(weights)
-        for value, w in zip(raw, weights, strict=True):
+        for j, (value, w) in enumerate(zip(raw, weights, strict=True)):
             total += w
             if total > 0:  # micro-batches of weight 0 so far (every label masked): no point yet
                 sq_norms.append(value / (total * total) * inv_scale2)
                 sizes.append(micro_batch * total / mean_w)
+            if j in restart_after:
+                total = 0.0
         return sq_norms, sizes
+
+    def _rank_points(self):
+        """(this rank's local points, global values to sum over ranks, a global value already
+        summed, the process group) of the step, by who synced the gradients."""
+        if self.fsdp is not None:  # FSDP2: each synced backward's shard of the global point
+            last = len(self._sq_norms) - 1
+            if last not in self._synced:
+                raise RuntimeError(
+                    "collect(world_size > 1): under FSDP2 the step's last backward did not "
+                    "sync its gradients (set_requires_gradient_sync(True) before it)"
+                )
+            return torch.stack(self._sq_norms), dict(self._synced), None, None
+        if self.rank_hook is None:  # no DDP: every point is this rank's own
+            return torch.stack(self._sq_norms), {}, None, None
+        local_full = self.rank_hook.take()
+        if local_full is None:
+            raise RuntimeError(
+                "collect(world_size > 1): the DDP norm hook saw no gradient this step "
+                "(attach_ddp(ddp_model) before the first backward)"
+            )
+        # DDP: the last backward's .grad is already the global mean, the same on every rank
+        local = torch.stack([*self._sq_norms[:-1], local_full])
+        return local, {}, self._sq_norms[-1], self.rank_hook.process_group
 
     def _collect_ddp(
         self, micro_batch: int, grad_scale: float, world: int, rank_mean, rank_max
     ) -> StepGradStats:
-        own_grads = self.rank_hook is None  # no DDP: every point is this rank's own
-        if own_grads:
-            local, group = torch.stack(self._sq_norms), None
-        else:
-            local_full = self.rank_hook.take()
-            if local_full is None:
-                raise RuntimeError(
-                    "collect(world_size > 1): the DDP norm hook saw no gradient this step "
-                    "(attach_ddp(ddp_model) before the first backward)"
-                )
-            local = torch.stack([*self._sq_norms[:-1], local_full])
-            group = self.rank_hook.process_group
+        local, to_sum, summed, group = self._rank_points()
         dev, f64 = local.device, torch.float64
         local = local.to(f64)
-        k, n_max = len(self._sq_norms), len(rank_max)
-        # One SUM all-reduce: the local points (averaged below), the values to average, and one
-        # slot per rank for each value to max (a max via a sum of one-hot slots: no second op).
+        k, n_max, synced = len(self._sq_norms), len(rank_max), sorted(to_sum)
+        # One SUM all-reduce: the local points (averaged below), the shards of the global points
+        # (FSDP2: a squared norm is the sum of its shards'), the values to average, and one slot
+        # per rank for each value to max (a max via a sum of one-hot slots: no second op).
+        shards = [to_sum[j].to(dev, f64).reshape(1) for j in synced]
         means = [torch.as_tensor(v, device=dev).to(f64).reshape(1) for v in rank_mean]
         slots = torch.zeros(world * n_max, dtype=f64, device=dev)
         if n_max:
@@ -269,30 +385,39 @@ class AccumulationStats:
             slots[rank * n_max : (rank + 1) * n_max] = torch.tensor(
                 [float(v) for v in rank_max], dtype=f64
             ).to(dev)
-        vec = torch.cat([local, *means, slots])
+        vec = torch.cat([local, *shards, *means, slots])
         torch_dist.all_reduce(vec, group=group)
-        # DDP: the last backward's .grad is already the global mean, the same on every rank
-        host = torch.cat([vec, self._sq_norms[-1].to(f64).reshape(1)]).cpu().tolist()
-        n_mean = len(means)
+        tail = [] if summed is None else [summed.to(dev, f64).reshape(1)]
+        host = torch.cat([vec, *tail]).cpu().tolist()
+        n_shard, n_mean = len(shards), len(means)
+        global_sq = dict(zip(synced, host[k : k + n_shard], strict=True))
+        if summed is not None:
+            global_sq[k - 1] = host[-1]
         weights = self._take_weights()
-        # rank averages of the local points; the all-reduced .grad adds the point at k·b·W: the
-        # ranks' mean of their local full gradients, weighted as the last local point
+        # rank averages of the local points, each over the micro-batches since the last sync;
+        # each global point is over all micro-batches so far on every rank (× world)
         sq_norms, sizes = self._points(
-            [v / world for v in host[:k]], weights, micro_batch, grad_scale
+            [v / world for v in host[:k]],
+            weights,
+            micro_batch,
+            grad_scale,
+            restart_after=frozenset(global_sq),
         )
         inv_scale2 = 1.0 / (grad_scale * grad_scale)
-        if own_grads:  # the norm reported: the ranks' RMS of their own full gradients
-            global_sq = host[k - 1] / world
-        else:
-            global_sq = host[-1]
-            sq_norms.append(global_sq / sum(weights) ** 2 * inv_scale2)
-            sizes.append(sizes[-1] * world)
-        slot_values = host[k + n_mean : k + n_mean + world * n_max]
+        mean_w = sum(weights) / len(weights)
+        for j, value in sorted(global_sq.items()):
+            total = sum(weights[: j + 1])
+            if total > 0:
+                sq_norms.append(value / (total * total) * inv_scale2)
+                sizes.append(micro_batch * total / mean_w * world)
+        # the norm reported: the global gradient's; without a sync, the ranks' RMS of their own
+        last_sq = global_sq[k - 1] if global_sq else host[k - 1] / world
+        slot_values = host[k + n_shard + n_mean : k + n_shard + n_mean + world * n_max]
         return StepGradStats(
-            grad_norm=math.sqrt(global_sq * inv_scale2),
+            grad_norm=math.sqrt(last_sq * inv_scale2),
             batch_sizes=sizes,
             sq_norms=sq_norms,
-            rank_means=[v / world for v in host[k : k + n_mean]],
+            rank_means=[v / world for v in host[k + n_shard : k + n_shard + n_mean]],
             rank_maxes=[
                 max(slot_values[r * n_max + i] for r in range(world)) for i in range(n_max)
             ],

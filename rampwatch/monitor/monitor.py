@@ -52,8 +52,9 @@ from rampwatch.monitor.device import (
     device_name,
     distributed,
     memory_metrics,
-    sharded_model,
+    unmeasured_sharding,
 )
+from rampwatch.monitor.fsdp_norms import fsdp2_modules
 from rampwatch.monitor.gradstats import AccumulationStats, StepGradStats
 from rampwatch.monitor.ramp_protocol import Ramp, RampChannel, RampProtocol, RunningTier
 from rampwatch.monitor.trial_protocol import TrialOutcome, TrialProtocol, TrialRequest
@@ -152,10 +153,14 @@ class Monitor:
         )
         world = running.tier.world_size
         self.grads = AccumulationStats(module.parameters(), loss_divided_by_accum)
+        fsdp2 = bool(fsdp2_modules(model))
         if type(model).__name__ == "DistributedDataParallel" and world > 1:
             self.grads.attach_ddp(model)
-        sharded = sharded_model(model)  # FSDP / ZeRO: each device holds a shard of the state
-        self.grads.sharded = sharded
+        elif fsdp2:  # fully_shard: its own reduce-scatter gives the rank's norm
+            self.grads.attach_fsdp(model, world)
+        if why := unmeasured_sharding(model):
+            self.grads.mark_sharded(why)
+        sharded = fsdp2 or why is not None  # each device holds a shard of the model's state
         self.noise = noise_window or NoiseScaleWindow(
             max_steps=gns_window_steps or DEFAULT_MAX_STEPS
         )
@@ -404,7 +409,7 @@ class Monitor:
             return {}
         self.last_step, self._backwards_at_step = step, self._backwards
         stats, mem = None, None
-        if self.grads.sharded:  # FSDP / ZeRO: no norm of a shard passed off as the gradient's
+        if self.grads.sharded:  # FSDP1 / ZeRO: no norm of a shard passed off as the gradient's
             self._say_sharded(step)
             self.grads.reset()
         elif read_grads:
@@ -521,9 +526,12 @@ class Monitor:
             self.event(
                 step,
                 M.EVENT_ALERT,
-                "noise scale not measured: sharded gradients (FSDP "
-                "or ZeRO keep a shard of .grad per rank, or none)",
-                {"sharded": True},
+                "noise scale not measured: sharded gradients: "
+                f"{self.grads.sharded_why or 'a shard of .grad per rank'}. Measured under "
+                "DistributedDataParallel (ZeroRedundancyOptimizer included) and FSDP2 "
+                "(fully_shard on a 1-D mesh); not under FSDP1, DeepSpeed ZeRO, HSDP or tensor "
+                "parallelism",
+                {"sharded": True, "why": self.grads.sharded_why},
             )
 
     # -- at each step boundary: the ramp protocol (monitor/ramp_protocol.py) ------------

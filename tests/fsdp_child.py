@@ -1,0 +1,152 @@
+"""An own loop under two gloo ranks that trains the same tiny model on the same data several
+times, each run wrapped another way, through rampwatch.Monitor into one database
+(tests/test_fsdp.py):
+
+    torchrun --standalone --nproc_per_node=2 -m tests.fsdp_child DB RUN [RUN …]
+
+RUN is WRAP:K[:compile], K the accumulation: `ddp` (DistributedDataParallel, no_sync on the
+micro-steps before the last), `zero` (the same with ZeroRedundancyOptimizer), `fsdp-nosync`
+(fully_shard on the first layer and the root, set_requires_gradient_sync(False) before the
+last micro-step) and `fsdp-sync` (FSDP2's default: every backward reduce-scatters); `compile`
+wraps the FSDP2 model in torch.compile (eager backend: no C++ compiler needed), `bf16` gives it
+MixedPrecisionPolicy(bfloat16, float32), `f64` trains it in float64, `no-after-backward` is a
+loop that never calls mon.after_backward(). Each run is
+named after its RUN. Every step, rank 0 prints the brute-force points the monitor's fit must go
+through, from a plain copy of the model with the same weights and per-rank autograd:
+`POINTS RUN STEP [[batch, |mean gradient|²], …]`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+
+from rampwatch import Monitor
+from rampwatch.advisor.gns_window import NoiseScaleWindow
+
+B, STEPS, LR = 16, 4, 0.05  # per-device batch, optimizer steps, SGD learning rate
+
+
+def model_and_data(n: int):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 1))
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(n, 5, generator=g)
+    return model, x, x[:, :1] * 2 + 0.3 * torch.randn(n, 1, generator=g)
+
+
+def wrapped(wrap: str, model, options: list[str]):
+    """(model to train, optimizer)."""
+    if wrap.startswith("fsdp"):
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mp = MixedPrecisionPolicy(torch.bfloat16, torch.float32) if "bf16" in options else None
+        kw = {"mp_policy": mp} if mp else {}
+        fully_shard(model[0], **kw)
+        fully_shard(model, **kw)
+        opt = torch.optim.SGD(model.parameters(), lr=LR)
+        return (torch.compile(model, backend="eager") if "compile" in options else model), opt
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    if wrap == "zero":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ddp, ZeroRedundancyOptimizer(model.parameters(), torch.optim.SGD, lr=LR)
+    return ddp, torch.optim.SGD(model.parameters(), lr=LR)
+
+
+def flat_grad(model) -> torch.Tensor:
+    return torch.cat([p.grad.double().flatten() for p in model.parameters()])
+
+
+def brute_points(ref, xs, ys, sync_every: bool, world: int) -> list[list[float]]:
+    """The points by hand: this rank's micro-batch gradients g_j of the plain model, the local
+    ones averaged over ranks, the global ones summed over ranks (in float64)."""
+    k = len(xs)
+    grads = []
+    for x, y in zip(xs, ys, strict=True):
+        ref.zero_grad()
+        torch.nn.functional.mse_loss(ref(x), y).backward()
+        grads.append(flat_grad(ref))
+    local_sums = grads if sync_every else list(torch.stack(grads).cumsum(0))
+    local = torch.stack([s.square().sum() for s in local_sums])
+    dist.all_reduce(local)
+    points = []
+    for j, value in enumerate((local / world).tolist()):
+        n = 1 if sync_every else j + 1
+        points.append([B * n, value / n**2])
+    glob = torch.stack(grads)
+    dist.all_reduce(glob)
+    running = (glob / world).cumsum(0)
+    for j in range(k) if sync_every else [k - 1]:
+        points.append([B * (j + 1) * world, float(running[j].square().sum()) / (j + 1) ** 2])
+    return points
+
+
+def run(db: str, spec: str, rank: int, world: int) -> None:
+    wrap, k, *rest = spec.split(":")
+    k = int(k)
+    model, x_all, y_all = model_and_data(STEPS * k * world * B)
+    ref, _, _ = model_and_data(1)  # the same weights, never wrapped
+    if "f64" in rest:  # FSDP2 divides float64 before its reduce-scatter: not measured
+        model, ref, x_all, y_all = model.double(), ref.double(), x_all.double(), y_all.double()
+    train, opt = wrapped(wrap, model, rest)
+    mon = Monitor.start(
+        db,
+        name=spec,
+        config={},
+        model=train,
+        optimizer=opt,
+        per_device_batch=B,
+        accum=k,
+        seq_len=1,
+        lr_rule="linear",
+        noise_window=NoiseScaleWindow(min_steps=3),  # B_simple from step 3 on
+    )
+    for step in range(1, STEPS + 1):
+        # this rank's micro-batches: micro-step j takes the r-th of world slices of B
+        starts = [((step - 1) * k + j) * world * B + rank * B for j in range(k)]
+        xs = [x_all[i : i + B] for i in starts]
+        ys = [y_all[i : i + B] for i in starts]
+        full = {n: getattr(p, "full_tensor", p.detach)() for n, p in model.named_parameters()}
+        ref.load_state_dict(full)
+        points = brute_points(ref, xs, ys, wrap == "fsdp-sync", world)
+        if rank == 0:
+            print("POINTS", spec, step, json.dumps(points), flush=True)
+        total = torch.zeros(())
+        for j, (x, y) in enumerate(zip(xs, ys, strict=True)):
+            last = j == k - 1
+            if wrap == "fsdp-nosync":
+                model.set_requires_gradient_sync(last)
+            ctx = (
+                train.no_sync()
+                if wrap in ("ddp", "zero") and not last
+                else contextlib.nullcontext()
+            )
+            with ctx:
+                loss = torch.nn.functional.mse_loss(train(x), y)
+                (loss / k).backward()
+            if "no-after-backward" not in rest:
+                mon.after_backward()
+            total += loss.detach() / k
+        mon.step(step, loss=total)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    mon.finish()
+
+
+def main(argv: list[str]) -> int:
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    db, specs = argv[0], argv[1:]
+    for spec in specs:
+        run(db, spec, rank, world)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
