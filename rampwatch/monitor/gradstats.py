@@ -26,8 +26,10 @@ itself before after_backward() breaks that assumption: wrap the model in DDP ins
 
 Micro-batches weighted other than 1/k (Hugging Face's num_items_in_batch divides each summed
 token loss by the step's token count) pass their weight to after_backward; the points are then
-token-weighted means over the tokens behind them (under DDP, each rank's weights of its own
-micro-batches). Sharded gradients (FSDP's flat or DTensor parameters, ZeRO's missing .grad) set
+token-weighted means over the tokens behind them. Under DDP each rank passes the weights of its
+own micro-batches (which differ between ranks), each rank's points are its own means before they
+are averaged, at the ranks' mean 1/B, and the global point divides the all-reduced .grad by the
+ranks' mean total weight. Sharded gradients (FSDP's flat or DTensor parameters, ZeRO's missing .grad) set
 `sharded`: their local norm is not the gradient's, so nothing is measured.
 """
 
@@ -260,6 +262,19 @@ class AccumulationStats:
         dev, f64 = local.device, torch.float64
         local = local.to(f64)
         k, n_max = len(self._sq_norms), len(rank_max)
+        # Each rank's points as its own means before they are averaged: its weights (token
+        # counts under Hugging Face) need not be the other ranks'. Point j's scale, 1 / its
+        # weight so far squared, and 1/B (averaged: E of the mean point is |G|² + tr(Σ)·mean 1/B)
+        synced = self._sq_norms[-1].to(f64).reshape(1)  # DDP: the all-reduced .grad's
+        weights = self._take_weights()
+        scales, inv_sizes, valid, total = [], [], [], 0.0
+        for w in weights:
+            total += w
+            kept = total > 0  # micro-batches of weight 0 so far (every label masked): no point
+            scales.append(1.0 / (total * total) if kept else 0.0)
+            inv_sizes.append(sum(weights) / (len(weights) * micro_batch * total) if kept else 0.0)
+            valid.append(float(kept))
+        per_rank = torch.tensor([*scales, *inv_sizes, *valid, total], dtype=f64).to(dev)
         # One SUM all-reduce: the local points (averaged below), the values to average, and one
         # slot per rank for each value to max (a max via a sum of one-hot slots: no second op).
         means = [torch.as_tensor(v, device=dev).to(f64).reshape(1) for v in rank_mean]
@@ -269,30 +284,34 @@ class AccumulationStats:
             slots[rank * n_max : (rank + 1) * n_max] = torch.tensor(
                 [float(v) for v in rank_max], dtype=f64
             ).to(dev)
-        vec = torch.cat([local, *means, slots])
+        vec = torch.cat([local * per_rank[:k], per_rank[k:], local[-1:], *means, slots])
         torch_dist.all_reduce(vec, group=group)
         # DDP: the last backward's .grad is already the global mean, the same on every rank
-        host = torch.cat([vec, self._sq_norms[-1].to(f64).reshape(1)]).cpu().tolist()
-        n_mean = len(means)
-        weights = self._take_weights()
-        # rank averages of the local points; the all-reduced .grad adds the point at k·b·W: the
-        # ranks' mean of their local full gradients, weighted as the last local point
-        sq_norms, sizes = self._points(
-            [v / world for v in host[:k]], weights, micro_batch, grad_scale
-        )
+        host = torch.cat([vec, synced]).cpu().tolist()
+        points, inv_b, n_valid = host[:k], host[k : 2 * k], host[2 * k : 3 * k]
+        mean_total, raw_last = host[3 * k] / world, host[3 * k + 1] / world
+        rest = host[3 * k + 2 :]
         inv_scale2 = 1.0 / (grad_scale * grad_scale)
+        sq_norms, sizes = [], []
+        for p, x, n in zip(points, inv_b, n_valid, strict=True):
+            if n:
+                sq_norms.append(p / n * inv_scale2)
+                sizes.append(n / x)
         if own_grads:  # the norm reported: the ranks' RMS of their own full gradients
-            global_sq = host[k - 1] / world
+            global_sq = raw_last
         else:
-            global_sq = host[-1]
-            sq_norms.append(global_sq / sum(weights) ** 2 * inv_scale2)
-            sizes.append(sizes[-1] * world)
-        slot_values = host[k + n_mean : k + n_mean + world * n_max]
+            # the all-reduced .grad: the ranks' mean of Σ_j w_j·g_j, the global weighted mean
+            # times the ranks' mean weight
+            global_sq = rest[-1]
+            sq_norms.append(global_sq / mean_total**2 * inv_scale2)
+            sizes.append(micro_batch * k * world)
+        n_mean = len(means)
+        slot_values = rest[n_mean : n_mean + world * n_max]
         return StepGradStats(
             grad_norm=math.sqrt(global_sq * inv_scale2),
             batch_sizes=sizes,
             sq_norms=sq_norms,
-            rank_means=[v / world for v in host[k : k + n_mean]],
+            rank_means=[v / world for v in rest[:n_mean]],
             rank_maxes=[
                 max(slot_values[r * n_max + i] for r in range(world)) for i in range(n_max)
             ],
