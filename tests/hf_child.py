@@ -12,7 +12,9 @@ at the end OUT_DIR/final.pt gets the parameters and LR. --wait-ramp-at S blocks 
 after step S (printing "waiting at S") until a ramp is due or OUT_DIR/release-S exists. --plan
 gives the monitor a memory plan (a larger per-device batch then passes the check). --record:
 each rank appends the sample ids of every micro-batch it trains, with the step, to
-OUT_DIR/samples.rank{R}.jsonl. Under torchrun only rank 0 prints the run and "waiting at S" (a
+OUT_DIR/samples.rank{R}.jsonl. --direct (with --record): step 1's |G|² and tr(Σ) from each
+micro-batch's own gradient on every rank, as the DDP fit takes them (each rank's token-weighted
+running means averaged over ranks, the global weighted mean), into OUT_DIR/direct.json. Under torchrun only rank 0 prints the run and "waiting at S" (a
 wait ends at a ramp only: every rank must ask the same number of times), each rank prints "rank R
 exit CODE" as it leaves, and the final parameters go to OUT_DIR/final.rank{R}.pt.
 reference: Trainer's arithmetic by hand (transformers 5.24.0 trainer.py: get_batch_samples'
@@ -30,6 +32,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -92,6 +95,7 @@ def _args(argv):
     p.add_argument("--plan", action="store_true")
     p.add_argument("--policy", default="{}")
     p.add_argument("--record", action="store_true")
+    p.add_argument("--direct", action="store_true")
     return p.parse_args(argv)
 
 
@@ -145,6 +149,8 @@ def run_hf(a) -> int:
         **json.loads(a.policy),
     )
 
+    own = []  # --direct: step 1's (gradient, loss tokens) of each micro-batch on this rank
+
     class Recording(RampwatchTrainer):
         """--record: the ids of the samples each micro-batch trains on this rank."""
 
@@ -154,6 +160,10 @@ def run_hf(a) -> int:
                 line = {"step": self.state.global_step + 1, "ids": ids.tolist()}
                 with open(os.path.join(a.out, f"samples.rank{rank}.jsonl"), "a") as f:
                     f.write(json.dumps(line) + "\n")
+            if a.direct and self.state.global_step == 0:
+                own.append(_own_gradient(self.accelerator.unwrap_model(model), inputs))
+                if len(own) == a.accum:
+                    _direct_dist(own, a.batch, os.path.join(a.out, "direct.json"))
             return super().training_step(model, inputs, num_items_in_batch)
 
     trainer = Recording(
@@ -311,6 +321,48 @@ def _direct(model, mbs, b: int) -> dict:
         fits[kind] = {"g2": float(intercept), "trace": float(slope)}
     fits["tokens"] = tokens
     return fits
+
+
+def _own_gradient(model, mb) -> tuple[torch.Tensor, float]:
+    """A micro-batch's own mean-token gradient (outside DDP: nothing reaches .grad) and the
+    label positions its loss averages over."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    g = torch.autograd.grad(model(**mb).loss, params)
+    return torch.cat([x.reshape(-1) for x in g]).double(), float(loss_tokens(mb["labels"]))
+
+
+def _direct_dist(own, b: int, path: str) -> None:
+    """The DDP fit's points from own gradients: rank r's |Σ_{i<=j} m_i g_i / Σ_{i<=j} m_i|² at
+    B = b·k·Σ_{i<=j} m_i / Σ m_i, averaged over ranks at the mean 1/B; the global token-weighted
+    mean at b·k·W. Every rank calls it (all-reduces); rank 0 writes the line's fit (and that of
+    1/k weights, which the check must tell apart)."""
+    from rampwatch.advisor.gns import line_estimates
+
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    k, fits = len(own), {}
+    for kind in ("weighted", "unweighted"):
+        m = [t if kind == "weighted" else 1.0 for _, t in own]
+        sq, inv_b = [], []
+        for j in range(1, k + 1):
+            mean = sum(mi * g for mi, (g, _) in zip(m[:j], own[:j], strict=True)) / sum(m[:j])
+            sq.append(float(mean.square().sum()))
+            inv_b.append(sum(m) / (b * k * sum(m[:j])))
+        full = sum(mi * g for mi, (g, _) in zip(m, own, strict=True))
+        vec = torch.tensor([*sq, *inv_b, sum(m)], dtype=torch.float64)
+        torch.distributed.all_reduce(vec)
+        torch.distributed.all_reduce(full)
+        points = [float(v) / world for v in vec[:k]]
+        sizes = [world / float(v) for v in vec[k : 2 * k]]
+        points.append(float((full / float(vec[-1])).square().sum()))
+        sizes.append(b * k * world)
+        g2, trace = line_estimates(sizes, points)
+        fits[kind] = {"g2": float(g2), "trace": float(trace)}
+    tokens = torch.tensor([t for _, t in own], dtype=torch.float64)
+    gathered = [torch.zeros(k, dtype=torch.float64) for _ in range(world)]
+    torch.distributed.all_gather(gathered, tokens)
+    fits["rank_tokens"] = [t.tolist() for t in gathered]  # each micro-batch's, per rank
+    if rank == 0:
+        Path(path).write_text(json.dumps(fits))
 
 
 def main(argv=None) -> int:

@@ -40,7 +40,7 @@ N, STEPS, RAMP_AT = 48, 9, 3  # samples; max_steps of the first tier (its budget
 
 def command(db, out) -> list[str]:
     return torchrun(
-        *("-m", "tests.hf_child", "hf", str(db), str(out), "--record", "--plan"),
+        *("-m", "tests.hf_child", "hf", str(db), str(out), "--record", "--direct", "--plan"),
         *("--steps", str(STEPS), "--samples", str(N), "--wait-ramp-at", str(RAMP_AT)),
     )
 
@@ -86,6 +86,8 @@ def ramped(tmp_path_factory):
         if second.poll() is None:
             kill_group(second)
     assert second.returncode == 0, second_log[-6000:]
+    (tmp / "first.log").write_text(first_log)  # for a failure's reader
+    (tmp / "second.log").write_text(second_log)
     samples = {
         r: [json.loads(x) for x in (out / f"samples.rank{r}.jsonl").read_text().splitlines()]
         for r in (0, 1)
@@ -117,6 +119,13 @@ def test_rank_0_alone_logs_every_step_with_the_noise_scale(ramped):
     assert sorted(g2) == sorted(trace) == list(range(1, 7))  # every step, both tiers
     assert all(math.isfinite(v) for v in (*g2.values(), *trace.values()))
     assert all(v > 0 for v in series(db, run_id, M.GRAD_NORM).values())
+    # step 1 from each micro-batch's own gradient: each rank's token-weighted means (their
+    # token counts differ), the DDP hook's global point; 1/k weights would be far off
+    direct = json.loads((ramped["out"] / "direct.json").read_text())
+    assert direct["rank_tokens"][0] != direct["rank_tokens"][1]  # [m_r1, m_r2] per rank
+    assert g2[1] == pytest.approx(direct["weighted"]["g2"], rel=1e-4)
+    assert trace[1] == pytest.approx(direct["weighted"]["trace"], rel=1e-4)
+    assert abs(trace[1] - direct["unweighted"]["trace"]) > 0.05 * abs(trace[1])
 
 
 def test_an_approved_ramp_lands_on_both_ranks_at_one_step_with_the_lr_by_the_rule(ramped):

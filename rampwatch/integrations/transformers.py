@@ -7,6 +7,9 @@ continue a run at its new tier) and `RampRestart` (exit status EXIT_RAMP = 75).
     trainer = RampwatchTrainer(model=model, args=args, train_dataset=ds, db="runs.duckdb")
     trainer.train()   # an applied ramp saves checkpoint-N and exits 75: run the same command again
 
+Under `torchrun --nproc_per_node N` (DDP through accelerate) every rank runs the same script; only
+rank 0 writes the database and rampwatch.json, and every rank exits 75 at the same step.
+
 Source read: transformers 5.24.0 trainer.py (numbers: its lines), loss/loss_utils.py and
 accelerate 1.15.0 data_loader.py.
 - A Trainer subclass, not a callback: `_run_epoch` (1897-1969) runs the last micro-batch's
@@ -43,6 +46,27 @@ accelerate 1.15.0 data_loader.py.
   plans it over the command's max_steps and wraps it in a TokenClock driven by the monitor's
   tokens seen, which `_run_epoch` steps after the optimizer (1951-1952), saves and loads with
   the checkpoint (3584, 3996).
+- Several ranks (torchrun; DDP, which accelerate wraps the model in before on_train_begin: 1781,
+  1653). The monitor gets `model_wrapped`, the DDP module, and registers its per-rank norm hook
+  on it before the first backward (monitor/gradstats.py); every rank calls Monitor.start and
+  step(), only rank 0 opens the database (monitor/monitor.py). Weights: with
+  average_tokens_across_devices (the default) N is the count over every rank (2348-2350,
+  accelerator.gather) and compute_loss multiplies the loss by num_processes // tp (2207-2215),
+  so rank r's micro-batch j is scaled by W·m_rj / N and DDP's mean over ranks is the global token
+  mean; each rank passes its own W·m_rj / N, its points are its own token-weighted means
+  (gradstats normalizes each rank's points before it averages them). Data: the prepared loader's
+  BatchSamplerShard deals the batches of one order, rank r every W-th (data_loader.py:213-270),
+  so one micro-step reads W·b consecutive samples; samples_seen counts them all, and before a
+  ramp stops at the epoch's end, where the shard tops the last batches up with the epoch's first
+  samples. The resumed stream is the same order from samples_seen in batches of b', with W times
+  the loader's batches and skipped batches, which the shard deals out again: each rank continues
+  from its first unused sample and the ranks' union skips and repeats none. Ramps: the monitor's
+  RampChannel gives every rank the same ramp at the same boundary; each rank moves its LR, the
+  Trainer saves (model and optimizer on rank 0, every rank its RNG state, which makes the folder:
+  3512-3514), rank 0 writes rampwatch.json, and every rank waits for the others
+  (wait_for_everyone) before it exits 75, since torchrun ends the other ranks once one exits. The
+  torchrun command then exits 1 (its agent's failure, naming exit code 75); run it again. Budget
+  and tiers count W: a step is b·k·W sequences.
 """
 
 from __future__ import annotations
@@ -95,7 +119,8 @@ class RampwatchTrainer(Trainer):
     (or ramp="auto") ramps by save-and-restart. Extra keywords: db (the DuckDB file), name (the
     run's name), ramp ("manual", "auto", "off"), policy (RampPolicy), seq_len (default: the
     first sample's input_ids length), run_config (more JSON values for the run's config) and
-    monitor_kwargs (to Monitor.start, e.g. flops_per_token). One process only."""
+    monitor_kwargs (to Monitor.start, e.g. flops_per_token). One device per process: torchrun
+    for several (DDP), not DataParallel."""
 
     def __init__(
         self,
