@@ -137,6 +137,7 @@ def test_an_approved_ramp_lands_on_both_ranks_at_one_step_with_the_lr_by_the_rul
     assert (cmd.status, cmd.applied_step) == ("applied", RAMP_AT)
     state = json.loads((out / f"checkpoint-{RAMP_AT}" / "rampwatch.json").read_text())
     assert (state["step"], state["per_device_batch"], state["accum"]) == (RAMP_AT, 4, 2)
+    assert state["world_size"] == 2  # a restart on another world size is refused
     assert state["samples_seen"] == RAMP_AT * 8  # every rank's samples
     assert series(db, run_id, M.PER_DEVICE_BATCH) == {s: 2 if s <= 3 else 4 for s in range(1, 7)}
     [ramp] = store.events(db, run_id, kinds=[M.EVENT_RAMP])

@@ -167,6 +167,12 @@ class RampwatchTrainer(Trainer):
             else None
         )
         st, b, a = self._resume, self._train_batch_size, self.args.gradient_accumulation_steps
+        if st is not None and st.get("world_size", 1) != self.args.world_size:
+            raise ValueError(
+                f"{ckpt} was saved by {st.get('world_size', 1)} process(es), not "
+                f"{self.args.world_size}: its sample stream and budget are per world size; "
+                "continue it with the same torchrun --nproc_per_node"
+            )
         if st is not None and (st["per_device_batch"], st["accum"]) != (b, a):
             raise ValueError(
                 f"{ckpt} continues at per-device batch {st['per_device_batch']} x accumulation "
@@ -338,7 +344,7 @@ class RampwatchTrainer(Trainer):
         """The stream position after this micro-batch, every rank's share included (even
         batches: accelerate gives every rank the same size). Before a ramp the Trainer's own
         loader restarts its order at each epoch, topping the last batch up with the epoch's
-        first samples on W > 1 ranks (BatchSamplerShard, data_loader.py:203-229): those are
+        first samples on W > 1 ranks (BatchSamplerShard, data_loader.py:213-270): those are
         no new position, so the count stops at the epoch's end."""
         seen, n = self._samples_seen, _dataset_len(self.train_dataset)
         seen += batch * self.args.world_size
@@ -427,7 +433,8 @@ class RampwatchTrainer(Trainer):
             self._db,
             name=self._name or a.run_name or "hf-trainer",
             config=config,
-            model=self.model_wrapped,  # DDP under torchrun: the monitor adds its norm hook
+            # under torchrun the DDP module (1781), on which the monitor registers its norm hook
+            model=self.model_wrapped if a.world_size > 1 else self.model,
             optimizer=optimizer,
             per_device_batch=self._train_batch_size,
             accum=a.gradient_accumulation_steps,
@@ -507,6 +514,7 @@ class RampwatchTrainer(Trainer):
             "step": state.global_step,
             "per_device_batch": b,
             "accum": a,
+            "world_size": self.args.world_size,
             "samples_seen": self._samples_seen,
             "stream": self._stream,
             BUDGET_STEP_TOKENS: (self._budget() or (None,))[0],
