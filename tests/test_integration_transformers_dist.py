@@ -78,6 +78,7 @@ def ramped(tmp_path_factory):
         if first.poll() is None:
             kill_group(first)
     first_log = "".join(lines)
+    (tmp / "first.log").write_text(first_log)  # for a failure's reader
     assert cid is not None, first_log[-6000:]
     second = spawn(command(db, out), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:  # the same command again
@@ -85,9 +86,8 @@ def ramped(tmp_path_factory):
     finally:
         if second.poll() is None:
             kill_group(second)
-    assert second.returncode == 0, second_log[-6000:]
-    (tmp / "first.log").write_text(first_log)  # for a failure's reader
     (tmp / "second.log").write_text(second_log)
+    assert second.returncode == 0, second_log[-6000:]
     samples = {
         r: [json.loads(x) for x in (out / f"samples.rank{r}.jsonl").read_text().splitlines()]
         for r in (0, 1)
@@ -102,6 +102,11 @@ def ramped(tmp_path_factory):
         "second": second_log,
         "samples": samples,
     }
+
+
+def seqs_tokens(step: int) -> int:
+    """Tokens of the step: 8 sequences a step before the ramp, 16 after."""
+    return (8 if step <= RAMP_AT else 16) * SEQ
 
 
 def series(db, run_id, name) -> dict[int, float]:
@@ -139,7 +144,9 @@ def test_an_approved_ramp_lands_on_both_ranks_at_one_step_with_the_lr_by_the_rul
     assert (state["step"], state["per_device_batch"], state["accum"]) == (RAMP_AT, 4, 2)
     assert state["world_size"] == 2  # a restart on another world size is refused
     assert state["samples_seen"] == RAMP_AT * 8  # every rank's samples
-    assert series(db, run_id, M.PER_DEVICE_BATCH) == {s: 2 if s <= 3 else 4 for s in range(1, 7)}
+    assert series(db, run_id, M.PER_DEVICE_BATCH) == {
+        s: 2 if s <= RAMP_AT else 4 for s in range(1, 7)
+    }
     [ramp] = store.events(db, run_id, kinds=[M.EVENT_RAMP])
     assert ramp.step == RAMP_AT and ramp.data["after"]["batch"] == 16
     mult = ramp.data["after"]["base_lr"] / ramp.data["before"]["base_lr"]
@@ -157,10 +164,6 @@ def test_an_approved_ramp_lands_on_both_ranks_at_one_step_with_the_lr_by_the_rul
     ranks = [torch.load(out / f"final.rank{r}.pt") for r in (0, 1)]
     for a, b in zip(ranks[0]["params"], ranks[1]["params"], strict=True):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
-
-
-def seqs_tokens(step: int) -> int:
-    return (8 if step <= RAMP_AT else 16) * SEQ
 
 
 def test_the_ranks_trained_the_sampler_stream_with_no_sample_skipped_or_repeated(ramped):
