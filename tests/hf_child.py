@@ -5,11 +5,18 @@ tests/test_integration_transformers.py, against a real database, on the CPU, not
     python -m tests.hf_child hf DB OUT_DIR [--ramp manual|auto|off] [--steps N] [--batch B]
         [--accum A] [--n SAMPLES] [--epochs E] [--wait-ramp-at S ...] [--plan] [--policy JSON]
     python -m tests.hf_child reference DB OUT.pt [--switch-at S:B:A] [--steps N] ...
+    torchrun --nproc_per_node 2 -m tests.hf_child hf DB OUT_DIR --record ...   (gloo ranks)
 
 hf: starts, or continues through resume_args(OUT_DIR); exits 75 (EXIT_RAMP) at an applied ramp;
 at the end OUT_DIR/final.pt gets the parameters and LR. --wait-ramp-at S blocks the boundary
 after step S (printing "waiting at S") until a ramp is due or OUT_DIR/release-S exists. --plan
-gives the monitor a memory plan (a larger per-device batch then passes the check).
+gives the monitor a memory plan (a larger per-device batch then passes the check). --record:
+each rank appends the sample ids of every micro-batch it trains, with the step, to
+OUT_DIR/samples.rank{R}.jsonl. --direct (with --record): step 1's |G|² and tr(Σ) from each
+micro-batch's own gradient on every rank, as the DDP fit takes them (each rank's token-weighted
+running means averaged over ranks, the global weighted mean), into OUT_DIR/direct.json. Under torchrun only rank 0 prints the run and "waiting at S" (a
+wait ends at a ramp only: every rank must ask the same number of times), each rank prints "rank R
+exit CODE" as it leaves, and the final parameters go to OUT_DIR/final.rank{R}.pt.
 reference: Trainer's arithmetic by hand (transformers 5.24.0 trainer.py: get_batch_samples'
 num_items_in_batch, compute_loss, clip, AdamW fused, linear warmup and decay planned over
 --steps of the first tier and stepped by tokens, to the token budget) and an own-loop Monitor fed
@@ -25,6 +32,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -54,8 +62,8 @@ def build_model():
 class Samples(torch.utils.data.Dataset):
     """n sequences of 3..16 real tokens, right-padded: token counts differ per micro-batch."""
 
-    def __init__(self, n: int):
-        self.n = n
+    def __init__(self, n: int, record: bool = False):
+        self.n, self.record = n, record
 
     def __len__(self) -> int:
         return self.n
@@ -67,7 +75,8 @@ class Samples(torch.utils.data.Dataset):
         ids[:length] = torch.randint(1, VOCAB, (length,), generator=g)
         mask = (torch.arange(SEQ) < length).long()
         labels = ids.masked_fill(mask == 0, -100)
-        return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+        out = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+        return {**out, "sample_id": torch.tensor(i)} if self.record else out
 
 
 def _args(argv):
@@ -80,12 +89,18 @@ def _args(argv):
     p.add_argument("--epochs", type=int, default=0)
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--accum", type=int, default=2)
-    p.add_argument("--n", type=int, default=24)
+    p.add_argument("--n", "--samples", type=int, default=24)  # torchrun: --samples
     p.add_argument("--wait-ramp-at", type=int, action="append", default=[])
     p.add_argument("--switch-at", action="append", default=[])
     p.add_argument("--plan", action="store_true")
     p.add_argument("--policy", default="{}")
+    p.add_argument("--record", action="store_true")
+    p.add_argument("--direct", action="store_true")
     return p.parse_args(argv)
+
+
+def rank_world() -> tuple[int, int]:
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def run_hf(a) -> int:
@@ -112,6 +127,7 @@ def run_hf(a) -> int:
         warmup_steps=WARMUP,
         seed=SEED,
         dataloader_num_workers=0,
+        remove_unused_columns=not a.record,  # sample_id: training_step takes it out
     )
 
     class Plan(TrainerCallback):
@@ -125,13 +141,35 @@ def run_hf(a) -> int:
                     ]
                 )
 
+    rank, world = rank_world()
     policy = RampPolicy(
-        original_batch=a.batch * a.accum, original_lr=LR, lr_rule="sqrt", **json.loads(a.policy)
+        original_batch=a.batch * a.accum * world,
+        original_lr=LR,
+        lr_rule="sqrt",
+        **json.loads(a.policy),
     )
-    trainer = RampwatchTrainer(
+
+    own = []  # --direct: step 1's (gradient, loss tokens) of each micro-batch on this rank
+
+    class Recording(RampwatchTrainer):
+        """--record: the ids of the samples each micro-batch trains on this rank."""
+
+        def training_step(self, model, inputs, num_items_in_batch=None):
+            ids = inputs.pop("sample_id", None)
+            if ids is not None:
+                line = {"step": self.state.global_step + 1, "ids": ids.tolist()}
+                with open(os.path.join(a.out, f"samples.rank{rank}.jsonl"), "a") as f:
+                    f.write(json.dumps(line) + "\n")
+            if a.direct and self.state.global_step == 0:
+                own.append(_own_gradient(self.accelerator.unwrap_model(model), inputs))
+                if len(own) == a.accum:
+                    _direct_dist(own, a.batch, os.path.join(a.out, "direct.json"))
+            return super().training_step(model, inputs, num_items_in_batch)
+
+    trainer = Recording(
         model=build_model(),
         args=args,
-        train_dataset=Samples(a.n),
+        train_dataset=Samples(a.n, a.record),
         db=a.db,
         name="hf-child",
         ramp=a.ramp,
@@ -144,7 +182,7 @@ def run_hf(a) -> int:
             "params": [t.detach().clone() for t in trainer.model.parameters()],
             "lr": trainer.optimizer.param_groups[0]["lr"],
         },
-        os.path.join(a.out, "final.pt"),
+        os.path.join(a.out, "final.pt" if world == 1 else f"final.rank{rank}.pt"),
     )
     return 0
 
@@ -153,21 +191,19 @@ def _wait_at_boundaries(monitor_cls, steps: set[int], out: str) -> None:
     """Monitor.ramp_due, in this process only, waits at the chosen boundaries for a ramp (as
     tests/own_loop_child.py's loop does) and prints the run id at the first boundary."""
     due = monitor_cls.ramp_due
-    said = []
+    said, world = [], rank_world()[1]
+
+    def released(step) -> bool:
+        return world == 1 and os.path.exists(os.path.join(out, f"release-{step}"))
 
     def ramp_due(self, step=None):
-        if not said:
+        if not said and self.run_id is not None:
             said.append(print(f"run {self.run_id}", flush=True))
         ramp = due(self, step)
-        if ramp is None and step in steps:
+        if ramp is None and step in steps and self.run_id is not None:
             print(f"waiting at {step}", flush=True)
         deadline = time.monotonic() + 120
-        while (
-            ramp is None
-            and step in steps
-            and time.monotonic() < deadline
-            and not os.path.exists(os.path.join(out, f"release-{step}"))
-        ):
+        while ramp is None and step in steps and time.monotonic() < deadline and not released(step):
             time.sleep(0.1)
             ramp = due(self, step)
         return ramp
@@ -287,9 +323,57 @@ def _direct(model, mbs, b: int) -> dict:
     return fits
 
 
+def _own_gradient(model, mb) -> tuple[torch.Tensor, float]:
+    """A micro-batch's own mean-token gradient (outside DDP: nothing reaches .grad) and the
+    label positions its loss averages over."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    g = torch.autograd.grad(model(**mb).loss, params)
+    return torch.cat([x.reshape(-1) for x in g]).double(), float(loss_tokens(mb["labels"]))
+
+
+def _direct_dist(own, b: int, path: str) -> None:
+    """The DDP fit's points from own gradients: rank r's |Σ_{i<=j} m_i g_i / Σ_{i<=j} m_i|² at
+    B = b·k·Σ_{i<=j} m_i / Σ m_i, averaged over ranks at the mean 1/B; the global token-weighted
+    mean at b·k·W. Every rank calls it (all-reduces); rank 0 writes the line's fit (and that of
+    1/k weights, which the check must tell apart)."""
+    from rampwatch.advisor.gns import line_estimates
+
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    k, fits = len(own), {}
+    for kind in ("weighted", "unweighted"):
+        m = [t if kind == "weighted" else 1.0 for _, t in own]
+        sq, inv_b = [], []
+        for j in range(1, k + 1):
+            mean = sum(mi * g for mi, (g, _) in zip(m[:j], own[:j], strict=True)) / sum(m[:j])
+            sq.append(float(mean.square().sum()))
+            inv_b.append(sum(m) / (b * k * sum(m[:j])))
+        full = sum(mi * g for mi, (g, _) in zip(m, own, strict=True))
+        vec = torch.tensor([*sq, *inv_b, sum(m)], dtype=torch.float64)
+        torch.distributed.all_reduce(vec)
+        torch.distributed.all_reduce(full)
+        points = [float(v) / world for v in vec[:k]]
+        sizes = [world / float(v) for v in vec[k : 2 * k]]
+        points.append(float((full / float(vec[-1])).square().sum()))
+        sizes.append(b * k * world)
+        g2, trace = line_estimates(sizes, points)
+        fits[kind] = {"g2": float(g2), "trace": float(trace)}
+    tokens = torch.tensor([t for _, t in own], dtype=torch.float64)
+    gathered = [torch.zeros(k, dtype=torch.float64) for _ in range(world)]
+    torch.distributed.all_gather(gathered, tokens)
+    fits["rank_tokens"] = [t.tolist() for t in gathered]  # each micro-batch's, per rank
+    if rank == 0:
+        Path(path).write_text(json.dumps(fits))
+
+
 def main(argv=None) -> int:
     a = _args(argv)
-    return run_hf(a) if a.mode == "hf" else run_reference(a)
+    if a.mode == "reference":
+        return run_reference(a)
+    try:
+        return run_hf(a)
+    except SystemExit as e:  # RampRestart: EXIT_RAMP on every rank
+        print(f"rank {rank_world()[0]} exit {e.code}", flush=True)
+        raise
 
 
 if __name__ == "__main__":

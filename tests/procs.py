@@ -51,6 +51,19 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def torchrun(*args: str, nproc: int = 2, restarts: int = 0) -> list[str]:
+    """`python -m torch.distributed.run` arguments for ARGS on nproc local ranks (gloo on the
+    CPU), for spawn()."""
+    return [
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        f"--max-restarts={restarts}",
+        *args,
+    ]
+
+
 def spawn(args: list[str], **popen_kwargs) -> subprocess.Popen:
     """Start `python args...` from the repository root in a new process group."""
     popen_kwargs.setdefault("env", child_env())

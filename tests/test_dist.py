@@ -20,6 +20,7 @@ import pytest
 
 from rampwatch.store import commands, reader
 from rampwatch.store import names as M
+from tests import procs
 from tests.procs import child_env, kill_group, spawn
 from tests.trainer_runs import metric, trainer_args
 
@@ -43,14 +44,7 @@ SGD = [
 
 
 def torchrun(db, ckpt, *extra, restarts: int = 0) -> list[str]:
-    return [
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        f"--max-restarts={restarts}",
-        *trainer_args(db, ckpt, *extra),
-    ]
+    return procs.torchrun(*trainer_args(db, ckpt, *extra), restarts=restarts)
 
 
 def finish(proc: subprocess.Popen, timeout: float = 150) -> str:

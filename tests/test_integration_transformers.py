@@ -6,13 +6,15 @@ ramp is applied by save-and-restart at the step boundary and the restarted run e
 parameters of a run switched by hand at that step, at the run's token budget, its LR at every
 token the unramped run's × the multiplier; a ramp that cannot run is refused with its
 reason on the card; a run that cannot restart says it is ramped by hand only; ramp="auto" ramps
-by itself; examples/hf_trainer.py runs as written. The test process never imports transformers.
+by itself; a checkpoint written by another world size is refused; examples/hf_trainer.py runs
+as written. The test process never imports transformers.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -109,6 +111,7 @@ def ramped(tmp_path_factory):
                 kill_group(p)
     return {
         "db": db,
+        "out": out,
         "plain_db": plain_db,
         "run_id": run_id,
         "cid": cid,
@@ -142,6 +145,28 @@ def test_an_approved_ramp_restarts_at_the_new_tier_like_a_switch_by_hand(ramped)
     for a, b in zip(hf_params, ref_params, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
     assert ramped["hf"]["lr"] == pytest.approx(ramped["ref"]["lr"], rel=1e-9)
+
+
+def test_a_checkpoint_of_another_world_size_is_refused_in_one_line(ramped, tmp_path):
+    """rampwatch.json's world size (2 here, as torchrun's ranks write it): one process does not
+    continue its sample stream and budget."""
+    out = tmp_path / "hf"
+    shutil.copytree(ramped["out"] / "checkpoint-5", out / "checkpoint-5")
+    state_file = out / "checkpoint-5" / "rampwatch.json"
+    state = json.loads(state_file.read_text())
+    assert state["world_size"] == 1  # what this one-process run wrote
+    state_file.write_text(json.dumps({**state, "world_size": 2}))
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.hf_child", "hf", str(tmp_path / "x.duckdb"), str(out)],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode != 0
+    assert "was saved by 2 process(es), not 1" in done.stderr, done.stderr[-3000:]
+    assert "continue it with the same torchrun --nproc_per_node" in done.stderr
 
 
 def test_a_ramp_restart_ends_at_the_token_budget_with_the_schedule_in_tokens(ramped):

@@ -406,3 +406,87 @@ def test_a_compiled_ddp_model_is_measured_as_ddp(tmp_path):
     [run] = store.list_runs(db)
     assert sorted(metric(db, run.run_id, M.GNS_TRACE)) == [1, 2, 3, 4]
     assert not store.events(db, run.run_id, kinds=[M.EVENT_ALERT])
+
+
+# DDP with token weights that differ per rank (Hugging Face under torchrun: N counted over every
+# rank, each rank's loss × W): each rank's points are its own token-weighted means, recomputed
+# here from each micro-batch's own gradient (autograd.grad on the module, outside DDP).
+WEIGHTED_DDP_CHILD = """
+import contextlib, sys, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from rampwatch import Monitor
+from rampwatch.advisor.gns import line_estimates
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+model = DDP(net)
+opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+mon = Monitor.start(sys.argv[1], name="weighted-ddp", config={}, model=model, optimizer=opt,
+                    per_device_batch=8, accum=2, seq_len=1, lr_rule="linear")
+counts = [[2, 7], [6, 3]]  # rows of each micro-batch that count, per rank: unequal totals
+N = sum(map(sum, counts))
+gen = torch.Generator().manual_seed(1 + rank)
+params = list(net.parameters())
+flat = lambda gs: torch.cat([g.reshape(-1) for g in gs]).double()
+for step in range(1, 4):
+    own = []
+    for j, m in enumerate(counts[rank]):
+        x = torch.randn(8, 8, generator=gen)
+        mean = (net(x) - x[:, :1]).pow(2)[:m, 0].mean()
+        own.append(flat(torch.autograd.grad(mean, params)))  # this micro-batch's own gradient
+        with model.no_sync() if j == 0 else contextlib.nullcontext():
+            rows = (model(x) - x[:, :1]).pow(2)[:m, 0]
+            (world * rows.sum() / N).backward()
+        mon.after_backward(world * m / N)
+    m = counts[rank]
+    local = [own[0], (m[0] * own[0] + m[1] * own[1]) / sum(m)]  # token-weighted running means
+    sizes = [8 * 2 * m[0] / sum(m), 8 * 2.0]
+    vec = torch.tensor([float(v.square().sum()) for v in local] + [1 / b for b in sizes],
+                       dtype=torch.float64)
+    dist.all_reduce(vec)
+    full = local[1] * sum(m)
+    dist.all_reduce(full)
+    points = [vec[0] / world, vec[1] / world, float((full / N).square().sum())]
+    batches = [world / vec[2], world / vec[3], 8 * 2 * world]
+    if rank == 0:
+        print("FIT", step, *line_estimates([float(b) for b in batches], [float(p) for p in points]),
+              flush=True)
+    mon.step(step, loss=rows.sum().detach())
+    opt.step()
+    opt.zero_grad()
+mon.finish()
+dist.destroy_process_group()
+"""
+
+
+def test_ddp_points_are_each_ranks_own_token_weighted_means(tmp_path):
+    """Two gloo ranks whose micro-batches count 2 + 7 and 6 + 3 rows: each point is a rank's own
+    weighted mean (its |·|² averaged over ranks at the mean 1/B), the global one the weighted
+    mean over all 18 rows; the logged |G|² and tr(Σ) are the line through them."""
+    db, child = tmp_path / "runs.duckdb", tmp_path / "child.py"
+    child.write_text(textwrap.dedent(WEIGHTED_DDP_CHILD))
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(child),
+            str(db),
+        ],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    [run] = store.list_runs(db)
+    g2, trace = metric(db, run.run_id, M.GNS_G2), metric(db, run.run_id, M.GNS_TRACE)
+    fits = [line.split()[1:] for line in done.stdout.splitlines() if line.startswith("FIT")]
+    assert len(fits) == 3
+    for step, want_g2, want_trace in fits:
+        assert g2[int(step)] == pytest.approx(float(want_g2), rel=1e-5)
+        assert trace[int(step)] == pytest.approx(float(want_trace), rel=1e-5)

@@ -7,6 +7,9 @@ continue a run at its new tier) and `RampRestart` (exit status EXIT_RAMP = 75).
     trainer = RampwatchTrainer(model=model, args=args, train_dataset=ds, db="runs.duckdb")
     trainer.train()   # an applied ramp saves checkpoint-N and exits 75: run the same command again
 
+Under `torchrun --nproc_per_node N` (DDP through accelerate) every rank runs the same script; only
+rank 0 writes the database and rampwatch.json, and every rank exits 75 at the same step.
+
 Source read: transformers 5.24.0 trainer.py (numbers: its lines), loss/loss_utils.py and
 accelerate 1.15.0 data_loader.py.
 - A Trainer subclass, not a callback: `_run_epoch` (1897-1969) runs the last micro-batch's
@@ -43,6 +46,27 @@ accelerate 1.15.0 data_loader.py.
   plans it over the command's max_steps and wraps it in a TokenClock driven by the monitor's
   tokens seen, which `_run_epoch` steps after the optimizer (1951-1952), saves and loads with
   the checkpoint (3584, 3996).
+- Several ranks (torchrun; DDP, which accelerate wraps the model in before on_train_begin: 1781,
+  1653). The monitor gets `model_wrapped`, the DDP module, and registers its per-rank norm hook
+  on it before the first backward (monitor/gradstats.py); every rank calls Monitor.start and
+  step(), only rank 0 opens the database (monitor/monitor.py). Weights: with
+  average_tokens_across_devices (the default) N is the count over every rank (2348-2350,
+  accelerator.gather) and compute_loss multiplies the loss by num_processes // tp (2207-2215),
+  so rank r's micro-batch j is scaled by W·m_rj / N and DDP's mean over ranks is the global token
+  mean; each rank passes its own W·m_rj / N, its points are its own token-weighted means
+  (gradstats normalizes each rank's points before it averages them). Data: the prepared loader's
+  BatchSamplerShard deals the batches of one order, rank r every W-th (data_loader.py:213-270),
+  so one micro-step reads W·b consecutive samples; samples_seen counts them all, and before a
+  ramp stops at the epoch's end, where the shard tops the last batches up with the epoch's first
+  samples. The resumed stream is the same order from samples_seen in batches of b', with W times
+  the loader's batches and skipped batches, which the shard deals out again: each rank continues
+  from its first unused sample and the ranks' union skips and repeats none. Ramps: the monitor's
+  RampChannel gives every rank the same ramp at the same boundary; each rank moves its LR, the
+  Trainer saves (model and optimizer on rank 0, every rank its RNG state, which makes the folder:
+  3512-3514), rank 0 writes rampwatch.json, and every rank waits for the others
+  (wait_for_everyone) before it exits 75, since torchrun ends the other ranks once one exits. The
+  torchrun command then exits 1 (its agent's failure, naming exit code 75); run it again. Budget
+  and tiers count W: a step is b·k·W sequences.
 """
 
 from __future__ import annotations
@@ -95,7 +119,8 @@ class RampwatchTrainer(Trainer):
     (or ramp="auto") ramps by save-and-restart. Extra keywords: db (the DuckDB file), name (the
     run's name), ramp ("manual", "auto", "off"), policy (RampPolicy), seq_len (default: the
     first sample's input_ids length), run_config (more JSON values for the run's config) and
-    monitor_kwargs (to Monitor.start, e.g. flops_per_token). One process only."""
+    monitor_kwargs (to Monitor.start, e.g. flops_per_token). One device per process: torchrun
+    for several (DDP), not DataParallel."""
 
     def __init__(
         self,
@@ -130,10 +155,10 @@ class RampwatchTrainer(Trainer):
         ckpt = resume_from_checkpoint or self.args.resume_from_checkpoint  # resume_args's
         if ckpt is True:
             ckpt = get_last_checkpoint(self.args.output_dir) or True  # True: HF says none
-        if self.args.world_size > 1 or self.args.n_gpu > 1:  # per-rank weights: not handled
+        if self.args.n_gpu > 1:  # torch DataParallel: one process splits each batch itself
             raise ValueError(
-                "RampwatchTrainer supports one process on one device, not "
-                f"world size {self.args.world_size} / {self.args.n_gpu} GPUs"
+                f"RampwatchTrainer runs one device per process, not {self.args.n_gpu} GPUs in "
+                "one (DataParallel): launch with torchrun --nproc_per_node N instead"
             )
         self._resume = read_state(ckpt) if isinstance(ckpt, str) else None
         self._ckpt_step = (
@@ -142,6 +167,12 @@ class RampwatchTrainer(Trainer):
             else None
         )
         st, b, a = self._resume, self._train_batch_size, self.args.gradient_accumulation_steps
+        if st is not None and st.get("world_size", 1) != self.args.world_size:
+            raise ValueError(
+                f"{ckpt} was saved by {st.get('world_size', 1)} process(es), not "
+                f"{self.args.world_size}: its sample stream and budget are per world size; "
+                "continue it with the same torchrun --nproc_per_node"
+            )
         if st is not None and (st["per_device_batch"], st["accum"]) != (b, a):
             raise ValueError(
                 f"{ckpt} continues at per-device batch {st['per_device_batch']} x accumulation "
@@ -170,7 +201,11 @@ class RampwatchTrainer(Trainer):
                 "resume_args() continues this run at the new tier"
             )
             self._close("finished", msg)
-            print(msg, file=sys.stderr, flush=True)
+            if self.args.process_index == 0:
+                print(msg, file=sys.stderr, flush=True)
+            # torchrun ends every rank once one exits: rank 0 must have written rampwatch.json
+            # and closed its run before any rank leaves
+            self.accelerator.wait_for_everyone()
             raise RampRestart(msg, path, ramp.tier)
         self._close("finished")
         return out
@@ -201,7 +236,8 @@ class RampwatchTrainer(Trainer):
         if step and has_length(loader):  # HF's own resume, exact at the same tier: where it is
             steps, skipped = self._skip(loader, step)
             self._samples_seen = (
-                step // steps * len(loader.dataset) + skipped * self._train_batch_size
+                step // steps * len(loader.dataset)
+                + skipped * self._train_batch_size * self.args.world_size
             )
         return loader
 
@@ -221,15 +257,16 @@ class RampwatchTrainer(Trainer):
                 f"{self._order_name}: its order is not the run's"
             )
         self._samples_seen = st["samples_seen"]
+        workers = loader.num_workers
+        world = self.args.world_size  # accelerate's BatchSamplerShard deals rank r every W-th
         sampler = StreamBatchSampler(
             order,
             len(loader.dataset),
             self._train_batch_size,
             st["samples_seen"],
-            len(loader),
-            self._skip(loader, st["step"])[1],
+            len(loader) * world,
+            self._skip(loader, st["step"])[1] * world,
         )
-        workers = loader.num_workers
         stream = torch.utils.data.DataLoader(
             loader.dataset,
             batch_sampler=sampler,
@@ -254,7 +291,7 @@ class RampwatchTrainer(Trainer):
             step_tokens = RampPolicy.from_config({CONFIG_KEY: st["policy"]}).original_batch
             step_tokens *= self._sequence_tokens()
         if step_tokens is None:
-            batch = self._train_batch_size * self.args.gradient_accumulation_steps
+            batch = self._tier_batch(self._train_batch_size, self.args.gradient_accumulation_steps)
             step_tokens = batch * self._sequence_tokens()
         return step_tokens, self.args.max_steps * step_tokens
 
@@ -263,7 +300,7 @@ class RampwatchTrainer(Trainer):
         st, budget = self._resume, self._budget()
         if st is None or budget is None or "tokens_seen" not in st:
             return values
-        tier_tokens = self._train_batch_size * args.gradient_accumulation_steps
+        tier_tokens = self._tier_batch(self._train_batch_size, args.gradient_accumulation_steps)
         left = steps_to_budget(budget[1], st["tokens_seen"], tier_tokens * self._sequence_tokens())
         return (*values[:-1], st["step"] + left)  # the last value is max_steps
 
@@ -279,13 +316,17 @@ class RampwatchTrainer(Trainer):
     def _sequence_tokens(self) -> int:
         return self._seq_len or _seq_len(self)
 
+    def _tier_batch(self, per_device_batch: int, accum: int) -> int:
+        """Sequences per optimizer step, every rank together (advisor/tiers.py Tier.batch)."""
+        return per_device_batch * accum * self.args.world_size
+
     # -- each micro-batch ---------------------------------------------------------------------
     def training_step(self, model, inputs, num_items_in_batch=None):
         mon = self._mon
         if mon is None:
             return super().training_step(model, inputs, num_items_in_batch)
         weight = self._weight(inputs, num_items_in_batch)  # before super() moves the inputs
-        self._samples_seen += _batch_len(inputs)
+        self._count_samples(_batch_len(inputs))
         loss = super().training_step(model, inputs, num_items_in_batch)
         mon.after_backward(weight)  # a device tensor: read with the step's norms, no sync here
         self._step_loss = loss if self._step_loss is None else self._step_loss + loss
@@ -298,6 +339,18 @@ class RampwatchTrainer(Trainer):
             )
             self._step_loss = None
         return loss
+
+    def _count_samples(self, batch: int) -> None:
+        """The stream position after this micro-batch, every rank's share included (even
+        batches: accelerate gives every rank the same size). Before a ramp the Trainer's own
+        loader restarts its order at each epoch, topping the last batch up with the epoch's
+        first samples on W > 1 ranks (BatchSamplerShard, data_loader.py:213-270): those are
+        no new position, so the count stops at the epoch's end."""
+        seen, n = self._samples_seen, _dataset_len(self.train_dataset)
+        seen += batch * self.args.world_size
+        if not self._stream and n:
+            seen = min(seen, (self._samples_seen // n + 1) * n)
+        self._samples_seen = seen
 
     def _weight(self, inputs, num_items_in_batch):
         """What this micro-batch's mean loss is multiplied by (see the module docstring)."""
@@ -313,7 +366,18 @@ class RampwatchTrainer(Trainer):
         if num_items_in_batch is None:
             return 1.0  # a loss already scaled, with no count: each micro-batch's as it is
         count = self._counted(inputs)
-        return None if count is None else count / num_items_in_batch
+        return None if count is None else count * self._loss_scale() / num_items_in_batch
+
+    def _loss_scale(self) -> int:
+        """compute_loss's factor on a loss divided by a count over every rank (trainer.py
+        2207-2215): DDP then averages the ranks' gradients back to the global token mean."""
+        a = self.args
+        if not (
+            a.average_tokens_across_devices
+            and (self.model_accepts_loss_kwargs or self.compute_loss_func)
+        ):
+            return 1
+        return self.accelerator.num_processes // self.get_tp_size() if a.n_gpu <= 1 else a.n_gpu
 
     def _counted(self, inputs):
         """Label positions this micro-batch's loss sums over, on their device."""
@@ -369,7 +433,8 @@ class RampwatchTrainer(Trainer):
             self._db,
             name=self._name or a.run_name or "hf-trainer",
             config=config,
-            model=self.model,
+            # under torchrun the DDP module (1781), on which the monitor registers its norm hook
+            model=self.model_wrapped if a.world_size > 1 else self.model,
             optimizer=optimizer,
             per_device_batch=self._train_batch_size,
             accum=a.gradient_accumulation_steps,
@@ -449,6 +514,7 @@ class RampwatchTrainer(Trainer):
             "step": state.global_step,
             "per_device_batch": b,
             "accum": a,
+            "world_size": self.args.world_size,
             "samples_seen": self._samples_seen,
             "stream": self._stream,
             BUDGET_STEP_TOKENS: (self._budget() or (None,))[0],
@@ -461,10 +527,11 @@ class RampwatchTrainer(Trainer):
                 "command_id": ramp.command_id,
             },
         }
-        tmp = os.path.join(path, STATE_FILE + ".tmp")
-        with open(tmp, "w") as f:
-            json.dump(state_doc, f)
-        os.replace(tmp, os.path.join(path, STATE_FILE))
+        if self.args.process_index == 0:  # beside rank 0's model, optimizer and scheduler
+            tmp = os.path.join(path, STATE_FILE + ".tmp")
+            with open(tmp, "w") as f:
+                json.dump(state_doc, f)
+            os.replace(tmp, os.path.join(path, STATE_FILE))
         if ramp is not None:
             self._pending, self._restart = None, (ramp, path)
             mon.ramp_applied(ramp)  # the card: "applied at step N"; N + 1 runs the new tier
@@ -501,6 +568,10 @@ def _seq_len(trainer) -> int:
         return max(1, len(trainer.train_dataset[0]["input_ids"]))
     except Exception:  # no such key, not indexable: tokens are then counted per sequence
         return 1
+
+
+def _dataset_len(dataset) -> int:
+    return len(dataset) if has_length(dataset) else 0
 
 
 def _plain(value):

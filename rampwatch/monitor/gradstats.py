@@ -26,8 +26,10 @@ itself before after_backward() breaks that assumption: wrap the model in DDP ins
 
 Micro-batches weighted other than 1/k (Hugging Face's num_items_in_batch divides each summed
 token loss by the step's token count) pass their weight to after_backward; the points are then
-token-weighted means over the tokens behind them (under DDP, each rank's weights of its own
-micro-batches).
+token-weighted means over the tokens behind them. Under several ranks each rank passes the
+weights of its own micro-batches (under Hugging Face they differ between ranks): each rank's
+points are its own means before they are averaged, at the ranks' mean 1/B, and a global point
+divides the synced .grad by the ranks' mean weight so far.
 
 FSDP2 (`fully_shard`, monitor/fsdp_norms.py: where each figure comes from) gives the same kinds
 of point. A backward that syncs reduce-scatters this rank's local gradient of the micro-batches
@@ -56,6 +58,7 @@ parallel), FSDP2 on a 2-D mesh (HSDP) or reducing in a dtype it pre-divides (fp1
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -305,7 +308,10 @@ class AccumulationStats:
         if world_size > 1:
             return self._collect_ddp(micro_batch, grad_scale, world_size, rank_mean, rank_max)
         raw = torch.stack(self._sq_norms).double().cpu().tolist()
-        sq_norms, sizes = self._points(raw, self._take_weights(), micro_batch, grad_scale)
+        scales, inv_sizes, valid = _rank_scales(self._take_weights(), micro_batch, frozenset())
+        inv_scale2 = 1.0 / (grad_scale * grad_scale)
+        sq_norms = [v * c * inv_scale2 for v, c, n in zip(raw, scales, valid, strict=True) if n]
+        sizes = [1.0 / x for x, n in zip(inv_sizes, valid, strict=True) if n]
         # the norm the clipper sees: .grad itself, loss scale undone
         return StepGradStats(
             grad_norm=math.sqrt(raw[-1]) / grad_scale, batch_sizes=sizes, sq_norms=sq_norms
@@ -317,32 +323,6 @@ class AccumulationStats:
         self._weights.clear()
         self._synced.clear()
         return weights
-
-    @staticmethod
-    def _points(
-        raw: list[float],
-        weights: list[float],
-        micro_batch: int,
-        grad_scale: float,
-        restart_after: frozenset[int] = frozenset(),
-    ) -> tuple[list[float], list[float]]:
-        """(|mean gradient|², sequences behind it) after each backward of the step.
-
-        .grad after backward j = Σ_{i<=j} w_i·g_i (g_i: micro-batch i's mean gradient), so
-        .grad / W_j is the mean gradient over the W_j / w̄ micro-batches behind it: with w = 1/k
-        that is S_j/j over j·b sequences; with token weights, a token-weighted mean.
-        restart_after: backwards after which the sum starts again from zero (FSDP2 frees the
-        local gradient it reduce-scatters), so a point holds the micro-batches since."""
-        inv_scale2 = 1.0 / (grad_scale * grad_scale)
-        sq_norms, sizes, total, mean_w = [], [], 0.0, sum(weights) / len(weights)
-        for j, (value, w) in enumerate(zip(raw, weights, strict=True)):
-            total += w
-            if total > 0:  # micro-batches of weight 0 so far (every label masked): no point yet
-                sq_norms.append(value / (total * total) * inv_scale2)
-                sizes.append(micro_batch * total / mean_w)
-            if j in restart_after:
-                total = 0.0
-        return sq_norms, sizes
 
     def _rank_points(self):
         """(this rank's local points, global values to sum over ranks, a global value already
@@ -374,9 +354,17 @@ class AccumulationStats:
         dev, f64 = local.device, torch.float64
         local = local.to(f64)
         k, n_max, synced = len(self._sq_norms), len(rank_max), sorted(to_sum)
-        # One SUM all-reduce: the local points (averaged below), the shards of the global points
-        # (FSDP2: a squared norm is the sum of its shards'), the values to average, and one slot
-        # per rank for each value to max (a max via a sum of one-hot slots: no second op).
+        weights = self._take_weights()
+        # the global points: FSDP2's synced backwards, or DDP's all-reduced last one
+        global_at = [k - 1] if summed is not None else synced
+        scales, inv_sizes, valid = _rank_scales(weights, micro_batch, frozenset(global_at))
+        totals = list(itertools.accumulate(weights))
+        per_rank = [*scales, *inv_sizes, *valid, *(totals[j] for j in global_at)]
+        per_rank = torch.tensor(per_rank, dtype=f64).to(dev)
+        # One SUM all-reduce: each rank's local points as its own means, their 1/B and count,
+        # its weight behind each global point, its last raw value, the shards of the global
+        # points (FSDP2: a squared norm is the sum of its shards'), the values to average, and
+        # one slot per rank for each value to max (a max via a sum of one-hot slots).
         shards = [to_sum[j].to(dev, f64).reshape(1) for j in synced]
         means = [torch.as_tensor(v, device=dev).to(f64).reshape(1) for v in rank_mean]
         slots = torch.zeros(world * n_max, dtype=f64, device=dev)
@@ -385,40 +373,58 @@ class AccumulationStats:
             slots[rank * n_max : (rank + 1) * n_max] = torch.tensor(
                 [float(v) for v in rank_max], dtype=f64
             ).to(dev)
-        vec = torch.cat([local, *shards, *means, slots])
+        vec = torch.cat([local * per_rank[:k], per_rank[k:], local[-1:], *shards, *means, slots])
         torch_dist.all_reduce(vec, group=group)
         tail = [] if summed is None else [summed.to(dev, f64).reshape(1)]
         host = torch.cat([vec, *tail]).cpu().tolist()
-        n_shard, n_mean = len(shards), len(means)
-        global_sq = dict(zip(synced, host[k : k + n_shard], strict=True))
-        if summed is not None:
-            global_sq[k - 1] = host[-1]
-        weights = self._take_weights()
-        # rank averages of the local points, each over the micro-batches since the last sync;
-        # each global point is over all micro-batches so far on every rank (× world)
-        sq_norms, sizes = self._points(
-            [v / world for v in host[:k]],
-            weights,
-            micro_batch,
-            grad_scale,
-            restart_after=frozenset(global_sq),
-        )
+        g, n_shard, n_mean = len(global_at), len(shards), len(means)
+        points, inv_b, n_valid = host[:k], host[k : 2 * k], host[2 * k : 3 * k]
+        mean_totals = [v / world for v in host[3 * k : 3 * k + g]]
+        raw_last = host[3 * k + g] / world  # the ranks' mean of their own last |.grad|²
+        rest = host[3 * k + g + 1 :]
+        global_raw = [host[-1]] if summed is not None else rest[:n_shard]
         inv_scale2 = 1.0 / (grad_scale * grad_scale)
-        mean_w = sum(weights) / len(weights)
-        for j, value in sorted(global_sq.items()):
-            total = sum(weights[: j + 1])
-            if total > 0:
+        sq_norms, sizes = [], []
+        for p, x, n in zip(points, inv_b, n_valid, strict=True):
+            if n:  # each over the micro-batches since the last sync on every rank
+                sq_norms.append(p / n * inv_scale2)
+                sizes.append(n / x)
+        for j, value, total in zip(global_at, global_raw, mean_totals, strict=True):
+            if total > 0:  # all micro-batches so far on every rank
                 sq_norms.append(value / (total * total) * inv_scale2)
-                sizes.append(micro_batch * total / mean_w * world)
+                sizes.append(micro_batch * (j + 1) * world)
         # the norm reported: the global gradient's; without a sync, the ranks' RMS of their own
-        last_sq = global_sq[k - 1] if global_sq else host[k - 1] / world
-        slot_values = host[k + n_shard + n_mean : k + n_shard + n_mean + world * n_max]
+        last_sq = global_raw[-1] if global_at else raw_last
+        slot_values = rest[n_shard + n_mean : n_shard + n_mean + world * n_max]
         return StepGradStats(
             grad_norm=math.sqrt(last_sq * inv_scale2),
             batch_sizes=sizes,
             sq_norms=sq_norms,
-            rank_means=[v / world for v in host[k + n_shard : k + n_shard + n_mean]],
+            rank_means=[v / world for v in rest[n_shard : n_shard + n_mean]],
             rank_maxes=[
                 max(slot_values[r * n_max + i] for r in range(world)) for i in range(n_max)
             ],
         )
+
+
+def _rank_scales(weights: list[float], micro_batch: int, restart_after: frozenset[int]):
+    """Per backward j of this rank: the factor that makes |.grad|² the squared norm of a mean
+    gradient (1 / the weight behind it, squared), that mean's 1/B, and 1 where there is a point
+    (0 while every weight so far is 0: every label masked).
+
+    .grad after backward j = Σ_{i<=j} w_i·g_i (g_i: micro-batch i's mean gradient), so
+    .grad / W_j is the mean gradient over the W_j / w̄ micro-batches behind it: with w = 1/k that
+    is S_j/j over j·b sequences; with token weights, a token-weighted mean. restart_after: the
+    backwards after which the sum starts again from zero (FSDP2 frees the local gradient it
+    reduce-scatters), so a point holds the micro-batches since."""
+    scales, inv_sizes, valid, total = [], [], [], 0.0
+    mean_w = sum(weights) / len(weights)
+    for j, w in enumerate(weights):
+        total += w
+        kept = total > 0
+        scales.append(1.0 / (total * total) if kept else 0.0)
+        inv_sizes.append(mean_w / (micro_batch * total) if kept else 0.0)
+        valid.append(float(kept))
+        if j in restart_after:
+            total = 0.0
+    return scales, inv_sizes, valid
