@@ -52,8 +52,8 @@ def child_env(**extra: str) -> dict[str, str]:
 
 
 def torchrun(*args: str, nproc: int = 2, restarts: int = 0) -> list[str]:
-    """`python -m torch.distributed.run` arguments for ARGS on nproc local ranks (gloo on the
-    CPU), for spawn()."""
+    """spawn() arguments of `torchrun --standalone --nproc_per_node=N ARGS…` (gloo on the CPU:
+    the child picks its backend), e.g. torchrun("-m", "tests.lightning_child", DB, OUT)."""
     return [
         "-m",
         "torch.distributed.run",
@@ -69,12 +69,6 @@ def spawn(args: list[str], **popen_kwargs) -> subprocess.Popen:
     popen_kwargs.setdefault("env", child_env())
     popen_kwargs.setdefault("cwd", REPO)
     return subprocess.Popen([sys.executable, *args], start_new_session=True, **popen_kwargs)
-
-
-def torchrun(*args: str, nproc: int = 2) -> list[str]:
-    """spawn() arguments of `torchrun --standalone --nproc_per_node=N ARGS…` (gloo on the CPU:
-    the child picks its backend), e.g. torchrun("-m", "tests.lightning_child", DB, OUT)."""
-    return ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
 
 
 def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL, wait: float = 10.0) -> None:
