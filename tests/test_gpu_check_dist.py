@@ -3,20 +3,21 @@ under torchrun train test-tiny under DDP and under FSDP2 into one real database.
 tables come out, the exit is 0, every printed noise-scale row agrees within float32 rounding,
 and so do the two runs' rows in the database itself; the memory table has both wrappings and
 the plan's figure for DDP only; the check fails on a difference it should catch, and says so
-outside torchrun.
+outside torchrun; scripts/gpu_check.sh without 2 GPUs says the NCCL part was skipped and why.
 """
 
 from __future__ import annotations
 
 import re
 import subprocess
+import sys
 
 import pytest
 
 from bench import gpu_check_dist as check
 from rampwatch import store
 from rampwatch.store import names as M
-from tests.procs import child_env, kill_group, spawn, torchrun
+from tests.procs import REPO, child_env, kill_group, spawn, torchrun
 
 pytestmark = pytest.mark.slow
 
@@ -117,3 +118,19 @@ def test_outside_torchrun_it_says_how_to_run_it(monkeypatch, capsys):
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     assert check.main(["--cpu-smoke"]) == 2
     assert "run it under torchrun" in capsys.readouterr().err
+
+
+def test_the_device_check_script_says_the_nccl_part_was_skipped_without_2_gpus():
+    """scripts/gpu_check.sh on a machine whose torch sees no GPU: part 1 says there is no CUDA
+    device (exit 2), part 2 says why it was skipped."""
+    done = subprocess.run(
+        ["bash", "scripts/gpu_check.sh"],
+        cwd=REPO,
+        env=child_env(PYTHON=sys.executable, CUDA_VISIBLE_DEVICES=""),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "gpu_check: no CUDA device" in done.stderr
+    assert "NCCL part skipped: torch sees 0 GPU(s); DDP vs FSDP2 needs 2 or more." in done.stdout
