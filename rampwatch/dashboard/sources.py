@@ -187,8 +187,12 @@ def file_notes(cat: Catalog) -> list[tuple[bool, str]]:
     unreadable (a problem), or with no runs yet / busy for now (a note)."""
     out = []
     for f in cat.troubled():
-        message = f.problem.message.replace(str(f.path), display_name(f.label))
-        out.append((f.problem.fatal, f"{display_name(f.label)}: {message}"))
+        label = display_name(f.label)
+        message = f.problem.message.replace(str(f.path), label)
+        # most problems name their file already: the label once, in front
+        out.append(
+            (f.problem.fatal, message if message.startswith(label) else f"{label}: {message}")
+        )
     return out
 
 

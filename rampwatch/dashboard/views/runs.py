@@ -54,6 +54,8 @@ for ref in refs:
     rows.append(
         {
             "name": display_name(r.name or r.run_id),
+            # beside the name: which node's file a run is in is what a team scans for
+            **({} if cat.single else {"file": display_name(ref.file)}),
             "status": r.status,
             "started": _when(r.created_at),
             "duration": _duration(r),
@@ -68,7 +70,6 @@ for ref in refs:
             "refused writes": refused[ref.db].get(r.run_id, 0),
             "device": r.device,
             "run id": display_name(r.run_id),
-            **({} if cat.single else {"file": display_name(ref.file)}),
         }
     )
 st.dataframe(
