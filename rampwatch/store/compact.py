@@ -31,6 +31,7 @@ import pyarrow as pa
 from rampwatch.store.db import DEFAULT_TIMEOUT, read_connection, resolve, write_lock
 from rampwatch.store.errors import DatabaseMissingError, RunNotFoundError, StoreError
 from rampwatch.store.recovery import live_spools, recover_dead
+from rampwatch.store.rollup import RAW_SHIFT
 from rampwatch.store.schema import ROLLUP_SHIFT
 
 ALIGN = 1 << ROLLUP_SHIFT  # horizons are multiples of the coarse rollup's bucket
@@ -144,6 +145,18 @@ def _copy(con, tmp: Path, plan: pa.Table) -> None:
                 )
             else:
                 con.execute(f'INSERT INTO rw_new.main."{t}" SELECT * FROM main."{t}"')
+        # Where the raw rows now start (rollup.RAW_SHIFT): the reader draws from the rollups
+        # there, and a resume below it rebuilds from them. Rows exist below each horizon and
+        # none below an earlier one, so a horizon is always past the run's earlier mark.
+        con.execute(
+            "DELETE FROM rw_new.main.rollup_state WHERE shift = ? "
+            "AND run_id IN (SELECT run_id FROM rw_plan)",
+            [RAW_SHIFT],
+        )
+        con.execute(
+            "INSERT INTO rw_new.main.rollup_state SELECT run_id, ?, horizon FROM rw_plan",
+            [RAW_SHIFT],
+        )
         con.unregister("rw_plan")
     finally:
         con.execute("DETACH rw_new")  # checkpoints the new file: no WAL is left beside it
