@@ -211,8 +211,9 @@ def add_commands(sub) -> None:
                 "--keep-last-steps",
                 type=int,
                 metavar="N",
-                help="keep each run's raw rows of its last N steps (at least; from a multiple of "
-                "64 on), drop those before",
+                help="keep each run's raw rows of its last N steps (at least: from a multiple of "
+                "64 on), drop those before; the dashboard's ramp advice reads the noise scale raw "
+                "over a run's last 2048 steps, so keep N >= 2048 for runs you may resume",
             )
             horizon.add_argument(
                 "--before-step",

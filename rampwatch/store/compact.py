@@ -23,9 +23,11 @@ left alone (named with --run: refused).
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import duckdb
 import pyarrow as pa
 
 from rampwatch.store.db import DEFAULT_TIMEOUT, read_connection, resolve, write_lock
@@ -210,6 +212,12 @@ def compact(
                 return report
             try:
                 _copy(con, tmp, plan)
+            except duckdb.Error as e:  # a full disk, most likely: the old file is untouched
+                _remove_stale(tmp)
+                raise StoreError(
+                    f"could not write the compacted copy {tmp} ({str(e).splitlines()[0]}); "
+                    f"{path} is as it was. It needs room for a copy of the kept rows."
+                ) from None
             except BaseException:
                 _remove_stale(tmp)
                 raise
@@ -219,6 +227,7 @@ def compact(
         if wal.exists() or Path(str(tmp) + ".wal").exists():
             _remove_stale(tmp)
             raise StoreError(f"{path}: a WAL file is still beside it; compaction left it as it was")
+        os.chmod(tmp, stat.S_IMODE(path.stat().st_mode))  # a team's shared file stays shared
         _fsync(tmp)
         os.replace(tmp, path)  # atomic: the old file or the new one, never a half
         _fsync(path.parent, directory=True)
