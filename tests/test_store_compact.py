@@ -17,7 +17,8 @@ import pytest
 
 from rampwatch import store
 from rampwatch.store import commands
-from rampwatch.store.compact import ALIGN, compact, tmp_path
+from rampwatch.store.compact import ALIGN, compact
+from rampwatch.store.compact import tmp_path as copy_path
 from rampwatch.store.schema import RAW_AGGREGATES, ROLLUP_LEVELS
 from tests import seed
 from tests.procs import kill_group, rampwatch_command
@@ -97,7 +98,7 @@ def test_compaction_keeps_the_whole_run_drawn(db_path):
     report = compact(db_path, keep_last_steps=200)
     horizons = {p.run_id: p.horizon for p in report.runs}
     assert horizons == {live: (400 - 200) // ALIGN * ALIGN, other: (1500 - 200) // ALIGN * ALIGN}
-    assert report.bytes_after < size and not tmp_path(db_path).exists()
+    assert report.bytes_after < size and not copy_path(db_path).exists()
     for (r, n, w), s in before.items():
         if w > 0:
             _same_series(s, store.series(db_path, r, n, width=w))
@@ -274,6 +275,7 @@ def _counts(db) -> dict[str, int]:
         return {t: con.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0] for t in tables}
 
 
+@pytest.mark.timeout(480)
 def test_sigkill_at_random_moments_leaves_old_or_new(procs, tmp_path):
     """`rampwatch compact` in its own process, SIGKILLed at random moments: the file then reads
     as the old one or as the compacted one (same rows in every table as one of the two), and
@@ -296,7 +298,7 @@ def test_sigkill_at_random_moments_leaves_old_or_new(procs, tmp_path):
     raw_new = _raw(probe, "big")
     rng = random.Random(29)
     seen = set()
-    for i in range(8):
+    for i in range(6):
         db = tmp_path / f"k{i}.duckdb"
         shutil.copy(origin, db)
         child = procs.spawn(
@@ -304,8 +306,16 @@ def test_sigkill_at_random_moments_leaves_old_or_new(procs, tmp_path):
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
-        time.sleep(rng.uniform(0.2, took * 1.1))
+        if i % 2:  # any moment, start-up included
+            time.sleep(rng.uniform(0.2, took * 1.1))
+        else:  # once the copy is being written: the copy, its checkpoint, fsync, the rename
+            end = time.monotonic() + 2 * took
+            while not copy_path(db).exists() and child.poll() is None and time.monotonic() < end:
+                time.sleep(0.002)
+            time.sleep(rng.uniform(0.0, 0.15))
         kill_group(child, signal.SIGKILL)
+        if copy_path(db).exists():
+            seen.add("copy left behind")
         got = _counts(db)
         assert got in (old, new), got
         seen.add("new" if got == new else "old")
@@ -314,7 +324,7 @@ def test_sigkill_at_random_moments_leaves_old_or_new(procs, tmp_path):
         r = rampwatch_command("compact", str(db), "--keep-last-steps", "500")
         assert r.returncode == 0, r.stderr
         assert _counts(db) == new and _raw(db, "big") == raw_new
-        assert not tmp_path.joinpath(f"k{i}.duckdb{'.compact.tmp'}").exists()
+        assert not copy_path(db).exists()
     print(f"compaction took {took:.2f} s; kills left: {sorted(seen)}")
 
 
