@@ -9,7 +9,6 @@ import random
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import numpy as np
@@ -373,4 +372,8 @@ def test_cli_says_what_it_did(db_path):
     r = rampwatch_command("compact", str(db_path), "--keep-last-steps", "100")
     assert r.returncode == 0, r.stderr
     assert "dropped" in r.stdout and "B per logged value" in r.stdout, r.stdout
-    assert sys.executable  # the real interpreter ran it (tests.procs)
+    run = store.list_runs(db_path)[0].run_id
+    r = rampwatch_command("export", str(db_path), run)
+    assert r.returncode == 0 and f"run {run}: compacted; its raw rows start at step" in r.stderr
+    steps = [int(line.split(",")[1]) for line in r.stdout.splitlines()[1:]]
+    assert min(steps) == int(r.stderr.split("start at step ")[1].split()[0])

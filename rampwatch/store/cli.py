@@ -22,6 +22,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
 from rampwatch import store
+from rampwatch.store import rollup
 from rampwatch.store.compact import compact
 from rampwatch.store.db_files import SUFFIX, database_files
 from rampwatch.store.errors import StoreBusyError, StoreError
@@ -151,6 +152,14 @@ def _export(db: str, run_id: str | None, fmt: str, out: str | None) -> None:
         sys.stdout.flush()
     else:
         print(f"run {run_id}: {table.num_rows} metric rows written to {out}", file=sys.stderr)
+    with store.read_connection(db, read_only=True) as con:
+        start = rollup.raw_from(con, run_id)
+    if start is not None:
+        print(
+            f"run {run_id}: compacted; its raw rows start at step {start} (the charts' "
+            "rollups still cover the whole run)",
+            file=sys.stderr,
+        )
 
 
 def _compact(db: str, keep: int | None, before: int | None, run_id: str | None, dry: bool):

@@ -206,7 +206,9 @@ def compact(
         _remove_stale(tmp)  # a compaction killed before its rename
         with held.connection(threads=None) as con:
             recover_dead(con, path)  # a dead writer's tail belongs in the copy
-            report = CompactReport(bytes_before=report.bytes_before)  # planned again, under the lock
+            report = CompactReport(
+                bytes_before=report.bytes_before
+            )  # planned again, under the lock
             plan = _plan(con, path, run_id, keep_last_steps, before_step, report)
             if not report.runs:
                 return report

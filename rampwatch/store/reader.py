@@ -19,9 +19,11 @@ has and refetches only from the last, partial one (`since_step=series.since`, th
 Why rollups and not a sorted copy of the raw rows: a sorted layout needs compaction, which stalls
 the writer for seconds while it sorts a chunk, while rollups fold in on each ingest
 (store/rollup.py); the 8-step level keeps raw reads to runs of at most 8K steps. The README's
-"Store layout" has the measurements behind the choice. A raw read still scans the metrics table
-of every run, whose row groups hold several runs each (their run_id zone maps span most ids),
-so it also bounds `t` by the run's stored span (schema v8, `_row_span`): rows are appended in
+"Store layout" has the measurements behind the choice. A run compacted by `rampwatch compact`
+has raw rows only from a step on (rollup.RAW_SHIFT's mark): a series whose width is chosen
+(width=None) is then drawn at 8 steps or more, from the rollups, whatever its length. A raw
+read still scans the metrics table of every run, whose row groups hold several runs each (their
+run_id zone maps span most ids), so it also bounds `t` by the run's stored span (schema v8, `_row_span`): rows are appended in
 ingest order, t's zone maps are tight, and the read skips every row group written while the run
 wrote nothing, so its cost follows the rows written during the run's life, not the file's.
 """

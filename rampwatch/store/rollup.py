@@ -6,8 +6,12 @@ each run's still-open buckets rewritten on every ingest (tiny: one row per metri
 bucket), and `rollup_state.through` per run and level: buckets below the one holding the
 largest step seen are complete. All aggregates merge exactly (min of mins, max of maxes, last
 at the largest step, sums of counts), so each ingest folds only the new rows in: no rescan of
-raw metrics except after a resume (`truncate`). A row arriving late for a complete bucket is
-merged into that bucket's row (rare: a metric logged out of order).
+raw metrics except after a resume (`truncate`, which rebuilds the finest level's open buckets
+from raw rows and each coarser level from the level below). A row arriving late for a complete
+bucket is merged into that bucket's row (rare: a metric logged out of order).
+
+A row of rollup_state at shift 0 (RAW_SHIFT) is the raw level's mark, written by compaction
+(store/compact.py): the run's raw rows below `through` were dropped, the rollups hold them.
 
 The merge is done in numpy, vectorized (no Python loop per row): in SQL it cost a few ms of
 query planning per level and visit, which the trainer's flusher thread would pay every second.
