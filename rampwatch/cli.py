@@ -5,6 +5,7 @@
     rampwatch plan …                  batch tiers that fit in memory (rampwatch/advisor/cli.py);
                                       --db DB [--run RUN]: a run's tier table, as its card shows it
     rampwatch info | recover | upgrade DB,  rampwatch export DB [RUN]   (rampwatch/store/cli.py)
+    rampwatch compact DB --keep-last-steps N | --before-step S [--run RUN] [--dry-run]
     rampwatch info DIR                each database under DIR: its runs or its problem
 
 Owns the dispatch and the rule that every mistake on the command line is one line on stderr and

@@ -9,10 +9,10 @@ Public API (see each module's docstring for the why):
       query (reader.py)
   commands: submit, claim, apply, refuse, cancel, list_commands, get, log (commands.py)
   recover(db) and dead_writers(db), which only looks, delete_run(db, run_id) (recovery.py),
-      schema_version(db) (db.py);
+      schema_version(db) (db.py); compact(db, keep_last_steps=N | before_step=S) (compact.py);
   naming: check_run_id, check_run_name, display_name (naming.py);
   record_refusal, list_refusals, refusal_counts: the dashboard's refused writes (refusals.py);
-  the errors (errors.py); `rampwatch info|recover|upgrade|export DB` (cli.py);
+  the errors (errors.py); `rampwatch info|recover|upgrade|export|compact DB` (cli.py);
   read_connection / write_connection (db.py) for tools that need raw SQL under the lock;
   set_read_only() makes every read of the process write nothing (the dashboard's read-only
   mode; reads also pass read_only=True one by one).
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from rampwatch.store import commands, naming
 from rampwatch.store.commands import Command, LogEntry
+from rampwatch.store.compact import CompactReport, compact
 from rampwatch.store.db import read_connection, schema_version, set_read_only, write_connection
 from rampwatch.store.errors import (
     CommandError,
@@ -102,6 +103,8 @@ __all__ = [
     "list_refusals",
     "refusal_counts",
     "delete_run",
+    "compact",
+    "CompactReport",
     "schema_version",
     "CURRENT_VERSION",
     "StoreError",

@@ -1,5 +1,5 @@
-"""`rampwatch info|recover|upgrade|export DB`: look at, repair, upgrade or export a database;
-`rampwatch info DIR`: each database under a directory (store/db_files.py), its runs or its problem.
+"""`rampwatch info|recover|upgrade|export|compact DB`: look at, repair, upgrade, export or compact
+a database; `rampwatch info DIR`: each database under a directory (store/db_files.py), its runs or its problem.
 
 Owns the command line: exit 0 on success, 1 when the database stays busy, 2 on anything else
 that stops it (usage, a missing, foreign, too-new, too-old-to-read or damaged file, a file that
@@ -22,6 +22,8 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
 from rampwatch import store
+from rampwatch.store import rollup
+from rampwatch.store.compact import compact
 from rampwatch.store.db_files import SUFFIX, database_files
 from rampwatch.store.errors import StoreBusyError, StoreError
 from rampwatch.store.naming import display_name
@@ -150,6 +152,36 @@ def _export(db: str, run_id: str | None, fmt: str, out: str | None) -> None:
         sys.stdout.flush()
     else:
         print(f"run {run_id}: {table.num_rows} metric rows written to {out}", file=sys.stderr)
+    with store.read_connection(db, read_only=True) as con:
+        start = rollup.raw_from(con, run_id)
+    if start is not None:
+        print(
+            f"run {run_id}: compacted; its raw rows start at step {start} (the charts' "
+            "rollups still cover the whole run)",
+            file=sys.stderr,
+        )
+
+
+def _compact(db: str, keep: int | None, before: int | None, run_id: str | None, dry: bool):
+    report = compact(db, keep_last_steps=keep, before_step=before, run_id=run_id, dry_run=dry)
+    verb = "would drop" if dry else "dropped"
+    for r in report.runs:
+        print(f"run {r.run_id}: {verb} {r.dropped} raw metric rows before step {r.horizon}")
+    for run_id in report.live:
+        print(f"run {run_id}: left alone (its writer is alive)")
+    per = report.bytes_before / max(1, report.rows_before)
+    line = f"database {db}: {report.rows_before} raw rows, {report.bytes_before} bytes ({per:.1f} B/row)"
+    if report.bytes_after is not None:
+        kept = report.rows_before - report.dropped
+        line += (
+            f" -> {kept} raw rows, {report.bytes_after} bytes "
+            f"({report.bytes_after / max(1, report.rows_before):.1f} B per logged value)"
+        )
+    elif not report.runs:
+        line += ": nothing to drop, left as it was"
+    else:
+        line += f": {report.dropped} rows would go (dry run: nothing changed)"
+    print(line)
 
 
 def _one_line(text: str) -> str:
@@ -161,6 +193,7 @@ COMMANDS = {
     "recover": "ingest dead writers' spools; mark their runs killed",
     "upgrade": "bring an older file to this Rampwatch's schema",
     "export": "every raw metric row of a run as CSV (default) or Parquet (reads only)",
+    "compact": "drop old raw metric rows (the rollups keep whole-run charts); shrink the file",
 }
 
 
@@ -181,12 +214,43 @@ def add_commands(sub) -> None:
             p.add_argument("run", nargs="?", help="run id (needed when the file holds several)")
             p.add_argument("--format", choices=("csv", "parquet"), default="csv")
             p.add_argument("-o", "--output", help="file to write (default: standard output)")
+        if name == "compact":
+            horizon = p.add_mutually_exclusive_group(required=True)
+            horizon.add_argument(
+                "--keep-last-steps",
+                type=int,
+                metavar="N",
+                help="keep each run's raw rows of its last N steps (at least: from a multiple of "
+                "64 on), drop those before; the dashboard's ramp advice reads the noise scale raw "
+                "over a run's last 2048 steps, so keep N >= 2048 for runs you may resume",
+            )
+            horizon.add_argument(
+                "--before-step",
+                type=int,
+                metavar="S",
+                help="drop raw rows at steps before S (rounded down to a multiple of 64)",
+            )
+            p.add_argument("--run", help="only this run (default: every run without a live writer)")
+            p.add_argument(
+                "--dry-run", action="store_true", help="say what would be dropped; change nothing"
+            )
 
 
 def run(args) -> int:
     """Exit 0 on success, 1 while the database stays busy, 2 on anything else, in one line."""
     if args.command == "export":
         return guarded(args.command, args.db, _export, args.db, args.run, args.format, args.output)
+    if args.command == "compact":
+        return guarded(
+            args.command,
+            args.db,
+            _compact,
+            args.db,
+            args.keep_last_steps,
+            args.before_step,
+            args.run,
+            args.dry_run,
+        )
     if args.command == "info" and os.path.isdir(args.db):
         return guarded(args.command, args.db, _info_dir, args.db)
     action = {"info": _info, "recover": _recover, "upgrade": _upgrade}[args.command]

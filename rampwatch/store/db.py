@@ -359,17 +359,24 @@ def write_connection(
 
     The connection is closed on exit. Keep the work inside short: every other process waits.
     """
-    db = resolve(db)
-    if not db.parent.is_dir():
-        raise StoreError(f"cannot create the database {db}: directory {db.parent} does not exist")
+    with write_lock(db, timeout) as held:
+        with held.connection(threads) as con:
+            yield con
 
-    def first_look(pl: _PathLock) -> None:
-        if _check_header(db):
-            _precheck(db, pl)
 
-    with _locked(db, exclusive=True, timeout=timeout, first_look=first_look) as deadline:
+class Held:
+    """The exclusive lock on a database, held: connections opened under it, one at a time, and
+    the lock still held after they close (store/compact.py replaces the file then)."""
+
+    def __init__(self, db: Path, deadline: float, timeout: float):
+        self.db, self.deadline, self.timeout = db, deadline, timeout
+
+    @contextlib.contextmanager
+    def connection(self, threads: int | None = 1):
+        """A read-write connection (schema created or upgraded), closed on exit."""
+        db = self.db
         _check_header(db)  # again: it may have been replaced while we waited
-        con = _connect(db, False, deadline, timeout, threads)
+        con = _connect(db, False, self.deadline, self.timeout, threads)
         try:
             with _corruption_named(db):
                 # Every time, not once per process: another process may have upgraded the file.
@@ -384,6 +391,22 @@ def write_connection(
                 if integrity.is_corruption(e):
                     raise integrity.corrupt(db, str(e).splitlines()[0]) from None
                 raise
+
+
+@contextlib.contextmanager
+def write_lock(db: str | os.PathLike, timeout: float = DEFAULT_TIMEOUT):
+    """The exclusive lock with no connection open yet (a Held); write_connection is one
+    connection under it."""
+    db = resolve(db)
+    if not db.parent.is_dir():
+        raise StoreError(f"cannot create the database {db}: directory {db.parent} does not exist")
+
+    def first_look(pl: _PathLock) -> None:
+        if _check_header(db):
+            _precheck(db, pl)
+
+    with _locked(db, exclusive=True, timeout=timeout, first_look=first_look) as deadline:
+        yield Held(db, deadline, timeout)
 
 
 def _upgrade_needed(db: Path, version: int) -> SchemaUpgradeNeededError:

@@ -19,9 +19,11 @@ has and refetches only from the last, partial one (`since_step=series.since`, th
 Why rollups and not a sorted copy of the raw rows: a sorted layout needs compaction, which stalls
 the writer for seconds while it sorts a chunk, while rollups fold in on each ingest
 (store/rollup.py); the 8-step level keeps raw reads to runs of at most 8K steps. The README's
-"Store layout" has the measurements behind the choice. A raw read still scans the metrics table
-of every run, whose row groups hold several runs each (their run_id zone maps span most ids),
-so it also bounds `t` by the run's stored span (schema v8, `_row_span`): rows are appended in
+"Store layout" has the measurements behind the choice. A run compacted by `rampwatch compact`
+has raw rows only from a step on (rollup.RAW_SHIFT's mark): a series whose width is chosen
+(width=None) is then drawn at 8 steps or more, from the rollups, whatever its length. A raw
+read still scans the metrics table of every run, whose row groups hold several runs each (their
+run_id zone maps span most ids), so it also bounds `t` by the run's stored span (schema v8, `_row_span`): rows are appended in
 ingest order, t's zone maps are tight, and the read skips every row group written while the run
 wrote nothing, so its cost follows the rows written during the run's life, not the file's.
 """
@@ -40,7 +42,7 @@ from rampwatch.store import names as M
 from rampwatch.store import schema, spool
 from rampwatch.store.db import DEFAULT_TIMEOUT, read_connection, spool_root
 from rampwatch.store.errors import RunNotFoundError
-from rampwatch.store.rollup import LEVELS, Level
+from rampwatch.store.rollup import LEVELS, RAW_SHIFT, Level
 from rampwatch.store.schema import (
     EVENTS,
     MEMORY_PLAN,
@@ -87,7 +89,11 @@ _BUCKETS_ROLLUP = {
     for lv in LEVELS
 }
 _COARSE = LEVELS[-1]  # the fewest rows: extents, names and latest values come from it
-_EXTENT = f"SELECT min(bucket), max(last_step) FROM ({_rolled(_COARSE)})"
+_FINEST = LEVELS[0]
+# and the first step whose raw rows are all kept (rollup.RAW_SHIFT; NULL: never compacted)
+_EXTENT = f"""SELECT min(bucket), max(last_step),
+    (SELECT max(through) FROM rollup_state WHERE run_id = $run AND shift = {RAW_SHIFT})
+    FROM ({_rolled(_COARSE)})"""
 
 
 def _stats_sql(where: str) -> str:
@@ -321,12 +327,14 @@ class Reader:
             raise ValueError(f"buckets must be an integer >= 1, got {buckets!r}")
         with self._connection() as con:
             if width is None:
-                [(lo, hi)] = con.execute(
+                [(lo, hi, raw_from)] = con.execute(
                     _EXTENT, {"run": run_id, "name": name, "start": _NO_START}
                 ).fetchall()
                 if lo is None:
                     return _empty_series(run_id, name, 1, since_step)
                 k = _width_shift_for(lo << _COARSE.shift, hi, buckets)
+                if raw_from is not None and raw_from > lo << _COARSE.shift:
+                    k = max(k, _FINEST.shift)  # compacted: the raw rows no longer span the run
             else:
                 k = width.bit_length() - 1
             start = None if since_step is None else (int(since_step) >> k) << k

@@ -6,8 +6,12 @@ each run's still-open buckets rewritten on every ingest (tiny: one row per metri
 bucket), and `rollup_state.through` per run and level: buckets below the one holding the
 largest step seen are complete. All aggregates merge exactly (min of mins, max of maxes, last
 at the largest step, sums of counts), so each ingest folds only the new rows in: no rescan of
-raw metrics except after a resume (`truncate`). A row arriving late for a complete bucket is
-merged into that bucket's row (rare: a metric logged out of order).
+raw metrics except after a resume (`truncate`, which rebuilds the finest level's open buckets
+from raw rows and each coarser level from the level below). A row arriving late for a complete
+bucket is merged into that bucket's row (rare: a metric logged out of order).
+
+A row of rollup_state at shift 0 (RAW_SHIFT) is the raw level's mark, written by compaction
+(store/compact.py): the run's raw rows below `through` were dropped, the rollups hold them.
 
 The merge is done in numpy, vectorized (no Python loop per row): in SQL it cost a few ms of
 query planning per level and visit, which the trainer's flusher thread would pay every second.
@@ -215,26 +219,90 @@ def _add(con, run_id, lv: Level, old: int | None, fresh: _Rows, names, index) ->
         )
 
 
+RAW_SHIFT = 0  # rollup_state's row at shift 0: raw rows below `through` were compacted away
+
+
+def raw_from(con, run_id: str) -> int | None:
+    """The first step from which the run's raw rows are all kept (None: never compacted)."""
+    row = con.execute(
+        "SELECT max(through) FROM rollup_state WHERE run_id = ? AND shift = ?", [run_id, RAW_SHIFT]
+    ).fetchall()
+    return None if not row or row[0][0] is None else int(row[0][0])
+
+
+def _from_raw(con, run_id: str, lv: Level, lo: int, last_kept_step: int, skip: str = "") -> None:
+    """Bucket lo on of level lv from raw rows (skip: a registered table of names to leave out)."""
+    leave_out = f"AND name NOT IN (SELECT name FROM {skip})" if skip else ""
+    con.execute(
+        f"""INSERT INTO {lv.partial}
+            SELECT ?, name, step >> {lv.shift} AS bucket, {RAW_AGGREGATES}
+            FROM metrics WHERE run_id = ? AND step >= ? AND step <= ? {leave_out}
+            GROUP BY name, bucket""",
+        [run_id, run_id, lo << lv.shift, last_kept_step],
+    )
+
+
+def _from_finer(con, run_id: str, lv: Level, finer: Level, lo: int) -> None:
+    """Bucket lo on of level lv from the finer level's buckets (every aggregate merges exactly)."""
+    d = lv.shift - finer.shift
+    rows = f"""SELECT {_COLS} FROM {finer.complete} WHERE run_id = $r AND bucket >= $lo
+        UNION ALL SELECT {_COLS} FROM {finer.partial} WHERE run_id = $r AND bucket >= $lo"""
+    con.execute(
+        f"""INSERT INTO {lv.partial}
+            SELECT $r, name, bucket >> {d} AS b, min(vmin), max(vmax), max(last_step),
+                   arg_max(last_value, last_step), sum(n), sum(n_nonfinite)
+            FROM ({rows}) GROUP BY name, b""",
+        {"r": run_id, "lo": lo << d},
+    )
+
+
 def truncate(con, run_id: str, last_kept_step: int) -> None:
-    """After raw rows with step > last_kept_step were deleted: drop and rebuild what they fed."""
+    """After raw rows with step > last_kept_step were deleted: drop and rebuild what they fed.
+
+    The finest level's open buckets are rebuilt from raw rows, each coarser one from the level
+    below it (exact: the aggregates merge). Where compaction (store/compact.py) dropped the raw
+    rows of the finest bucket holding last_kept_step, that bucket's stored row is kept when it
+    holds no step after last_kept_step, and is lost otherwise (at most 8 steps of each metric).
+    """
     state = dict(
         con.execute("SELECT shift, through FROM rollup_state WHERE run_id = ?", [run_id]).fetchall()
     )
+    raw = state.get(RAW_SHIFT)
+    finer = None
     for lv in LEVELS:
         old = state.get(lv.shift)
         if old is None:
             continue
         lo = min(old, last_kept_step >> lv.shift)  # from bucket lo on: open again, rebuilt
+        kept = None
+        if finer is None and raw is not None and (lo << lv.shift) < raw:
+            kept = con.sql(
+                f"""SELECT * FROM {lv.complete} WHERE run_id = $r AND bucket = $b
+                    AND last_step <= $s
+                    UNION ALL SELECT * FROM {lv.partial} WHERE run_id = $r AND bucket = $b
+                    AND last_step <= $s""",
+                params={"r": run_id, "b": lo, "s": last_kept_step},
+            ).to_arrow_table()
         con.execute(f"DELETE FROM {lv.complete} WHERE run_id = ? AND bucket >= ?", [run_id, lo])
         con.execute(f"DELETE FROM {lv.partial} WHERE run_id = ?", [run_id])
-        con.execute(
-            f"""INSERT INTO {lv.partial}
-                SELECT ?, name, step >> {lv.shift} AS bucket, {RAW_AGGREGATES}
-                FROM metrics WHERE run_id = ? AND step >= ? AND step <= ?
-                GROUP BY name, bucket""",
-            [run_id, run_id, lo << lv.shift, last_kept_step],
-        )
+        if finer is not None:
+            _from_finer(con, run_id, lv, finer, lo)
+        elif kept is not None:  # those stored rows, and raw rows for the other metrics
+            con.register("rw_kept", kept)
+            try:
+                con.execute(f"INSERT INTO {lv.partial} SELECT * FROM rw_kept")
+                _from_raw(con, run_id, lv, lo, last_kept_step, skip="rw_kept")
+            finally:
+                con.unregister("rw_kept")
+        else:
+            _from_raw(con, run_id, lv, lo, last_kept_step)
         con.execute(
             "UPDATE rollup_state SET through = ? WHERE run_id = ? AND shift = ?",
             [lo, run_id, lv.shift],
+        )
+        finer = lv
+    if raw is not None and last_kept_step + 1 < raw:  # rows logged from now on are all kept
+        con.execute(
+            "UPDATE rollup_state SET through = ? WHERE run_id = ? AND shift = ?",
+            [last_kept_step + 1, run_id, RAW_SHIFT],
         )
