@@ -198,7 +198,7 @@ def _rollups_match_raw(db, run_id: str) -> None:
             assert nan[: len(got)] == nan[len(got) :], shift
 
 
-@pytest.mark.parametrize("resume", [0, 63, 64, 100, 1007])
+@pytest.mark.parametrize("resume", [0, 64, 1007])
 def test_resume_without_compaction_rebuilds_exactly(db_path, resume):
     """The coarse level is rebuilt from the fine one after a resume: still exactly the raw
     rows' aggregates (with non-finite values and a row logged out of order)."""
