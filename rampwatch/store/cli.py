@@ -170,7 +170,10 @@ def _compact(db: str, keep: int | None, before: int | None, run_id: str | None, 
     for run_id in report.live:
         print(f"run {run_id}: left alone (its writer is alive)")
     per = report.bytes_before / max(1, report.rows_before)
-    line = f"database {db}: {report.rows_before} raw rows, {report.bytes_before} bytes ({per:.1f} B/row)"
+    line = (
+        f"database {db}: {report.rows_before} raw rows, {report.bytes_before} bytes "
+        f"({per:.1f} B per logged value)"
+    )
     if report.bytes_after is not None:
         kept = report.rows_before - report.dropped
         line += (
