@@ -84,7 +84,8 @@ def test_trial_is_closer_than_the_noise_scale(report):
     strict=True,
     reason="measured, adaptive Δ: at the two points where B_simple is 10x the from-init B_crit "
     "(5.3, 9.5) the bracket is [-, 4) at Δ = 64 and 128 examples: within 2x at the first, "
-    "2.4x below at the second (the fixed Δ = 512 is too long at every point: no bracket)",
+    "2.4x below at the second (the fixed Δ = 512 brackets nothing at any point: too long, or "
+    "cannot tell)",
 )
 def test_trial_brackets_the_sweeps_critical_batch_within_2x(report):
     points = _deep_points(report)
