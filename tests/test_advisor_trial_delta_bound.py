@@ -46,7 +46,7 @@ def test_each_bound_misses_the_true_ratio_about_5_in_100(x):
     for _ in range(1000):
         snap, mid, end = _evals(rng, x)
         lo, hi = half_progress_bounds(snap - mid, mid - end)
-        below += lo > true_r  # the lower bound missed
+        below += lo is not None and lo > true_r  # the lower bound missed
         above += hi is not None and hi < true_r  # the upper bound missed
     assert 25 <= below <= 75 and 25 <= above <= 75, (below, above)
 
@@ -152,3 +152,32 @@ def test_the_card_words_a_trial_that_cannot_tell():
     assert view.bracket_text is None
     rows = {r["result"] for r in view.branch_rows()}
     assert rows == {"not judged: cannot tell whether Δ is too long"}
+
+
+def test_a_first_half_not_clearly_positive_cannot_tell_however_large_the_ratio():
+    """p̄1 > 0 but within its noise: r may be anything, negative included (Fieller's set on the
+    whole line is two rays), so no bound holds either way, though r̂ is far above the threshold;
+    the batch named is the one at which p̄1 itself would be significant."""
+    rng = np.random.default_rng(4)
+    n = 256
+    end = rng.gamma(2.0, 1.0, n) + 2.0
+    p1 = rng.normal(0.0, 0.05, n)
+    p1 += 0.002 - p1.mean()  # mean 0.002, standard error 0.003
+    mid = end + 0.01 + rng.normal(0.0, 0.001, n)  # p2: 0.01, clearly positive
+    v = _judge(mid + p1, mid, end)
+    assert v.half_progress_ratio > 3 and v.half_progress_bounds == (None, None)
+    assert v.delta_check == "cannot tell" and v.bracket is None
+    need = (1.645 * p1.std(ddof=1) / p1.mean()) ** 2
+    assert need < v.examples_to_tell < 1.1 * need
+    assert "95% bounds −∞ to ∞" in v.summary
+
+
+def test_a_second_half_that_surely_lost_ground_is_too_long():
+    """p̄2 clearly below 0 with p̄1 clearly above: the whole set is negative, so surely too long
+    (the [0, ∞) reading of the noise scale's interval would have bounded it above 0 instead)."""
+    rng = np.random.default_rng(6)
+    end = rng.gamma(2.0, 1.0, 256) + 2.0
+    mid = end - 0.02 + rng.normal(0.0, 0.01, 256)  # the loss rose by 0.02 in the second half
+    v = _judge(mid + 0.05 + rng.normal(0.0, 0.01, 256), mid, end)
+    lo, hi = v.half_progress_bounds
+    assert lo < v.half_progress_ratio < hi < 0 and v.delta_check == "too long"

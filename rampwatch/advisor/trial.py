@@ -78,8 +78,9 @@ which held-out examples were drawn, as the branches' t bound does; not the traje
 on bench/trial_bench.py's least-squares problem, with 2,048 examples, r moves between Δs more than
 its bounds allow (tests/test_trial_known_answer.py's xfail reason has the numbers).
 What would tell: the eval batch at which the current spread resolves, the n at which
-|d̄|·√n / sd(d) ≥ t(0.95, n − 1) at R = HALF_PROGRESS_MIN (and, on the too-long side, at which
-p̄1 is itself significant, so the set is bounded above), d̄ and sd(d) as measured
+|d̄|·√n / sd(d) ≥ t(0.95, n − 1) at R = HALF_PROGRESS_MIN (and at which p̄1 is itself
+significant: r may be negative, so Fieller's set is taken on the whole line, and unless p̄1 is
+clearly non-zero it is two rays or everything, bounded neither way), d̄ and sd(d) as measured
 (`examples_to_tell`; None when d̄ = 0: r̂ sits on the threshold and no batch would tell).
 A longer Δ is not derived: it moves r̂ and the spread together. "Too long" names the Δ that
 would put r at the threshold, Δ·ln r*/ln r̂ (the exponential model), or Δ/4 when the second half
@@ -228,8 +229,8 @@ class TrialVerdict:
     cost_tokens: int
     half_progress_ratio: float | None = None  # the control's P₂/P₁; None: no midway eval
     delta_ok: bool = True  # delta_check "fine" or "not judged": the branches were judged
-    # one-sided bounds of the ratio at the plan's level (upper None: unbounded); None: no bound
-    half_progress_bounds: tuple[float, float | None] | None = None
+    # one-sided bounds of the ratio at the plan's level (an end None: unbounded); None: no bound
+    half_progress_bounds: tuple[float | None, float | None] | None = None
     delta_check: str | None = None  # DELTA_CHECKS; None only in a verdict from before the bound
     examples_to_tell: int | None = None  # "cannot tell": held-out examples that would tell
 
@@ -316,8 +317,9 @@ class TrialVerdict:
             spread = "with no per-example losses at the snapshot and Δ/2 to bound it"
             tell = "Per-example held-out losses at the snapshot and at Δ/2 would tell."
         else:
+            lo = "−∞" if bounds[0] is None else f"{bounds[0]:.2f}"
             hi = "∞" if bounds[1] is None else f"{bounds[1]:.2f}"
-            spread = f"95% bounds {bounds[0]:.2f}–{hi}"
+            spread = f"95% bounds {lo} to {hi}"
             tell = (
                 f"A held-out batch of ~{n:,} examples (now {self.examples:,}) would tell at "
                 "this spread."
@@ -429,9 +431,10 @@ def judge(
             pairs = _progress_pairs(snapshot_losses, midway_losses, control)
             if pairs is not None:
                 bounds = half_progress_bounds(*pairs, plan.level)
+                lo, hi = bounds  # the point lies inside its own Fieller set; guard rounding
                 bounds = (
-                    min(bounds[0], ratio),
-                    None if bounds[1] is None else max(bounds[1], ratio),
+                    None if lo is None else min(lo, ratio),
+                    None if hi is None else max(hi, ratio),
                 )
             check = _delta_check(bounds)
             if check == "cannot tell" and pairs is not None:
@@ -484,16 +487,17 @@ def _progress_pairs(snapshot, midway, control: np.ndarray):
     return s - m, m - control
 
 
-def half_progress_bounds(p1, p2, level: float = 0.95) -> tuple[float, float | None]:
+def half_progress_bounds(p1, p2, level: float = 0.95) -> tuple[float | None, float | None]:
     """One-sided `level` bounds (lower, upper; None: unbounded) of mean(p2)/mean(p1) from
     paired per-example progress: Fieller's set at q = t(level, n − 1) (module docstring, "r's
-    bound"), clipped below at 0 as gns_window's is (a ratio below 0 is as surely too long)."""
+    bound") on the whole line, as r may be negative; unbounded both ways unless p̄1 is clearly
+    non-zero (then the set is two rays or everything)."""
     p1, p2 = np.asarray(p1, dtype=np.float64), np.asarray(p2, dtype=np.float64)
     n = p1.size
     c = np.cov(p1, p2)
     q = _t_quantile(level, n - 1)
     return fieller_interval(
-        float(p1.mean()), float(p2.mean()), c[0, 0] / n, c[1, 1] / n, c[0, 1] / n, q
+        float(p1.mean()), float(p2.mean()), c[0, 0] / n, c[1, 1] / n, c[0, 1] / n, q, True
     )
 
 
@@ -504,17 +508,15 @@ def _delta_check(bounds) -> str:
     lower, upper = bounds
     if upper is not None and upper < HALF_PROGRESS_MIN:
         return "too long"
-    return "fine" if lower >= HALF_PROGRESS_MIN else "cannot tell"
+    return "fine" if lower is not None and lower >= HALF_PROGRESS_MIN else "cannot tell"
 
 
 def _examples_to_tell(p1: np.ndarray, p2: np.ndarray, level: float) -> int | None:
     """The held-out batch at which the paired t test of d = p2 − r*·p1 (r* = HALF_PROGRESS_MIN)
-    rejects at `level` with the measured d̄ and sd(d), and, on the too-long side, p̄1 > 0 too (so
-    Fieller's set is bounded above): module docstring, "r's bound"."""
-    d = p2 - HALF_PROGRESS_MIN * p1
-    tests = [d] if d.mean() > 0 else [d, p1]
+    rejects at `level` with the measured d̄ and sd(d), and p̄1 > 0 is significant too (so Fieller's
+    set is bounded): module docstring, "r's bound"."""
     need = 2
-    for x in tests:
+    for x in (p2 - HALF_PROGRESS_MIN * p1, p1):
         mean, sd = abs(float(x.mean())), float(x.std(ddof=1))
         if mean == 0:
             return None
