@@ -314,8 +314,10 @@ def trials(problem, batch, lr, ks, steps_of_largest, points, local, deltas) -> l
 
 
 def adaptive_trial(run, plan: TrialPlan) -> list:
-    """Trials from copies of `run`, Δ halved until the verdict says Δ can tell or no branch
-    fits a shorter Δ: every verdict, the last one the answer."""
+    """Trials from copies of `run`, Δ halved until the Δ check judges the branches (too long, or
+    cannot tell: a shorter Δ raises the ratio, and only "fine" brackets, so a search that stops at
+    the first "fine" still errs low) or no branch fits a shorter Δ: every verdict, the last one
+    the answer."""
     verdicts = [copy.deepcopy(run).trial(plan)]
     while not verdicts[-1].delta_ok and (plan := _halved(plan)) is not None:
         verdicts.append(copy.deepcopy(run).trial(plan))
@@ -458,12 +460,12 @@ class Report:
 
 def _ratio(verdict) -> str:
     r = verdict.half_progress_ratio
-    return "—" if r is None else f"{r:.2f}{'' if verdict.delta_ok else ' (too long)'}"
+    return "—" if r is None else f"{r:.2f}{'' if verdict.delta_ok else f' ({verdict.delta_check})'}"
 
 
 def _bracket(bracket) -> str:
-    if bracket is None:
-        return "Δ too long"
+    if bracket is None:  # Δ too long, or the Δ check cannot tell
+        return "none (Δ check)"
     lo, hi = bracket
     return f"[{'—' if lo is None else lo}, {'∞' if hi is None else hi})"
 

@@ -12,8 +12,9 @@ checkpoint, two resumes each take a "Test ×2 / ×4 first" command as the card s
 few steps of the snapshot (when the writer's flusher claims it): one with the old default Δ (trainer/config.py default_trial_delta_tokens,
 given as the command's Δ), one with Δ left to the loop (null: chosen from the loss curve). Each
 resume is stopped (SIGTERM: a checkpoint at the next boundary) once its trial has ended. The
-table: Δ and what it rested on, the control's half-progress ratio, whether the trial was judged
-(delta_ok), the verdict, the cost and seconds.
+table: Δ and what it rested on, the control's half-progress ratio with its one-sided 95% bounds,
+the Δ check (advisor/trial.py: fine, too long, cannot tell; only "fine" judges the branches), the
+verdict, the cost and seconds.
 """
 
 from __future__ import annotations
@@ -106,11 +107,16 @@ def row(seed: int, label: str, got: dict) -> str:
         return f"| {seed} | {label} | | | | {why} | | |"
     v = TrialVerdict.from_dict(t.verdict)
     r = "—" if v.half_progress_ratio is None else f"{v.half_progress_ratio:.2f}"
+    if v.half_progress_bounds is not None:
+        lo, hi = v.half_progress_bounds
+        r += f" ({lo:.2f}–{'∞' if hi is None else f'{hi:.2f}'})"
     choice = (start.data.get("delta_choice") or {}) if start else {}
     basis = choice.get("basis", "?")
     expected = choice.get("expected_ratio")
     basis += f", expected r {expected:.2f}" if expected is not None else ""
-    judged = "yes" if v.delta_ok else "no"
+    judged = v.delta_check or ("fine" if v.delta_ok else "too long")
+    if v.examples_to_tell is not None:
+        judged += f" (~{v.examples_to_tell:,} examples would tell)"
     verdict = v.summary.split(" Cost:")[0]
     return (
         f"| {seed} | {label} | {t.start_step} | {t.delta_tokens:,} ({basis}) | {r} | {judged} | "
@@ -140,10 +146,11 @@ def main() -> int:
         f"load average {load:.2f}\n"
     )
     print(
-        f"| seed | default | step | Δ tokens (from) | control's r ({HALF_PROGRESS_MIN:.2f} "
-        "needed) | judged | verdict | cost tokens, wall |\n|---|---|---|---|---|---|---|---|"
+        f"| seed | default | step | Δ tokens (from) | control's r, 95% bounds "
+        f"({HALF_PROGRESS_MIN:.2f} needed) | Δ check | verdict | cost tokens, wall |"
+        "\n|---|---|---|---|---|---|---|---|"
     )
-    judged = {"old": 0, "new": 0}
+    checks = {"old": [], "new": []}
     with tempfile.TemporaryDirectory() as tmp:
         out = a.keep or Path(tmp)
         for seed in a.seeds:
@@ -151,13 +158,14 @@ def main() -> int:
             for label, delta in (("old", old), ("new", None)):
                 got = trial_from(base, name, out / f"s{seed}-{label}", delta, a)
                 t = got["trial"]
-                ok = t is not None and t.verdict and TrialVerdict.from_dict(t.verdict).delta_ok
-                judged[label] += bool(ok)
+                v = TrialVerdict.from_dict(t.verdict) if t is not None and t.verdict else None
+                checks[label].append("no verdict" if v is None else v.delta_check)
                 print(row(seed, label, got), flush=True)
     n = len(a.seeds)
-    print(
-        f"\njudged: old default {judged['old']} of {n}, from the loss curve {judged['new']} of {n}"
-    )
+    for label, name in (("old", "old default"), ("new", "from the loss curve")):
+        got = ", ".join(f"{c} {checks[label].count(c)}" for c in sorted(set(checks[label])))
+        print(f"\nΔ check, {name}: {got} (of {n})", end="")
+    print()
     print(
         f"wall time {time.perf_counter() - t0:.0f} s on {os.cpu_count()} cores "
         f"(load average at start {load:.2f}, at end {os.getloadavg()[0]:.2f})"

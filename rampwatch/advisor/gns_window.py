@@ -97,8 +97,8 @@ def _t_quantile(p: float, dof: int) -> float:
 
 
 def fieller_interval(
-    mx: float, my: float, vxx: float, vyy: float, vxy: float, q: float
-) -> tuple[float, float | None]:
+    mx: float, my: float, vxx: float, vyy: float, vxy: float, q: float, signed: bool = False
+) -> tuple[float | None, float | None]:
     """(lower, upper) of R = E[y]/E[x] on [0, ∞), from the means mx, my and their (co)variances.
 
     Solves (my − R·mx)² ≤ q²·(vyy − 2R·vxy + R²·vxx), i.e. a·R² − 2b·R + c ≤ 0 with
@@ -106,11 +106,20 @@ def fieller_interval(
     interval. a ≤ 0: the complement of an interval or the whole line; on R ≥ 0 that is
     [r, ∞) (a lower bound only) when the other piece lies below zero, otherwise no information
     (0, None). upper None means unbounded; lower 0.0 means no lower bound.
+
+    signed: R on the whole line (a ratio that may be negative: advisor/trial.py's half-progress
+    ratio). The set is then bounded only when a > 0, (lo, hi) as solved; otherwise it is two rays
+    or the whole line, and neither end is bounded: (None, None).
     """
     a = mx * mx - q * q * vxx
     b = mx * my - q * q * vxy
     c = my * my - q * q * vyy
     disc = b * b - a * c
+    if signed:
+        if a <= 0:
+            return None, None
+        root = math.sqrt(max(0.0, disc))
+        return (b - root) / a, (b + root) / a
     if a > 0:
         root = math.sqrt(max(0.0, disc))
         lo, hi = (b - root) / a, (b + root) / a

@@ -2,7 +2,8 @@
 
 Owns `TrialPlan` (what a trial runs: the batch B, the factors k, Δ tokens per arm, the LR rule),
 `BranchResult` and `TrialVerdict` (what it found), `tolerance_fraction`, `HALF_PROGRESS_MIN`, the
-exponential model's two directions (`delta_over_tau`, `half_progress_ratio_at`) and `judge`.
+exponential model's two directions (`delta_over_tau`, `half_progress_ratio_at`), the bound of the
+control's half-progress ratio (`half_progress_bounds`) and `judge`.
 Pure: the
 losses come in as arrays; running the arms is the caller's (monitor/trial_runner.py for a plain
 torch model and optimizer).
@@ -53,13 +54,40 @@ e = (1 + 1)/(1 + 2) = ⅔) its loss, with u = q^(2/3), is u²/(1 + u + u²) of P
 least the ×2 tolerance ¼ iff u ≥ (1 + √13)/6, i.e.
     r ≥ HALF_PROGRESS_MIN = ((1 + √13)/6)^(3/2) ≈ 0.672      (Δ ≤ 0.79·τ).
 Above it no branch past 2·B_crit passes in the model (at ×4 … ×64 the overshoot is 1.7 … 1.5×): the bracket
-stays within 2× of B_crit, the precision a bracket of doubling factors has anyway. Below it the
-verdict brackets nothing (k* None, the control kept) and names the Δ that would tell, Δ·ln r*/ln r
-(the same model), or Δ/4 when the second half made no progress. (The ⅓ one might guess is far too
-loose: there a ×2 branch at any batch sits on its tolerance.) Without the midway eval (older
-verdicts, a caller that gives none), or when the first half made no progress (nothing flattened;
-the tolerance is then conservative), Δ is not judged. r is a point estimate with no bound of its
-own: one arm's trajectory noise moves it (bench/trial_bench.py measures how much).
+stays within 2× of B_crit, the precision a bracket of doubling factors has anyway. (The ⅓ one
+might guess is far too loose: there a ×2 branch at any batch sits on its tolerance.)
+
+r's bound. r is a ratio of two means over the same held-out examples: with p1_i = L0_i − Lhalf_i
+and p2_i = Lhalf_i − Lend_i per example, r̂ = mean(p2)/mean(p1), and the pairs (p1_i, p2_i) are
+independent across examples given the three weights. Its one-sided 95% bounds are Fieller's
+(Fieller 1954, "Some problems in interval estimation", JRSS B 16; the one implementation is
+advisor/gns_window.py's `fieller_interval`, here with the paired means' (co)variances and
+q = t(0.95, n − 1)): all R with (p̄2 − R·p̄1)² ≤ q²·Var(p̄2 − R·p̄1). A ratio R lies outside that
+set exactly when the paired t test of d_i = p2_i − R·p1_i rejects mean(d) = 0, so the three
+outcomes are one test at R = HALF_PROGRESS_MIN:
+    upper bound < HALF_PROGRESS_MIN   Δ too long (`delta_check` "too long"): surely flattened;
+    lower bound ≥ HALF_PROGRESS_MIN   Δ fine ("fine"): the branches are judged as above;
+    otherwise                         "cannot tell": the eval cannot say which.
+"Cannot tell" is treated as too long: no bracket (k* None), the control kept. That is the
+conservative side: a Δ that is in truth too long (r < HALF_PROGRESS_MIN) lets branches past
+2·B_crit pass their tolerance, and it reads "fine" only when the lower bound clears the
+threshold, which for a true r below it happens at most 5% of the time (the bound's level). So
+the eval's noise makes a trial bracket nothing, never bracket high. What the bound covers is
+which held-out examples were drawn, as the branches' t bound does; not the trajectory's own noise
+(one arm's SGD draws shift the loss on every example at once, which no per-example spread sees):
+on bench/trial_bench.py's least-squares problem, with 2,048 examples, r moves between Δs more than
+its bounds allow (tests/test_trial_known_answer.py's xfail reason has the numbers).
+What would tell: the eval batch at which the current spread resolves, the n at which
+|d̄|·√n / sd(d) ≥ t(0.95, n − 1) at R = HALF_PROGRESS_MIN (and at which p̄1 is itself
+significant: r may be negative, so Fieller's set is taken on the whole line, and unless p̄1 is
+clearly non-zero it is two rays or everything, bounded neither way), d̄ and sd(d) as measured
+(`examples_to_tell`; None when d̄ = 0: r̂ sits on the threshold and no batch would tell).
+A longer Δ is not derived: it moves r̂ and the spread together. "Too long" names the Δ that
+would put r at the threshold, Δ·ln r*/ln r̂ (the exponential model), or Δ/4 when the second half
+made no progress. Without the midway eval (older verdicts, a caller that gives none), or when the
+first half made no progress on the mean (nothing flattened; the tolerance is then conservative),
+Δ is not judged. A snapshot or midway loss given as a mean (no per-example losses) has no spread
+to bound r with: "cannot tell", for the same reason.
 
 Each branch is tested on its own at the stated level; k* needs every smaller k to pass, so a
 non-monotone pattern (fail at 4, pass at 8) keeps k* at 2 and the bracket [2B, 4B).
@@ -70,11 +98,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from statistics import NormalDist
 
 import numpy as np
 
 from rampwatch.advisor.checks import positive_int, positive_number
-from rampwatch.advisor.gns_window import _t_quantile, significant
+from rampwatch.advisor.gns_window import _t_quantile, fieller_interval, significant
 from rampwatch.advisor.lr import lr_multiplier, rule_for
 
 __all__ = [
@@ -85,11 +114,15 @@ __all__ = [
     "HALF_PROGRESS_MIN",
     "delta_over_tau",
     "half_progress_ratio_at",
+    "half_progress_bounds",
+    "DELTA_CHECKS",
     "judge",
 ]
 
 # the control's second-half over first-half progress below which Δ is too long (docstring)
 HALF_PROGRESS_MIN = ((1 + math.sqrt(13)) / 6) ** 1.5
+# what the Δ check found (docstring, "r's bound"); only "fine" and "not judged" judge the branches
+DELTA_CHECKS = ("fine", "too long", "cannot tell", "not judged")
 
 
 def delta_over_tau(ratio: float) -> float:
@@ -195,7 +228,11 @@ class TrialVerdict:
     kept_k: int  # the arm the run continues from: k_star, or 1 (the control)
     cost_tokens: int
     half_progress_ratio: float | None = None  # the control's P₂/P₁; None: no midway eval
-    delta_ok: bool = True  # half_progress_ratio ≥ HALF_PROGRESS_MIN, or not judged
+    delta_ok: bool = True  # delta_check "fine" or "not judged": the branches were judged
+    # one-sided bounds of the ratio at the plan's level (an end None: unbounded); None: no bound
+    half_progress_bounds: tuple[float | None, float | None] | None = None
+    delta_check: str | None = None  # DELTA_CHECKS; None only in a verdict from before the bound
+    examples_to_tell: int | None = None  # "cannot tell": held-out examples that would tell
 
     def to_dict(self) -> dict:
         """JSON-safe: what a trial's end event carries (plan and branches nested, lists)."""
@@ -204,12 +241,19 @@ class TrialVerdict:
     @classmethod
     def from_dict(cls, d: Mapping) -> TrialVerdict:
         plan = TrialPlan(**{**d["plan"], "ks": tuple(d["plan"]["ks"])})
+        bounds = d.get("half_progress_bounds")
+        check = d.get("delta_check")
+        if check is None:  # a verdict from before the bound: the point estimate decided
+            judged = d.get("half_progress_ratio") is not None
+            check = ("fine" if judged else "not judged") if d.get("delta_ok", True) else "too long"
         return cls(
             **{
                 **d,
                 "plan": plan,
                 "branches": tuple(BranchResult(**r) for r in d["branches"]),
                 "bracket": None if d["bracket"] is None else tuple(d["bracket"]),
+                "half_progress_bounds": None if bounds is None else tuple(bounds),
+                "delta_check": check,
             }
         )
 
@@ -218,7 +262,7 @@ class TrialVerdict:
         """The Δ at which the control's half-progress ratio would be HALF_PROGRESS_MIN, under
         exponential decay (Δ/τ = −2·ln r); Δ/4 when its second half made no progress."""
         r = self.half_progress_ratio
-        if self.delta_ok or r is None:
+        if self.delta_check != "too long" or r is None:
             return None
         if r <= 0:
             return self.plan.delta_tokens // 4
@@ -227,6 +271,8 @@ class TrialVerdict:
     @property
     def summary(self) -> str:
         """What the trial found, in plain words (the card's and the bench's line)."""
+        if self.delta_check == "cannot tell":
+            return self._cannot_tell()
         if not self.delta_ok:
             return self._too_long()
         b = self.plan.batch
@@ -251,11 +297,40 @@ class TrialVerdict:
     def _too_long(self) -> str:
         return (
             f"Δ too long: the control had made most of its progress by Δ/2 (second half "
-            f"{self.half_progress_ratio:.2f}× the first, {HALF_PROGRESS_MIN:.2f}× needed), so a "
+            f"{self.half_progress_ratio:.2f}× the first{self._at_most()}, "
+            f"{HALF_PROGRESS_MIN:.2f}× needed), so a "
             f"branch past the critical batch can catch up; keep {self.plan.batch:,} and shorten "
             f"Δ to ~{self.suggested_delta_tokens:,} tokens "
             f"(from {self.plan.delta_tokens:,}). Cost: {self.cost_tokens:,} tokens of "
             "discarded arms."
+        )
+
+    def _at_most(self) -> str:
+        bounds = self.half_progress_bounds
+        if bounds is None or bounds[1] is None:
+            return ""
+        return f", at most {bounds[1]:.2f}× at {self.plan.level:.0%}"
+
+    def _cannot_tell(self) -> str:
+        r, bounds, n = self.half_progress_ratio, self.half_progress_bounds, self.examples_to_tell
+        if bounds is None:
+            spread = "with no per-example losses at the snapshot and Δ/2 to bound it"
+            tell = "Per-example held-out losses at the snapshot and at Δ/2 would tell."
+        else:
+            lo = "−∞" if bounds[0] is None else f"{bounds[0]:.2f}"
+            hi = "∞" if bounds[1] is None else f"{bounds[1]:.2f}"
+            spread = f"95% bounds {lo} to {hi}"
+            tell = (
+                f"A held-out batch of ~{n:,} examples (now {self.examples:,}) would tell at "
+                "this spread."
+                if n is not None
+                else "It sits on the threshold: no held-out batch would tell; change Δ."
+            )
+        return (
+            f"Cannot tell whether Δ is too long: the control's second half made {r:.2f}× the "
+            f"first half's progress ({spread}; {HALF_PROGRESS_MIN:.2f}× needed), so no branch "
+            f"is judged; keep {self.plan.batch:,}. {tell} Cost: {self.cost_tokens:,} tokens "
+            "of discarded arms."
         )
 
 
@@ -347,11 +422,24 @@ def judge(
         b_simple = positive_number("b_simple", b_simple, "positive noise scale (examples)")
     progress = snapshot - float(control.mean())
     branches = tuple(_branch(plan, k, control, branch_losses[k], progress) for k in plan.ks)
-    ratio = None
+    ratio = bounds = to_tell = None
+    check = "not judged"
     if midway_losses is not None:
         midway = _mean_loss("midway_losses", midway_losses, "of the control at Δ/2")
         ratio = _half_progress_ratio(snapshot, midway, float(control.mean()))
-    delta_ok = ratio is None or ratio >= HALF_PROGRESS_MIN
+        if ratio is not None:
+            pairs = _progress_pairs(snapshot_losses, midway_losses, control)
+            if pairs is not None:
+                bounds = half_progress_bounds(*pairs, plan.level)
+                lo, hi = bounds  # the point lies inside its own Fieller set; guard rounding
+                bounds = (
+                    None if lo is None else min(lo, ratio),
+                    None if hi is None else max(hi, ratio),
+                )
+            check = _delta_check(bounds)
+            if check == "cannot tell" and pairs is not None:
+                to_tell = _examples_to_tell(*pairs, plan.level)
+    delta_ok = check in ("fine", "not judged")
     k_star = _k_star(branches) if delta_ok else None
     bracket = _bracket(plan, k_star) if delta_ok else None
     calibration = bracket[0] / b_simple if b_simple is not None and bracket and bracket[0] else None
@@ -368,6 +456,9 @@ def judge(
         cost_tokens=plan.cost_tokens,
         half_progress_ratio=ratio,
         delta_ok=delta_ok,
+        half_progress_bounds=bounds,
+        delta_check=check,
+        examples_to_tell=to_tell,
     )
 
 
@@ -384,3 +475,54 @@ def _half_progress_ratio(snapshot: float, midway: float, end: float) -> float | 
     """P₂/P₁ of the control; None when its first half made no progress (nothing to flatten)."""
     first, second = snapshot - midway, midway - end
     return second / first if first > 0 else None
+
+
+def _progress_pairs(snapshot, midway, control: np.ndarray):
+    """(p1_i, p2_i) per example, or None when the snapshot or midway loss is only a mean."""
+    s, m = (np.asarray(x, dtype=np.float64) for x in (snapshot, midway))
+    if s.ndim != 1 or m.ndim != 1:
+        return None
+    s = _losses("snapshot_losses", s, control.size)
+    m = _losses("midway_losses", m, control.size)
+    return s - m, m - control
+
+
+def half_progress_bounds(p1, p2, level: float = 0.95) -> tuple[float | None, float | None]:
+    """One-sided `level` bounds (lower, upper; None: unbounded) of mean(p2)/mean(p1) from
+    paired per-example progress: Fieller's set at q = t(level, n − 1) (module docstring, "r's
+    bound") on the whole line, as r may be negative; unbounded both ways unless p̄1 is clearly
+    non-zero (then the set is two rays or everything)."""
+    p1, p2 = np.asarray(p1, dtype=np.float64), np.asarray(p2, dtype=np.float64)
+    n = p1.size
+    c = np.cov(p1, p2)
+    q = _t_quantile(level, n - 1)
+    return fieller_interval(
+        float(p1.mean()), float(p2.mean()), c[0, 0] / n, c[1, 1] / n, c[0, 1] / n, q, True
+    )
+
+
+def _delta_check(bounds) -> str:
+    """ "fine" / "too long" / "cannot tell" from r's bounds (None: no spread to bound it)."""
+    if bounds is None:
+        return "cannot tell"
+    lower, upper = bounds
+    if upper is not None and upper < HALF_PROGRESS_MIN:
+        return "too long"
+    return "fine" if lower is not None and lower >= HALF_PROGRESS_MIN else "cannot tell"
+
+
+def _examples_to_tell(p1: np.ndarray, p2: np.ndarray, level: float) -> int | None:
+    """The held-out batch at which the paired t test of d = p2 − r*·p1 (r* = HALF_PROGRESS_MIN)
+    rejects at `level` with the measured d̄ and sd(d), and p̄1 > 0 is significant too (so Fieller's
+    set is bounded): module docstring, "r's bound"."""
+    need = 2
+    for x in (p2 - HALF_PROGRESS_MIN * p1, p1):
+        mean, sd = abs(float(x.mean())), float(x.std(ddof=1))
+        if mean == 0:
+            return None
+        ratio = sd / mean  # n ≥ (t(level, n − 1)·sd/mean)²: from the normal quantile's n up
+        n = max(2, math.ceil((NormalDist().inv_cdf(level) * ratio) ** 2))
+        while n < (_t_quantile(level, n - 1) * ratio) ** 2:  # t > z: a few steps at most
+            n += 1
+        need = max(need, n)
+    return need

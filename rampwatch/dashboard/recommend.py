@@ -558,7 +558,9 @@ class TrialView:
         """Per branch: the paired loss difference against the control, its bound, tolerance."""
         if self.verdict is None:
             return []
-        judged = self.verdict.delta_ok  # Δ too long: no branch was judged, whatever its numbers
+        judged = self.verdict.delta_ok  # Δ too long or cannot tell: no branch was judged
+        why = {"cannot tell": "not judged: cannot tell whether Δ is too long"}
+        unjudged = why.get(self.verdict.delta_check, "not judged: Δ too long")
         return [
             {
                 "branch": f"×{b.k}",
@@ -567,7 +569,7 @@ class TrialView:
                 "loss difference": b.mean_diff,
                 "95% upper bound": b.bound,
                 "tolerance": b.tolerance,
-                "result": ("pass" if b.passed else "fail") if judged else "not judged: Δ too long",
+                "result": ("pass" if b.passed else "fail") if judged else unjudged,
             }
             for b in self.verdict.branches
         ]
@@ -577,7 +579,7 @@ class TrialView:
         v = self.verdict
         if v is None:
             return None
-        if v.bracket is None:  # Δ too long: the summary above says what to change; no bracket
+        if v.bracket is None:  # Δ too long or cannot tell: the summary says what would tell
             return None
         lo, hi = v.bracket
         b = (

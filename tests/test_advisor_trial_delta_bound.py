@@ -1,0 +1,183 @@
+"""advisor.trial's bound on the control's half-progress ratio r = P₂/P₁ (module docstring, "r's
+bound"), against a known answer: per-example held-out losses drawn from exponential decay
+L_i(t) = c_i + a_i·exp(−t/τ) plus independent eval noise of known size, so the true ratio is
+exp(−Δ/2τ). Asserted: each one-sided 95% bound misses the true r about 5% of the time over many
+seeds; a surely-too-long and a surely-fine Δ are decided right every time; a Δ truly too long
+reads "fine" at most at the bound's level (so "cannot tell", which brackets nothing, keeps the
+bracket low); `examples_to_tell` is exactly the batch at which the same spread decides; a mean
+with no per-example losses cannot tell; the card and old stored verdicts read the new state."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from rampwatch.advisor.trial import (
+    HALF_PROGRESS_MIN,
+    TrialPlan,
+    TrialVerdict,
+    half_progress_bounds,
+    judge,
+)
+
+PLAN = TrialPlan.for_optimizer("adamw", batch=4, ks=(2, 4, 8), delta_tokens=4 * 8 * 10)
+X_MIN = -2 * math.log(HALF_PROGRESS_MIN)  # Δ/τ at the threshold, ≈ 0.79
+
+
+def _evals(rng, x, n=256, a=0.1, sigma=0.05):
+    """Held-out losses at the snapshot, Δ/2 and Δ of a control with Δ/τ = x: each example its own
+    floor c_i and amplitude a_i (skewed, spread ≫ the progress), each eval its own noise σ."""
+    c = rng.gamma(2.0, 1.0, n) + 2.0
+    amp = a * rng.gamma(4.0, 0.25, n)  # mean a
+    return tuple(c + amp * math.exp(-f * x) + rng.normal(0.0, sigma, n) for f in (0, 0.5, 1))
+
+
+def _judge(snap, mid, end):
+    return judge(PLAN, snap, end, {k: end for k in PLAN.ks}, midway_losses=mid)
+
+
+@pytest.mark.parametrize("x", [0.5, X_MIN, 2.0])
+def test_each_bound_misses_the_true_ratio_about_5_in_100(x):
+    """1,000 seeds: a one-sided 95% bound misses ~50 times (binomial sd ≈ 7); accept 25–75."""
+    rng, true_r = np.random.default_rng(7), math.exp(-x / 2)
+    below = above = 0
+    for _ in range(1000):
+        snap, mid, end = _evals(rng, x)
+        lo, hi = half_progress_bounds(snap - mid, mid - end)
+        below += lo is not None and lo > true_r  # the lower bound missed
+        above += hi is not None and hi < true_r  # the upper bound missed
+    assert 25 <= below <= 75 and 25 <= above <= 75, (below, above)
+
+
+def test_surely_too_long_and_surely_fine_are_decided_right():
+    """Small eval noise (σ = 0.003, 512 examples): Δ = 4τ (r = 0.14) is too long and Δ = 0.2τ
+    (r = 0.90) fine, in every one of 50 seeds; the verdict's words follow."""
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        long = _judge(*_evals(rng, 4.0, n=512, sigma=0.003))
+        short = _judge(*_evals(rng, 0.2, n=512, sigma=0.003))
+        assert long.delta_check == "too long" and long.bracket is None and long.kept_k == 1
+        assert long.half_progress_bounds[1] < HALF_PROGRESS_MIN
+        assert short.delta_check == "fine" and short.delta_ok and short.bracket is not None
+        assert short.half_progress_bounds[0] >= HALF_PROGRESS_MIN
+    assert "Δ too long" in long.summary and "at most" in long.summary
+
+
+@pytest.mark.parametrize("x", [X_MIN, 1.0, 1.5])
+def test_a_delta_truly_too_long_reads_fine_at_most_at_the_bounds_level(x):
+    """The conservative side: at r ≤ HALF_PROGRESS_MIN (Δ/τ at and past the threshold) over
+    1,000 seeds "fine" (branches judged) comes at most ~5% of the time (≤ 75 of 1,000); every
+    other verdict brackets nothing and keeps the control."""
+    rng = np.random.default_rng(11)
+    fine = 0
+    for _ in range(1000):
+        v = _judge(*_evals(rng, x))
+        fine += v.delta_check == "fine"
+        if v.delta_check != "fine":
+            assert v.bracket is None and v.k_star is None and v.kept_k == 1 and not v.delta_ok
+    assert fine <= 75, fine
+
+
+def test_near_the_threshold_it_cannot_tell_and_says_what_would():
+    """Δ/τ = 0.79 with the default noise: neither bound clears the threshold; the verdict keeps
+    the control, names the eval batch that would tell (more than it has) and its bounds."""
+    v = _judge(*_evals(np.random.default_rng(5), X_MIN))
+    assert v.delta_check == "cannot tell" and not v.delta_ok and v.bracket is None
+    lo, hi = v.half_progress_bounds
+    assert lo < HALF_PROGRESS_MIN <= (math.inf if hi is None else hi)
+    assert v.examples_to_tell > v.examples and v.suggested_delta_tokens is None
+    assert v.summary.startswith("Cannot tell whether Δ is too long")
+    assert f"~{v.examples_to_tell:,} examples (now {v.examples:,})" in v.summary
+
+
+def _exact(n, r_hat, p1=0.04, sd=0.05):
+    """Losses whose per-example progress has exactly mean p1 and r_hat·p1, and sd(p2) = sd
+    (p1 the same on every example), for any n: d = p2 − r*·p1 has the same mean and sd at
+    every n, so the batch at which it is significant is known."""
+    e = np.random.default_rng(0).normal(size=n)
+    e = (e - e.mean()) / e.std(ddof=1) * sd
+    end = np.random.default_rng(1).gamma(2.0, 1.0, n) + 2.0
+    mid = end + r_hat * p1 + e
+    return mid + p1, mid, end
+
+
+@pytest.mark.parametrize("r_hat", [0.55, 0.8])
+def test_examples_to_tell_is_the_batch_at_which_the_same_spread_decides(r_hat):
+    """Fieller's set excludes r* exactly when the paired t test of p2 − r*·p1 rejects (module
+    docstring): with that mean and sd held fixed, the named batch decides, one fewer does not."""
+    v = _judge(*_exact(64, r_hat))
+    assert v.delta_check == "cannot tell"
+    n = v.examples_to_tell
+    at, below = _judge(*_exact(n, r_hat)), _judge(*_exact(n - 1, r_hat))
+    assert at.delta_check == ("fine" if r_hat > HALF_PROGRESS_MIN else "too long")
+    assert below.delta_check == "cannot tell"
+
+
+def test_a_mean_without_per_example_losses_cannot_tell():
+    """A midway (or snapshot) loss given as a number has no spread to bound r: cannot tell,
+    however clear the point estimate, and it says what would."""
+    snap, mid, end = _evals(np.random.default_rng(2), 0.2, sigma=0.0)
+    v = judge(PLAN, snap, end, {k: end for k in PLAN.ks}, midway_losses=float(mid.mean()))
+    assert v.half_progress_ratio > 0.85 and v.delta_check == "cannot tell"
+    assert v.half_progress_bounds is None and v.bracket is None
+    assert "Per-example held-out losses at the snapshot and at Δ/2 would tell" in v.summary
+
+
+def test_the_new_state_survives_json_and_old_verdicts_read_as_they_were_judged():
+    import json
+
+    v = _judge(*_evals(np.random.default_rng(5), X_MIN))
+    back = TrialVerdict.from_dict(json.loads(json.dumps(v.to_dict())))
+    assert back == v and back.summary == v.summary
+    for check in ("too long", "fine"):
+        x = 4.0 if check == "too long" else 0.2
+        old = _judge(*_evals(np.random.default_rng(3), x, n=512, sigma=0.003)).to_dict()
+        for new in ("half_progress_bounds", "delta_check", "examples_to_tell"):
+            del old[new]
+        loaded = TrialVerdict.from_dict(old)
+        assert loaded.delta_check == check and loaded.half_progress_bounds is None
+    unjudged = _judge(*_evals(np.random.default_rng(3), 0.2, sigma=0.003)).to_dict()
+    unjudged["half_progress_ratio"] = None
+    del unjudged["delta_check"]
+    assert TrialVerdict.from_dict(unjudged).delta_check == "not judged"
+
+
+def test_the_card_words_a_trial_that_cannot_tell():
+    from rampwatch.dashboard.recommend import TrialView
+
+    v = _judge(*_evals(np.random.default_rng(5), X_MIN))
+    view = TrialView(trial=None, verdict=v)
+    assert view.bracket_text is None
+    rows = {r["result"] for r in view.branch_rows()}
+    assert rows == {"not judged: cannot tell whether Δ is too long"}
+
+
+def test_a_first_half_not_clearly_positive_cannot_tell_however_large_the_ratio():
+    """p̄1 > 0 but within its noise: r may be anything, negative included (Fieller's set on the
+    whole line is two rays), so no bound holds either way, though r̂ is far above the threshold;
+    the batch named is the one at which p̄1 itself would be significant."""
+    rng = np.random.default_rng(4)
+    n = 256
+    end = rng.gamma(2.0, 1.0, n) + 2.0
+    p1 = rng.normal(0.0, 0.05, n)
+    p1 += 0.002 - p1.mean()  # mean 0.002, standard error 0.003
+    mid = end + 0.01 + rng.normal(0.0, 0.001, n)  # p2: 0.01, clearly positive
+    v = _judge(mid + p1, mid, end)
+    assert v.half_progress_ratio > 3 and v.half_progress_bounds == (None, None)
+    assert v.delta_check == "cannot tell" and v.bracket is None
+    need = (1.645 * p1.std(ddof=1) / p1.mean()) ** 2
+    assert need < v.examples_to_tell < 1.1 * need
+    assert "95% bounds −∞ to ∞" in v.summary
+
+
+def test_a_second_half_that_surely_lost_ground_is_too_long():
+    """p̄2 clearly below 0 with p̄1 clearly above: the whole set is negative, so surely too long
+    (the [0, ∞) reading of the noise scale's interval would have bounded it above 0 instead)."""
+    rng = np.random.default_rng(6)
+    end = rng.gamma(2.0, 1.0, 256) + 2.0
+    mid = end - 0.02 + rng.normal(0.0, 0.01, 256)  # the loss rose by 0.02 in the second half
+    v = _judge(mid + 0.05 + rng.normal(0.0, 0.01, 256), mid, end)
+    lo, hi = v.half_progress_bounds
+    assert lo < v.half_progress_ratio < hi < 0 and v.delta_check == "too long"
