@@ -71,6 +71,18 @@ def spawn(args: list[str], **popen_kwargs) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, *args], start_new_session=True, **popen_kwargs)
 
 
+def run_torchrun(*args: str, nproc: int = 2, timeout: float = 240) -> subprocess.CompletedProcess:
+    """Run `torchrun ARGS…` (torchrun() above) to its end from the checkout; its output as text."""
+    return subprocess.run(
+        [sys.executable, *torchrun(*args, nproc=nproc)],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL, wait: float = 10.0) -> None:
     """Signal the child's whole process group (DataLoader workers, planners) and reap it."""
     try:

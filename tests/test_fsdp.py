@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from rampwatch import store
 from rampwatch.store import names as M
-from tests.procs import REPO, child_env
+from tests.procs import run_torchrun
 
 RUNS = [
     "ddp:3",
@@ -43,24 +41,7 @@ PER_STEP = (M.GNS_G2, M.GNS_TRACE, M.GNS_RAW, M.GNS, M.GRAD_NORM, M.LOSS)
 def runs(tmp_path_factory):
     """(database, {run name: {metric: {step: value}}}, {(run name, step): brute-force points})."""
     db = tmp_path_factory.mktemp("fsdp") / "runs.duckdb"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=2",
-            "-m",
-            "tests.fsdp_child",
-            str(db),
-            *RUNS,
-        ],
-        cwd=REPO,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    done = run_torchrun("-m", "tests.fsdp_child", str(db), *RUNS, timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     points = {}
     for line in done.stdout.splitlines():

@@ -15,7 +15,7 @@ import torch
 from rampwatch import Monitor, store
 from rampwatch.monitor.gradstats import AccumulationStats
 from rampwatch.store import names as M
-from tests.procs import REPO, child_env, free_port
+from tests.procs import REPO, child_env, free_port, run_torchrun
 from tests.trainer_runs import metric
 
 
@@ -152,25 +152,14 @@ def test_a_ddp_loop_without_after_backward_logs_everything_but_the_noise_scale(t
     """Two gloo ranks: the gradient norm and the rank-mean loss still ride on the one all-reduce
     per step; one alert, printed once (rank 0 has the writer)."""
     db = tmp_path / "runs.duckdb"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=2",
-            "-m",
-            "tests.own_loop_child",
-            str(db),
-            str(tmp_path / "ddp.pt"),
-            "--steps",
-            "4",
-            "--no-after-backward",
-        ],
-        cwd=REPO,
-        env=child_env(),
-        capture_output=True,
-        text=True,
+    done = run_torchrun(
+        "-m",
+        "tests.own_loop_child",
+        str(db),
+        str(tmp_path / "ddp.pt"),
+        "--steps",
+        "4",
+        "--no-after-backward",
         timeout=240,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -356,22 +345,7 @@ def test_a_loop_that_syncs_inside_the_optimizer_gets_the_noise_scale_of_its_rank
     rank), averaged over ranks; the logged |G|² and tr(Σ) are the line through them."""
     db, child = tmp_path / "runs.duckdb", tmp_path / "child.py"
     child.write_text(textwrap.dedent(LOCAL_SYNC_CHILD))
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=2",
-            str(child),
-            str(db),
-        ],
-        cwd=REPO,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    done = run_torchrun(str(child), str(db), timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     [run] = store.list_runs(db)
     g2, trace = metric(db, run.run_id, M.GNS_G2), metric(db, run.run_id, M.GNS_TRACE)
@@ -392,14 +366,20 @@ def test_a_compiled_ddp_model_is_measured_as_ddp(tmp_path):
     """torch.compile(DDP(model)) passed to the monitor: it looks through the compile wrapper, so
     the per-rank norm hook adds the all-reduced point and accumulation 1 gets a noise scale."""
     db = tmp_path / "runs.duckdb"
-    done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-        + ["-m", "tests.own_loop_child", str(db), str(tmp_path / "out.pt"), "--compile"]
-        + ["--ramp", "off", "--steps", "4", "--batch", "4", "--accum", "1"],
-        cwd=REPO,
-        env=child_env(),
-        capture_output=True,
-        text=True,
+    done = run_torchrun(
+        "-m",
+        "tests.own_loop_child",
+        str(db),
+        str(tmp_path / "out.pt"),
+        "--compile",
+        "--ramp",
+        "off",
+        "--steps",
+        "4",
+        "--batch",
+        "4",
+        "--accum",
+        "1",
         timeout=240,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -466,22 +446,7 @@ def test_ddp_points_are_each_ranks_own_token_weighted_means(tmp_path):
     mean over all 18 rows; the logged |G|² and tr(Σ) are the line through them."""
     db, child = tmp_path / "runs.duckdb", tmp_path / "child.py"
     child.write_text(textwrap.dedent(WEIGHTED_DDP_CHILD))
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=2",
-            str(child),
-            str(db),
-        ],
-        cwd=REPO,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    done = run_torchrun(str(child), str(db), timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     [run] = store.list_runs(db)
     g2, trace = metric(db, run.run_id, M.GNS_G2), metric(db, run.run_id, M.GNS_TRACE)

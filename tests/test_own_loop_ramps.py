@@ -18,7 +18,7 @@ from rampwatch.store import commands
 from rampwatch.store import names as M
 from tests import seed
 from tests.budget_checks import assert_keeps_budget
-from tests.procs import REPO, child_env, start_loop, wait_until
+from tests.procs import REPO, child_env, run_torchrun, start_loop, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -142,30 +142,19 @@ def test_under_torchrun_every_rank_applies_rank_0s_ramp_at_the_same_step(tmp_pat
     """The monitor's ramp channel in a user's own DDP loop (two gloo ranks): rank 0's auto
     decision reaches both ranks at one boundary; the weights stay equal; one ramp event."""
     db = tmp_path / "runs.duckdb"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=2",
-            "-m",
-            "tests.own_loop_child",
-            str(db),
-            str(tmp_path / "ddp.pt"),
-            "--ramp",
-            "auto",
-            "--steps",
-            "80",
-            "--batch",
-            "2",
-            "--policy",
-            '{"min_estimates": 3, "hysteresis_steps": 2, "bound_at": 0}',
-        ],
-        cwd=REPO,
-        env=child_env(),
-        capture_output=True,
-        text=True,
+    done = run_torchrun(
+        "-m",
+        "tests.own_loop_child",
+        str(db),
+        str(tmp_path / "ddp.pt"),
+        "--ramp",
+        "auto",
+        "--steps",
+        "80",
+        "--batch",
+        "2",
+        "--policy",
+        '{"min_estimates": 3, "hysteresis_steps": 2, "bound_at": 0}',
         timeout=280,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -7,8 +7,6 @@ a resume with another shard count drops the saved peaks and says so.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -16,7 +14,7 @@ import torch
 
 from rampwatch import Monitor, store
 from rampwatch.store import names as M
-from tests.procs import REPO, child_env
+from tests.procs import run_torchrun
 
 pytestmark = pytest.mark.slow
 
@@ -52,15 +50,7 @@ dist.destroy_process_group()
 def test_an_fsdp2_run_keeps_its_peaks_with_the_shard_count_and_plans_no_replica(tmp_path):
     db, child = tmp_path / "runs.duckdb", tmp_path / "child.py"
     child.write_text(textwrap.dedent(FSDP2_CHILD))
-    done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-        + [str(child), str(db)],
-        cwd=REPO,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    done = run_torchrun(str(child), str(db), timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     [line] = [v for v in done.stdout.splitlines() if v.startswith("STATE")]
     state = json.loads(line.removeprefix("STATE"))
