@@ -15,6 +15,7 @@ import pytest
 
 from rampwatch import store
 from rampwatch.store import commands
+from rampwatch.store.naming import markdown_literal
 from tests import seed
 
 BOUND = 500  # a label holds a name and an id (each at most 200 characters) and a status
@@ -62,7 +63,7 @@ def test_sidebar_picker_and_live_title(deceiving, monkeypatch):
     assert not at.exception, [e.message for e in at.exception]
     _check_liar_and_huge(_labels(at.sidebar.selectbox(key="run_picker")), liar)
     at.sidebar.selectbox(key="run_picker").set_value(liar).run()
-    assert [t.value for t in at.title] == ["\\u202e" + deceiving[3][::-1]]
+    assert [t.value for t in at.title] == [markdown_literal("\\u202e" + deceiving[3][::-1])]
     at.sidebar.selectbox(key="run_picker").set_value(huge).run()
     assert not at.exception
     assert all(_safe(t.value) for t in at.title) and "N" * 100 in at.title[0].value
@@ -120,3 +121,28 @@ def test_a_hiding_or_long_operator_name_is_refused_on_the_server(db_path, monkey
         assert before[0].status == "pending"
     finally:
         live.close()
+
+
+# Markdown a name could carry, and Streamlit's own directives (colour, emoji, math).
+MARKDOWN_NAME = "**bold** _it_ [link](http://x.test) `code` # h <b>t</b> :red[r] :smile: $x^2$ ~s~"
+
+
+def test_a_name_with_markdown_reads_as_typed_in_the_live_title(db_path, monkeypatch):
+    """The title is Markdown: a name with emphasis, a link or a colour directive must render as
+    the characters that were typed, not as formatting (rendered here by CommonMark, as
+    Streamlit's react-markdown renders it, plus its ':' and '$' directives)."""
+    from markdown_it import MarkdownIt
+
+    run = seed.finished_run(db_path, 16)
+    _stored_by_an_older_version(db_path, run, MARKDOWN_NAME)
+    at = seed.app(monkeypatch, db_path)
+    at.sidebar.selectbox(key="run_picker").set_value(run).run()
+    assert not at.exception
+    [title] = [t.value for t in at.title]
+    html = MarkdownIt("commonmark").render(title)
+    assert html.startswith("<p>") and "<strong>" not in html and "<a " not in html, html
+    text = html.removeprefix("<p>").removesuffix("</p>\n")
+    text = text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+    assert text == MARKDOWN_NAME
+    # Streamlit's directives start at an unescaped ':' or '$'
+    assert all(title[i - 1] == "\\" for i, c in enumerate(title) if c in ":$")

@@ -6,7 +6,8 @@ any path is built from an id (`check_run_id`). A run name is what the operator w
 ramp reads: at most MAX_NAME_CHARS and free of characters that cannot be seen (control and
 format characters: bidirectional overrides such as U+202E can make one run read as another).
 Names stored by older versions may be anything, so every place that shows a name or an id
-shows `display_name(...)`: hidden characters as visible `\\u202e` text, the length bounded.
+shows `display_name(...)`: hidden characters as visible `\\u202e` text, the length bounded;
+where the text is Markdown (a page title), `markdown_literal(...)` of it, so `**x**` reads as typed.
 """
 
 from __future__ import annotations
@@ -66,6 +67,16 @@ def display_name(name, limit: int = MAX_NAME_CHARS) -> str:
     if len(shown) <= limit and len(head) == len(text):
         return shown
     return shown[: limit - 1] + "…"
+
+
+# CommonMark lets a backslash escape any ASCII punctuation; Streamlit's directives (:red[..],
+# :emoji:, $math$) start at punctuation too, so escaping all of it leaves only the typed text.
+_MARKDOWN_PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")
+
+
+def markdown_literal(text: str) -> str:
+    """text as Markdown that renders as exactly these characters (no emphasis, link, HTML)."""
+    return _MARKDOWN_PUNCTUATION.sub(r"\\\1", text)
 
 
 def _hidden(c: str) -> bool:

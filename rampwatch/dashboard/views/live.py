@@ -26,7 +26,7 @@ from rampwatch.dashboard import (
     store_access,
 )
 from rampwatch.store import names as M
-from rampwatch.store.naming import display_name
+from rampwatch.store.naming import display_name, markdown_literal
 
 REFRESH_CHOICES = {"off": None, "2 s": 2, "5 s": 5, "10 s": 10, "30 s": 30}
 
@@ -58,7 +58,7 @@ def _age(t: float | None) -> str:
 def _header(snap: live_data.Snapshot) -> None:
     run = snap.run
     tokens = snap.latest.get(M.TOKENS_SEEN)
-    st.title(display_name(run.name or run.run_id))
+    st.title(markdown_literal(display_name(run.name or run.run_id)))
     step = run.last_step if run.last_step is not None else "—"
     bits = [
         f"status **{run.status}**",
