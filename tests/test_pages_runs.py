@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rampwatch.dashboard import store_access
+from rampwatch.store import RunWriter
 from tests import seed
 from tests.procs import REPO, child_env
 
@@ -51,6 +52,7 @@ def many(db_path):
     b32 = seed.finished_run(db_path, 32, name="done")
     _killed_writer(db_path, "killed")  # the next writer's start recovers it: killed
     live = seed.live_run(db_path, name="live")
+    RunWriter.start(db_path, name="four ranks", world_size=4, handle_sigterm=False).close()
     _killed_writer(db_path, "crashed")  # nobody has opened the file for writing since: stale
     yield db_path, live, b32
     live.close()
@@ -61,7 +63,7 @@ def test_every_run_with_status_and_summary(many, monkeypatch):
     at = seed.app(monkeypatch, db, page="views/runs.py")
     assert not at.exception, [e.message for e in at.exception]
     t = _runs_table(at)
-    assert set(t.index) == {"done", "killed", "crashed", "live"}
+    assert set(t.index) == {"done", "killed", "crashed", "live", "four ranks"}
     assert t.loc["killed", "status"] == "killed" and t.loc["killed", "steps"] == 49
     assert t.loc["live", "status"] == "running"
     assert t.loc["done", "status"] == "finished"
@@ -75,6 +77,7 @@ def test_every_run_with_status_and_summary(many, monkeypatch):
     assert t.loc["live", "peak memory (GB)"] == pytest.approx(25.6, abs=0.11)
     assert t.loc["live", "best loss (raw)"] < 2.5  # NaN losses do not poison the best
     assert t.loc["live", "device"] == "NVIDIA H200"
+    assert t.loc["four ranks", "world size"] == 4 and t.loc["live", "world size"] == 1
     assert "stale: marked running but no heartbeat" in seed.texts(at)
 
 

@@ -19,7 +19,7 @@ import time
 import streamlit as st
 
 from rampwatch.dashboard import sources, store_access
-from rampwatch.store.naming import display_name
+from rampwatch.store.naming import display_name, markdown_literal
 
 cat, current, _ = sources.page_catalog()
 
@@ -69,6 +69,7 @@ for ref in refs:
             "lost records": s["lost_records"],
             "refused writes": refused[ref.db].get(r.run_id, 0),
             "device": r.device,
+            "world size": r.world_size,
             "run id": display_name(r.run_id),
         }
     )
@@ -88,7 +89,7 @@ lossy = [row["name"] for row in rows if row["lost records"]]
 if lossy:
     st.warning(
         f"{len(lossy)} run(s) lost records before they reached the database "
-        f"({', '.join(lossy[:5])}{' …' if len(lossy) > 5 else ''}): see the alert events "
+        f"({markdown_literal(', '.join(lossy[:5]))}{' …' if len(lossy) > 5 else ''}): see the alert events "
         "on their live page.",
         icon=":material/warning:",
     )
