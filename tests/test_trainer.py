@@ -59,6 +59,8 @@ def test_tiny_run_logs_every_metric_and_learns(tmp_path):
         "50",
         "--val-every",
         "25",
+        "--checkpoint-every",
+        "25",
         "--no-plan",
         "--progress",
         "auto",
@@ -71,6 +73,9 @@ def test_tiny_run_logs_every_metric_and_learns(tmp_path):
     assert "rampwatch: step 50: checkpoint: checkpoint at step 50" in done.stdout
     run = reader.get_run(db, "tiny")
     assert run.status == "finished" and run.last_step == 50
+    # the last periodic save is the final one: each step saved once
+    saved = [e.step for e in reader.events(db, "tiny") if e.kind == M.EVENT_CHECKPOINT]
+    assert saved == [25, 50], saved
     assert run.config["preset"] == "test-tiny" and run.config["data"]["corpus"]["files"] > 100
     names = set(reader.metric_names(db, "tiny"))
     assert PER_STEP | {M.VAL_LOSS, M.GNS, M.GNS_TOKENS} <= names, PER_STEP - names

@@ -501,7 +501,8 @@ class Trainer:
                         self.mon.log(step, {M.VAL_LOSS: val})
                     target = getattr(self.args, "target_val_loss", None)
                     self.reached_target = target is not None and val <= target
-                if self.args.checkpoint_every and step % self.args.checkpoint_every == 0:
+                every = self.args.checkpoint_every
+                if every and step % every == 0 and not self.done():  # the final save follows
                     with self.mon.untimed():
                         self.save_checkpoint()
             self.save_checkpoint(final=True)
