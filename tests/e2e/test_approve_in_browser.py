@@ -60,35 +60,47 @@ def _sign_in(page, operator: str, token: str) -> None:
     page.wait_for_timeout(1500)  # the rerun that stores them
 
 
-def _press_approve(page, how: str, attempts: int = 8) -> str:
+def _press_approve(page, how: str, within_s: float = 120) -> str:
     """Press Approve as an operator would, until the card answers with a command or a reason
     other than the override's; returns that answer. The advisor's verdict can flip back to "not
     yet" between two refreshes of a noisy tiny run, and then Approve is on hold behind the
     override. The card reruns every 5 s (the page's default refresh), so an element can move or
-    be replaced under the pointer: each try is short, and the page is looked at again after it.
-    Every click must be answered (issue 23): a click without an answer fails here."""
+    be replaced under the pointer: each try is short, and the page is looked at again after it,
+    for `within_s` (a loaded machine's reruns take seconds each). Every click must be answered
+    (issue 23): a click without an answer fails here. On failure: what each try met, the page's
+    text, and a screenshot in artifacts/."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import expect
 
     override = page.get_by_role("checkbox", name=re.compile("^Ramp before the advisor is ready"))
     approve = page.get_by_role("button", name=re.compile(r"^Approve"))
     answer = page.get_by_text(ANSWER)
-    for _ in range(attempts):
+    tries: list[str] = []
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
         try:
             if override.count() and not override.first.is_checked():
+                tries.append("ticked the override")
                 page.get_by_text("Ramp before the advisor is ready").first.click(timeout=5_000)
                 page.wait_for_timeout(1500)  # the rerun that stores it
                 continue  # look again: that rerun may have changed the verdict
             getattr(approve, how)(timeout=5_000)
-        except PlaywrightTimeout:
+        except PlaywrightTimeout as e:
+            tries.append(f"timeout: {str(e).splitlines()[0][:120]}")
             page.wait_for_timeout(1000)
             continue
         expect(answer.first).to_be_visible(timeout=30_000)  # no silent drop
         text = answer.first.inner_text()
         if "tick the override first" not in text:
             return text
+        tries.append("answered: tick the override first")
         page.wait_for_timeout(1000)
-    raise AssertionError(f"Approve could not be pressed in {attempts} tries")
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "e2e-approve-not-pressed.png"), full_page=True)
+    raise AssertionError(
+        f"Approve could not be pressed within {within_s:.0f} s; tries: {tries}; "
+        f"page: {page.inner_text('body')[:2000]}"
+    )
 
 
 def _ramp_events(db: Path, run_id: str) -> list:
