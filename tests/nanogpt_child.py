@@ -59,6 +59,7 @@ def main() -> None:
             {
                 "lr_scale": mon.lr_scale,
                 "base_lr": mon.state_dict()["base_lr"],
+                "auto_paused": mon.state_dict().get("auto_paused"),
                 "grad_scale": scope["scaler"].get_scale(),
             }
         )

@@ -113,6 +113,19 @@ def test_a_loop_that_ignores_the_multiplier_gets_the_alert_and_an_honest_record(
     assert any(HEADLINE in str(w.value) for w in at.warning)
 
 
+def test_auto_ramps_stop_when_the_loop_did_not_carry_the_lr(tmp_path, procs):
+    """ramp='auto' and a loop that ignores the multiplier: after the failed check no further
+    ramp is taken on its own (each would grow the batch at the old LR again); the alert says
+    so and how to go on, and the pause is in the monitor's state (a resume keeps it)."""
+    db, run_id, out, _ = run(procs, tmp_path, "ignored", "auto")
+    [alert] = lr_alerts(db, run_id)
+    assert alert.data["outcome"] == "not reached" and alert.data["auto_paused"] is True
+    assert "auto ramps are paused" in alert.message and "approve" in alert.message
+    assert out["auto_paused"] is True
+    ramps = store.events(db, run_id, kinds=[M.EVENT_RAMP])
+    assert [e.step for e in ramps] == [RAMP_AT]
+
+
 def test_float16_with_a_grad_scaler_logs_the_unscaled_gradient(tmp_path, procs, unramped):
     """The example's float16 path on the CPU: autocast and a live GradScaler (scale 2^16, so a
     norm left scaled would be 65,536 times too large); grad_scale= gives the float32 norm."""

@@ -59,6 +59,11 @@ from rampwatch.store.commands import validate as validate_command
 __all__ = ["MODES", "Ramp", "RampChannel", "RampProtocol", "RunningTier", "scale_lr"]
 
 MODES = ("manual", "auto", "off")
+AUTO_PAUSED = (
+    "auto ramps are paused until a ramp's LR change is carried out: fix the loop's LR, then "
+    "approve the next ramp on the dashboard"
+)
+AUTO_RESUMED = "auto ramps resume: this ramp's LR change was carried out"
 HISTORY = 2000  # noise-scale points kept for the auto policy (covers its window and min samples)
 # scheduler and param-group keys that hold a learning rate (torch.optim.lr_scheduler's own)
 _GROUP_LR_KEYS = ("lr", "initial_lr", "max_lr", "min_lr")
@@ -146,6 +151,9 @@ class RampProtocol:
     plan_pending: bool = False  # a plan is on its way: auto waits for it before a larger batch
     last_ramp_step: int = 0
     stop_requested: bool = False  # this process was asked to stop (e.g. SIGTERM)
+    # auto took a ramp whose LR change the loop did not carry out: no more auto ramps until an
+    # approved one's is (each would grow the batch at the old LR again)
+    auto_paused: bool = False
     trials: TrialProtocol = field(default_factory=TrialProtocol)  # trial commands: its checks
 
     def __post_init__(self):
@@ -191,6 +199,7 @@ class RampProtocol:
             "infeasible": sorted(self.infeasible),
             "measured": {str(b): v for b, v in sorted(self.measured.items())},  # JSON keys
             "shards": self.shards,
+            "auto_paused": self.auto_paused,
             "trials": self.trials.state_dict(),
         }
 
@@ -200,6 +209,7 @@ class RampProtocol:
         if state.get("start_base_lr"):  # none (the trainer's own fields): the policy's original
             self.start_base_lr = float(state["start_base_lr"])
         self.last_ramp_step = int(state.get("last_ramp_step", self.last_ramp_step))
+        self.auto_paused = bool(state.get("auto_paused", self.auto_paused))
         shards = int(state.get("shards", 1))  # saved before shard counts were: a replica
         if shards == self.shards:
             self.infeasible = {int(b) for b in state.get("infeasible", self.infeasible)}
@@ -266,11 +276,17 @@ class RampProtocol:
         check, self.lr_check = self.lr_check, None
         message = check.message(outcome)
         if message is None:  # reached
+            if self.auto_paused:
+                self.auto_paused = False
+                self.event(step, M.EVENT_ALERT, AUTO_RESUMED, {"cause": LR_CHECK})
             return
         if outcome in (NOT_REACHED, UNDONE):  # the run's base LR is what it was
             before, after = self._checked_bases
             # exactly the old base, unless a later ramp moved it since (then by the multiplier)
             self.base_lr = before if self.base_lr == after else self.base_lr / check.multiplier
+            if self.mode == "auto":
+                self.auto_paused = True
+                message += f"; {AUTO_PAUSED}"
         data = {
             "cause": LR_CHECK,
             "outcome": outcome,
@@ -278,6 +294,7 @@ class RampProtocol:
             "lr_multiplier": check.multiplier,
             "lr_ratios": {str(s): q for s, q in sorted(check.ratios.items())},
             "base_lr": self.base_lr,
+            "auto_paused": self.auto_paused,
         }
         (self.author_alert or self._alert)(step, message, data)
 
@@ -411,7 +428,7 @@ class RampProtocol:
                 )
                 continue
             chosen = self._command(cmd, step)
-        if chosen is None and self.mode == "auto":
+        if chosen is None and self.mode == "auto" and not self.auto_paused:
             chosen = self._auto(step)
         if chosen is not None and chosen.command_id is not None:
             self._in_flight.add(chosen.command_id)
