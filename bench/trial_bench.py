@@ -117,6 +117,17 @@ class Quadratic:
         signal = (weight * (self.h * delta) ** 2).sum()
         return float((weight * self.h).sum() * residual / signal + 1)
 
+    def sampled_noise_scales(self, w: torch.Tensor, count: int, data_seed: int) -> tuple:
+        """(B_simple, B_noise) from `count` sampled per-example gradients at w: tr(Σ)/|G|² and
+        tr(HΣ)/(GᵀHG), Σ their covariance about G = Hδ (a check of the closed forms; H is
+        diagonal, so diag(Σ) is all either trace reads)."""
+        x, y = self.examples(data_seed, 0, count)
+        grads = x * (x @ w - y)[:, None]  # ∇½(x·w − y)² per example
+        big_g = self.h * (w - self.w_star)
+        sigma_diag = ((grads - big_g) ** 2).mean(0)
+        simple = float(sigma_diag.sum() / (big_g @ big_g))
+        return simple, float((self.h * sigma_diag).sum() / (big_g @ (self.h * big_g)))
+
     def block(self, data_seed: int, j: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self._last[0] != (data_seed, j):  # small batches read one block many times
             g = torch.Generator().manual_seed(data_seed * 10**7 + j)
@@ -609,7 +620,7 @@ def measure_stiff(quick: bool = False, settings=STIFF_SETTINGS) -> StiffReport:
     GᵀHG/|G|² ≤ h_max/10: the gradient in soft directions, the stiff one quiet. SGD at LR η and
     batch B holds each direction at a noise floor E[δ_i²] ≈ η(δᵀHδ + σ²)/(2B) (the stationary
     variance of δ_i ← (1 − ηh_i)δ_i − η·noise, noise variance h_i(δᵀHδ + σ²)/B), which puts
-    ≈ η·tr(H³)(δᵀHδ + σ²)/(2B) into δᵀH³δ; so B_noise ≤ 2B·tr(H²)/(η·tr(H³)) and the ratio
+    ≈ η·tr(H³)(δᵀHδ + σ²)/(2B) into δᵀH³δ; so B_noise ≲ 2B·tr(H²)/(η·tr(H³)) and the ratio
     reaches 10 only where η/B is small: a run far below the LR its batch's noise allows.
 
     Why B_noise need not be SGD's critical batch then. It is the batch at which the one-step

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.trial_bench import STIFF_SETTINGS, measure_stiff, overlaps
+from bench.trial_bench import STIFF_SETTINGS, BaseRun, Quadratic, measure_stiff, overlaps
 
 # one seed, the sweeps' batches near what they find (the bench runs 3 seeds and all batches)
 SETTINGS = {
@@ -33,6 +33,20 @@ def _by_lr(report) -> dict:
 def test_b_noise_is_ten_times_b_simple(report):
     ratios = {p.lr: p.b_noise / p.b_simple for p in report.points}
     assert all(r >= 10 for r in ratios.values()), ratios
+
+
+def test_b_noise_closed_form_matches_sampled_gradients():
+    """At the stiff-sgd snapshot (LR 0.02, 2.5% of the initial excess): the closed forms against
+    200,000 sampled per-example gradients, so B_noise ≈ 20 × B_simple is the problem's, not a
+    slip of the formula."""
+    problem = Quadratic(**SETTINGS["problem"])
+    run = BaseRun(problem, SETTINGS["base_batch"], 0.02, optimizer="sgd")
+    run.until(0.025 * run.excess())
+    w = run.w.detach()
+    simple, noise = problem.sampled_noise_scales(w, 200_000, data_seed=5)
+    assert problem.b_simple(w) == pytest.approx(simple, rel=0.03)
+    assert problem.b_noise(w) == pytest.approx(noise, rel=0.03)
+    assert noise >= 10 * simple
 
 
 def test_trial_brackets_the_linear_rules_critical_batch_within_2x(report):
