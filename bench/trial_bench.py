@@ -377,6 +377,29 @@ def adaptive_trial(run, plan: TrialPlan) -> list:
     return verdicts
 
 
+def capped_bracket(verdicts) -> tuple | None:
+    """The adaptive trial's answer with the failures of its longer Δs kept: a Δ too long lets a
+    branch catch up, never fall behind (advisor/trial.py, "Δ too long"), so a branch that failed
+    at a longer Δ caps the bracket found at the last one. None when the last Δ did not judge.
+    Why: SGD past 2/h_max grows its stiff direction from a noise floor for several steps before
+    the loss shows it (stiff-sgd: ×128 at LR 2.56 is below the control at step 4, 24 × the
+    snapshot's excess at step 12), so the halving that the control asks for can hide it."""
+    last = verdicts[-1]
+    if not last.delta_ok:
+        return None
+    failed = [r.k for v in verdicts for r in v.branches if not r.passed]
+    cap = min(failed, default=math.inf)
+    chain = []
+    for r in last.branches:
+        if not r.passed or r.k >= cap:
+            break
+        chain.append(r.k)
+    later = [k for k in last.plan.ks if k > (chain[-1] if chain else 1)]
+    upper = min([*later[:1], cap])
+    b = last.plan.batch
+    return (chain[-1] * b if chain else None, None if upper == math.inf else int(upper * b))
+
+
 def _halved(plan: TrialPlan) -> TrialPlan | None:
     """The plan at Δ/2 with the branches whose step still divides it; None if none does."""
     delta = plan.delta_tokens // 2
@@ -696,8 +719,9 @@ class StiffReport:
             "",
             "| LR | excess at trial | B_simple | B_noise | B_noise / B_simple | tuned B_crit | "
             "linear rule's [reached, diverged) (its fit) | trial's bracket | Δ used | "
-            "trial within 2× | B_noise within 2× | B_simple within 2× | cost (examples) |",
-            "|---:|---:|---:|---:|---:|---:|---|---|---:|---|---|---|---:|",
+            "trial within 2× | capped bracket (capped_bracket) | B_noise within 2× | "
+            "B_simple within 2× | cost (examples) |",
+            "|---:|---:|---:|---:|---:|---:|---|---|---:|---|---|---|---|---:|",
         ]
         for p in self.points:
             v, wall = p.adaptive[-1], p.wall
@@ -707,7 +731,7 @@ class StiffReport:
                 f"{p.b_noise / p.b_simple:.1f} | {_shown(p.tuned[2])} | "
                 f"[{wall[0]}, {wall[1] or '∞'}) ({_shown(p.rule[2])}) | {_bracket(v.bracket)} | "
                 f"{v.plan.delta_tokens if v.delta_ok else '—'} | "
-                f"{_yes(overlaps(v.bracket, wall))} | "
+                f"{_yes(overlaps(v.bracket, wall))} | {_bracket(capped_bracket(p.adaptive))} | "
                 f"{_yes(overlaps((p.b_noise, p.b_noise), wall))} | "
                 f"{_yes(overlaps((p.b_simple, p.b_simple), wall))} | {cost:,} |"
             )
