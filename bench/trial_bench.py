@@ -2,6 +2,12 @@
 
     python bench/trial_bench.py --problem quadratic            # 3 seeds per batch
     python bench/trial_bench.py --problem quadratic --quick    # 1 seed, fewer batches
+    python bench/trial_bench.py --problem stiff-sgd            # SGD, B_noise ≈ 20 × B_simple
+
+`--problem stiff-sgd` (measure_stiff, StiffReport; its docstring has the derivation) is the same
+least squares with one stiff direction and eight soft ones, trained by plain SGD at a low LR:
+there B_noise is ≈ 20 × B_simple, and it asks which critical batch the trial finds. The rest of
+this docstring is the quadratic problem's.
 
 The problem: least squares y = x·w* + σε with x ~ N(0, H), H = diag(h), h spread over
 `decades` decades, trained from w = 0 by Adam (β = 0.9, 0.95) in float64. Its excess loss
@@ -59,7 +65,7 @@ import torch
 
 from rampwatch.advisor.gns import fit_critical_batch
 from rampwatch.advisor.gns_window import significant
-from rampwatch.advisor.lr import lr_multiplier
+from rampwatch.advisor.lr import lr_multiplier, rule_for
 from rampwatch.advisor.trial import HALF_PROGRESS_MIN, TrialPlan
 from rampwatch.monitor.ramp_protocol import scale_lr
 from rampwatch.monitor.trial_runner import run_trial
@@ -77,6 +83,7 @@ class Quadratic:
     decades: float = 4.0
     noise: float = 1.0
     seed: int = 0  # the problem (w*); a run's data seed is separate
+    soft: float | None = None  # h = (1, soft, …, soft) instead of the log spread: stiff-sgd
     h: torch.Tensor = field(init=False)
     w_star: torch.Tensor = field(init=False)
     _last: tuple = field(init=False, default=(None, None))
@@ -84,6 +91,9 @@ class Quadratic:
     def __post_init__(self):
         g = torch.Generator().manual_seed(self.seed)
         self.h = torch.logspace(0, -self.decades, self.dim, dtype=torch.float64)
+        if self.soft is not None:  # one stiff direction, a gap, the rest soft
+            self.h = torch.full((self.dim,), float(self.soft), dtype=torch.float64)
+            self.h[0] = 1.0
         self.w_star = torch.randn(self.dim, generator=g, dtype=torch.float64)
 
     def excess(self, w: torch.Tensor) -> torch.Tensor:
@@ -107,6 +117,17 @@ class Quadratic:
         signal = (weight * (self.h * delta) ** 2).sum()
         return float((weight * self.h).sum() * residual / signal + 1)
 
+    def sampled_noise_scales(self, w: torch.Tensor, count: int, data_seed: int) -> tuple:
+        """(B_simple, B_noise) from `count` sampled per-example gradients at w: tr(Σ)/|G|² and
+        tr(HΣ)/(GᵀHG), Σ their covariance about G = Hδ (a check of the closed forms; H is
+        diagonal, so diag(Σ) is all either trace reads)."""
+        x, y = self.examples(data_seed, 0, count)
+        grads = x * (x @ w - y)[:, None]  # ∇½(x·w − y)² per example
+        big_g = self.h * (w - self.w_star)
+        sigma_diag = ((grads - big_g) ** 2).mean(0)
+        simple = float(sigma_diag.sum() / (big_g @ big_g))
+        return simple, float((self.h * sigma_diag).sum() / (big_g @ (self.h * big_g)))
+
     def block(self, data_seed: int, j: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self._last[0] != (data_seed, j):  # small batches read one block many times
             g = torch.Generator().manual_seed(data_seed * 10**7 + j)
@@ -123,21 +144,33 @@ class Quadratic:
         return torch.cat(xs)[lo : lo + count], torch.cat(ys)[lo : lo + count]
 
 
+def make_optimizer(name: str, groups: list) -> torch.optim.Optimizer:
+    """'adam' (the bench's β) or 'sgd' (plain: no momentum, so a snapshot is just w)."""
+    if name == "adam":
+        return torch.optim.Adam(groups, betas=BETAS)
+    if name == "sgd":
+        return torch.optim.SGD(groups)
+    raise ValueError(f"optimizer must be 'adam' or 'sgd', got {name!r}")
+
+
 def per_example_loss(w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """½(x·w − y)² per example; rows of w are separate runs → [runs, examples]."""
     return 0.5 * (torch.atleast_2d(w) @ x.T - y) ** 2
 
 
 def steps_to_targets(
-    problem, batch, lrs, targets, data_seed, max_steps, start=None
+    problem, batch, lrs, targets, data_seed, max_steps, start=None, optimizer="adam", hold=False
 ) -> list[list[float]]:
     """Per target, per LR: the step at which the excess loss first reaches it (runs share data).
-    From w = 0 and a fresh Adam, or from `start` = (w, Adam's state for w): a snapshot."""
+    From w = 0 and a fresh optimizer, or from `start` = (w, the optimizer's state for w): a
+    snapshot. `hold`: a hit counts only if the excess stays under 2 × the target until 4 × its
+    step (SGD past 2/h_max can cross the target while its stiff direction still grows from a
+    tiny error: measured at LR 2.56, a hit at step 5 held to step 10, of a run that diverges);
+    it stops once every run is past 100 × the target (diverged)."""
     w0, state = start or (torch.zeros(problem.dim, dtype=torch.float64), None)
     ws = [w0.clone().requires_grad_(True) for _ in lrs]
-    opt = torch.optim.Adam(
-        [{"params": [w], "lr": lr} for w, lr in zip(ws, lrs, strict=True)], betas=BETAS
-    )
+    groups = [{"params": [w], "lr": lr} for w, lr in zip(ws, lrs, strict=True)]
+    opt = make_optimizer(optimizer, groups)
     if state is not None:  # every copy resumes the snapshot's moments and step count
         for w in ws:
             opt.state[w] = {k: v.clone() for k, v in state.items()}
@@ -154,17 +187,29 @@ def steps_to_targets(
                 step if e <= target and h == math.inf else h
                 for e, h in zip(excess, row, strict=True)
             ]
+            if hold:  # a run that left 2 × the target after its hit has not reached it
+                row[:] = [
+                    math.inf if e > 2 * target else h for e, h in zip(excess, row, strict=False)
+                ]
         deepest = hit[-1]
-        if all(h < math.inf for h in deepest) or step > 4 * min(deepest):  # the rest are slower
+        if hold:  # the best held its hit (the rest are slower), or every run diverged
+            if step >= 4 * min(deepest) or all(not e <= 100 * max(targets) for e in excess):
+                break
+        elif all(h < math.inf for h in deepest) or step > 4 * min(deepest):  # the rest: slower
             break
     return hit
 
 
-def sweep(problem, lrs, targets, seeds, max_steps, start=None) -> dict:
+def sweep(
+    problem, lrs, targets, seeds, max_steps, start=None, optimizer="adam", hold=False
+) -> dict:
     """target → ({batch: (mean steps over seeds at the best LR, that LR)}, S_min, B_crit).
-    `lrs` maps each batch to its LR grid; `start` as in steps_to_targets."""
+    `lrs` maps each batch to its LR grid; `start`, `optimizer`, `hold` as in steps_to_targets."""
     runs = {
-        b: [steps_to_targets(problem, b, grid, targets, s, max_steps, start) for s in seeds]
+        b: [
+            steps_to_targets(problem, b, grid, targets, s, max_steps, start, optimizer, hold)
+            for s in seeds
+        ]
         for b, grid in lrs.items()
     }
     out = {}
@@ -188,23 +233,30 @@ def _fit(rows) -> tuple[float, float]:
         return math.nan, math.nan
 
 
-def local_sweep(problem, run, batches, fraction, seeds, max_steps) -> tuple:
+def local_sweep(problem, run, batches, fraction, seeds, max_steps, grid=None) -> tuple:
     """The sweep from `run`'s snapshot to `fraction` × its excess loss: (rows, S_min, B_crit).
-    Each batch B at the run's LR × √(B/B0), the trial's rule (module docstring: why not tuned)."""
-    lr = run.opt.param_groups[0]["lr"]
-    lrs = {b: [lr * lr_multiplier(run.batch, b, "sqrt")] for b in batches}
+    Each batch B at the run's LR moved by the trial's rule, × √(B/B0) for Adam, × B/B0 for SGD
+    (module docstring: why not tuned), or, given `grid`, at the best LR of that grid (SGD: no
+    optimizer state, so tuning from the snapshot is McCandlish et al.'s sweep)."""
+    lr, rule = run.opt.param_groups[0]["lr"], rule_for(run.optimizer)
+    lrs = {b: list(grid) if grid else [lr * lr_multiplier(run.batch, b, rule)] for b in batches}
     target = fraction * run.excess()
-    return sweep(problem, lrs, [target], seeds, max_steps, start=run.state())[target]
+    start, hold = run.state(), run.optimizer == "sgd"  # SGD past 2/h_max: see steps_to_targets
+    return sweep(problem, lrs, [target], seeds, max_steps, start, run.optimizer, hold)[target]
 
 
 class BaseRun:
-    """The run a trial branches from: batch B0, one LR, Adam, its data stream by example index."""
+    """The run a trial branches from: batch B0, one LR, Adam or SGD, its data stream by example
+    index."""
 
-    def __init__(self, problem: Quadratic, batch: int, lr: float, data_seed: int = 99):
+    def __init__(
+        self, problem: Quadratic, batch: int, lr: float, data_seed: int = 99, optimizer="adam"
+    ):
         self.problem, self.batch, self.data_seed = problem, batch, data_seed
         self.w = torch.nn.Parameter(torch.zeros(problem.dim, dtype=torch.float64))
         self.model = torch.nn.ParameterList([self.w])  # holds self.w itself; its state_dict
-        self.opt = torch.optim.Adam([self.w], lr=lr, betas=BETAS)
+        self.optimizer = optimizer
+        self.opt = make_optimizer(optimizer, [{"params": [self.w], "lr": lr}])
         self.seen = 0  # examples consumed: the data position
         x, y = problem.examples(EVAL_SEED, 0, 2048)
         self.eval_x, self.eval_y = x, y
@@ -220,7 +272,7 @@ class BaseRun:
         self.train_step(self.model, self.opt, self.seen, count)
         self.seen += count
 
-    def until(self, excess: float, max_steps: int = 20_000) -> None:
+    def until(self, excess: float, max_steps: int = 100_000) -> None:
         """Train until the excess loss first reaches `excess`."""
         for _ in range(max_steps):
             if self.excess() <= excess:
@@ -237,7 +289,7 @@ class BaseRun:
         return float(self.problem.excess(self.w.detach()))
 
     def state(self) -> tuple:
-        """(w, Adam's state for w), copied: where a local sweep starts."""
+        """(w, the optimizer's state for w), copied: where a local sweep starts."""
         moments = {k: v.clone() for k, v in self.opt.state[self.w].items()}
         return self.w.detach().clone(), moments
 
@@ -271,10 +323,11 @@ def restore_check(problem, batch, lr, plan, warm_steps, after_steps) -> tuple[in
     return k, float((trialled.w - by_hand.w).detach().abs().max())
 
 
-def plan_at(batch: int, ks: tuple[int, ...], steps_of_largest: int) -> TrialPlan:
-    """Adam's trial from `batch`: Δ is `steps_of_largest` steps of the largest branch."""
+def plan_at(batch: int, ks: tuple[int, ...], steps_of_largest: int, optimizer="adam") -> TrialPlan:
+    """The trial from `batch` (the optimizer's LR rule): Δ is `steps_of_largest` steps of the
+    largest branch."""
     delta = ks[-1] * batch * steps_of_largest
-    return TrialPlan.for_optimizer("adam", batch=batch, ks=ks, delta_tokens=delta)
+    return TrialPlan.for_optimizer(optimizer, batch=batch, ks=ks, delta_tokens=delta)
 
 
 @dataclass
@@ -324,6 +377,29 @@ def adaptive_trial(run, plan: TrialPlan) -> list:
     return verdicts
 
 
+def capped_bracket(verdicts) -> tuple | None:
+    """The adaptive trial's answer with the failures of its longer Δs kept: a Δ too long lets a
+    branch catch up, never fall behind (advisor/trial.py, "Δ too long"), so a branch that failed
+    at a longer Δ caps the bracket found at the last one. None when the last Δ did not judge.
+    Why: SGD past 2/h_max grows its stiff direction from a noise floor for several steps before
+    the loss shows it (stiff-sgd: ×128 at LR 2.56 is below the control at step 4, 24 × the
+    snapshot's excess at step 12), so the halving that the control asks for can hide it."""
+    last = verdicts[-1]
+    if not last.delta_ok:
+        return None
+    failed = [r.k for v in verdicts for r in v.branches if not r.passed]
+    cap = min(failed, default=math.inf)
+    chain = []
+    for r in last.branches:
+        if not r.passed or r.k >= cap:
+            break
+        chain.append(r.k)
+    later = [k for k in last.plan.ks if k > (chain[-1] if chain else 1)]
+    upper = min([*later[:1], cap])
+    b = last.plan.batch
+    return (chain[-1] * b if chain else None, None if upper == math.inf else int(upper * b))
+
+
 def _halved(plan: TrialPlan) -> TrialPlan | None:
     """The plan at Δ/2 with the branches whose step still divides it; None if none does."""
     delta = plan.delta_tokens // 2
@@ -335,10 +411,13 @@ def _halved(plan: TrialPlan) -> TrialPlan | None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--problem", choices=["quadratic"], default="quadratic")
+    ap.add_argument("--problem", choices=["quadratic", "stiff-sgd"], default="quadratic")
     ap.add_argument("--quick", action="store_true", help="1 seed, fewer batches")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    if args.problem == "stiff-sgd":
+        print(measure_stiff(quick=args.quick).table())
+        return 0
     report = measure(quick=args.quick)
     print(report.table())
     return 0
@@ -514,6 +593,166 @@ def measure(quick: bool = False, settings=SETTINGS) -> Report:
     done = trials(problem, b0, lr0, ks, m, targets, local, settings["other_deltas"])
     checks = [restore_check(problem, b0, lr0, plan_at(b0, ks, m), w, 30) for w in (5, 200)]
     return Report(sweeps, done, checks, settings)
+
+
+# stiff-sgd: one stiff direction (h = 1) and 8 soft ones (h = 0.03), noise σ = 0.1, plain SGD at
+# batch 32 with LR 0.02, far below the LR its batch's noise allows (measure_stiff's docstring:
+# only there does B_noise reach 10 × B_simple); snapshots at 5%, 2.5%, 1.25% of the initial
+# excess loss; then the middle one at LR 0.01 and 0.08: B_noise stays, the wall moves.
+STIFF_SETTINGS = dict(
+    problem=dict(dim=9, soft=0.03, noise=0.1),
+    base_batch=32,
+    runs=((0.02, (0.05, 0.025, 0.0125)), (0.01, (0.025,)), (0.08, (0.025,))),  # (LR, points)
+    ks=(2, 4, 8, 16, 32, 64, 128),
+    delta_steps_of_largest=8,  # the adaptive trial's first Δ: 8 steps of ×128
+    local_fraction=0.5,
+    rule_batches=(8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192),
+    tuned_batches=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+    grid=tuple(0.01 * 2 ** (i / 2) for i in range(16)),  # 0.01 … 1.81; 2/h_max = 2 diverges
+    seeds=(0, 1, 2),
+    local_max_steps=5000,  # batch 8 at LR 0.01 × 8/32 needs ~4,600
+)
+
+
+@dataclass
+class StiffPoint:
+    """One snapshot of a stiff-sgd run: its noise scales, both local sweeps, the trial."""
+
+    lr: float  # the run's
+    excess: float
+    b_simple: float
+    b_noise: float
+    rule: tuple  # local_sweep's (rows, S_min, B_crit) at the run's LR × B/B0 (the trial's rule)
+    tuned: tuple  # local_sweep's (rows, S_min, B_crit) at the best LR of the grid per batch
+    adaptive: list  # adaptive_trial's verdicts; the last is the answer
+
+    @property
+    def wall(self) -> tuple[int, int | None]:
+        """The linear rule's critical batch as [a, b): a the largest batch that reached the
+        target, b the next that did not (None: every batch reached it)."""
+        rows = self.rule[0]
+        top = max(b for b, (steps, _) in rows.items() if steps < math.inf)
+        return top, min((b for b in rows if b > top), default=None)
+
+
+def measure_stiff(quick: bool = False, settings=STIFF_SETTINGS) -> StiffReport:
+    """The stiff-sgd problem: a known critical batch where B_noise and B_simple differ ≥ 10×.
+
+    Why the LR is low. B_noise/B_simple = [tr(H²)/tr(H)]·[|G|²/GᵀHG] (the +1s aside): the noise's
+    curvature over the gradient's. The first factor is at most h_max, so a ratio ≥ 10 needs
+    GᵀHG/|G|² ≤ h_max/10: the gradient in soft directions, the stiff one quiet. SGD at LR η and
+    batch B holds each direction at a noise floor E[δ_i²] ≈ η(δᵀHδ + σ²)/(2B) (the stationary
+    variance of δ_i ← (1 − ηh_i)δ_i − η·noise, noise variance h_i(δᵀHδ + σ²)/B), which puts
+    ≈ η·tr(H³)(δᵀHδ + σ²)/(2B) into δᵀH³δ; so B_noise ≲ 2B·tr(H²)/(η·tr(H³)) and the ratio
+    reaches 10 only where η/B is small: a run far below the LR its batch's noise allows.
+
+    Why B_noise need not be SGD's critical batch then. It is the batch at which the one-step
+    optimal LR ε_opt(B) = ε_max/(1 + B_noise/B), ε_max = |G|²/GᵀHG, stops growing linearly
+    (McCandlish et al. 2018 §2.2). The same bound gives ε_max ≥ 10/h_max whenever the ratio is
+    ≥ 10, 5× past SGD's stability limit 2/h_max in the stiff direction: constant-LR SGD cannot
+    take that step twice. What limits it instead is 2/h_max, so the linear rule from (B0, η0)
+    holds up to B ≈ B0·2/(η0·h_max), a wall set by the run's LR, not by either noise scale.
+
+    Per snapshot: both local sweeps (to `local_fraction` × the snapshot's excess loss), at the
+    run's LR × B/B0 (the trial's rule: a ramp's question; its critical batch is the wall, `wall`)
+    and at the best LR of `grid` per B (McCandlish et al.'s tuned sweep; SGD has no optimizer
+    state, so tuning from a snapshot is clean, unlike Adam's), and the adaptive trial
+    (adaptive_trial: ×2 … ×128 at the linear rule, Δ halved until the Δ check says fine)."""
+    problem = Quadratic(**settings["problem"])
+    b0, ks, m = settings["base_batch"], settings["ks"], settings["delta_steps_of_largest"]
+    seeds = (0,) if quick else settings["seeds"]
+    common = dict(
+        fraction=settings["local_fraction"], seeds=seeds, max_steps=settings["local_max_steps"]
+    )
+    points = []
+    for lr, fractions in settings["runs"]:
+        run = BaseRun(problem, b0, lr, optimizer="sgd")
+        start = run.excess()
+        for fraction in fractions:  # deepest last: one run, trained on between them
+            run.until(fraction * start)
+            rule = local_sweep(problem, run, settings["rule_batches"], **common)
+            grid = settings["grid"]
+            tuned = local_sweep(problem, run, settings["tuned_batches"], grid=grid, **common)
+            adaptive = adaptive_trial(run, plan_at(b0, ks, m, "sgd"))
+            scales = (problem.b_simple(run.w), problem.b_noise(run.w))
+            points.append(StiffPoint(lr, run.excess(), *scales, rule, tuned, adaptive))
+    return StiffReport(points, settings, seeds)
+
+
+def overlaps(bracket, interval) -> bool:
+    """The bracket [lo, hi) widened by 2× at each end meets [a, b) (b None: ∞; no bracket: no).
+    A point x is the bracket (x, x): within 2× of [a, b)."""
+    if bracket is None:
+        return False
+    (lo, hi), (a, b) = bracket, interval
+    return (lo is None or b is None or lo / 2 < b) and (hi is None or a < 2 * hi)
+
+
+@dataclass
+class StiffReport:
+    points: list  # StiffPoint per snapshot
+    settings: dict
+    seeds: tuple
+
+    def table(self) -> str:
+        st, b0 = self.settings, self.settings["base_batch"]
+        heads = [f"LR {p.lr:g}, from {significant(p.excess)}" for p in self.points]
+        lines = [
+            f"stiff-sgd: h = (1, {st['problem']['soft']} × {st['problem']['dim'] - 1}), "
+            f"σ = {st['problem']['noise']}, plain SGD at batch {b0}; seeds {self.seeds}. Local "
+            f"sweeps from each snapshot to {st['local_fraction']:g} × its excess loss, steps "
+            f"(mean over seeds; inf: not reached or diverged) at the run's LR × B/{b0} | tuned "
+            "over the grid (its best LR):",
+            "",
+            "| batch | " + " | ".join(heads) + " |",
+            "|---:|" + "---|" * len(self.points),
+        ]
+        for b in sorted({*st["rule_batches"], *st["tuned_batches"]}):
+            cells = []
+            for p in self.points:
+                rule, tuned = p.rule[0].get(b), p.tuned[0].get(b)
+                cell = "" if rule is None else f"{rule[0]:.1f}"
+                cell += "" if tuned is None else f" \\| {tuned[0]:.1f} ({tuned[1]:.2g})"
+                cells.append(cell.strip())
+            lines.append(f"| {b} | " + " | ".join(cells) + " |")
+        lines += [
+            "",
+            "| LR | excess at trial | B_simple | B_noise | B_noise / B_simple | tuned B_crit | "
+            "linear rule's [reached, diverged) (its fit) | trial's bracket | Δ used | "
+            "trial within 2× | capped bracket (capped_bracket) | B_noise within 2× | "
+            "B_simple within 2× | cost (examples) |",
+            "|---:|---:|---:|---:|---:|---:|---|---|---:|---|---|---|---|---:|",
+        ]
+        for p in self.points:
+            v, wall = p.adaptive[-1], p.wall
+            cost = sum(t.cost_tokens for t in p.adaptive)
+            lines.append(
+                f"| {p.lr:g} | {significant(p.excess)} | {p.b_simple:.1f} | {p.b_noise:.1f} | "
+                f"{p.b_noise / p.b_simple:.1f} | {_shown(p.tuned[2])} | "
+                f"[{wall[0]}, {wall[1] or '∞'}) ({_shown(p.rule[2])}) | {_bracket(v.bracket)} | "
+                f"{v.plan.delta_tokens if v.delta_ok else '—'} | "
+                f"{_yes(overlaps(v.bracket, wall))} | {_bracket(capped_bracket(p.adaptive))} | "
+                f"{_yes(overlaps((p.b_noise, p.b_noise), wall))} | "
+                f"{_yes(overlaps((p.b_simple, p.b_simple), wall))} | {cost:,} |"
+            )
+        lines += [
+            "",
+            "The linear rule's critical batch is the wall [a, b): a the largest batch that reached "
+            "the target, b the next, which did not. Its fit S = S_min(1 + B_crit/B) is shown but "
+            "means nothing: S·B is constant up to the wall, so S_min ≈ 0. Within 2×: the trial's "
+            "bracket, or the noise scale, widened 2× each way meets the wall.",
+            "",
+            "The adaptive trials, Δ tried (examples): half-progress ratio (Δ check):",
+        ]
+        for p in self.points:
+            tried = ", ".join(f"{t.plan.delta_tokens}: {_ratio(t)}" for t in p.adaptive)
+            arms = " ".join(f"×{r.k}{'✓' if r.passed else '✗'}" for r in p.adaptive[-1].branches)
+            lines.append(f"- LR {p.lr:g}, from {significant(p.excess)}: {tried}; arms {arms}")
+        return "\n".join(lines)
+
+
+def _yes(x: bool) -> str:
+    return "yes" if x else "no"
 
 
 if __name__ == "__main__":
