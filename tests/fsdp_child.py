@@ -7,7 +7,9 @@ times, each run wrapped another way, through rampwatch.Monitor into one database
 RUN is WRAP:K[:compile], K the accumulation: `ddp` (DistributedDataParallel, no_sync on the
 micro-steps before the last), `zero` (the same with ZeroRedundancyOptimizer), `fsdp-nosync`
 (fully_shard on the first layer and the root, set_requires_gradient_sync(False) before the
-last micro-step) and `fsdp-sync` (FSDP2's default: every backward reduce-scatters); `compile`
+last micro-step), `fsdp-sync` (FSDP2's default: every backward reduce-scatters) and `nanochat`
+(no wrapper: the optimizer reduce-scatters the gradients in step(), as nanochat's does, and hands
+its shards to mon.reduced_grad; mon.step() after it); `compile`
 wraps the FSDP2 model in torch.compile (eager backend: no C++ compiler needed), `bf16` gives it
 MixedPrecisionPolicy(bfloat16, float32), `f64` trains it in float64, `no-after-backward` is a
 loop that never calls mon.after_backward(). Each run is
@@ -39,8 +41,36 @@ def model_and_data(n: int):
     return model, x, x[:, :1] * 2 + 0.3 * torch.randn(n, 1, generator=g)
 
 
-def wrapped(wrap: str, model, options: list[str]):
+class ReduceScatterSGD(torch.optim.SGD):
+    """nanochat's structure on SGD: .grad stays this rank's own until step(), which
+    reduce-scatters the flat gradient (mean over ranks), hands this rank's shard to the monitor
+    and all-gathers the shards back before the update."""
+
+    def __init__(self, params, mon_of, **kw):
+        super().__init__(params, **kw)
+        self.mon_of = mon_of  # the Monitor, once it exists
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        params = [p for g in self.param_groups for p in g["params"]]
+        world = dist.get_world_size()
+        flat = torch.cat([p.grad.flatten() for p in params])
+        flat = torch.cat([flat, flat.new_zeros(-len(flat) % world)])
+        shard = flat.new_empty(len(flat) // world)
+        dist.reduce_scatter_tensor(shard, flat, op=dist.ReduceOp.AVG)
+        self.mon_of().reduced_grad(shard)
+        dist.all_gather_into_tensor(flat, shard)
+        offset = 0
+        for p in params:
+            p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
+        return super().step(closure)
+
+
+def wrapped(wrap: str, model, options: list[str], mon_of):
     """(model to train, optimizer)."""
+    if wrap == "nanochat":
+        return model, ReduceScatterSGD(model.parameters(), mon_of, lr=LR)
     if wrap.startswith("fsdp"):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -93,7 +123,7 @@ def run(db: str, spec: str, rank: int, world: int) -> None:
     ref, _, _ = model_and_data(1)  # the same weights, never wrapped
     if "f64" in rest:  # FSDP2 divides float64 before its reduce-scatter: not measured
         model, ref, x_all, y_all = model.double(), ref.double(), x_all.double(), y_all.double()
-    train, opt = wrapped(wrap, model, rest)
+    train, opt = wrapped(wrap, model, rest, lambda: mon)
     mon = Monitor.start(
         db,
         name=spec,
@@ -132,8 +162,12 @@ def run(db: str, spec: str, rank: int, world: int) -> None:
             if "no-after-backward" not in rest:
                 mon.after_backward()
             total += loss.detach() / k
-        mon.step(step, loss=total)
-        opt.step()
+        if wrap == "nanochat":  # the global gradient exists inside opt.step() only
+            opt.step()
+            mon.step(step, loss=total)
+        else:
+            mon.step(step, loss=total)
+            opt.step()
         opt.zero_grad(set_to_none=True)
     mon.finish()
 

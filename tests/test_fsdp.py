@@ -7,7 +7,9 @@ so does ZeroRedundancyOptimizer over DDP; syncing every micro-step (FSDP2's defa
 line through its own points (single micro-batches and global running sums) by brute force, and
 DDP's values at accumulation 1; a torch.compile'd FSDP2 model is measured the same way, and
 so is one in bfloat16 that reduces in float32; one reducing in float64 (which FSDP2 divides
-first) is said not measured; a loop without after_backward() still logs the global norm.
+first) is said not measured; a loop without after_backward() still logs the global norm; a
+loop whose optimizer reduce-scatters in step() (nanochat's) and hands its shards to
+mon.reduced_grad logs what DDP logs.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ RUNS = [
     "fsdp-nosync:3:bf16",
     "fsdp-sync:1:f64",  # said not measured
     "fsdp-sync:2:no-after-backward",
+    "nanochat:3",
 ]
 PER_STEP = (M.GNS_G2, M.GNS_TRACE, M.GNS_RAW, M.GNS, M.GRAD_NORM, M.LOSS)
 
@@ -116,6 +119,12 @@ def test_fsdp2_accumulating_without_sync_logs_what_ddp_logs(runs):
 def test_zero_redundancy_optimizer_over_ddp_logs_what_ddp_logs(runs):
     """ZeroRedundancyOptimizer shards the optimizer state only: .grad stays whole under DDP."""
     _same(_logged(runs, "zero:3"), _logged(runs, "ddp:3"), _scale(runs, "ddp:3"))
+
+
+def test_a_loop_that_reduce_scatters_in_its_optimizer_logs_what_ddp_logs(runs):
+    """nanochat's structure, no DDP: the local running sums after each backward and the shard
+    norms of the averaged gradient its optimizer hands to mon.reduced_grad are DDP's points."""
+    _same(_logged(runs, "nanochat:3"), _logged(runs, "ddp:3"), _scale(runs, "ddp:3"))
 
 
 def test_fsdp2_syncing_every_micro_step_fits_its_own_points(runs):

@@ -198,6 +198,31 @@ def test_step_called_twice_for_one_step_is_said_and_logged_once(tmp_path, capfd)
     assert capfd.readouterr().err.count("called twice for step 2") == 1
 
 
+def test_reduced_grad_after_step_is_said_and_ignored(tmp_path, capfd):
+    """The optimizer's shards handed over after mon.step(): they belong to no recorded step, so
+    they are dropped (not carried into the next step's fit) and the loop's author is told the
+    order once."""
+    torch.manual_seed(0)
+    db = tmp_path / "runs.duckdb"
+    model = torch.nn.Linear(6, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon = _started(db, model, opt)
+    logged = []
+    for step in range(1, 4):
+        loss = _backwards(model, mon)
+        logged.append(mon.step(step, loss=loss))
+        mon.reduced_grad(*[p.grad for p in model.parameters()])  # too late
+        opt.step()
+        opt.zero_grad()
+    mon.finish()
+    assert all(M.GNS_G2 in m for m in logged)
+    [alert] = _alerts(db, mon.run_id)
+    assert alert.step == 1, alert
+    assert "mon.reduced_grad() came with no backward recorded since mon.step()" in alert.message
+    assert "mon.step() after the optimizer's step" in alert.message
+    assert capfd.readouterr().err.count("mon.reduced_grad() came") == 1
+
+
 def test_a_step_with_no_after_backward_since_the_last_is_said(tmp_path, capfd):
     torch.manual_seed(0)
     db = tmp_path / "runs.duckdb"

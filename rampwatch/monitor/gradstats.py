@@ -20,9 +20,13 @@ same estimate (so a checkpoint written by any rank holds rank 0's noise-scale EM
 
 A loop under torch.distributed without DDP whose optimizer averages the gradients inside
 step() (nanochat's reduce-scatter) has .grad = this rank's own S_j/k after every backward, the
-last included (no DDP hook attached): the fit then uses the rank averages of all k local points and no
-global one; with k = 1 there is one batch size and nothing to fit. A loop that all-reduces .grad
-itself before after_backward() breaks that assumption: wrap the model in DDP instead.
+last included (no DDP hook attached): all k points are local, DDP's k local points. The global
+one exists only inside the optimizer's step(), reduce-scattered: when the optimizer hands its
+averaged shards to `add_reduced` (Monitor.reduced_grad), |shard|² summed over ranks is the
+global point, one more slot of the same all-reduce, and the points are exactly DDP's. Without
+it the fit has the local points only; with k = 1 there is then one batch size and nothing to
+fit. A loop that all-reduces .grad itself before after_backward() breaks that assumption: wrap
+the model in DDP instead.
 
 Micro-batches weighted other than 1/k (Hugging Face's num_items_in_batch divides each summed
 token loss by the step's token count) pass their weight to after_backward; the points are then
@@ -162,6 +166,7 @@ class AccumulationStats:
         self.rank_hook: RankNormHook | None = None  # set by attach_ddp (world size > 1)
         self.fsdp: Fsdp2Norms | None = None  # set by attach_fsdp
         self._synced: dict[int, torch.Tensor] = {}  # FSDP2: backward index -> |shard of .grad|²
+        self._reduced: torch.Tensor | None = None  # add_reduced: |this rank's averaged shards|²
 
     def attach_ddp(self, ddp_model, process_group=None) -> None:
         """Register the per-rank norm hook on a DistributedDataParallel model (before its first
@@ -234,6 +239,16 @@ class AccumulationStats:
         self._sq_norms.append(local)
         self._weights.append(weight)
 
+    def add_reduced(self, shards) -> bool:
+        """A loop that syncs inside its optimizer: this rank's part of the rank-averaged
+        gradient of the step whose backwards were recorded (no DDP, no FSDP2). False, and
+        nothing kept, when there is no such step: the shards came after collect()."""
+        if not self._sq_norms or self.rank_hook is not None or self.fsdp is not None:
+            return False
+        sq = _squared_norm([s.detach() for s in shards])
+        self._reduced = sq if self._reduced is None else self._reduced + sq
+        return True
+
     def record_final(self) -> bool:
         """For a loop that never calls after_backward: .grad as it stands at the optimizer step
         becomes the step's one point, so collect() still gives the gradient norm (one point: no
@@ -259,6 +274,7 @@ class AccumulationStats:
         self._sq_norms.clear()
         self._weights.clear()
         self._synced.clear()
+        self._reduced = None
         if self.rank_hook is not None:
             self.rank_hook.take()
         if self.fsdp is not None:
@@ -322,6 +338,7 @@ class AccumulationStats:
         self._sq_norms.clear()
         self._weights.clear()
         self._synced.clear()
+        self._reduced = None
         return weights
 
     def _rank_points(self):
@@ -335,8 +352,10 @@ class AccumulationStats:
                     "sync its gradients (set_requires_gradient_sync(True) before it)"
                 )
             return torch.stack(self._sq_norms), dict(self._synced), None, None
-        if self.rank_hook is None:  # no DDP: every point is this rank's own
-            return torch.stack(self._sq_norms), {}, None, None
+        if self.rank_hook is None:  # no DDP: every point is this rank's own, and the global
+            # one the optimizer's reduce-scatter handed over, as shards
+            last = {} if self._reduced is None else {len(self._sq_norms) - 1: self._reduced}
+            return torch.stack(self._sq_norms), last, None, None
         local_full = self.rank_hook.take()
         if local_full is None:
             raise RuntimeError(

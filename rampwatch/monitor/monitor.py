@@ -357,6 +357,28 @@ class Monitor:
         except Exception as e:  # never into the loop
             self._internal_error("after_backward", e)
 
+    def reduced_grad(self, *shards: torch.Tensor) -> None:
+        """For a loop whose optimizer averages the gradients inside step() (nanochat's
+        reduce-scatter), with no DDP wrapper: call it there with this rank's shards of the
+        averaged gradient, then mon.step() after the optimizer's step. Their squared norms,
+        summed over ranks, are the global point DDP's all-reduced .grad gives, so the noise
+        scale is DDP's (monitor/gradstats.py)."""
+        try:
+            kept = self.grads.add_reduced(shards)
+        except Exception as e:  # never into the loop
+            self._internal_error("reduced_grad", e)
+            return
+        if not kept:
+            self._tell_loop(
+                self.last_step,
+                "reduced_grad",
+                "mon.reduced_grad() came with no backward recorded since mon.step(), or on a "
+                "DDP or FSDP2 model (which give the global gradient themselves): it is "
+                "ignored. In a loop that syncs inside the optimizer, call mon.after_backward() "
+                "after each backward, mon.reduced_grad(...) inside the optimizer's step(), and "
+                "mon.step() after the optimizer's step",
+            )
+
     def discard_step(self) -> None:
         """Forget this step's partial sums: its backwards never reached an optimizer step (a
         skipped batch, an out-of-memory retry)."""
@@ -380,7 +402,8 @@ class Monitor:
         grad_scale: float = 1.0,
         extra: Mapping[str, float] | None = None,
     ) -> dict[str, float]:
-        """Record one optimizer step. Call after the last backward, before clipping. Returns
+        """Record one optimizer step. Call after the last backward, before clipping (a loop
+        that hands reduced_grad() its shards: after the optimizer's step). Returns
         what was logged ({} when the monitor itself failed: said once as an alert)."""
         try:
             return self._step(step, loss, grad_scale, extra)
