@@ -12,7 +12,9 @@ last micro-step), `fsdp-sync` (FSDP2's default: every backward reduce-scatters) 
 its shards to mon.reduced_grad; mon.step() after it); `compile`
 wraps the FSDP2 model in torch.compile (eager backend: no C++ compiler needed), `bf16` gives it
 MixedPrecisionPolicy(bfloat16, float32), `f64` trains it in float64, `no-after-backward` is a
-loop that never calls mon.after_backward(). Each run is
+loop that never calls mon.after_backward(), `frozen` runs FROZEN_STEPS steps at LR 0 and rank 0
+prints the weights' true |G|² and tr(Σ) from per-example gradients of POPULATION fresh examples
+(`TRUTH RUN g2 trace`). Each run is
 named after its RUN. Every step, rank 0 prints the brute-force points the monitor's fit must go
 through, from a plain copy of the model with the same weights and per-rank autograd:
 `POINTS RUN STEP [[batch, |mean gradient|²], …]`.
@@ -31,14 +33,34 @@ from rampwatch import Monitor
 from rampwatch.advisor.gns_window import NoiseScaleWindow
 
 B, STEPS, LR = 16, 4, 0.05  # per-device batch, optimizer steps, SGD learning rate
+FROZEN_STEPS, POPULATION = 400, 200_000
 
 
-def model_and_data(n: int):
+def model_and_data(n: int, seed: int = 1):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 1))
-    g = torch.Generator().manual_seed(1)
+    g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, 5, generator=g)
     return model, x, x[:, :1] * 2 + 0.3 * torch.randn(n, 1, generator=g)
+
+
+def true_noise(model) -> tuple[float, float]:
+    """(|G|², tr(Σ)) of the mean-squared-error gradient at these weights, from per-example
+    gradients of POPULATION examples the runs never see: tr(Σ) = E|g_i|² − |G|²."""
+    from torch.func import functional_call, grad, vmap
+
+    _, x, y = model_and_data(POPULATION, seed=2)
+    params = {n: p.detach() for n, p in model.named_parameters()}
+
+    def loss(p, xi, yi):
+        out = functional_call(model, p, (xi[None],))
+        return torch.nn.functional.mse_loss(out, yi[None])
+
+    per_example = vmap(grad(loss), in_dims=(None, 0, 0))(params, x, y)
+    flat = torch.cat([g.double().flatten(1) for g in per_example.values()], dim=1)
+    mean = flat.mean(0)
+    g2 = float(mean.square().sum())
+    return g2, float(flat.square().sum(1).mean()) - g2
 
 
 class ReduceScatterSGD(torch.optim.SGD):
@@ -118,12 +140,17 @@ def brute_points(ref, xs, ys, sync_every: bool, world: int) -> list[list[float]]
 
 def run(db: str, spec: str, rank: int, world: int) -> None:
     wrap, k, *rest = spec.split(":")
-    k = int(k)
-    model, x_all, y_all = model_and_data(STEPS * k * world * B)
+    k, steps = int(k), FROZEN_STEPS if "frozen" in rest else STEPS
+    model, x_all, y_all = model_and_data(steps * k * world * B)
     ref, _, _ = model_and_data(1)  # the same weights, never wrapped
     if "f64" in rest:  # FSDP2 divides float64 before its reduce-scatter: not measured
         model, ref, x_all, y_all = model.double(), ref.double(), x_all.double(), y_all.double()
     train, opt = wrapped(wrap, model, rest, lambda: mon)
+    if "frozen" in rest:
+        for group in opt.param_groups:
+            group["lr"] = 0.0
+        if rank == 0:
+            print("TRUTH", spec, *true_noise(ref), flush=True)
     mon = Monitor.start(
         db,
         name=spec,
@@ -136,7 +163,7 @@ def run(db: str, spec: str, rank: int, world: int) -> None:
         lr_rule="linear",
         noise_window=NoiseScaleWindow(min_steps=3),  # B_simple from step 3 on
     )
-    for step in range(1, STEPS + 1):
+    for step in range(1, steps + 1):
         # this rank's micro-batches: micro-step j takes the r-th of world slices of B
         starts = [((step - 1) * k + j) * world * B + rank * B for j in range(k)]
         xs = [x_all[i : i + B] for i in starts]

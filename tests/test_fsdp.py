@@ -6,7 +6,9 @@ last micro-step) logs per step the |G|², tr(Σ), B_simple, gradient norm and lo
 so does ZeroRedundancyOptimizer over DDP; syncing every micro-step (FSDP2's default) logs the
 line through its own points (single micro-batches and global running sums) by brute force, and
 DDP's values at accumulation 1; a torch.compile'd FSDP2 model is measured the same way, and
-so is one in bfloat16 that reduces in float32; one reducing in float64 (which FSDP2 divides
+so is one in bfloat16 that reduces in float32; on frozen weights both agree with DDP in
+expectation, each within 3 standard errors of the true |G|² and tr(Σ) over 400 steps; one
+reducing in float64 (which FSDP2 divides
 first) is said not measured; a loop without after_backward() still logs the global norm; a
 loop whose optimizer reduce-scatters in step() (nanochat's) and hands its shards to
 mon.reduced_grad logs what DDP logs.
@@ -36,22 +38,29 @@ RUNS = [
     "fsdp-sync:1:f64",  # said not measured
     "fsdp-sync:2:no-after-backward",
     "nanochat:3",
+    "ddp:3:frozen",
+    "fsdp-sync:3:frozen",
 ]
 PER_STEP = (M.GNS_G2, M.GNS_TRACE, M.GNS_RAW, M.GNS, M.GRAD_NORM, M.LOSS)
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """(database, {run name: {metric: {step: value}}}, {(run name, step): brute-force points})."""
+    """(database, {run name: {metric: {step: value}}}, {(run name, step): brute-force points},
+    {frozen run name: its weights' true (|G|², tr(Σ))})."""
     db = tmp_path_factory.mktemp("fsdp") / "runs.duckdb"
     done = run_torchrun("-m", "tests.fsdp_child", str(db), *RUNS, timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    points = {}
+    points, truth = {}, {}
     for line in done.stdout.splitlines():
         if line.startswith("POINTS "):
             _, spec, step, rest = line.split(" ", 3)
             points[spec, int(step)] = json.loads(rest)
-    return db, {run.name: _per_step(db, run.run_id) for run in store.list_runs(db)}, points
+        elif line.startswith("TRUTH "):
+            _, spec, g2, trace = line.split()
+            truth[spec] = float(g2), float(trace)
+    logged = {run.name: _per_step(db, run.run_id) for run in store.list_runs(db)}
+    return db, logged, points, truth
 
 
 def _per_step(db, run_id: str) -> dict[str, dict[int, float]]:
@@ -89,7 +98,7 @@ def _fit(points) -> tuple[float, float]:
 def _matches_brute_force(runs, name: str, rel: float = 1e-4) -> None:
     """The logged |G|², tr(Σ) and gradient norm of every step are the fit through the points
     recomputed by hand (float64, from the same weights): rel is float32's tolerance."""
-    _, _, points = runs
+    points = runs[2]
     logged = _logged(runs, name)
     assert sorted(logged[M.GNS_G2]) == [1, 2, 3, 4]
     for step in logged[M.GNS_G2]:
@@ -137,6 +146,20 @@ def test_fsdp2_syncing_every_micro_step_fits_its_own_points(runs):
     sync, ddp = _logged(runs, "fsdp-sync:3"), _logged(runs, "ddp:3")
     assert sync[M.GRAD_NORM] == pytest.approx(ddp[M.GRAD_NORM], rel=1e-5)  # the same gradient
     assert sync[M.GNS_TRACE] != pytest.approx(ddp[M.GNS_TRACE], rel=1e-2)  # other points
+
+
+def test_fsdp2_syncing_every_micro_step_agrees_with_ddp_in_expectation(runs):
+    """Frozen weights, 400 steps of fresh data, accumulation 3: the per-step |G|² and tr(Σ)
+    under FSDP2's default and under DDP, each averaged over the steps, are within 3 standard
+    errors of the true values at those weights (per-example gradients of 200,000 other
+    examples). Each setup's points are other batch sizes with other noise, unbiased alike."""
+    for name in ("ddp:3:frozen", "fsdp-sync:3:frozen"):
+        logged = _logged(runs, name)
+        for metric, true in zip((M.GNS_G2, M.GNS_TRACE), runs[3][name], strict=True):
+            values = np.array(list(logged[metric].values()))
+            assert len(values) == 400, (name, metric)
+            se = values.std(ddof=1) / math.sqrt(len(values))
+            assert abs(values.mean() - true) < 3 * se, (name, metric, values.mean(), true, se)
 
 
 def test_fsdp2_syncing_every_micro_step_at_accumulation_1_logs_what_ddp_logs(runs):
