@@ -13,6 +13,7 @@ from rampwatch.advisor.lr import (
     noise_scale_warning,
     ramp_lr,
     rule_for,
+    rule_for_type,
     scaled_base_lr,
 )
 
@@ -38,6 +39,22 @@ from rampwatch.advisor.lr import (
 )
 def test_rule_by_optimizer(name, rule):
     assert rule_for(name) == rule
+
+
+def test_an_optimizer_subclass_takes_its_base_classs_rule():
+    class Adam:
+        pass
+
+    class ReduceScatterAdam(Adam):  # a loop's own, as nanochat's
+        pass
+
+    class Lion:
+        pass
+
+    assert rule_for_type(ReduceScatterAdam) == "sqrt"
+    assert rule_for_type(ReduceScatterAdam, rule="linear") == "linear"
+    with pytest.raises(ValueError, match="no learning-rate rule known for optimizer 'Lion'"):
+        rule_for_type(Lion)
 
 
 def test_named_rule_overrides_and_unknown_optimizer_is_refused():

@@ -1,6 +1,6 @@
 """Learning-rate rules for a batch ramp: which rule an optimizer gets, and the new base LR.
 
-Owns: the optimizer → rule table, `rule_for`, `lr_multiplier`, `scaled_base_lr`, `ramp_lr`
+Owns: the optimizer → rule table, `rule_for` (`rule_for_type`: by class and base class), `lr_multiplier`, `scaled_base_lr`, `ramp_lr`
 (base LR plus a warning past the noise scale).
 
 Rules:
@@ -34,6 +34,7 @@ __all__ = [
     "RULES",
     "OPTIMIZER_RULES",
     "rule_for",
+    "rule_for_type",
     "lr_multiplier",
     "scaled_base_lr",
     "noise_scale_warning",
@@ -108,6 +109,16 @@ def rule_for(optimizer: str | None = None, rule: str | None = None) -> str:
             "(rule='sqrt' for adaptive optimizers, 'linear' for SGD, 'none' to keep the LR)"
         )
     return OPTIMIZER_RULES[key]
+
+
+def rule_for_type(optimizer_type: type, rule: str | None = None) -> str:
+    """rule_for of an optimizer class: its own name's rule, else its nearest base class's (a
+    loop's own AdamW subclass moves the LR as AdamW does), else refused under its own name."""
+    if rule is None:
+        for cls in optimizer_type.__mro__:
+            if (key := _normalize(cls.__name__)) in OPTIMIZER_RULES:
+                return OPTIMIZER_RULES[key]
+    return rule_for(optimizer_type.__name__, rule)
 
 
 def _batch(name: str, value) -> float:
