@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from rampwatch.advisor.memory import GB
+from rampwatch.advisor.policy import RampPolicy
 from rampwatch.advisor.ramp_point import predicted_effect
 from rampwatch.dashboard import charts, comparison, recommend
 from rampwatch.dashboard.buckets import Buckets
@@ -80,6 +81,17 @@ PLAN = [
 def _gns(above: bool, n: int = 300):
     steps = list(range(n))
     return steps, [40.0 if above else 5.0 + 0.001 * s for s in steps]
+
+
+def test_an_unknown_optimizer_is_noted_only_when_no_recorded_policy_names_the_rule():
+    config = {**RUN["config"], "optimizer": "DistAdamW"}
+    card = recommend.build_card({**RUN, "config": config}, LATEST, *_gns(True), [], PLAN)
+    assert any("optimizer 'DistAdamW': the sqrt rule is assumed" in n for n in card.notes)
+    policy = RampPolicy(original_batch=16, original_lr=1e-3, lr_rule="linear").to_config()
+    config = {**config, "ramp_policy": policy}  # Monitor.start(..., lr_rule="linear")
+    card = recommend.build_card({**RUN, "config": config}, LATEST, *_gns(True), [], PLAN)
+    assert not any("DistAdamW" in n for n in card.notes), card.notes
+    assert card.suggested.payload()["lr_multiplier"] == pytest.approx(2.0)
 
 
 def test_card_ready_with_tiers_lr_and_effect():

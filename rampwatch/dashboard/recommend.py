@@ -33,6 +33,7 @@ from rampwatch.advisor.advice import (
 from rampwatch.advisor.lr import rule_for
 from rampwatch.advisor.lr_check import CAUSE as LR_CHECK
 from rampwatch.advisor.memory import MemoryModel, format_gb
+from rampwatch.advisor.policy import CONFIG_KEY as POLICY_KEY
 from rampwatch.advisor.policy import RampPolicy
 from rampwatch.advisor.ramp_point import Effect, Recommendation
 from rampwatch.advisor.throughput import ThroughputModel, measure_tiers
@@ -274,7 +275,8 @@ def build_card(
         policy, knows_lr = RampPolicy(original_batch=cur.batch, original_lr=1.0), False
         notes.append(f"{e}: the ramp policy's defaults apply and no new base LR can be given")
     optimizer = _get(config, "optimizer")
-    if optimizer is not None:
+    if optimizer is not None and not isinstance(config.get(POLICY_KEY), Mapping):
+        # a recorded policy names its rule (Monitor.start's lr_rule, or the optimizer's base class)
         try:
             rule_for(optimizer)
         except ValueError:
