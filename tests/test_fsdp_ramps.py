@@ -1,7 +1,8 @@
-"""An approved ramp and a trial in an own FSDP2 loop on two gloo ranks (the README's loop with
-`fully_shard` and no-sync accumulation): both are applied on every rank at the same step, and the
-ranks leave the trial with the same weights (every rank's held-out losses, from the whole model,
-are equal).
+"""An approved ramp and a trial in an own sharded loop on two gloo ranks: the README's loop with
+`fully_shard` and no-sync accumulation, and one with no wrapper whose optimizer reduce-scatters
+in step() (nanochat's structure) and hands its shards to mon.reduced_grad. Both are applied on
+every rank at the same step, and the ranks leave the trial with the same weights (every rank's
+held-out losses, from the whole model, are equal).
 """
 
 from __future__ import annotations
@@ -27,13 +28,31 @@ from torch.distributed.fsdp import fully_shard
 from rampwatch import Monitor
 from tests.procs import wait_for_ramp
 
+class ReduceScatterAdamW(torch.optim.AdamW):  # syncs in step(), as nanochat's optimizer
+    @torch.no_grad()
+    def step(self, closure=None):
+        params = [p for group in self.param_groups for p in group["params"]]
+        flat = torch.cat([p.grad.flatten() for p in params])
+        flat = torch.cat([flat, flat.new_zeros(-len(flat) % world)])
+        shard = flat.new_empty(len(flat) // world)
+        dist.reduce_scatter_tensor(shard, flat, op=dist.ReduceOp.AVG)
+        mon.reduced_grad(shard)
+        dist.all_gather_into_tensor(flat, shard)
+        offset = 0
+        for p in params:
+            p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
+        return super().step(closure)
+
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
+sharded = sys.argv[4] == "fsdp2"
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
-fully_shard(model[0])
-fully_shard(model)
-opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+if sharded:
+    fully_shard(model[0])
+    fully_shard(model)
+opt = (torch.optim.AdamW if sharded else ReduceScatterAdamW)(model.parameters(), lr=1e-2)
 g = torch.Generator().manual_seed(1)
 data = torch.randn(40000, 8, generator=g)
 target = data.sum(dim=1, keepdim=True) + 0.3 * torch.randn(len(data), 1, generator=g)
@@ -61,14 +80,19 @@ mon = Monitor.start(sys.argv[1], name="fsdp2-loop", config={}, model=model, opti
 while step < int(sys.argv[2]):
     step += 1
     for j in range(accum):
-        model.set_requires_gradient_sync(j == accum - 1)  # no-sync until the last micro-batch
+        if sharded:
+            model.set_requires_gradient_sync(j == accum - 1)  # no-sync until the last one
         i = pos + rank * batch
         loss = mse(model(data[i : i + batch]), target[i : i + batch])
         (loss / accum).backward()
         mon.after_backward()
         pos += batch * world
-    mon.step(step, loss=loss.detach())
-    opt.step()
+    if sharded:
+        mon.step(step, loss=loss.detach())
+        opt.step()
+    else:  # the global gradient exists inside opt.step() only
+        opt.step()
+        mon.step(step, loss=loss.detach())
     opt.zero_grad()
     print(f"STEP rank={rank} step={step} tier={batch}x{accum}", flush=True)
     time.sleep(0.1)  # a loop's pace: the test's commands arrive while it runs
@@ -92,10 +116,12 @@ dist.destroy_process_group()
 """
 
 
-def test_a_ramp_and_a_trial_land_on_both_fsdp2_ranks_at_the_same_step(tmp_path):
+@pytest.mark.parametrize("wrap", ["fsdp2", "nanochat"])
+def test_a_ramp_and_a_trial_land_on_both_ranks_at_the_same_step(tmp_path, wrap):
     db, child = tmp_path / "runs.duckdb", tmp_path / "child.py"
     child.write_text(textwrap.dedent(CHILD))
-    proc = spawn(torchrun(str(child), str(db), str(STEPS), str(WAIT_AT)), stdout=-1, stderr=-2)
+    args = (str(child), str(db), str(STEPS), str(WAIT_AT), wrap)
+    proc = spawn(torchrun(*args), stdout=-1, stderr=-2)
     sent: dict[str, int] = {}
 
     def on_line(line, _):
@@ -127,6 +153,7 @@ def test_a_ramp_and_a_trial_land_on_both_fsdp2_ranks_at_the_same_step(tmp_path):
     cmd = commands.get(db, sent["trial"])
     assert (cmd.status, cmd.applied_step) == ("applied", cont)
     assert len(reader.events(db, run.run_id, kinds=[M.EVENT_TRIAL_END])) == 1
-    # FSDP2's noise scale on every logged step but the trial's
+    # the noise scale on every logged step but the trial's, the global point among its points
     logged = sorted(metric(db, run.run_id, M.GNS_TRACE))
     assert logged == [*range(1, start + 1), *range(cont + 1, STEPS + 1)]
+    assert not reader.events(db, run.run_id, kinds=[M.EVENT_ALERT])

@@ -42,7 +42,7 @@ import torch
 from rampwatch.advisor import flops as flops_math
 from rampwatch.advisor.gns import line_estimates
 from rampwatch.advisor.gns_window import DEFAULT_MAX_STEPS, NoiseScaleWindow
-from rampwatch.advisor.lr import rule_for
+from rampwatch.advisor.lr import rule_for_type
 from rampwatch.advisor.policy import CONFIG_KEY as POLICY_KEY
 from rampwatch.advisor.policy import RampPolicy
 from rampwatch.advisor.tiers import Tier
@@ -75,7 +75,7 @@ def default_policy(optimizer, batch: int, lr_rule: str | None = None) -> RampPol
     """The ramp policy of a loop that names none: ramps scale from this batch and the
     optimizer's LR by the optimizer's rule (advisor/lr.py)."""
     try:
-        rule = rule_for(type(optimizer).__name__, lr_rule)
+        rule = rule_for_type(type(optimizer), lr_rule)
     except ValueError as e:
         raise ValueError(
             f"{e}. Name the rule a ramp moves the LR by: Monitor.start(..., "
@@ -175,6 +175,7 @@ class Monitor:
         self._alerted: set[str] = set()  # alerts said once per run
         self._backwards = 0  # after_backward() calls, and their count at the last step()
         self._backwards_at_step = 0
+        self._in_trial = False  # run_trial's arms are running
         self._norms: collections.deque[float] = collections.deque(maxlen=SPIKE_WINDOW)
         policy = policy or default_policy(optimizer, running.batch, lr_rule)
         channel = RampChannel(control_group) if world > 1 else None
@@ -363,6 +364,8 @@ class Monitor:
         averaged gradient, then mon.step() after the optimizer's step. Their squared norms,
         summed over ranks, are the global point DDP's all-reduced .grad gives, so the noise
         scale is DDP's (monitor/gradstats.py)."""
+        if self._in_trial:  # the arms' optimizer steps are no step of the run's
+            return
         try:
             kept = self.grads.add_reduced(shards)
         except Exception as e:  # never into the loop
@@ -636,7 +639,7 @@ class Monitor:
             mean = float(losses.mean())
             trials.arm_point(self.event, request, k, plan.steps(k), last_loss.get(k), mean)
 
-        t0 = time.perf_counter()
+        t0, self._in_trial = time.perf_counter(), True
         try:
             verdict, _ = run_trial(
                 plan,
@@ -658,6 +661,7 @@ class Monitor:
             return None
         finally:
             self.grads.reset()  # the arms' backwards are no step of the run's
+            self._in_trial = False
         kept = request.arm(keep or verdict.kept_k)
         return TrialOutcome(request, verdict, kept, time.perf_counter() - t0)
 
