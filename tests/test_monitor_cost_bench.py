@@ -1,0 +1,46 @@
+"""bench/monitor_cost_bench.py and store_bench's --log-only run: a quick run prints their tables.
+No timing is asserted (the figures are the machine's), only that every row is measured."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.procs import REPO, child_env
+
+
+def _bench(*args: str, timeout: float) -> str:
+    out = subprocess.run(
+        [sys.executable, "-m", *args],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+def test_monitor_cost_bench_runs_quick(tmp_path):
+    out = _bench(
+        "bench.monitor_cost_bench", "--quick", "--profile", "--dir", str(tmp_path), timeout=240
+    )
+    for model in ("nanogpt", "cpu-tiny"):
+        assert f"### {model}: " in out, out
+    for row in ("after_backward() x2", "after_backward() x4", "step()", "ramp_due()"):
+        assert f"| {row} | " in out, out
+    assert "| bare step (no monitor) | " in out
+    assert out.count("Flusher thread: ") == 2
+    assert "writer errors 0" in out
+    assert "gns_window.py" in out  # the profile names where step() spends its time
+
+
+def test_store_bench_log_only_runs_small(tmp_path):
+    out = _bench(
+        "bench.store_bench", "--log-only", "--calls", "2000", "--dir", str(tmp_path), timeout=120
+    )
+    rows = [line for line in out.splitlines() if line.startswith("| log() 20 metrics")]
+    assert len(rows) == 4, out
+    assert all("p99.9 " in r and "max " in r for r in rows), out
+    assert "chart" not in out  # --log-only: no 1M-step file is built
