@@ -4,7 +4,7 @@ times, each run wrapped another way, through rampwatch.Monitor into one database
 
     torchrun --standalone --nproc_per_node=2 -m tests.fsdp_child DB RUN [RUN …]
 
-RUN is WRAP:K[:compile], K the accumulation: `ddp` (DistributedDataParallel, no_sync on the
+RUN is WRAP:K[:OPTION…], K the accumulation: `ddp` (DistributedDataParallel, no_sync on the
 micro-steps before the last), `zero` (the same with ZeroRedundancyOptimizer), `fsdp-nosync`
 (fully_shard on the first layer and the root, set_requires_gradient_sync(False) before the
 last micro-step), `fsdp-sync` (FSDP2's default: every backward reduce-scatters) and `nanochat`
@@ -63,36 +63,40 @@ def true_noise(model) -> tuple[float, float]:
     return g2, float(flat.square().sum(1).mean()) - g2
 
 
-class ReduceScatterSGD(torch.optim.SGD):
-    """nanochat's structure on SGD: .grad stays this rank's own until step(), which
+def sync_in_step(optimizer_cls):
+    """optimizer_cls with nanochat's structure: .grad stays this rank's own until step(), which
     reduce-scatters the flat gradient (mean over ranks), hands this rank's shard to the monitor
-    and all-gathers the shards back before the update."""
+    (mon_of(): the Monitor, once it exists) and all-gathers the shards back before the update."""
 
-    def __init__(self, params, mon_of, **kw):
-        super().__init__(params, **kw)
-        self.mon_of = mon_of  # the Monitor, once it exists
+    class SyncInStep(optimizer_cls):
+        def __init__(self, params, mon_of, **kw):
+            super().__init__(params, **kw)
+            self.mon_of = mon_of
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        params = [p for g in self.param_groups for p in g["params"]]
-        world = dist.get_world_size()
-        flat = torch.cat([p.grad.flatten() for p in params])
-        flat = torch.cat([flat, flat.new_zeros(-len(flat) % world)])
-        shard = flat.new_empty(len(flat) // world)
-        dist.reduce_scatter_tensor(shard, flat, op=dist.ReduceOp.AVG)
-        self.mon_of().reduced_grad(shard)
-        dist.all_gather_into_tensor(flat, shard)
-        offset = 0
-        for p in params:
-            p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
-            offset += p.numel()
-        return super().step(closure)
+        @torch.no_grad()
+        def step(self, closure=None):
+            params = [p for g in self.param_groups for p in g["params"]]
+            world = dist.get_world_size()
+            flat = torch.cat([p.grad.flatten() for p in params])
+            flat = torch.cat([flat, flat.new_zeros(-len(flat) % world)])
+            shard = flat.new_empty(len(flat) // world)
+            dist.reduce_scatter_tensor(shard, flat, op=dist.ReduceOp.AVG)
+            self.mon_of().reduced_grad(shard)
+            dist.all_gather_into_tensor(flat, shard)
+            offset = 0
+            for p in params:
+                p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
+                offset += p.numel()
+            return super().step(closure)
+
+    SyncInStep.__name__ = f"ReduceScatter{optimizer_cls.__name__}"
+    return SyncInStep
 
 
 def wrapped(wrap: str, model, options: list[str], mon_of):
     """(model to train, optimizer)."""
     if wrap == "nanochat":
-        return model, ReduceScatterSGD(model.parameters(), mon_of, lr=LR)
+        return model, sync_in_step(torch.optim.SGD)(model.parameters(), mon_of, lr=LR)
     if wrap.startswith("fsdp"):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 

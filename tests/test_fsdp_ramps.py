@@ -26,23 +26,8 @@ CHILD = """
 import sys, time, torch, torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 from rampwatch import Monitor
+from tests.fsdp_child import sync_in_step  # nanochat's structure: syncs in step()
 from tests.procs import wait_for_ramp
-
-class ReduceScatterAdamW(torch.optim.AdamW):  # syncs in step(), as nanochat's optimizer
-    @torch.no_grad()
-    def step(self, closure=None):
-        params = [p for group in self.param_groups for p in group["params"]]
-        flat = torch.cat([p.grad.flatten() for p in params])
-        flat = torch.cat([flat, flat.new_zeros(-len(flat) % world)])
-        shard = flat.new_empty(len(flat) // world)
-        dist.reduce_scatter_tensor(shard, flat, op=dist.ReduceOp.AVG)
-        mon.reduced_grad(shard)
-        dist.all_gather_into_tensor(flat, shard)
-        offset = 0
-        for p in params:
-            p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
-            offset += p.numel()
-        return super().step(closure)
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -52,7 +37,8 @@ model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Li
 if sharded:
     fully_shard(model[0])
     fully_shard(model)
-opt = (torch.optim.AdamW if sharded else ReduceScatterAdamW)(model.parameters(), lr=1e-2)
+opt = (torch.optim.AdamW(model.parameters(), lr=1e-2) if sharded
+       else sync_in_step(torch.optim.AdamW)(model.parameters(), lambda: mon, lr=1e-2))
 g = torch.Generator().manual_seed(1)
 data = torch.randn(40000, 8, generator=g)
 target = data.sum(dim=1, keepdim=True) + 0.3 * torch.randn(len(data), 1, generator=g)
