@@ -147,6 +147,13 @@ def loop_parser(steps: int = 20, batch: int = 4, accum: int = 2) -> argparse.Arg
     return p
 
 
+def rank_line(text: str) -> None:
+    """One write of the line and its newline, flushed: torchrun's ranks share one stdout, and
+    print() writes the newline separately, so two ranks' lines could merge into one."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
 def wait_for_ramp(ask, wait: bool, timeout: float = 120.0):
     """ask() once, or, when wait, until it returns a ramp (or timeout seconds pass)."""
     ramp, deadline = ask(), time.monotonic() + timeout

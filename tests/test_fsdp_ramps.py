@@ -27,7 +27,7 @@ import sys, time, torch, torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 from rampwatch import Monitor
 from tests.fsdp_child import sync_in_step  # nanochat's structure: syncs in step()
-from tests.procs import wait_for_ramp
+from tests.procs import rank_line, wait_for_ramp
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -80,13 +80,13 @@ while step < int(sys.argv[2]):
         opt.step()
         mon.step(step, loss=loss.detach())
     opt.zero_grad()
-    print(f"STEP rank={rank} step={step} tier={batch}x{accum}", flush=True)
+    rank_line(f"STEP rank={rank} step={step} tier={batch}x{accum}")
     time.sleep(0.1)  # a loop's pace: the test's commands arrive while it runs
     if (ramp := wait_for_ramp(mon.ramp_due, step == int(sys.argv[3]))) is not None:
         batch, accum = ramp.per_device_batch, ramp.accum
         ramp.scale_lr(opt)
         mon.ramp_applied(ramp)
-        print(f"RAMP rank={rank} step={step}", flush=True)
+        rank_line(f"RAMP rank={rank} step={step}")
     if trial := mon.trial_due():
         start = step
         out = mon.run_trial(trial, train_step, evaluate, start=pos)
@@ -95,8 +95,8 @@ while step < int(sys.argv[2]):
             batch, accum = out.tier.per_device_batch, out.tier.accum
             step = mon.trial_ended(out)
             held = float(evaluate(model).mean())
-            print(f"TRIAL rank={rank} start={start} continue={step} tier={batch}x{accum} "
-                  f"held={held!r}", flush=True)
+            rank_line(f"TRIAL rank={rank} start={start} continue={step} tier={batch}x{accum} "
+                      f"held={held!r}")
 mon.finish()
 dist.destroy_process_group()
 """

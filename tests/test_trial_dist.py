@@ -67,7 +67,11 @@ def watch(proc: subprocess.Popen, on_line, timeout: float = 240) -> str:
             on_line(lines[-1], lines)
     finally:
         watchdog.cancel()
-    return "".join(lines) + finish(proc, timeout=60)
+    out = "".join(lines)
+    try:
+        return out + finish(proc, timeout=60)
+    except AssertionError as e:  # finish() shows only what was left unread: show all of it
+        raise AssertionError(f"{e}\n{out[-6000:]}") from None
 
 
 def test_a_trial_runs_the_same_arms_on_both_ranks_and_they_go_on_at_the_kept_tier(tmp_path):
