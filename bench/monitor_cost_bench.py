@@ -45,6 +45,7 @@ import torch
 
 from bench.store_bench import GcPauses
 from rampwatch.monitor import Monitor
+from rampwatch.monitor import monitor as monitor_module
 from rampwatch.monitor.gradstats import _squared_norm
 from rampwatch.trainer.config import PRESETS
 from rampwatch.trainer.data import prepare
@@ -270,6 +271,64 @@ def run(setup: Setup, db: Path, steps: int, warmup: int) -> dict:
     }
 
 
+def step_parts(setup: Setup, steps: int) -> str:
+    """What step() spends its time on, in the loop (caches as a training step leaves them):
+    what it calls, wrapped and timed for `steps` more monitored steps (not the figures above).
+    A name the monitor no longer has is left out."""
+    mon = setup.mon
+    targets = [
+        (monitor_module, "memory_metrics", "memory metrics (psutil, VmHWM, clear_refs)"),
+        (monitor_module, "line_estimates", "line_estimates (the step's G² and trace)"),
+        (mon.noise, "update", "NoiseScaleWindow.update"),
+        (mon.grads, "collect", "AccumulationStats.collect (the one transfer)"),
+        (mon.ramps, "observe", "the ramp protocol's observe"),
+    ]
+    took: dict[str, list[int]] = {}
+    undo = []
+    for owner, name, label in targets:
+        fn = getattr(owner, name, None)
+        if fn is None:
+            continue
+
+        def timed(*args, _fn=fn, _label=label, **kwargs):
+            t0 = time.perf_counter_ns()
+            try:
+                return _fn(*args, **kwargs)
+            finally:
+                took.setdefault(_label, []).append(time.perf_counter_ns() - t0)
+
+        undo.append((owner, name, name in vars(owner), fn))
+        setattr(owner, name, timed)
+    st = []
+    try:
+        for _ in range(steps):
+            out = setup.step(True)
+            st.append(out["st"])
+            took.setdefault("the writer's log()", []).append(out["log"])
+    finally:
+        for owner, name, own, fn in undo:
+            if own:
+                setattr(owner, name, fn)
+            else:
+                delattr(owner, name)  # the class's method shows through again
+    step = float(np.median(st)) / 1e3
+    rows = [f"| step(), all of it | {_us(step)} | 100% |"]
+    for label, ns in sorted(took.items(), key=lambda kv: -float(np.median(kv[1]))):
+        us = float(np.median(ns)) / 1e3
+        rows.append(f"| {label} | {_us(us)} | {us / step * 100:.0f}% |")
+    return "\n".join(
+        [
+            f"step()'s parts over {steps} more monitored steps (medians, µs; each part wrapped "
+            "and timed in the loop):",
+            "",
+            "| part of step() | µs | share |",
+            "|---|---:|---:|",
+            *rows,
+            "",
+        ]
+    )
+
+
 def profile(setup: Setup, steps: int, top: int = 30) -> str:
     """cProfile of the monitor's calls only (enabled around each call), `steps` steps, by
     cumulative time (the profiler's own overhead inflates every figure: read the shares)."""
@@ -412,6 +471,7 @@ def main(argv=None) -> int:
             res = run(setup, tmp / f"{name}.duckdb", n, warmup if name == "nanogpt" else 5)
             text, summary = table(setup, res)
             print(text)
+            print(step_parts(setup, 3 if a.quick else (300 if name == "nanogpt" else 30)))
             if a.profile:
                 k = 3 if a.quick else (300 if name == "nanogpt" else 30)
                 print(f"cProfile of the monitor's calls over {k} more steps (cumulative):\n")

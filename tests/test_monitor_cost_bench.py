@@ -33,6 +33,7 @@ def test_monitor_cost_bench_runs_quick(tmp_path):
     assert "| bare step (no monitor) | " in out
     assert out.count("Flusher thread: ") == 2
     assert "writer errors 0" in out
+    assert "| NoiseScaleWindow.update | " in out  # step()'s parts, timed in the loop
     assert "gns_window.py" in out  # the profile names where step() spends its time
 
 
