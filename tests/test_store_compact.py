@@ -106,6 +106,9 @@ def test_compaction_keeps_the_whole_run_drawn(db_path):
             got = store.series(db_path, r, n)
             assert got.width == 8, "a short run is drawn from its raw rows, which are gone"
             _same_series(before[(r, n, 8)], got)
+    wanted = [(r, n) for r in (live, other) for n in store.metric_names(db_path, r)]
+    for (r, n), got in zip(wanted, store.Reader(db_path).series_many(wanted), strict=True):
+        _same_series(before[(r, n, 8)], got)  # many at once: chosen from the rollups too
     for r in (live, other):
         assert _snapshot(db_path, r) == snap[r]
         kept = [row for row in raw[r] if row[0] >= horizons[r]]

@@ -293,3 +293,72 @@ def test_the_span_of_a_runs_rows_is_kept_by_ingest_and_backfilled(db_path):
     stored, _ = _spans(old)
     assert stored == {"r": (10.0, 12.5), "e": (None, None)}
     assert len(store.series(old, "e", "x", width=1).step) == 0
+
+
+def test_many_series_at_once_equal_each_one_alone(db_path):
+    """series_many answers for several runs and metrics what series answers for each, whatever
+    the width (chosen, raw, rollups), since_step, interleaved runs (their spans overlap), a
+    metric or run without rows; its raw reads of all runs are one query."""
+    rng = np.random.default_rng(7)
+    lengths = (300, 2000, 40, 9000)  # run 3 is long: its chosen width is read from a rollup
+    writers = [
+        store.RunWriter.start(db_path, f"r{i}", flush_interval=1000, handle_sigterm=False)
+        for i in range(len(lengths))
+    ]
+    for s in range(max(lengths)):
+        for w, n in zip(writers, lengths, strict=True):
+            if s < n:
+                v = rng.normal() if s % 37 else math.nan
+                w.log(s + 5 * (w is writers[2]), {"loss": v, **({"lr": s * 1e-3} if s % 3 else {})})
+        if s % 700 == 0:
+            assert all(w.flush() for w in writers)
+    assert all(w.close() for w in writers[:3]) and writers[3].flush()  # run 3: open buckets
+    ids = [w.run_id for w in writers]
+    wanted = [(r, n) for r in [*ids, "no-such-run"] for n in ("loss", "lr", "never")]
+    wanted += [
+        store.Wanted(r, n, width, since)
+        for r in ids
+        for n in ("loss", "lr")
+        for width, since in ((1, None), (1, 0), (2, 150), (4, 1999), (16, 33), (128, None))
+    ]
+    r = store.Reader(db_path)
+    try:
+        with r.session():
+            for buckets in (2000, 100):
+                got = r.series_many(wanted, buckets=buckets)
+                assert len(got) == len(wanted)
+                for want, s in zip(wanted, got, strict=True):
+                    w = store.Wanted(*want)
+                    one = r.series(w.run_id, w.name, buckets, w.width, w.since_step)
+                    assert (s.run_id, s.name, s.width, s.start) == (
+                        one.run_id,
+                        one.name,
+                        one.width,
+                        one.start,
+                    )
+                    for f in ("step", "min", "max", "last", "last_step", "count", "nonfinite"):
+                        np.testing.assert_array_equal(getattr(s, f), getattr(one, f), err_msg=f)
+            assert [len(s.step) for s in r.series_many([(i, "loss") for i in ids])] == [
+                300,
+                2000,
+                40,
+                9000 >> 3,  # 9,000 steps in <= 2,000 buckets: width 8, the fine rollup
+            ]
+            assert r.series_many([]) == []
+            con, sql = r._local.con, []
+
+            class Counting:  # the session's connection, counting statements
+                def execute(self, q, *a):
+                    sql.append(q)
+                    return con.execute(q, *a)
+
+            r._local.con = Counting()
+            r.series_many([(i, "loss") for i in ids[:1]])
+            one = len(sql)
+            r.series_many([(i, n) for i in ids[:3] for n in ("loss", "lr")])
+            assert len(sql) - one == one <= 3  # extents, spans, rows: whatever the run count
+            r._local.con = con
+            with pytest.raises(ValueError, match="power of two"):
+                r.series_many([(ids[0], "loss", 3)])
+    finally:
+        writers[3].close()

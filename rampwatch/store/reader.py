@@ -9,12 +9,15 @@ Connecting costs more than any query a page makes (DuckDB's connect, the same fo
 database; the README's "Benchmarks" has the figures), so what a page shows for many runs comes
 from one query over all of them: `list_runs` (their spools looked up at once), `metric_stats`
 (each run's min, max and latest value of some metrics, from the coarse rollup) and
-`events_of_runs`.
+`events_of_runs`; `series_many` reads several runs' curves with one query for their extents,
+one for their spans and one for all their raw rows.
 
-Charts are downsampled in SQL: min and max over finite values, last (the value at the largest
-step), count and count of non-finite values per bucket. Bucket widths are powers of two in
-steps and buckets are aligned to multiples of the width, so a live page keeps the buckets it
-has and refetches only from the last, partial one (`since_step=series.since`, then `merge`).
+Charts are downsampled per bucket: min and max over finite values, last (the value at the largest
+step), count and count of non-finite values; in SQL from the rollups, and in numpy from raw rows
+(widths 1-4, at most 4 rows a bucket), where DuckDB's GROUP BY cost 3 times the scan. Bucket
+widths are powers of two in steps and buckets are aligned to multiples of the width, so a live
+page keeps the buckets it has and refetches only from the last, partial one
+(`since_step=series.since`, then `merge`).
 
 Why rollups and not a sorted copy of the raw rows: a sorted layout needs compaction, which stalls
 the writer for seconds while it sorts a chunk, while rollups fold in on each ingest
@@ -34,6 +37,7 @@ import contextlib
 import threading
 import time
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -58,15 +62,13 @@ from rampwatch.store.schema import (
 STALE_AFTER = 30.0  # seconds without a heartbeat before a running run shows as stale
 _NO_START = -(1 << 62)
 
-_BUCKETS_RAW = """
-    SELECT step >> $k AS b,
-           coalesce(min(value) FILTER (WHERE isfinite(value)), 'NaN'::DOUBLE) AS min,
-           coalesce(max(value) FILTER (WHERE isfinite(value)), 'NaN'::DOUBLE) AS max,
-           arg_max(value, step) AS last, max(step) AS last_step, count(*) AS count,
-           count(*) FILTER (WHERE NOT isfinite(value)) AS nonfinite
+# Below the finest rollup a bucket holds at most 4 raw rows, so the rows themselves are read
+# and bucketed in numpy (_raw_buckets): DuckDB's GROUP BY with these aggregates took 4.4 ms for
+# one run's 2,000 rows where reading them took 1.1 ms (a 100-run file, 2026-12-05).
+_ROWS_RAW = """
+    SELECT step, value
     FROM metrics WHERE run_id = $run AND name = $name AND step >= $start
-      AND t >= $t_min AND t <= $t_max
-    GROUP BY b ORDER BY b"""
+      AND t >= $t_min AND t <= $t_max"""
 
 
 def _rolled(lv: Level) -> str:
@@ -94,6 +96,31 @@ _FINEST = LEVELS[0]
 _EXTENT = f"""SELECT min(bucket), max(last_step),
     (SELECT max(through) FROM rollup_state WHERE run_id = $run AND shift = {RAW_SHIFT})
     FROM ({_rolled(_COARSE)})"""
+
+
+# Of several runs and metrics at once (Reader.series_many): each pair's extent, and the raw rows
+# of several runs in one scan, bounded by the union of their stored spans (a row of a run
+# asked for lies in that run's span, so the union loses none; t's zone maps prune on each term).
+_MANY = "run_id = ANY($runs::VARCHAR[]) AND name = ANY($names::VARCHAR[])"
+_EXTENTS = f"""SELECT e.run_id, e.name, e.lo, e.hi, s.through
+    FROM (SELECT run_id, name, min(bucket) AS lo, max(last_step) AS hi
+          FROM (SELECT run_id, name, bucket, last_step FROM {_COARSE.complete} WHERE {_MANY}
+                UNION ALL
+                SELECT run_id, name, bucket, last_step FROM {_COARSE.partial} WHERE {_MANY})
+          GROUP BY run_id, name) e
+    LEFT JOIN (SELECT run_id, max(through) AS through FROM rollup_state
+               WHERE shift = {RAW_SHIFT} AND run_id = ANY($runs::VARCHAR[]) GROUP BY run_id) s
+    ON e.run_id = s.run_id"""
+
+
+def _rows_many_sql(spans: int) -> str:
+    """Raw rows of the runs and metrics $runs and $names, from step $start on, inside any of
+    `spans` t ranges ($t_min0, $t_max0, …); r and n: 1-based positions in $runs and $names."""
+    within = " OR ".join(f"(t >= $t_min{j} AND t <= $t_max{j})" for j in range(spans))
+    return f"""
+    SELECT list_position($runs::VARCHAR[], run_id) AS r,
+           list_position($names::VARCHAR[], name) AS n, step, value
+    FROM metrics WHERE {_MANY} AND step >= $start AND ({within})"""
 
 
 def _stats_sql(where: str) -> str:
@@ -159,6 +186,15 @@ class Series:
         return replace(self, **cols)
 
 
+class Wanted(NamedTuple):
+    """One series of Reader.series_many: what Reader.series takes besides `buckets`."""
+
+    run_id: str
+    name: str
+    width: int | None = None
+    since_step: int | None = None
+
+
 @dataclass(frozen=True)
 class TrialPoint:
     """One point of a trial's arm (its trial_arm event): the branch chart's data."""
@@ -198,6 +234,43 @@ def _empty_series(run_id, name, width, start) -> Series:
     return Series(run_id, name, width, start, i, f, f, f, i, i, i)
 
 
+def _raw_buckets(step: np.ndarray, value: np.ndarray, k: int) -> dict[str, np.ndarray]:
+    """Raw rows (any order) in buckets of 2**k steps, as the rollups aggregate them (schema
+    RAW_AGGREGATES): min and max over finite values (NaN when none), the value at the largest
+    step, counts; in bucket order."""
+    order = np.argsort(step, kind="stable")
+    step = np.asarray(step, np.int64)[order]
+    value = np.asarray(value, np.float64)[order]
+    if not len(step):
+        return {
+            "b": step,
+            "min": value,
+            "max": value,
+            "last": value,
+            "last_step": step,
+            "count": step,
+            "nonfinite": step,
+        }
+    b = step >> k
+    starts = np.flatnonzero(np.concatenate(([True], b[1:] != b[:-1])))
+    ends = np.append(starts[1:], len(b)) - 1
+    finite = np.isfinite(value)
+    count = np.diff(np.append(starts, len(b)))
+    nonfinite = np.add.reduceat(~finite, starts, dtype=np.int64)
+    some = count > nonfinite
+    lo = np.minimum.reduceat(np.where(finite, value, np.inf), starts)
+    hi = np.maximum.reduceat(np.where(finite, value, -np.inf), starts)
+    return {
+        "b": b[starts],
+        "min": np.where(some, lo, np.nan),
+        "max": np.where(some, hi, np.nan),
+        "last": value[ends],
+        "last_step": step[ends],
+        "count": count,
+        "nonfinite": nonfinite,
+    }
+
+
 def _width_shift_for(lo: int, hi: int, buckets: int) -> int:
     """log2 of the smallest power-of-two width giving at most `buckets` aligned buckets.
 
@@ -217,6 +290,36 @@ def _width_shift_for(lo: int, hi: int, buckets: int) -> int:
     while k < top and (hi >> k) - (lo >> k) + 1 > buckets:
         k += 1
     return k
+
+
+def _check_series_args(buckets, width) -> None:
+    if width is not None and (not isinstance(width, int) or width < 1 or width & (width - 1)):
+        raise ValueError(f"width must be a power of two >= 1, got {width!r}")
+    if isinstance(buckets, bool) or not isinstance(buckets, int) or buckets < 1:
+        raise ValueError(f"buckets must be an integer >= 1, got {buckets!r}")
+
+
+def _shift_of_extent(lo, hi, raw_from, buckets: int) -> int | None:
+    """log2 of the width series() chooses for a metric whose coarse rollup spans buckets lo..
+    and steps ..hi, raw rows kept from raw_from on (None: all); None when it has no rows."""
+    if lo is None:
+        return None
+    k = _width_shift_for(lo << _COARSE.shift, hi, buckets)
+    if raw_from is not None and raw_from > lo << _COARSE.shift:
+        k = max(k, _FINEST.shift)  # compacted: the raw rows no longer span the run
+    return k
+
+
+def _series_of(run_id: str, name: str, k: int, start: int | None, cols) -> Series:
+    return Series(
+        run_id,
+        name,
+        1 << k,
+        start,
+        np.asarray(cols["b"], np.int64) << k,
+        *(np.asarray(cols[c], np.float64) for c in ("min", "max", "last")),
+        *(np.asarray(cols[c], np.int64) for c in ("last_step", "count", "nonfinite")),
+    )
 
 
 class Reader:
@@ -239,11 +342,11 @@ class Reader:
     def session(self):
         """Share one read connection among several calls; keep the block short."""
         with read_connection(self.db, self.timeout, read_only=self.read_only) as con:
-            self._local.con = con
+            self._local.con, self._local.version = con, None
             try:
                 yield self
             finally:
-                self._local.con = None
+                self._local.con = self._local.version = None
 
     @contextlib.contextmanager
     def _connection(self):
@@ -253,6 +356,18 @@ class Reader:
         else:
             with read_connection(self.db, self.timeout, read_only=self.read_only) as con:
                 yield con
+
+    def _version(self, con) -> int:
+        """The file's schema version, read once per session: no upgrade can happen while a
+        read connection is open (an upgrade needs the exclusive lock)."""
+        in_session = getattr(self._local, "con", None) is con
+        cached = getattr(self._local, "version", None)
+        if in_session and cached is not None:
+            return cached
+        version = schema.read_version(con, self.db)
+        if in_session:
+            self._local.version = version
+        return version
 
     def _run(self, values: dict, now: float, spools: dict[str, list[str]]) -> Run:
         run_id, heartbeat = values["run_id"], values["heartbeat"]
@@ -321,52 +436,105 @@ class Reader:
         since_step: fetch only buckets from the one holding since_step on (live refresh:
         pass the previous result's `.since` and its `width`, then `.merge` the two).
         """
-        if width is not None and (not isinstance(width, int) or width < 1 or width & (width - 1)):
-            raise ValueError(f"width must be a power of two >= 1, got {width!r}")
-        if isinstance(buckets, bool) or not isinstance(buckets, int) or buckets < 1:
-            raise ValueError(f"buckets must be an integer >= 1, got {buckets!r}")
+        _check_series_args(buckets, width)
         with self._connection() as con:
             if width is None:
                 [(lo, hi, raw_from)] = con.execute(
                     _EXTENT, {"run": run_id, "name": name, "start": _NO_START}
                 ).fetchall()
-                if lo is None:
+                k = _shift_of_extent(lo, hi, raw_from, buckets)
+                if k is None:
                     return _empty_series(run_id, name, 1, since_step)
-                k = _width_shift_for(lo << _COARSE.shift, hi, buckets)
-                if raw_from is not None and raw_from > lo << _COARSE.shift:
-                    k = max(k, _FINEST.shift)  # compacted: the raw rows no longer span the run
             else:
                 k = width.bit_length() - 1
             start = None if since_step is None else (int(since_step) >> k) << k
-            lv = next((lv for lv in reversed(LEVELS) if lv.shift <= k), None)  # the coarsest
-            if lv is not None:
-                params = {
-                    "run": run_id,
-                    "name": name,
-                    "k": k - lv.shift,
-                    "start": _NO_START if start is None else start >> lv.shift,
-                }
-                cols = con.execute(_BUCKETS_ROLLUP[lv.shift], params).fetchnumpy()
-            else:
-                t_min, t_max = self._row_span(con, run_id)
-                params = {
-                    "run": run_id,
-                    "name": name,
-                    "k": k,
-                    "start": _NO_START if start is None else start,
-                    "t_min": t_min,
-                    "t_max": t_max,
-                }
-                cols = con.execute(_BUCKETS_RAW, params).fetchnumpy()
-        return Series(
-            run_id,
-            name,
-            1 << k,
-            start,
-            np.asarray(cols["b"], np.int64) << k,
-            *(np.asarray(cols[c], np.float64) for c in ("min", "max", "last")),
-            *(np.asarray(cols[c], np.int64) for c in ("last_step", "count", "nonfinite")),
-        )
+            if k >= _FINEST.shift:
+                return self._rolled_series(con, run_id, name, k, start)
+            t_min, t_max = self._row_span(con, run_id)
+            params = {
+                "run": run_id,
+                "name": name,
+                "start": _NO_START if start is None else start,
+                "t_min": t_min,
+                "t_max": t_max,
+            }
+            rows = con.execute(_ROWS_RAW, params).fetchnumpy()
+        return _series_of(run_id, name, k, start, _raw_buckets(rows["step"], rows["value"], k))
+
+    def series_many(self, wanted, buckets: int = 2000) -> list[Series]:
+        """series(run_id, name, buckets, width, since_step) of each of `wanted` (Wanted, or
+        tuples of its fields), in order, equal to what series() returns for each; in one
+        connection and few queries whatever their number: one for the extents of those whose
+        width is chosen, one for the spans and one for the raw rows of all read at widths
+        below the finest rollup (a raw read of 10 runs costs about what one run's did); wider
+        ones are read one by one, from the rollups, as series() reads them."""
+        wanted = [Wanted(*w) for w in wanted]
+        _check_series_args(buckets, None)
+        for w in wanted:
+            _check_series_args(buckets, w.width)
+        out: list[Series | None] = [None] * len(wanted)
+        with self._connection() as con:
+            shifts: dict[tuple[str, str], int | None] = {}
+            chosen = [w for w in wanted if w.width is None]
+            if chosen:
+                runs = list(dict.fromkeys(w.run_id for w in chosen))
+                names = list(dict.fromkeys(w.name for w in chosen))
+                rows = con.execute(_EXTENTS, {"runs": runs, "names": names}).fetchall()
+                extents = {(r, n): (lo, hi, raw_from) for r, n, lo, hi, raw_from in rows}
+                for w in chosen:
+                    lo, hi, raw_from = extents.get((w.run_id, w.name), (None, None, None))
+                    shifts[w.run_id, w.name] = _shift_of_extent(lo, hi, raw_from, buckets)
+            raw: list[tuple[int, Wanted, int, int | None]] = []
+            for i, w in enumerate(wanted):
+                k = w.width.bit_length() - 1 if w.width else shifts[w.run_id, w.name]
+                if k is None:
+                    out[i] = _empty_series(w.run_id, w.name, 1, w.since_step)
+                    continue
+                start = None if w.since_step is None else (int(w.since_step) >> k) << k
+                if k >= _FINEST.shift:
+                    out[i] = self._rolled_series(con, w.run_id, w.name, k, start)
+                else:
+                    raw.append((i, w, k, start))
+            if raw:
+                self._raw_many(con, raw, out)
+        return out
+
+    def _raw_many(self, con, raw: list, out: list) -> None:
+        """out[i] = the raw-level series of each (i, Wanted, k, start) in `raw`, read in one
+        query bounded by the runs' spans."""
+        runs = list(dict.fromkeys(w.run_id for _, w, _, _ in raw))
+        names = list(dict.fromkeys(w.name for _, w, _, _ in raw))
+        spans = list(dict.fromkeys(self._row_spans(con, runs).values()))
+        starts = [_NO_START if start is None else start for _, _, _, start in raw]
+        params = {"runs": runs, "names": names, "start": min(starts)}
+        for j, (t_min, t_max) in enumerate(spans):
+            params[f"t_min{j}"], params[f"t_max{j}"] = t_min, t_max
+        rows = con.execute(_rows_many_sql(len(spans)), params).fetchnumpy()
+        # one integer per (run, metric): the rows of each series together, each in file order
+        n = len(names) + 1
+        key = np.asarray(rows["r"], np.int64) * n + np.asarray(rows["n"], np.int64)
+        order = np.argsort(key, kind="stable")
+        key, step, value = key[order], rows["step"][order], rows["value"][order]
+        run_at = {r: j for j, r in enumerate(runs, 1)}
+        name_at = {m: j for j, m in enumerate(names, 1)}
+        for (i, w, k, start), lo in zip(raw, starts, strict=True):
+            at = run_at[w.run_id] * n + name_at[w.name]
+            a, b = np.searchsorted(key, [at, at + 1])
+            keep = step[a:b] >= lo
+            cols = _raw_buckets(step[a:b][keep], value[a:b][keep], k)
+            out[i] = _series_of(w.run_id, w.name, k, start, cols)
+
+    def _rolled_series(self, con, run_id: str, name: str, k: int, start: int | None) -> Series:
+        """The series at width 2**k >= the finest rollup's, from the coarsest level that fits."""
+        lv = next(lv for lv in reversed(LEVELS) if lv.shift <= k)
+        params = {
+            "run": run_id,
+            "name": name,
+            "k": k - lv.shift,
+            "start": _NO_START if start is None else start >> lv.shift,
+        }
+        cols = con.execute(_BUCKETS_ROLLUP[lv.shift], params).fetchnumpy()
+        return _series_of(run_id, name, k, start, cols)
 
     def latest(self, run_id: str, names: list[str] | None = None) -> dict[str, tuple[int, float]]:
         """{name: (step, value)} at each metric's largest step (all metrics, or `names`)."""
@@ -427,7 +595,7 @@ class Reader:
     def trials(self, run_id: str) -> list[Trial]:
         """The run's ramp trials, oldest first; none in a file older than schema v7."""
         with self._connection() as con:
-            if schema.read_version(con, self.db) < schema.TRIALS_VERSION:
+            if self._version(con) < schema.TRIALS_VERSION:
                 return []
             rows = con.execute(
                 f"{TRIALS.select} WHERE run_id = ? ORDER BY start_step NULLS LAST, updated_at",
@@ -449,7 +617,7 @@ class Reader:
         """The t span of the run's metric rows (schema v8), as bounds a raw read adds to
         `run_id = …`: the metrics table's zone maps on t then skip the row groups written while
         the run wrote nothing. Without a stored span (an older file read read-only), no bound."""
-        if schema.read_version(con, self.db) >= schema.ROW_TIMES_VERSION:
+        if self._version(con) >= schema.ROW_TIMES_VERSION:
             row = first(
                 con.execute(
                     "SELECT metrics_t_min, metrics_t_max FROM runs WHERE run_id = ?", [run_id]
@@ -458,6 +626,18 @@ class Reader:
             if row is not None and row[0] is not None:
                 return float(row[0]), float(row[1])
         return -np.inf, np.inf
+
+    def _row_spans(self, con, run_ids: list[str]) -> dict[str, tuple[float, float]]:
+        """_row_span of each of these runs, in one query."""
+        got = {}
+        if self._version(con) >= schema.ROW_TIMES_VERSION:
+            rows = con.execute(
+                "SELECT run_id, metrics_t_min, metrics_t_max FROM runs "
+                "WHERE run_id = ANY(?::VARCHAR[])",
+                [run_ids],
+            ).fetchall()
+            got = {r: (float(lo), float(hi)) for r, lo, hi in rows if lo is not None}
+        return {r: got.get(r, (-np.inf, np.inf)) for r in run_ids}
 
     def export(self, run_id: str) -> pa.Table:
         """Every raw metric row of a run (run_id, step, t, name, value), for CSV/Parquet."""
