@@ -13,7 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rampwatch.dashboard.buckets import Buckets, SeriesCache, width_for
-from rampwatch.dashboard.live_data import LIVE_METRICS, LiveState, buckets_from
+from rampwatch.dashboard.live_data import (
+    LIVE_METRICS,
+    LiveState,
+    buckets_from,
+    refresh_series,
+    refresh_series_many,
+)
 from rampwatch.store import Reader, RunWriter
 from rampwatch.store import names as M
 
@@ -140,3 +146,44 @@ def test_live_state_against_the_real_store(db_path):
         assert since == sorted(since) and since[-1] == (step - 1) // width * width
     finally:
         w.close()
+
+
+def test_many_runs_refreshed_at_once_equal_one_at_a_time(db_path):
+    """refresh_series_many (one series_many for several runs, as the compare page reads) keeps
+    each cache as refresh_series keeps its own copy, through raw and rollup widths; runs of
+    different lengths, one of them not logging every metric."""
+    writers = [
+        RunWriter.start(db_path, name=f"r{i}", handle_sigterm=False, flush_interval=3600.0)
+        for i in range(3)
+    ]
+    names = (M.LOSS, M.TOKENS_SEEN, M.STEP_TIME)
+    many = {w.run_id: {n: SeriesCache(16) for n in names} for w in writers}
+    alone = {w.run_id: {n: SeriesCache(16) for n in names} for w in writers}
+    reader = Reader(db_path)
+    step = 0
+    try:
+        for chunk in (3, 30, 100, 900, 1):
+            for _ in range(chunk):
+                for i, w in enumerate(writers):
+                    if step < 400 * (i + 1):  # run 0 stops first
+                        w.log(step, {M.LOSS: math.sin(step + i), M.TOKENS_SEEN: step * 10.0})
+                        if i != 1:
+                            w.log(step, {M.STEP_TIME: 1.0 + (step % 7 == 0) * math.nan})
+                step += 1
+            assert all(w.flush() for w in writers)
+            with reader.session():
+                runs = {r.run_id: r for r in reader.list_runs()}
+                refresh_series_many(
+                    reader, [(rid, c, runs[rid].last_step, 0) for rid, c in many.items()]
+                )
+                for rid, caches in alone.items():
+                    refresh_series(reader, rid, caches, runs[rid].last_step, 0)
+            for rid in many:
+                for n in names:
+                    assert many[rid][n].fetches == alone[rid][n].fetches, (rid, n)
+                    assert_same(many[rid][n].data, alone[rid][n].data)
+        assert {c.data.width for c in many[writers[2].run_id].values()} == {128}  # rollups
+        assert len(many[writers[1].run_id][M.STEP_TIME].data) == 0
+    finally:
+        for w in writers:
+            w.close()

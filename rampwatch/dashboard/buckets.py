@@ -156,8 +156,15 @@ class SeriesCache:
     run_last_step: int | None = None
     epoch: int = 0
     fetches: list[tuple[int, int]] = field(default_factory=list)  # (since_step, width), for tests
+    _pending: tuple | None = field(default=None, repr=False, compare=False)  # begin() → finish()
 
     def refresh(self, fetch: Fetch, run_last_step: int | None, epoch: int = 0) -> Buckets:
+        since, width = self.begin(run_last_step, epoch)
+        return self.finish(fetch(since, width))
+
+    def begin(self, run_last_step: int | None, epoch: int = 0) -> tuple[int, int]:
+        """refresh() in two halves, for fetches of several series at once: (since_step, width)
+        to fetch, then finish(what was fetched)."""
         width = width_for(run_last_step, self.target_buckets)
         stale = (
             self.data is None
@@ -181,7 +188,12 @@ class SeriesCache:
             last_bucket = int(self.data.bucket[-1])
             since = last_bucket * width
             kept = self.data.before(last_bucket)
-        fresh = fetch(since, width)
+        self._pending = (since, width, kept, run_last_step, epoch)
+        return since, width
+
+    def finish(self, fresh: Buckets) -> Buckets:
+        since, width, kept, run_last_step, epoch = self._pending
+        self._pending = None
         if fresh.width != width:
             raise ValueError(f"fetch returned width {fresh.width}, asked for {width}")
         self.fetches.append((since, width))

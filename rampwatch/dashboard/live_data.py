@@ -62,6 +62,19 @@ def refresh_series(
     return {n: c.refresh(fetch_of(n), last_step, epoch) for n, c in caches.items()}
 
 
+def refresh_series_many(reader: Reader, runs) -> None:
+    """refresh_series of several runs, each (run_id, {name: SeriesCache}, last_step, epoch),
+    their fetches made by one Reader.series_many (one query for all their raw rows). Call it
+    inside reader.session()."""
+    begun = [
+        (c, (run_id, name, *reversed(c.begin(last_step, epoch))))  # (run, name, width, since)
+        for run_id, caches, last_step, epoch in runs
+        for name, c in caches.items()
+    ]
+    for (c, _), s in zip(begun, reader.series_many([w for _, w in begun]), strict=True):
+        c.finish(buckets_from(s))
+
+
 def event_dict(e) -> dict:
     return {"step": e.step, "t": e.t, "kind": e.kind, "message": e.message, "data": e.data}
 

@@ -38,6 +38,7 @@ from rampwatch.dashboard.live_data import (
     buckets_from,
     event_dict,
     refresh_series,
+    refresh_series_many,
 )
 from rampwatch.store import commands as store_commands
 from rampwatch.store import db as store_db
@@ -302,9 +303,10 @@ def run_series(
     for the compare page; chosen: (db, store.reader.Run) pairs, from one file or several.
 
     Kept per session as one SeriesCache per run and metric; a run whose run_version is what it
-    was is not read at all, the others are read in one Reader session per file, each series
-    only from its last bucket on (a resume, counted by the run's resume events, refetches it
-    whole). Runs not asked for are dropped from the session.
+    was is not read at all, the others are read in one Reader session per file (one
+    Reader.series_many: one query for all their raw rows), each series only from its last
+    bucket on (a resume, counted by the run's resume events, refetches it whole). Runs not asked
+    for are dropped from the session.
     """
     names = tuple(dict.fromkeys(names))
     chosen = [(str(db), r) for db, r in chosen]
@@ -332,11 +334,20 @@ def run_series(
         reader = Reader(db, timeout=TIMEOUT)
         with reader.session():
             resumes = reader.events_of_runs([M.EVENT_RESUME], [r.run_id for r in runs])
-            for r in runs:
-                mine = {k[2]: c for k, c in caches.items() if k[:2] == (db, r.run_id)}
-                epoch = len(resumes.get(r.run_id, ()))
-                refresh_series(reader, r.run_id, mine, r.last_step, epoch)
-                versions[(db, r.run_id)] = run_version(r)
+            refresh_series_many(
+                reader,
+                [
+                    (
+                        r.run_id,
+                        {k[2]: c for k, c in caches.items() if k[:2] == (db, r.run_id)},
+                        r.last_step,
+                        len(resumes.get(r.run_id, ())),
+                    )
+                    for r in runs
+                ],
+            )
+        for r in runs:
+            versions[(db, r.run_id)] = run_version(r)
     return {(db, r.run_id): {n: caches[(db, r.run_id, n)].data for n in names} for db, r in chosen}
 
 
