@@ -5,7 +5,7 @@
     OMP_NUM_THREADS=1 python -m bench.monitor_cost_bench --profile  # + where step() spends it
 
 Two models, each in its own loop, with Monitor.start writing into a real DuckDB file (temp dir):
-- nanogpt: examples/nanogpt_loop.py's TinyLM (vocab 64, width 64; ~45k parameters) in its
+- nanogpt: examples/nanogpt_loop.py's TinyLM (vocab 64, width 64; 41k parameters) in its
   nanoGPT loop (get_lr() into every param group times mon.lr_scale, AdamW in two groups,
   clipping), batch 8 x block 16, accumulation 2: a step of a few ms, so the monitor's share
   is as large as it gets;
@@ -22,7 +22,10 @@ gradients right beside it (before or after, alternately: one of the two finds wa
 "beyond the norm kernels" is each step's after_backward sum minus its kernel sum. On a GPU the
 kernel is asynchronous and costs the host only its launch; on a CPU it runs inline.
 The flusher thread's CPU (its per-thread CPU clock) over the monitored phase's wall time is
-its CPU-seconds per second. Figures depend on the machine's load: the load average is printed.
+its CPU-seconds per second; Python's gen-2 garbage collections in that phase are counted.
+Then a few more monitored steps with what step() calls wrapped and timed (step()'s parts, in
+the loop's cold caches), and with --profile a cProfile of the monitor's calls.
+Figures depend on the machine's load: the load average is printed.
 """
 
 from __future__ import annotations
