@@ -57,6 +57,7 @@ for ref in refs:
             # beside the name: which node's file a run is in is what a team scans for
             **({} if cat.single else {"file": display_name(ref.file)}),
             "status": r.status,
+            "world size": r.world_size,  # in view: a team scans for its multi-device runs
             "started": _when(r.created_at),
             "duration": _duration(r),
             "steps": r.last_step,
@@ -69,7 +70,6 @@ for ref in refs:
             "lost records": s["lost_records"],
             "refused writes": refused[ref.db].get(r.run_id, 0),
             "device": r.device,
-            "world size": r.world_size,
             "run id": display_name(r.run_id),
         }
     )
