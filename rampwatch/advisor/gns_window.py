@@ -43,7 +43,9 @@ per-step estimates are independent given the weights.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from dataclasses import dataclass
+from functools import lru_cache
 from statistics import NormalDist
 
 import numpy as np
@@ -82,10 +84,15 @@ def significant(x: float) -> str:
     return f"{x:,.{digits}f}"
 
 
+@lru_cache(maxsize=16)
+def _normal_quantile(p: float) -> float:
+    return NormalDist().inv_cdf(p)
+
+
 def _t_quantile(p: float, dof: int) -> float:
     """Student-t quantile by the Cornish–Fisher expansion around the normal one (Abramowitz &
     Stegun 26.7.5); within 0.3% of the exact value for dof >= 5 at p = 0.95."""
-    z = NormalDist().inv_cdf(p)
+    z = _normal_quantile(p)
     if dof <= 0:
         return math.inf
     return (
@@ -179,27 +186,49 @@ class _Buffer:
         return self._data[:, self._end - n : self._end][:, ::-1]
 
 
+def _rows_median(x: np.ndarray, *, own: bool = False) -> np.ndarray:
+    """Each row's median, as np.median(x, axis=1) (the mean of the two middle values when the
+    row's length is even), by one partition of both rows; own: x may be reordered in place."""
+    n = x.shape[1]
+    half = n // 2
+    if own:
+        x.partition(half, axis=1)
+        part = x
+    else:
+        part = np.partition(x, half, axis=1)
+    if n % 2:
+        return part[:, half]
+    # the middle pair: the (half)th smallest, and the largest of the half before it
+    return (part[:, :half].max(axis=1) + part[:, half]) / 2.0
+
+
 def _clip(x: np.ndarray, centre: np.ndarray, scale: np.ndarray, k: float) -> np.ndarray:
     """Each row of x with values beyond centre ± k·scale moved to that edge (a row with scale
-    0, a constant stream, is left as it is)."""
-    edge = np.where(scale > 0, k * scale, np.inf)[:, None]
-    return np.clip(x, centre[:, None] - edge, centre[:, None] + edge)
+    0, a constant stream, is left as it is). A new array, C-ordered."""
+    edge = np.where(scale > 0, k * scale, np.inf)
+    return x.clip((centre - edge)[:, None], (centre + edge)[:, None])
+
+
+def _row_means(x: np.ndarray) -> np.ndarray:
+    """x.mean(axis=1, keepdims=True): the same sums, divided by the same count."""
+    return np.add.reduce(x, axis=1, keepdims=True) / x.shape[1]
 
 
 def _split_z(x: np.ndarray, cuts: np.ndarray) -> np.ndarray:
-    """|z| of mean(newest m) − mean(the rest) for each m in cuts, x newest first. The variance
-    is pooled (both parts come from one distribution when nothing changed), so an older part
-    of two steps is tested as soundly as one of two hundred."""
-    x = x - x.mean()  # sums of squares about a central value keep their digits
-    s1, s2 = np.cumsum(x), np.cumsum(x * x)
-    n = len(x)
+    """|z| of mean(newest m) − mean(the rest) for each m in cuts, each row of x newest first
+    (one row of z per row of x). The variance is pooled (both parts come from one distribution
+    when nothing changed), so an older part of two steps is tested as soundly as one of two
+    hundred."""
+    x = x - _row_means(x)  # sums of squares about a central value keep their digits
+    s1, s2 = np.add.accumulate(x, axis=1), np.add.accumulate(x * x, axis=1)
+    n = x.shape[1]
     m, k = cuts, n - cuts
-    new, old = s1[m - 1] / m, (s1[-1] - s1[m - 1]) / k
-    within = s2[-1] - m * new * new - k * old * old  # squares about each part's own mean
+    head = s1[:, m - 1]
+    new, old = head / m, (s1[:, -1:] - head) / k
+    within = s2[:, -1:] - m * new * new - k * old * old  # squares about each part's own mean
     se = np.sqrt(np.maximum(within, 0.0) / (n - 2) * (1.0 / m + 1.0 / k))
     diff = np.abs(new - old)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(se > 0, diff / se, np.where(diff > 0, np.inf, 0.0))
+    return np.divide(diff, se, out=np.where(diff > 0, np.inf, 0.0), where=se > 0)
 
 
 def _ladder(first: int, last: int) -> list[int]:
@@ -208,6 +237,22 @@ def _ladder(first: int, last: int) -> list[int]:
     while out and (grown := max(out[-1] + 1, int(out[-1] * LADDER))) <= last:
         out.append(grown)
     return out
+
+
+@lru_cache(maxsize=32)
+def _full_ladder(first: int, last: int) -> tuple[int, ...]:
+    """_ladder(first, last), kept: a shorter ladder from `first` is a prefix of it."""
+    return tuple(_ladder(first, last))
+
+
+def _cuts(n: int, shortest: int, longest: int) -> list[int]:
+    """The candidate newer-part lengths of a window of n steps (n <= longest), ascending:
+    newer parts of shortest, ×1.25, … steps and older parts of 2, 3, 4, 5, 6, 7, 9, … steps."""
+    newer = _full_ladder(shortest, longest)
+    older = _full_ladder(2, longest)
+    cuts = set(newer[: bisect_right(newer, n - 2)])
+    cuts.update(n - k for k in older[: bisect_right(older, n - shortest)])
+    return sorted(cuts)
 
 
 class NoiseScaleWindow:
@@ -263,8 +308,10 @@ class NoiseScaleWindow:
             x, centre, scale = self._robust()
         # none before min_steps steps in all; after a cut the window's few steps give a wide
         # interval, not a blank, until it has grown again
-        start = self.updates < self.min_steps
-        self.latest = None if start else self._estimate(_clip(x, centre, scale, HAMPEL_K))
+        if self.updates < self.min_steps:
+            self.latest = None
+        else:
+            self.latest = self._estimate(_clip(x, centre, scale, HAMPEL_K))
         return self.latest
 
     def mark(self) -> None:
@@ -276,8 +323,8 @@ class NoiseScaleWindow:
         """The window's |G|² (row 0) and tr(Σ) (row 1), newest first; each row's median and
         robust SD (1.4826·MAD), the centre and scale it is clipped by."""
         x = self._steps.newest(self.length)
-        centre = np.median(x, axis=1)
-        return x, centre, 1.4826 * np.median(np.abs(x - centre[:, None]), axis=1)
+        centre = _rows_median(x)
+        return x, centre, 1.4826 * _rows_median(np.abs(x - centre[:, None]), own=True)
 
     def _cut(self, tested: np.ndarray) -> bool:
         """Drop everything older than a change point the newest steps show, if any; tested:
@@ -288,18 +335,18 @@ class NoiseScaleWindow:
             self.since_mark = mark = None  # long past: the scan alone watches it now
         # newer parts of shortest, ×1.25, … steps, and older parts of 2, 3, … steps: a few
         # stale steps left at the window's old end are found as surely as a recent change
-        newer = _ladder(shortest, n - 2) + [n - k for k in _ladder(2, n - shortest)]
-        if not newer:
+        cuts = _cuts(n, shortest, max(n, self.max_steps))
+        if not cuts:
             return False
-        cuts = np.unique(newer)
-        g, t = tested
-        z = np.maximum(_split_z(g, cuts), _split_z(t, cuts))
+        at = np.array(cuts)
+        z_g, z_t = _split_z(tested, at)
+        z = np.maximum(z_g, z_t)
         best = int(np.argmax(z))
         if z[best] > CUT_Z:
-            self.length = int(cuts[best])
+            self.length = cuts[best]
         elif mark is not None and shortest <= mark <= n - 2:
-            at = np.array([mark])
-            if max(_split_z(g, at)[0], _split_z(t, at)[0]) > MARK_Z:
+            (z_g,), (z_t,) = _split_z(tested, np.array([mark]))
+            if max(z_g, z_t) > MARK_Z:
                 self.length = mark
             else:
                 return False
@@ -317,10 +364,12 @@ class NoiseScaleWindow:
 
     def _estimate(self, kept: np.ndarray) -> NoiseScaleEstimate:
         """Ratio of means and Fieller interval of the window clipped at HAMPEL_K."""
-        g, t = kept
-        n = len(g)
-        mx, my = float(g.mean()), float(t.mean())
-        c = np.cov(g, t)
+        n = kept.shape[1]
+        means = _row_means(kept)  # g.mean() and t.mean(), and np.cov(g, t)'s own means
+        mx, my = float(means[0, 0]), float(means[1, 0])
+        d = kept - means  # np.cov's steps, without its checks and dispatch: the same numbers
+        c = np.dot(d, d.T)
+        c *= np.true_divide(1, n - 1)
         vxx, vyy, vxy = float(c[0, 0]), float(c[1, 1]), float(c[0, 1])
         q = _t_quantile(0.5 + self.level / 2, n - 1)
         lower, upper = fieller_interval(mx, my, vxx / n, vyy / n, vxy / n, q)
