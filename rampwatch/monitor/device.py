@@ -33,13 +33,21 @@ def device_name(device: torch.device) -> str:
 
 
 class CpuPeak:
-    """Peak resident memory between steps on Linux: VmHWM, reset through /proc/self/clear_refs."""
+    """Peak resident memory between steps on Linux: VmHWM, reset through /proc/self/clear_refs.
+
+    Every step reads it: /proc's three files stay open and are re-read in place (os.pread at
+    offset 0 makes the kernel write them afresh), the same figures psutil and a fresh open give
+    without opening three files a step. A forked child opens its own."""
 
     def __init__(self) -> None:
         self.resettable = os.path.exists("/proc/self/clear_refs")
         self.proc = psutil.Process()
+        self._pid = -1  # the process the open files are of
+        self._statm = self._status = self._clear = -1  # their descriptors; -1: not open
 
     def read_and_reset(self) -> tuple[int, int]:
+        if self.resettable and (self._pid == os.getpid() or self._open()):
+            return self._read_open()
         rss = self.proc.memory_info().rss
         peak = rss
         if self.resettable:
@@ -51,6 +59,57 @@ class CpuPeak:
             with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as f:
                 f.write("5")  # resets VmHWM to the current RSS
         return rss, peak
+
+    def _open(self) -> bool:
+        """Open /proc's files for this process; False (and none open) where one cannot be."""
+        self.close()
+        try:
+            # psutil's memory_info() reads this file: the process the Process was made for
+            self._statm = os.open(f"/proc/{self.proc.pid}/statm", os.O_RDONLY | os.O_CLOEXEC)
+            self._status = os.open("/proc/self/status", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            self.close()
+            return False
+        self._pid = os.getpid()
+        return True
+
+    def _read_open(self) -> tuple[int, int]:
+        rss = int(os.pread(self._statm, 4096, 0).split()[1]) * _PAGE_SIZE
+        peak = rss
+        status = os.pread(self._status, 4096, 0)  # ~1.5 kB; a larger read costs more
+        if len(status) == 4096:  # perhaps not all of it (a long Groups line): all of it
+            status = os.pread(self._status, 1 << 22, 0)
+        at = (b"\n" + status).find(b"\nVmHWM:")  # the first line that starts with it
+        if at >= 0:
+            peak = int(status[at:].split(None, 2)[1]) * 1024
+        if self._clear < 0:  # as a fresh open each step: tried again while it fails
+            with contextlib.suppress(OSError):
+                self._clear = os.open("/proc/self/clear_refs", os.O_WRONLY | os.O_CLOEXEC)
+        if self._clear >= 0:
+            with contextlib.suppress(OSError):
+                os.write(self._clear, b"5")  # resets VmHWM to the current RSS
+        return rss, peak
+
+    def close(self) -> None:
+        """Close the files (a later read opens them again)."""
+        fds = (self._statm, self._status, self._clear)
+        self._pid = -1
+        self._statm = self._status = self._clear = -1
+        for fd in fds:
+            if fd >= 0:  # a forked child closes its own copies
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - at interpreter exit os may be gone
+            pass
+
+
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def distributed() -> tuple[int, int]:
