@@ -209,6 +209,15 @@ def _clip(x: np.ndarray, centre: np.ndarray, scale: np.ndarray, k: float) -> np.
     return x.clip((centre - edge)[:, None], (centre + edge)[:, None])
 
 
+_KS = np.array([[TEST_K], [HAMPEL_K]])
+
+
+def _edges(centre: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """_clip's edges at TEST_K ([0]) and HAMPEL_K ([1]) at once: (low, high), each [k, row, 1]."""
+    edge = np.where(scale > 0, _KS * scale, np.inf)
+    return (centre - edge)[..., None], (centre + edge)[..., None]
+
+
 def _row_means(x: np.ndarray) -> np.ndarray:
     """x.mean(axis=1, keepdims=True): the same sums, divided by the same count."""
     return np.add.reduce(x, axis=1, keepdims=True) / x.shape[1]
@@ -304,14 +313,16 @@ class NoiseScaleWindow:
         if self.since_mark is not None:
             self.since_mark += 1
         x, centre, scale = self._robust()
-        if self._cut(_clip(x, centre, scale, TEST_K)):
+        low, high = _edges(centre, scale)
+        if self._cut(x.clip(low[0], high[0])):  # _clip(x, centre, scale, TEST_K)
             x, centre, scale = self._robust()
+            low, high = _edges(centre, scale)
         # none before min_steps steps in all; after a cut the window's few steps give a wide
         # interval, not a blank, until it has grown again
         if self.updates < self.min_steps:
             self.latest = None
-        else:
-            self.latest = self._estimate(_clip(x, centre, scale, HAMPEL_K))
+        else:  # _clip(x, centre, scale, HAMPEL_K)
+            self.latest = self._estimate(x.clip(low[1], high[1]))
         return self.latest
 
     def mark(self) -> None:
@@ -366,11 +377,11 @@ class NoiseScaleWindow:
         """Ratio of means and Fieller interval of the window clipped at HAMPEL_K."""
         n = kept.shape[1]
         means = _row_means(kept)  # g.mean() and t.mean(), and np.cov(g, t)'s own means
-        mx, my = float(means[0, 0]), float(means[1, 0])
+        (mx,), (my,) = means.tolist()
         d = kept - means  # np.cov's steps, without its checks and dispatch: the same numbers
         c = np.dot(d, d.T)
-        c *= np.true_divide(1, n - 1)
-        vxx, vyy, vxy = float(c[0, 0]), float(c[1, 1]), float(c[0, 1])
+        c *= 1 / (n - 1)  # np.cov's np.true_divide(1, n - 1)
+        (vxx, vxy), (_, vyy) = c.tolist()
         q = _t_quantile(0.5 + self.level / 2, n - 1)
         lower, upper = fieller_interval(mx, my, vxx / n, vyy / n, vxy / n, q)
         point = my / mx if mx > 0 and my > 0 else None
