@@ -534,7 +534,10 @@ class Monitor:
         history = self._norms
         if not math.isfinite(grad_norm):
             return
-        median = statistics.median(history) if len(history) >= SPIKE_MIN_STEPS else math.inf
+        if len(history) < SPIKE_MIN_STEPS or grad_norm <= SPIKE_FACTOR * min(history):
+            history.append(grad_norm)  # at or below 10× the least, so 10× the median: no sort
+            return
+        median = statistics.median(history)
         if grad_norm > SPIKE_FACTOR * median:
             self.event(
                 step,
