@@ -323,7 +323,8 @@ class AccumulationStats:
             )
         if world_size > 1:
             return self._collect_ddp(micro_batch, grad_scale, world_size, rank_mean, rank_max)
-        raw = torch.stack(self._sq_norms).double().cpu().tolist()
+        # tolist() widens any float dtype to a Python float exactly: no .double() copy needed
+        raw = torch.stack(self._sq_norms).cpu().tolist()
         scales, inv_sizes, valid = _rank_scales(self._take_weights(), micro_batch, frozenset())
         inv_scale2 = 1.0 / (grad_scale * grad_scale)
         sq_norms = [v * c * inv_scale2 for v, c, n in zip(raw, scales, valid, strict=True) if n]
