@@ -44,10 +44,21 @@ class CpuPeak:
         self.proc = psutil.Process()
         self._pid = -1  # the process the open files are of
         self._statm = self._status = self._clear = -1  # their descriptors; -1: not open
+        self._clear_id = (0, 0)  # clear_refs' (device, inode): written only while it is that
+
+    def __getstate__(self) -> dict:
+        """A copy (copy, deepcopy, pickle) opens its own files: none are shared."""
+        return {**self.__dict__, "_pid": -1, "_statm": -1, "_status": -1, "_clear": -1}
 
     def read_and_reset(self) -> tuple[int, int]:
         if self.resettable and (self._pid == os.getpid() or self._open()):
-            return self._read_open()
+            try:
+                return self._read_open()
+            except (OSError, ValueError, IndexError):
+                # not the files opened (closed behind our back, the number reused): forget them
+                # without closing what may be someone else's now, and read as below
+                self._pid = -1
+                self._statm = self._status = self._clear = -1
         rss = self.proc.memory_info().rss
         peak = rss
         if self.resettable:
@@ -79,13 +90,20 @@ class CpuPeak:
         status = os.pread(self._status, 4096, 0)  # ~1.5 kB; a larger read costs more
         if len(status) == 4096:  # perhaps not all of it (a long Groups line): all of it
             status = os.pread(self._status, 1 << 22, 0)
+        if not status.startswith(b"Name:"):
+            raise ValueError("not /proc/self/status")
         at = (b"\n" + status).find(b"\nVmHWM:")  # the first line that starts with it
         if at >= 0:
             peak = int(status[at:].split(None, 2)[1]) * 1024
         if self._clear < 0:  # as a fresh open each step: tried again while it fails
             with contextlib.suppress(OSError):
                 self._clear = os.open("/proc/self/clear_refs", os.O_WRONLY | os.O_CLOEXEC)
+                st = os.fstat(self._clear)
+                self._clear_id = (st.st_dev, st.st_ino)
         if self._clear >= 0:
+            st = os.fstat(self._clear)  # never a "5" into a file that is not clear_refs
+            if (st.st_dev, st.st_ino) != self._clear_id:
+                raise ValueError("not /proc/self/clear_refs")
             with contextlib.suppress(OSError):
                 os.write(self._clear, b"5")  # resets VmHWM to the current RSS
         return rss, peak

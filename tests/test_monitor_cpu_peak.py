@@ -1,0 +1,88 @@
+"""monitor/device.py CpuPeak: /proc's files kept open give the figures a fresh read gives."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import psutil
+import pytest
+
+from rampwatch.monitor.device import CpuPeak
+
+pytestmark = pytest.mark.skipif(
+    not os.access("/proc/self/clear_refs", os.W_OK), reason="needs Linux clear_refs"
+)
+
+
+def _fresh_peak() -> int:
+    """VmHWM as the code before kept-open files read it: a fresh open of /proc/self/status."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+def test_rss_and_peak_are_psutils_and_the_status_files():
+    cpu = CpuPeak()
+    held = []
+    for i in range(20):
+        held.append(b"x" * (4 << 20))  # RSS grows by 4 MiB a round (every page written)
+        if i % 5 == 4:
+            held.clear()
+        fresh = _fresh_peak()
+        rss, peak = cpu.read_and_reset()
+        assert cpu._statm >= 0  # read through the kept files
+        # the same figures, to the few pages Python may touch between two reads
+        assert abs(rss - psutil.Process().memory_info().rss) <= 1 << 20
+        assert abs(peak - fresh) <= 1 << 20
+        spike = b"x" * (32 << 20)  # a peak between two reads
+        del spike
+        rss2, peak2 = cpu.read_and_reset()
+        assert peak2 >= rss2 + (24 << 20), (rss2, peak2)  # found, then reset
+        assert cpu.read_and_reset()[1] < peak2 - (24 << 20)
+
+
+def test_a_copy_opens_its_own_files():
+    cpu = CpuPeak()
+    cpu.read_and_reset()
+    twin = copy.copy(cpu)
+    assert twin._statm == -1
+    twin.read_and_reset()
+    assert twin._statm >= 0 and twin._statm != cpu._statm
+    del twin
+    assert cpu.read_and_reset()[0] > 0  # its own files are still open
+
+
+def test_a_reused_descriptor_is_never_written(tmp_path):
+    cpu = CpuPeak()
+    cpu.read_and_reset()
+    os.close(cpu._clear)  # closed behind its back, and the number given to another file
+    victim = os.open(tmp_path / "victim", os.O_RDWR | os.O_CREAT)
+    try:
+        assert victim == cpu._clear
+        rss, peak = cpu.read_and_reset()
+        assert rss > 0 and peak >= rss
+        assert os.path.getsize(tmp_path / "victim") == 0
+        assert cpu._clear == -1  # forgotten, not closed: the descriptor is the victim's
+        cpu.read_and_reset()
+        assert cpu._clear >= 0 and cpu._clear != victim
+    finally:
+        os.close(victim)
+
+
+def test_a_forked_child_reads_its_own_process():
+    cpu = CpuPeak()
+    cpu.read_and_reset()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        ok = False
+        try:
+            cpu.read_and_reset()
+            ok = cpu._pid == os.getpid()
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert cpu._pid == os.getpid() and cpu.read_and_reset()[0] > 0
