@@ -3,7 +3,8 @@
 Issue 29 made NoiseScaleWindow.update and line_estimates cheaper (fewer numpy calls, the
 same arithmetic). The copies below are that code as it was before (np.median, np.unique on the
 ladder, np.cov, numpy line fits); the same streams go through both, and every step's estimate,
-window length, cut count and mark must agree to float rounding (they agree exactly today).
+window length, cut count and mark must agree to float rounding (the window's agree exactly
+today; a fit of three or more points differs from numpy's in the last digit at times).
 """
 
 from __future__ import annotations
@@ -269,8 +270,15 @@ def test_line_estimates_match_the_frozen_reference():
             sizes = [float(s) * 1.5 for s in sizes]
         ys = (rng.uniform(0.2, 3.0, k) * 10.0 ** rng.uniform(-6, 4)).tolist()
         new, ref = line_estimates(sizes, ys), _ref_line_estimates(sizes, ys)
-        assert new == ref, (sizes, ys, new, ref)
         assert all(type(v) is float for v in new), new
+        if k == 2:  # the two-batch formula, as before: the same digits
+            assert new == ref, (sizes, ys, new, ref)
+            continue
+        # plain-float sums now, where BLAS's dot may fuse its multiply-adds: rounding apart.
+        # |G|² (the intercept) is a difference of the points, so its rounding is the points'
+        scale = max(ys)
+        assert abs(new[0] - ref[0]) <= 1e-12 * max(abs(ref[0]), scale), (sizes, ys, new, ref)
+        assert abs(new[1] - ref[1]) <= 1e-12 * abs(ref[1]), (sizes, ys, new, ref)
 
 
 def test_the_frozen_ladder_is_the_modules():

@@ -84,7 +84,7 @@ def line_estimates(batch_sizes: Sequence[float], sq_norms: Sequence[float]) -> t
         raise ValueError(
             f"got {len(batch_sizes)} batch sizes but {len(sq_norms)} squared norms: pass one norm per batch"
         )
-    # plain floats: a step's 2–4 points cost less in Python than in numpy, with the same numbers
+    # plain floats: a step's 2–4 points cost less in Python than in numpy
     xs = [1.0 / _positive("batch size", b) for b in batch_sizes]
     ys = [_sq_norm("squared norm", y) for y in sq_norms]
     if len(set(xs)) < 2:
@@ -99,12 +99,17 @@ def line_estimates(batch_sizes: Sequence[float], sq_norms: Sequence[float]) -> t
         if b0 < b1:
             return two_batch_estimates(b0, y0, b1, y1)
         return two_batch_estimates(b1, y1, b0, y0)
-    # ols_line's arithmetic, each mean taken once (np.dot's summation is kept: the same digits)
-    x, y = np.array(xs), np.array(ys)
-    mx, my = x.mean(), y.mean()
-    dx = x - mx
-    slope = float(np.dot(dx, y - my) / np.dot(dx, dx))
-    return float(my - slope * mx), slope
+    # ols_line's least squares in plain floats (a step has a few points: numpy's calls cost
+    # more than the sums); the same numbers to rounding (BLAS may fuse the dot's multiply-adds)
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxy = sxx = 0.0
+    for x, y in zip(xs, ys, strict=True):
+        dx = x - mx
+        sxy += dx * (y - my)
+        sxx += dx * dx
+    slope = sxy / sxx
+    return my - slope * mx, slope
 
 
 def accumulation_estimates(
