@@ -34,8 +34,6 @@ import argparse
 import cProfile
 import io
 import math
-import os
-import platform
 import pstats
 import shutil
 import sys
@@ -46,6 +44,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bench.noise_bench import machine
 from bench.store_bench import GcPauses
 from rampwatch.monitor import Monitor
 from rampwatch.monitor import monitor as monitor_module
@@ -431,22 +430,6 @@ def table(setup: Setup, res: dict) -> tuple[str, dict]:
     return "\n".join(rows), summary
 
 
-def machine() -> str:
-    model = platform.processor() or "?"
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next(
-                line.split(":", 1)[1].strip() for line in f if line.startswith("model name")
-            )
-    except (OSError, StopIteration):
-        pass
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    return (
-        f"{os.cpu_count()} cores ({model}); torch {torch.__version__} on "
-        f"{torch.get_num_threads()} thread(s); load average {load} (1/5/15 min)"
-    )
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="a few steps of each: a smoke run")
@@ -462,7 +445,7 @@ def main(argv=None) -> int:
     tiny_steps = a.cpu_tiny_steps or (3 if a.quick else 150)
     warmup = 2 if a.quick else 20
     print("## The monitor's own cost per step\n")
-    print("Machine at the start: " + machine() + "\n")
+    print("At the start. " + machine(torch.get_num_threads()) + "\n")
     tmp = Path(tempfile.mkdtemp(prefix="monitor_cost_", dir=a.dir))
     summaries = []
     try:
@@ -496,7 +479,7 @@ def main(argv=None) -> int:
             f"{s['total'] / s['bare'] * 100:.2f}% | {_us(s['kernel'])} | {_us(s['beyond'])} | "
             f"{_us(s['step'])} | {_us(s['due'])} | {s['flusher_ms_per_s']:.1f} |"
         )
-    print("\nMachine at the end: " + machine())
+    print("\nAt the end. " + machine(torch.get_num_threads()))
     return 0
 
 
