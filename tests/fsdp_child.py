@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from rampwatch import Monitor
 from rampwatch.advisor.gns_window import NoiseScaleWindow
+from tests.procs import free_ddp
 
 B, STEPS, LR = 16, 4, 0.05  # per-device batch, optimizer steps, SGD learning rate
 FROZEN_STEPS, POPULATION = 400, 200_000
@@ -209,6 +210,7 @@ def main(argv: list[str]) -> int:
     db, specs = argv[0], argv[1:]
     for spec in specs:
         run(db, spec, rank, world)
+    free_ddp()  # the runs' DDP models, before the process group
     dist.destroy_process_group()
     return 0
 

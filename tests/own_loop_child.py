@@ -31,7 +31,7 @@ from rampwatch import Monitor, TokenClock
 from rampwatch.advisor.lr import scaled_base_lr
 from rampwatch.advisor.policy import RampPolicy
 from rampwatch.monitor.ramp_protocol import scale_lr
-from tests.procs import loop_parser, wait_for_ramp
+from tests.procs import free_ddp, loop_parser, wait_for_ramp
 
 WIDTH = 256  # wide enough that a per-device batch's activations show in the measured peak
 
@@ -156,7 +156,9 @@ def main(argv=None) -> int:
         },
         a.out if world == 1 else f"{a.out}.rank{rank}",
     )
-    if world > 1:
+    if world > 1:  # DDP first (see tests.procs.free_ddp): the monitor holds it too
+        del train, mon
+        free_ddp()
         torch.distributed.destroy_process_group()
     return 0
 

@@ -420,6 +420,7 @@ WEIGHTED_DDP_CHILD = """
 import contextlib, sys, torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from rampwatch import Monitor
+from tests.procs import free_ddp
 from rampwatch.advisor.gns import line_estimates
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -461,6 +462,8 @@ for step in range(1, 4):
     opt.step()
     opt.zero_grad()
 mon.finish()
+del model, mon, opt  # DDP before the process group (tests.procs.free_ddp)
+free_ddp()
 dist.destroy_process_group()
 """
 
