@@ -33,6 +33,21 @@ def rampwatch_command(*args: str, timeout: float = 120) -> subprocess.CompletedP
     )
 
 
+def bench_output(module: str, *args: str, timeout: float) -> str:
+    """`python -m bench.MODULE ARGS…` from the checkout, as the README runs it: its stdout; fails
+    with the end of its stderr when it exits non-zero."""
+    out = subprocess.run(
+        [sys.executable, "-m", f"bench.{module}", *args],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
 def wait_until(condition, timeout: float = 60.0, every: float = 0.2) -> None:
     """Poll condition() until it is true; AssertionError after timeout seconds."""
     deadline = time.monotonic() + timeout

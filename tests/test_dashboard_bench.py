@@ -3,28 +3,12 @@ runs: a quick run prints its tables."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
-from tests.procs import REPO, child_env
-
-
-def _bench(*args: str, timeout: float) -> str:
-    out = subprocess.run(
-        [sys.executable, "bench/dashboard_bench.py", *args],
-        cwd=REPO,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    return out.stdout
+from tests.procs import bench_output
 
 
 def test_bench_runs_small(tmp_path):
     args = ("--steps", "3000", "--reps", "3", "--no-page", "--db", str(tmp_path / "b.duckdb"))
-    out = _bench(*args, timeout=120)
+    out = bench_output("dashboard_bench", *args, timeout=120)
     assert "| refresh after 5 new steps |" in out
     assert "| refresh while a ramp command is open |" in out
 
@@ -32,7 +16,7 @@ def test_bench_runs_small(tmp_path):
 def test_team_bench_runs_small(tmp_path):
     """--runs: a team's database built through RunWriter, every figure measured in a child."""
     args = ("--runs", "2", "--run-steps", "40", "--reps", "1", "--page-reps", "1")
-    out = _bench(*args, "--dir", str(tmp_path), timeout=240)
+    out = bench_output("dashboard_bench", *args, "--dir", str(tmp_path), timeout=240)
     for row in ("Runs page, first load", "Compare, rerun after 5 new steps of the live run"):
         assert f"| {row} | " in out, out
     assert "| 2 runs after |" in out

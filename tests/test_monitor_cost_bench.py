@@ -3,28 +3,12 @@ No timing is asserted (the figures are the machine's), only that every row is me
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
-from tests.procs import REPO, child_env
-
-
-def _bench(*args: str, timeout: float) -> str:
-    out = subprocess.run(
-        [sys.executable, "-m", *args],
-        cwd=REPO,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    return out.stdout
+from tests.procs import bench_output
 
 
 def test_monitor_cost_bench_runs_quick(tmp_path):
-    out = _bench(
-        "bench.monitor_cost_bench", "--quick", "--profile", "--dir", str(tmp_path), timeout=240
+    out = bench_output(
+        "monitor_cost_bench", "--quick", "--profile", "--dir", str(tmp_path), timeout=240
     )
     for model in ("nanogpt", "cpu-tiny"):
         assert f"### {model}: " in out, out
@@ -38,8 +22,8 @@ def test_monitor_cost_bench_runs_quick(tmp_path):
 
 
 def test_store_bench_log_only_runs_small(tmp_path):
-    out = _bench(
-        "bench.store_bench", "--log-only", "--calls", "2000", "--dir", str(tmp_path), timeout=120
+    out = bench_output(
+        "store_bench", "--log-only", "--calls", "2000", "--dir", str(tmp_path), timeout=120
     )
     rows = [line for line in out.splitlines() if line.startswith("| log() 20 metrics")]
     assert len(rows) == 4, out
