@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import mmap
 import os
 
 import psutil
@@ -24,6 +25,15 @@ def _fresh_peak() -> int:
     raise AssertionError("no VmHWM")
 
 
+def _spike(size: int) -> None:
+    """Raise the resident set by `size` bytes of fresh pages, then give them back. A bytes
+    object would not do: malloc may serve it from freed memory the process still holds (a
+    test worker's heap grows to hundreds of MB), which raises no peak."""
+    with mmap.mmap(-1, size) as pages:
+        for at in range(0, size, mmap.PAGESIZE):
+            pages[at] = 1  # each page touched: resident
+
+
 def test_rss_and_peak_are_psutils_and_the_status_files():
     cpu = CpuPeak()
     held = []
@@ -37,8 +47,7 @@ def test_rss_and_peak_are_psutils_and_the_status_files():
         # the same figures, to the few pages Python may touch between two reads
         assert abs(rss - psutil.Process().memory_info().rss) <= 1 << 20
         assert abs(peak - fresh) <= 1 << 20
-        spike = b"x" * (32 << 20)  # a peak between two reads
-        del spike
+        _spike(32 << 20)  # a peak between two reads
         rss2, peak2 = cpu.read_and_reset()
         assert peak2 >= rss2 + (24 << 20), (rss2, peak2)  # found, then reset
         assert cpu.read_and_reset()[1] < peak2 - (24 << 20)
