@@ -24,10 +24,12 @@ from pathlib import Path
 import numpy as np
 
 from rampwatch import store
+from rampwatch.store import flusher
 from rampwatch.store.db import read_connection, write_connection
 
 N_METRICS = 20
 NAMES = [f"metric_{j:02d}" for j in range(N_METRICS)]
+_VISIT_SWITCH = flusher.VISIT_SWITCH_INTERVAL  # the store's own setting, restored after each case
 
 
 # log() of 20 metrics while the flusher runs, (flusher, gap sleeps) -> goal: the first goals,
@@ -86,14 +88,26 @@ def _spin(us: float) -> None:
         pass
 
 
-def bench_log(tmp: Path, calls: int, gap_us: float, flush_interval: float, sleep_gap: bool):
+def bench_log(
+    tmp: Path,
+    calls: int,
+    gap_us: float,
+    flush_interval: float,
+    sleep_gap: bool,
+    visit_switch: float | None = _VISIT_SWITCH,
+):
     """log() of 20 metrics per call while the flusher ingests every flush_interval seconds.
 
     Between calls the main thread either spins in Python (holding the GIL: the worst case for
-    the flusher thread) or sleeps (releasing it, like a loop waiting on the GPU).
+    the flusher thread) or sleeps (releasing it, like a loop waiting on the GPU). visit_switch:
+    the switch interval during visits (None: the interpreter's own, as before it was set).
     """
+    flusher.VISIT_SWITCH_INTERVAL = visit_switch
     w = store.RunWriter.start(
-        tmp / "log.duckdb", "log-bench", flush_interval=flush_interval, lock_timeout=120
+        tmp / f"log-{time.monotonic_ns()}.duckdb",
+        "log-bench",
+        flush_interval=flush_interval,
+        lock_timeout=120,
     )
     rng = np.random.default_rng(0)
     vals = rng.standard_normal((1024, N_METRICS)).tolist()
@@ -112,6 +126,7 @@ def bench_log(tmp: Path, calls: int, gap_us: float, flush_interval: float, sleep
                 _spin(gap_us)  # stands in for the training step between two log() calls
     flushes = w.flushes
     assert w.close() and w.errors == 0, w.last_error
+    flusher.VISIT_SWITCH_INTERVAL = _VISIT_SWITCH
     return _pct(samples), flushes, gcp.summary()
 
 
@@ -338,19 +353,35 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="store_bench_", dir=a.dir))
     rows = []
     try:
-        for label, fi, sleep_gap in (
-            ("flusher running, gap spins in Python (holds the GIL)", 1.0, False),
-            ("flusher running, gap sleeps (releases the GIL, like waiting on a GPU)", 1.0, True),
-            ("no flusher, gap spins (baseline)", 10**6, False),
-            ("no flusher, gap sleeps (baseline: caches go cold in a sleep)", 10**6, True),
+        for label, fi, sleep_gap, switch in (
+            ("flusher running, gap spins in Python (holds the GIL)", 1.0, False, _VISIT_SWITCH),
+            (
+                "the same, visits at the interpreter's switch interval (before)",
+                1.0,
+                False,
+                None,
+            ),
+            (
+                "flusher running, gap sleeps (releases the GIL, like waiting on a GPU)",
+                1.0,
+                True,
+                _VISIT_SWITCH,
+            ),
+            ("no flusher, gap spins (baseline)", 10**6, False, _VISIT_SWITCH),
+            (
+                "no flusher, gap sleeps (baseline: caches go cold in a sleep)",
+                10**6,
+                True,
+                _VISIT_SWITCH,
+            ),
         ):
-            (p50, p99, p999, mx), flushes, gcs = bench_log(tmp, calls, gap, fi, sleep_gap)
+            (p50, p99, p999, mx), flushes, gcs = bench_log(tmp, calls, gap, fi, sleep_gap, switch)
             rows.append(
                 (
                     f"log() 20 metrics, {label}; {calls:,} calls, {flushes} flushes",
                     f"p50 {p50:.1f} µs, p99 {p99:.1f} µs, p99.9 {p999:.0f} µs, max {mx:.0f} µs; "
                     + gcs,
-                    _LOG_GOALS.get((fi == 1.0, sleep_gap), ""),
+                    _LOG_GOALS.get((fi == 1.0, sleep_gap), "") if switch else "",
                 )
             )
         try:

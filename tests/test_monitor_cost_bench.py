@@ -26,6 +26,7 @@ def test_store_bench_log_only_runs_small(tmp_path):
         "store_bench", "--log-only", "--calls", "2000", "--dir", str(tmp_path), timeout=120
     )
     rows = [line for line in out.splitlines() if line.startswith("| log() 20 metrics")]
-    assert len(rows) == 4, out
+    assert len(rows) == 5, out  # with the flusher at the old switch interval, beside the new
+    assert sum("switch interval (before)" in r for r in rows) == 1, out
     assert all("p99.9 " in r and "max " in r for r in rows), out
     assert "chart" not in out  # --log-only: no 1M-step file is built

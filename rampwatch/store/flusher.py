@@ -12,14 +12,27 @@ offsets it committed; should the database ever hand back older ones (or none), i
 ingest (SpoolOffsetsError, reported to the writer's errors and logged as an error) rather than
 insert rows twice, and at close sets that spool aside as `<session>.corrupt` instead of leaving
 it to recovery, which would trust the stale offsets.
+
+A visit shortens the interpreter's switch interval while it runs (`prompt_handoffs`). DuckDB's
+Python client takes the GIL back after every task of a query, to check for Ctrl-C (duckdb PR
+#12512's execute loop), so a visit asks for the GIL again and again. CPython hands the GIL to a
+waiting thread only when the holder lets go or the switch interval (5 ms) passes without a
+hand-over, and a thread that lets go briefly (log()'s os.write, for one) usually takes it right
+back. So a loop that holds the GIL and lets go briefly more often than every 5 ms starves the
+visit: with log() every 200 µs, one visit took 11.7 s of wall clock for 0.42 s of CPU (about
+2,300 waits of 5 ms). A loop that lets go less often waits up to 5 ms each time the visit asks.
+At 50 µs a visit takes about 0.1 s and the loop waits microseconds (bench/store_bench.py,
+README). The previous interval is restored when no visit is running.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -37,6 +50,34 @@ _log = logging.getLogger("rampwatch.store")
 _now = time.time
 RECOVER_EVERY = 30.0  # seconds between a live writer's sweeps for other writers' dead spools
 ROTATE_BYTES = 64 << 20  # a fully ingested spool this big is replaced by a fresh one
+VISIT_SWITCH_INTERVAL: float | None = 50e-6  # seconds, while a visit runs; None: leave it
+
+_switch_lock = threading.Lock()
+_switch_visits = 0  # visits running now, in all writers of this process
+_switch_saved = _switch_set = 0.0  # the interval before the first of them, and the one set
+
+
+@contextlib.contextmanager
+def prompt_handoffs():
+    """The switch interval at VISIT_SWITCH_INTERVAL while any visit runs (the module docstring
+    says why), then back to what it was, unless someone else changed it meanwhile."""
+    global _switch_visits, _switch_saved, _switch_set
+    if VISIT_SWITCH_INTERVAL is None:
+        yield
+        return
+    with _switch_lock:
+        if _switch_visits == 0:
+            _switch_saved = sys.getswitchinterval()
+            sys.setswitchinterval(min(_switch_saved, VISIT_SWITCH_INTERVAL))
+            _switch_set = sys.getswitchinterval()
+        _switch_visits += 1
+    try:
+        yield
+    finally:
+        with _switch_lock:
+            _switch_visits -= 1
+            if _switch_visits == 0 and sys.getswitchinterval() == _switch_set:
+                sys.setswitchinterval(_switch_saved)
 
 
 class Flusher:
@@ -213,7 +254,7 @@ class Flusher:
             return False
         try:
             target = (self.files.size(), os.fstat(self.files.rec_fd).st_size)
-            with write_connection(self.db, timeout) as con:
+            with prompt_handoffs(), write_connection(self.db, timeout) as con:
                 if time.monotonic() - self.last_recover > RECOVER_EVERY:
                     self.last_recover = time.monotonic()
                     recovery.recover_dead(con, self.db)
