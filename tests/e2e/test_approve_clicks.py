@@ -12,13 +12,12 @@ from __future__ import annotations
 import random
 import re
 import time
-from pathlib import Path
 
 import pytest
 
 from rampwatch.store import commands
-from tests.e2e.test_approve_in_browser import CHROMIUM, LAUNCH_ARGS, TOKEN, _sign_in, _wait_http
-from tests.procs import child_env, free_port, wait_until
+from tests.e2e.browser import TOKEN, chromium, needs_chromium, sign_in, start_dashboard
+from tests.procs import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 CLICKS = 20
@@ -37,14 +36,11 @@ while True:
 BUSY = "import time\nend = time.monotonic() + 540\nwhile time.monotonic() < end: pass\n"
 
 
-@pytest.mark.skipif(
-    not Path(CHROMIUM).exists(),
-    reason="Debian chromium not installed (scripts/setup.sh installs it)",
-)
+@needs_chromium
 def test_every_click_makes_a_command_or_says_why(tmp_path, procs):
     import subprocess
 
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     db = tmp_path / "runs.duckdb"
     writer = procs.spawn(["-c", LIVE_RUN, str(db)], stdout=subprocess.PIPE, text=True)
@@ -52,59 +48,50 @@ def test_every_click_makes_a_command_or_says_why(tmp_path, procs):
     assert run_id, "the seeded run did not start"
     for _ in range(2):  # two busy loops, bounded in time, beside the dashboard and the browser
         procs.spawn(["-c", BUSY])
-    port = free_port()
-    procs.spawn(
-        ["-m", "rampwatch", "dashboard", "--db", str(db), "--port", str(port)],
-        env=child_env(RAMPWATCH_TOKEN=TOKEN),
-    )
-    _wait_http(port, 60)
+    _, port = start_dashboard(procs, "--db", str(db))
     rng = random.Random(23)
     outcomes: list[str] = []
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
+    with chromium() as browser:
         page = browser.new_page(viewport={"width": 1400, "height": 1600})
-        try:
-            page.goto(f"http://127.0.0.1:{port}/", wait_until="domcontentloaded")
-            expect(page.get_by_text("Ramp now.")).to_be_visible(timeout=120_000)
-            page.get_by_label("Refresh").click()
-            page.get_by_role("option", name=f"{REFRESH_S} s").click()
-            _sign_in(page, "clicker", TOKEN)
-            approve = page.get_by_role("button", name=re.compile(r"^Approve"))
-            refusal = page.get_by_text(re.compile(r"^Not submitted"))
-            for i in range(CLICKS):
-                before = len(commands.list_commands(db, run_id))
-                page.wait_for_timeout(rng.uniform(0, REFRESH_S * 1000))
-                approve.click(timeout=30_000)
-                deadline = time.monotonic() + 30
-                outcome = None
-                while outcome is None and time.monotonic() < deadline:
-                    cmds = commands.list_commands(db, run_id)
-                    if len(cmds) > before:
-                        outcome = f"command {cmds[-1].command_id}"
-                    elif refusal.count():
-                        outcome = "reason: " + refusal.first.inner_text()
-                    else:
-                        page.wait_for_timeout(100)
-                if outcome is None:
-                    page.screenshot(path=str(tmp_path / "vanished.png"), full_page=True)
-                    pytest.fail(f"click {i + 1} of {CLICKS} made no command and no reason")
-                outcomes.append(outcome)
+        page.goto(f"http://127.0.0.1:{port}/", wait_until="domcontentloaded")
+        expect(page.get_by_text("Ramp now.")).to_be_visible(timeout=120_000)
+        page.get_by_label("Refresh").click()
+        page.get_by_role("option", name=f"{REFRESH_S} s").click()
+        sign_in(page, "clicker", TOKEN)
+        approve = page.get_by_role("button", name=re.compile(r"^Approve"))
+        refusal = page.get_by_text(re.compile(r"^Not submitted"))
+        for i in range(CLICKS):
+            before = len(commands.list_commands(db, run_id))
+            page.wait_for_timeout(rng.uniform(0, REFRESH_S * 1000))
+            approve.click(timeout=30_000)
+            deadline = time.monotonic() + 30
+            outcome = None
+            while outcome is None and time.monotonic() < deadline:
                 cmds = commands.list_commands(db, run_id)
-                assert len(cmds) <= before + 1, f"click {i + 1} made {len(cmds) - before} commands"
-                if outcome.startswith("command"):
-                    cid = cmds[-1].command_id
-                    expect(page.get_by_text(f"Ramp #{cid}").first).to_be_visible(timeout=30_000)
-                    commands.cancel(db, cid, actor="test:e2e")
-                    expect(
-                        page.get_by_text(re.compile(rf"Ramp #{cid} .*was cancelled"))
-                    ).to_be_visible(timeout=30_000)
-                else:  # retyping the token clears the refusal, so the next one is seen anew
-                    box = page.get_by_label("Operator token", exact=True)
-                    box.fill(TOKEN)
-                    box.press("Enter")
-                    expect(refusal).to_have_count(0, timeout=30_000)
-        finally:
-            browser.close()
+                if len(cmds) > before:
+                    outcome = f"command {cmds[-1].command_id}"
+                elif refusal.count():
+                    outcome = "reason: " + refusal.first.inner_text()
+                else:
+                    page.wait_for_timeout(100)
+            if outcome is None:
+                page.screenshot(path=str(tmp_path / "vanished.png"), full_page=True)
+                pytest.fail(f"click {i + 1} of {CLICKS} made no command and no reason")
+            outcomes.append(outcome)
+            cmds = commands.list_commands(db, run_id)
+            assert len(cmds) <= before + 1, f"click {i + 1} made {len(cmds) - before} commands"
+            if outcome.startswith("command"):
+                cid = cmds[-1].command_id
+                expect(page.get_by_text(f"Ramp #{cid}").first).to_be_visible(timeout=30_000)
+                commands.cancel(db, cid, actor="test:e2e")
+                expect(page.get_by_text(re.compile(rf"Ramp #{cid} .*was cancelled"))).to_be_visible(
+                    timeout=30_000
+                )
+            else:  # retyping the token clears the refusal, so the next one is seen anew
+                box = page.get_by_label("Operator token", exact=True)
+                box.fill(TOKEN)
+                box.press("Enter")
+                expect(refusal).to_have_count(0, timeout=30_000)
     made = [o for o in outcomes if o.startswith("command")]
     assert len(commands.list_commands(db, run_id)) == len(made)
     assert len(made) >= CLICKS // 2, outcomes  # the card says "Ramp now": most clicks send

@@ -3,40 +3,35 @@ files — a running run whose writer lives in a child process, a finished file t
 of the same id, a file of garbage bytes. The Runs page names the damaged file; the address
 `/?db=FILE&run=ID` (the live page) opens the live run of that file; Approve there reaches its writer.
 
-Debian's chromium driven by Playwright (`executable_path`), as test_approve_in_browser.py.
+Debian's chromium driven by Playwright (`executable_path`), through tests/e2e/browser.py.
 """
 
 from __future__ import annotations
 
 import re
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from rampwatch.store import commands
 from tests import seed
-from tests.e2e.test_approve_in_browser import (
+from tests.e2e.browser import (
     ARTIFACTS,
-    CHROMIUM,
-    LAUNCH_ARGS,
     TOKEN,
-    _press_approve,
-    _sign_in,
-    _wait_http,
+    chromium,
+    needs_chromium,
+    press_approve,
+    sign_in,
+    start_dashboard,
 )
-from tests.procs import child_env, free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 LIVE_FILE, DONE_FILE, RUN = "node-a/runs.duckdb", "node-b/runs.duckdb", "live-a"
 
 
-@pytest.mark.skipif(
-    not Path(CHROMIUM).exists(),
-    reason="Debian chromium not installed (scripts/setup.sh installs it)",
-)
+@needs_chromium
 def test_approve_from_a_directory_of_databases(tmp_path, procs):
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     root = tmp_path / "team"
     for node in ("node-a", "node-b"):
@@ -49,39 +44,30 @@ def test_approve_from_a_directory_of_databases(tmp_path, procs):
         text=True,
     )
     assert writer.stdout.readline().strip() == f"READY {RUN}"
-    port = free_port()
-    app = procs.spawn(
-        ["-m", "rampwatch", "dashboard", str(root), "--port", str(port)],
-        env=child_env(RAMPWATCH_TOKEN=TOKEN),
-    )
-    _wait_http(port, 60)
+    app, port = start_dashboard(procs, str(root))
     ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
+    with chromium() as browser:
         page = browser.new_page(viewport={"width": 1400, "height": 1600})
+        page.goto(f"http://127.0.0.1:{port}/runs", wait_until="domcontentloaded")
+        expect(
+            page.get_by_text(re.compile(r"^broken\.duckdb is not a DuckDB database"))
+        ).to_be_visible(timeout=60_000)
+        page.goto(
+            f"http://127.0.0.1:{port}/?db={LIVE_FILE}&run={RUN}",
+            wait_until="domcontentloaded",
+        )
+        expect(page.get_by_text("Ramp now.")).to_be_visible(timeout=60_000)
+        expect(page.get_by_text(LIVE_FILE).first).to_be_visible(timeout=10_000)
         try:
-            page.goto(f"http://127.0.0.1:{port}/runs", wait_until="domcontentloaded")
-            expect(
-                page.get_by_text(re.compile(r"^broken\.duckdb is not a DuckDB database"))
-            ).to_be_visible(timeout=60_000)
-            page.goto(
-                f"http://127.0.0.1:{port}/?db={LIVE_FILE}&run={RUN}",
-                wait_until="domcontentloaded",
-            )
-            expect(page.get_by_text("Ramp now.")).to_be_visible(timeout=60_000)
-            expect(page.get_by_text(LIVE_FILE).first).to_be_visible(timeout=10_000)
-            try:
-                _sign_in(page, "e2e-operator", TOKEN)
-            except Exception:
-                page.screenshot(path=str(ARTIFACTS / "e2e-directory-failed.png"), full_page=True)
-                print(page.inner_text("body")[:3000])
-                raise
-            _press_approve(page, "click")
-            claimed = page.get_by_text(re.compile(r"Ramp #\d+ .*was claimed"))
-            expect(claimed).to_be_visible(timeout=60_000)
-            page.screenshot(path=str(ARTIFACTS / "e2e-directory-approved.png"), full_page=True)
-        finally:
-            browser.close()
+            sign_in(page, "e2e-operator", TOKEN)
+        except Exception:
+            page.screenshot(path=str(ARTIFACTS / "e2e-directory-failed.png"), full_page=True)
+            print(page.inner_text("body")[:3000])
+            raise
+        press_approve(page, "click")
+        claimed = page.get_by_text(re.compile(r"Ramp #\d+ .*was claimed"))
+        expect(claimed).to_be_visible(timeout=60_000)
+        page.screenshot(path=str(ARTIFACTS / "e2e-directory-approved.png"), full_page=True)
     [cmd] = commands.list_commands(root / LIVE_FILE, RUN)
     assert cmd.status == "claimed" and cmd.actor == "e2e-operator (dashboard, token)"
     assert commands.list_commands(root / DONE_FILE, RUN) == []  # not the twin's file

@@ -9,14 +9,13 @@ whole trial to seconds. The final screenshot is out/trial_card.png.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
 from rampwatch.store import commands, reader
 from rampwatch.store import names as M
-from tests.e2e.test_approve_in_browser import CHROMIUM, LAUNCH_ARGS, TOKEN, _sign_in, _wait_http
-from tests.procs import REPO, child_env, free_port
+from tests.e2e.browser import TOKEN, chromium, needs_chromium, sign_in, start_dashboard
+from tests.procs import REPO
 from tests.trainer_runs import trainer_args
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -42,9 +41,9 @@ def _press(page, button, answer, attempts: int = 8) -> str:
     raise AssertionError(f"the button could not be pressed in {attempts} tries")
 
 
-@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium not installed")
+@needs_chromium
 def test_test_first_runs_a_trial_and_the_card_shows_its_result(tmp_path, procs):
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     db, run_id = tmp_path / "runs.duckdb", "e2e-trial"
     trainer = procs.spawn(
@@ -70,46 +69,37 @@ def test_test_first_runs_a_trial_and_the_card_shows_its_result(tmp_path, procs):
             "64",
         )
     )
-    port = free_port()
-    app = procs.spawn(
-        ["-m", "rampwatch", "dashboard", "--db", str(db), "--port", str(port)],
-        env=child_env(RAMPWATCH_TOKEN=TOKEN),
-    )
-    _wait_http(port, 60)
+    app, port = start_dashboard(procs, "--db", str(db))
     SHOT.parent.mkdir(exist_ok=True)
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
+    with chromium() as browser:
         page = browser.new_page(viewport={"width": 1400, "height": 2200})
+        page.goto(f"http://127.0.0.1:{port}/", wait_until="domcontentloaded")
+        sign_in(page, "e2e-operator", TOKEN)
+        test_first = page.get_by_role("button", name=re.compile(r"^Test ×2\b.* first$"))
+        expect(test_first).to_be_visible(timeout=60_000)
+        answer = page.get_by_text(re.compile(r"^Not submitted|^Trial #\d+ "))
+        said = _press(page, test_first, answer)
+        assert not said.startswith("Not submitted"), said
+        # the result on the card: the verdict, the per-branch table, what was kept
+        kept = page.get_by_text(
+            re.compile(r"^Kept (the control \(×1\)|branch ×\d+): the run continued")
+        )
         try:
-            page.goto(f"http://127.0.0.1:{port}/", wait_until="domcontentloaded")
-            _sign_in(page, "e2e-operator", TOKEN)
-            test_first = page.get_by_role("button", name=re.compile(r"^Test ×2\b.* first$"))
-            expect(test_first).to_be_visible(timeout=60_000)
-            answer = page.get_by_text(re.compile(r"^Not submitted|^Trial #\d+ "))
-            said = _press(page, test_first, answer)
-            assert not said.startswith("Not submitted"), said
-            # the result on the card: the verdict, the per-branch table, what was kept
-            kept = page.get_by_text(
-                re.compile(r"^Kept (the control \(×1\)|branch ×\d+): the run continued")
-            )
-            try:
-                expect(kept).to_be_visible(timeout=120_000)
-            except AssertionError:
-                page.screenshot(path=str(SHOT), full_page=True)
-                pytest.fail(
-                    f"no trial result on the card within 120 s (screenshot: {SHOT}):\n"
-                    + page.inner_text("body")[-3000:]
-                )
-            expect(page.locator("[data-testid=stDataFrame]:visible").first).to_be_visible(
-                timeout=10_000
-            )
-            page.get_by_role("heading", name="Ramp trials").scroll_into_view_if_needed()
-            page.mouse.move(0, 0)  # no tooltip over the card
-            page.wait_for_timeout(1500)  # the chart's first paint
+            expect(kept).to_be_visible(timeout=120_000)
+        except AssertionError:
             page.screenshot(path=str(SHOT), full_page=True)
-            card_text = page.inner_text("body")
-        finally:
-            browser.close()
+            pytest.fail(
+                f"no trial result on the card within 120 s (screenshot: {SHOT}):\n"
+                + page.inner_text("body")[-3000:]
+            )
+        expect(page.locator("[data-testid=stDataFrame]:visible").first).to_be_visible(
+            timeout=10_000
+        )
+        page.get_by_role("heading", name="Ramp trials").scroll_into_view_if_needed()
+        page.mouse.move(0, 0)  # no tooltip over the card
+        page.wait_for_timeout(1500)  # the chart's first paint
+        page.screenshot(path=str(SHOT), full_page=True)
+        card_text = page.inner_text("body")
     [cmd] = commands.list_commands(db, run_id)
     assert (cmd.kind, cmd.status) == ("trial", "applied")
     assert cmd.actor == "e2e-operator (dashboard, token)"
