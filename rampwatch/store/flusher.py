@@ -52,7 +52,7 @@ RECOVER_EVERY = 30.0  # seconds between a live writer's sweeps for other writers
 ROTATE_BYTES = 64 << 20  # a fully ingested spool this big is replaced by a fresh one
 VISIT_SWITCH_INTERVAL: float | None = 50e-6  # seconds, while a visit runs; None: leave it
 
-_switch_lock = threading.Lock()
+_switch_lock = threading.RLock()  # RLock: a SIGTERM handler may flush inside a main-thread visit
 _switch_visits = 0  # visits running now, in all writers of this process
 _switch_saved = _switch_set = 0.0  # the interval before the first of them, and the one set
 
