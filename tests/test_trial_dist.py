@@ -171,7 +171,10 @@ def test_an_error_in_one_ranks_arm_abandons_the_trial_on_every_rank(tmp_path):
     on (its peer is inside the arm's all-reduce), so every rank stops and torchrun's restart
     resumes from the checkpoint at S with the trial abandoned."""
     db, ck = tmp_path / "runs.duckdb", tmp_path / "ckpt"
-    steps, oom_step = 40, 30  # the control arm's steps are S+1 .. S+64: step 30 is in it
+    # the control arm's steps are S+1 .. S+64: step 42 is in it for any S the run reaches (the
+    # claim takes a second or more; under load the run passed step 30 before it), and the run
+    # itself (40 steps) never gets there
+    steps, oom_step = 40, 42
     args = torchrun(db, ck, "--run-id", "e", "--steps", str(steps), *COMMON, restarts=1)
     proc = spawn(
         [*args, "--inject-oom", f"{oom_step}:0:forward"],
@@ -188,7 +191,9 @@ def test_an_error_in_one_ranks_arm_abandons_the_trial_on_every_rank(tmp_path):
     out = watch(proc, on_line, timeout=180)
     assert submitted, out[-6000:]
     rows = trial_lines(out)
-    [s] = {r["step"] for r in rows if r["what"] == "start"}
+    starts = {r["step"] for r in rows if r["what"] == "start"}
+    assert len(starts) == 1, f"trial starts {starts}\n{out[-6000:]}"
+    [s] = starts
     assert s < oom_step, f"the trial started at step {s}, after the injected step"
     assert not [r for r in rows if r["what"] == "end"]
     assert "restart 1: resuming run e" in out, out[-6000:]
