@@ -7,8 +7,6 @@ from __future__ import annotations
 import math
 import operator
 
-import numpy as np
-
 
 def positive_int(name: str, value) -> int:
     """value as an int ≥ 1 (ints and numpy integers; never a bool or a float like 16.5)."""
@@ -31,8 +29,16 @@ def positive_number(name: str, value, what: str = "positive finite number") -> f
 
 
 def ols_line(xs, ys) -> tuple[float, float]:
-    """(intercept, slope) of ordinary least squares of ys on xs (at least two distinct xs)."""
-    x, y = np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64)
-    dx = x - x.mean()
-    slope = float(np.dot(dx, y - y.mean()) / np.dot(dx, dx))
-    return float(y.mean() - slope * x.mean()), slope
+    """(intercept, slope) of ordinary least squares of ys on xs (at least two distinct xs).
+    In plain floats: every fit here has a handful of points (a step's batch sizes, a few tiers),
+    where numpy's calls cost more than the sums (issue 29: once per optimizer step)."""
+    xs, ys = [float(x) for x in xs], [float(y) for y in ys]
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxy = sxx = 0.0
+    for x, y in zip(xs, ys, strict=True):
+        dx = x - mx
+        sxy += dx * (y - my)
+        sxx += dx * dx
+    slope = sxy / sxx
+    return my - slope * mx, slope

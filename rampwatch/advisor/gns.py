@@ -99,17 +99,7 @@ def line_estimates(batch_sizes: Sequence[float], sq_norms: Sequence[float]) -> t
         if b0 < b1:
             return two_batch_estimates(b0, y0, b1, y1)
         return two_batch_estimates(b1, y1, b0, y0)
-    # ols_line's least squares in plain floats (a step has a few points: numpy's calls cost
-    # more than the sums); the same numbers to rounding (BLAS may fuse the dot's multiply-adds)
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxy = sxx = 0.0
-    for x, y in zip(xs, ys, strict=True):
-        dx = x - mx
-        sxy += dx * (y - my)
-        sxx += dx * dx
-    slope = sxy / sxx
-    return my - slope * mx, slope
+    return ols_line(xs, ys)
 
 
 def accumulation_estimates(
