@@ -69,21 +69,12 @@ def _ref_ladder(first, last):
 
 
 class ReferenceWindow(NoiseScaleWindow):
-    """NoiseScaleWindow with update(), its robust statistics, cut scan and estimate as they were."""
+    """NoiseScaleWindow with update()'s statistics, its robust statistics, cut scan and estimate
+    as they were."""
 
     def update(self, g2, trace):
-        try:
-            g, t = float(g2), float(trace)
-        except (TypeError, ValueError):
-            g = t = math.nan
-        if not (math.isfinite(g) and math.isfinite(t)):
-            self.skipped += 1
+        if not self._admit(g2, trace):  # unchanged by issue 29: shared, not copied
             return None
-        self._steps.append(g, t)
-        self.updates += 1
-        self.length = min(self.length + 1, len(self._steps))
-        if self.since_mark is not None:
-            self.since_mark += 1
         x, centre, scale = self._robust()
         if self._cut(_ref_clip(x, centre, scale, TEST_K)):
             x, centre, scale = self._robust()

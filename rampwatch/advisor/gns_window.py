@@ -300,18 +300,8 @@ class NoiseScaleWindow:
         self.latest: NoiseScaleEstimate | None = None
 
     def update(self, g2: float, trace: float) -> NoiseScaleEstimate | None:
-        try:
-            g, t = float(g2), float(trace)
-        except (TypeError, ValueError):
-            g = t = math.nan
-        if not (math.isfinite(g) and math.isfinite(t)):
-            self.skipped += 1
+        if not self._admit(g2, trace):
             return None
-        self._steps.append(g, t)
-        self.updates += 1
-        self.length = min(self.length + 1, len(self._steps))
-        if self.since_mark is not None:
-            self.since_mark += 1
         x, centre, scale = self._robust()
         low, high = _edges(centre, scale)
         if self._cut(x.clip(low[0], high[0])):  # _clip(x, centre, scale, TEST_K)
@@ -324,6 +314,23 @@ class NoiseScaleWindow:
         else:  # _clip(x, centre, scale, HAMPEL_K)
             self.latest = self._estimate(x.clip(low[1], high[1]))
         return self.latest
+
+    def _admit(self, g2, trace) -> bool:
+        """One step's pair into the buffer and the window; False (counted as skipped) when it
+        is not a pair of finite numbers."""
+        try:
+            g, t = float(g2), float(trace)
+        except (TypeError, ValueError):
+            g = t = math.nan
+        if not (math.isfinite(g) and math.isfinite(t)):
+            self.skipped += 1
+            return False
+        self._steps.append(g, t)
+        self.updates += 1
+        self.length = min(self.length + 1, len(self._steps))
+        if self.since_mark is not None:
+            self.since_mark += 1
+        return True
 
     def mark(self) -> None:
         """A known change may start with the next step (a ramp, an LR change): the steps after
