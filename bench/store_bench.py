@@ -94,39 +94,41 @@ def bench_log(
     gap_us: float,
     flush_interval: float,
     sleep_gap: bool,
-    visit_switch: float | None = _VISIT_SWITCH,
+    old_switch: bool = False,
 ):
     """log() of 20 metrics per call while the flusher ingests every flush_interval seconds.
 
     Between calls the main thread either spins in Python (holding the GIL: the worst case for
-    the flusher thread) or sleeps (releasing it, like a loop waiting on the GPU). visit_switch:
-    the switch interval during visits (None: the interpreter's own, as before it was set).
+    the flusher thread) or sleeps (releasing it, like a loop waiting on the GPU). old_switch:
+    visits at the interpreter's own switch interval, as before the flusher shortened it.
     """
-    flusher.VISIT_SWITCH_INTERVAL = visit_switch
-    w = store.RunWriter.start(
-        tmp / f"log-{time.monotonic_ns()}.duckdb",
-        "log-bench",
-        flush_interval=flush_interval,
-        lock_timeout=120,
-    )
-    rng = np.random.default_rng(0)
-    vals = rng.standard_normal((1024, N_METRICS)).tolist()
-    samples = []
-    clock = time.perf_counter_ns
-    with GcPauses() as gcp:
-        for step in range(calls):
-            row = vals[step & 1023]
-            metrics = dict(zip(NAMES, row, strict=True))
-            t0 = clock()
-            w.log(step, metrics)
-            samples.append(clock() - t0)
-            if sleep_gap:
-                time.sleep(gap_us / 1e6)
-            else:
-                _spin(gap_us)  # stands in for the training step between two log() calls
-    flushes = w.flushes
-    assert w.close() and w.errors == 0, w.last_error
-    flusher.VISIT_SWITCH_INTERVAL = _VISIT_SWITCH
+    flusher.VISIT_SWITCH_INTERVAL = None if old_switch else _VISIT_SWITCH
+    try:
+        w = store.RunWriter.start(
+            tmp / f"log-{time.monotonic_ns()}.duckdb",
+            "log-bench",
+            flush_interval=flush_interval,
+            lock_timeout=120,
+        )
+        rng = np.random.default_rng(0)
+        vals = rng.standard_normal((1024, N_METRICS)).tolist()
+        samples = []
+        clock = time.perf_counter_ns
+        with GcPauses() as gcp:
+            for step in range(calls):
+                row = vals[step & 1023]
+                metrics = dict(zip(NAMES, row, strict=True))
+                t0 = clock()
+                w.log(step, metrics)
+                samples.append(clock() - t0)
+                if sleep_gap:
+                    time.sleep(gap_us / 1e6)
+                else:
+                    _spin(gap_us)  # stands in for the training step between two log() calls
+        flushes = w.flushes
+        assert w.close() and w.errors == 0, w.last_error
+    finally:
+        flusher.VISIT_SWITCH_INTERVAL = _VISIT_SWITCH
     return _pct(samples), flushes, gcp.summary()
 
 
@@ -353,35 +355,27 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="store_bench_", dir=a.dir))
     rows = []
     try:
-        for label, fi, sleep_gap, switch in (
-            ("flusher running, gap spins in Python (holds the GIL)", 1.0, False, _VISIT_SWITCH),
-            (
-                "the same, visits at the interpreter's switch interval (before)",
-                1.0,
-                False,
-                None,
-            ),
+        for label, fi, sleep_gap, old_switch in (
+            ("flusher running, gap spins in Python (holds the GIL)", 1.0, False, False),
+            ("the same, visits at the interpreter's switch interval (before)", 1.0, False, True),
             (
                 "flusher running, gap sleeps (releases the GIL, like waiting on a GPU)",
                 1.0,
                 True,
-                _VISIT_SWITCH,
+                False,
             ),
-            ("no flusher, gap spins (baseline)", 10**6, False, _VISIT_SWITCH),
-            (
-                "no flusher, gap sleeps (baseline: caches go cold in a sleep)",
-                10**6,
-                True,
-                _VISIT_SWITCH,
-            ),
+            ("no flusher, gap spins (baseline)", 10**6, False, False),
+            ("no flusher, gap sleeps (baseline: caches go cold in a sleep)", 10**6, True, False),
         ):
-            (p50, p99, p999, mx), flushes, gcs = bench_log(tmp, calls, gap, fi, sleep_gap, switch)
+            (p50, p99, p999, mx), flushes, gcs = bench_log(
+                tmp, calls, gap, fi, sleep_gap, old_switch
+            )
             rows.append(
                 (
                     f"log() 20 metrics, {label}; {calls:,} calls, {flushes} flushes",
                     f"p50 {p50:.1f} µs, p99 {p99:.1f} µs, p99.9 {p999:.0f} µs, max {mx:.0f} µs; "
                     + gcs,
-                    _LOG_GOALS.get((fi == 1.0, sleep_gap), "") if switch else "",
+                    "" if old_switch else _LOG_GOALS.get((fi == 1.0, sleep_gap), ""),
                 )
             )
         try:
