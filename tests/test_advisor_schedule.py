@@ -118,12 +118,16 @@ def test_a_trial_s_calibration_moves_the_ramps_to_the_critical_batch():
     assert any("calibration of trial 7" in n for n in proj.notes)
 
 
-def test_the_trial_gate_reads_the_noise_scale_as_the_critical_batch():
-    proj, _ = S.project(_advice(gate="trial"), None, HISTORY, _law(HISTORY), NOW, BUDGET)
-    assert (proj.calibration, proj.critical) == (None, True)
-    # B ≥ factor × batch: 32 for the running 16, then 64 for 32
-    assert _starts(proj.central) == pytest.approx([NOW, _crossing(32), _crossing(64)], rel=1e-9)
-    assert _crossing(128) > BUDGET
+def test_the_trial_gate_reads_the_uncalibrated_noise_scale_as_the_noise_gate_does():
+    """Before a trial, B_simple is about half the critical batch (the policy's band): the trial
+    gate's projection is the noise gate's, ramps where B reaches 1 × the batch."""
+    trial, noise = (
+        S.project(_advice(gate=gate), None, HISTORY, _law(HISTORY), NOW, BUDGET)[0]
+        for gate in ("trial", "noise")
+    )
+    assert (trial.calibration, trial.critical) == (None, False)
+    expected = [NOW, _crossing(16), _crossing(32), _crossing(64)]
+    assert _starts(trial.central) == _starts(noise.central) == pytest.approx(expected, rel=1e-9)
 
 
 def test_the_range_ramps_early_on_the_steep_slope_and_late_on_the_flat_one():

@@ -201,6 +201,7 @@ def test_the_default_delta_comes_from_the_runs_loss_curve(tmp_path, procs):
     trial_delta_bench.py measures how often)."""
     db, ck = tmp_path / "runs.duckdb", tmp_path / "ckpt"
     gate = ("--ramp", "auto", "--ramp-gate", "trial", "--trial-interval-tokens", str(200 * 1024))
+    gate += ("--ramp-at", "1000")  # the noise scale never calls a trial: the interval does
     args = ("--run-id", "d", "--steps", "400", "--checkpoint-every", "0", *gate, *COMMON)
     proc = procs.spawn(
         trainer_args(db, ck, *args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL

@@ -176,14 +176,16 @@ def _evidence_words(policy: RampPolicy, trial: TrialEvidence | None, now: int | 
     if trial is not None:
         return trial.describe(now)
     if policy.gate == "trial":
-        return f"{NOISE_ONLY}, read as the critical batch until a trial measures it"
+        return f"{NOISE_ONLY}, read as about half the critical batch until a trial measures it"
     return NOISE_ONLY
 
 
-def _reads_critical(policy: RampPolicy, c: float | None) -> bool:
-    """The values are read as the critical batch itself: calibrated by a trial, or the trial
-    gate (RampPolicy.decide's `critical`)."""
-    return c is not None or policy.gate == "trial"
+def _reads_critical(c: float | None) -> bool:
+    """The values are read as the critical batch itself (RampPolicy.decide's `critical`): once a
+    trial calibrated them. Before that, under either gate, B_simple is read by the policy's band
+    (about half the critical batch): the trial gate's first trial comes when the noise gate
+    would ramp, and the trial is the check."""
+    return c is not None
 
 
 def _translated(values, c: float | None):
@@ -238,7 +240,7 @@ class Advice:
     @property
     def critical(self) -> bool:
         """The decision reads the (calibrated) noise scale as the critical batch."""
-        return _reads_critical(self.policy, self.calibration)
+        return _reads_critical(self.calibration)
 
     def advice_for(self, factor: int) -> TierAdvice:
         """×factor of the running batch as advise() advises it: its own tier when it offered
@@ -298,8 +300,8 @@ def advise(
     one-sided 95% lower bound (advisor.gns_window); since_step: the last ramp (the hysteresis
     restarts there); knows_lr False: the run recorded no original LR, so no new base LR; trial:
     the latest finished trial (module docstring: the decision reads c · B_simple as the critical
-    batch). Under the trial gate the noise scale is read as the critical batch even uncalibrated
-    (RampPolicy.decide's `critical`): the trial that follows is the check."""
+    batch). Uncalibrated, the trial gate reads the noise scale as the noise gate does (about half
+    the critical batch, RampPolicy's band): the trial that follows is the check."""
     c = trial.coefficient if trial is not None else None
     decision = policy.decide(
         gns_steps,
@@ -307,7 +309,7 @@ def advise(
         _translated(gns_lower, c),
         current.batch,
         since_step,
-        critical=_reads_critical(policy, c),
+        critical=_reads_critical(c),
         subject="The noise scale" if c is None else "The calibrated noise scale",
     )
     now = int(max(gns_steps)) if len(gns_steps) else None
