@@ -2,7 +2,7 @@
 starts ramp trials itself and ramps only through one that passes. In one process against a real
 database, a real Monitor on a small torch model (the setup of tests/test_trial_protocol.py):
 
-- a noise-dominated regression: the noise scale, read as the critical batch, passes 2× the batch,
+- a noise-dominated regression: the noise scale passes the batch (about half the critical batch),
   an auto trial starts on that evidence (negative id, source "auto: <the decision>"), its
   branches pass, and the kept branch is the run's ramp (source "trial -1");
 - a signal-dominated one far from its optimum: the evidence never calls a trial, the interval
@@ -110,7 +110,9 @@ class GatedLoop:
 
 def test_auto_trial_on_the_evidence_passes_and_its_kept_branch_is_the_ramp(tmp_path):
     db = tmp_path / "runs.duckdb"
-    data = (_data(60_000, 1, 0.05, 1.0), _data(N_EVAL, 2, 0.05, 1.0))
+    # far enough from its optimum that the control still progresses over Δ once the noise scale
+    # passes the batch (at scale 0.05 it is at its noise floor by then: Δ too long)
+    data = (_data(60_000, 1, 0.1, 1.0), _data(N_EVAL, 2, 0.1, 1.0))
     # interval None: 100 × Δ, past the run's end, so only the evidence can call the trial
     loop = GatedLoop(db, data, lr=0.02, interval=None, steps=130, delta=256).run()
     assert loop.trials, "the evidence never called a trial"
@@ -174,3 +176,27 @@ def test_the_trial_gate_needs_a_loop_that_runs_trials(tmp_path):
         )
     [run] = reader.list_runs(tmp_path / "runs.duckdb")
     assert run.status == "failed"
+
+
+def test_a_trial_that_judged_nothing_is_tried_once_more_at_its_suggested_delta(tmp_path):
+    """Noise-free regression, loss flattening within Δ: the interval's trial finds Δ too long,
+    the retry starts at the next boundary with the Δ it suggested, and when the retry judges
+    nothing either, the next trial waits the interval again."""
+    db = tmp_path / "runs.duckdb"
+    data = (_data(60_000, 1, 1.0, 0.0), _data(N_EVAL, 2, 1.0, 0.0))
+    loop = GatedLoop(db, data, lr=0.05, interval=256, steps=420, delta=2048).run()
+    assert len(loop.trials) >= 3, [r.source for r, _, _ in loop.trials]
+    (first, out0, t0), (retry, out1, t1), (third, _, t2) = loop.trials[:3]
+    assert out0.verdict.delta_check == "too long", out0.verdict.summary
+    suggested = out0.verdict.suggested_delta_tokens
+    assert suggested < first.delta_tokens
+    unit = 4 * 8  # whole steps of ×1, ×2 and ×4 at batch 8
+    assert retry.delta_tokens == -(-suggested // unit) * unit
+    assert retry.source.startswith("auto: auto trial 1 judged nothing (Δ too long)"), retry.source
+    assert retry.delta_choice["basis"] == "retry"
+    assert 0 < t1 - (t0 + first.delta_tokens) <= 8  # the first boundary after the trial
+    assert out1.verdict.delta_check != "fine", out1.verdict.summary
+    assert "tokens since the last trial" in third.source, third.source
+    assert t2 - t1 >= 256
+    [start] = [e for e in reader.events(db, loop.mon.run_id) if e.kind == M.EVENT_TRIAL_START][1:2]
+    assert start.data["trial_id"] == -2 and start.data["delta_tokens"] == retry.delta_tokens

@@ -33,7 +33,9 @@ trial gate (advisor/policy.py) with ramp="auto", `auto` is where the loop starts
 (a negative trial id, source "auto: ..."): when the decision on that evidence is ready, or once
 the policy's interval has passed since the last trial's start; after a trial that did not ramp
 (failed or abandoned) the evidence waits that interval too, so a ramp the trials keep refusing
-is not tried again at every boundary.
+is not tried again at every boundary. A trial that judged nothing (its Δ check "too long" or
+"cannot tell": no answer, not a "no") is tried once more at once, at the Δ it suggests (the same
+Δ when it suggests none); a retry that judges nothing waits the interval like any other.
 """
 
 from __future__ import annotations
@@ -164,6 +166,8 @@ class TrialProtocol:
     last_start_tokens: int | None = None  # tokens seen at the last trial's start (None: none yet)
     last_ramped: bool = False  # the last trial kept a branch
     auto_trials: int = 0  # trials this loop started itself: their ids are -1, -2, ...
+    unjudged: int = 0  # trials in a row that judged nothing (Δ "too long" or "cannot tell")
+    retry: tuple[int, str] | None = None  # (Δ, why) of the retry due at once, if any
 
     def state_dict(self) -> dict:
         return {
@@ -171,6 +175,8 @@ class TrialProtocol:
             "last_start_tokens": self.last_start_tokens,
             "last_ramped": self.last_ramped,
             "auto_trials": self.auto_trials,
+            "unjudged": self.unjudged,
+            "retry": None if self.retry is None else list(self.retry),
             "loss_history": self.history.to_dict() if self.delta_from_loss else None,
         }
 
@@ -180,6 +186,9 @@ class TrialProtocol:
         self.last_start_tokens = state.get("last_start_tokens", self.last_start_tokens)
         self.last_ramped = bool(state.get("last_ramped", self.last_ramped))
         self.auto_trials = int(state.get("auto_trials", self.auto_trials))
+        self.unjudged = int(state.get("unjudged", self.unjudged))
+        retry = state.get("retry")
+        self.retry = None if retry is None else (int(retry[0]), str(retry[1]))
         if state.get("loss_history"):
             self.history = LossHistory.from_dict(state["loss_history"])
 
@@ -249,9 +258,8 @@ class TrialProtocol:
         DEFAULT_BRANCH_STEPS steps of the largest branch, rounded up to whole steps of every
         arm (the trial gate's interval counts in it)."""
         step = running.tier.batch * (running.seq_len or 1)
-        unit = math.lcm(*factors) * step
         want = requested or self.delta_tokens or DEFAULT_BRANCH_STEPS * max(factors) * step
-        return -(-want // unit) * unit
+        return _whole_steps(want, factors, step)
 
     def choose_delta(self, requested: int | None, factors, running) -> DeltaChoice:
         """A trial's Δ: the command's; else, with delta_from_loss, from the loss curve between
@@ -279,7 +287,10 @@ class TrialProtocol:
         interval = policy.trial_interval(self.whole_delta(None, choices[0], running))
         since = tokens - (self.last_start_tokens or 0)
         first = self.last_start_tokens is None
-        if since >= interval:
+        delta = None
+        if self.retry is not None:
+            delta, why = self.retry
+        elif since >= interval:
             why = f"{since:,} tokens since {'the start' if first else 'the last trial'}"
             why += f" (a trial every {interval:,})"
         elif advice.decision.ready and (first or self.last_ramped):
@@ -287,17 +298,21 @@ class TrialProtocol:
         else:
             return None
         for factors in choices:
-            payload = {"factors": list(factors), "delta_tokens": None}
+            payload = {"factors": list(factors), "delta_tokens": delta}
             proposal = self.propose(ramps, payload, advice)
             if not isinstance(proposal, str):
                 proposal.source = f"auto: {why}"
+                if delta is not None:
+                    proposal.delta_choice = DeltaChoice(
+                        proposal.delta_tokens, "retry", why
+                    ).to_dict()
                 return proposal
         return None
 
     def begin(self, command_id: int | None, tokens: int) -> int:
         """Every rank, as a trial is decided: its id (a new negative one for an auto trial) and
-        the interval's start."""
-        self.last_start_tokens, self.last_ramped = int(tokens), False
+        the interval's start (a retry due is taken by any trial)."""
+        self.last_start_tokens, self.last_ramped, self.retry = int(tokens), False, None
         if command_id is not None:
             return command_id
         self.auto_trials += 1
@@ -378,6 +393,29 @@ class TrialProtocol:
             },
         )
 
+    def _plan_retry(self, out: TrialOutcome) -> None:
+        """After a trial that judged nothing, the retry due at once (module docstring); Δ is the
+        one the verdict suggests, at least MIN_BRANCH_STEPS steps of the largest branch."""
+        verdict, req = out.verdict, out.request
+        if verdict.delta_check not in ("too long", "cannot tell") or out.kept.factor > 1:
+            self.unjudged = 0
+            return
+        self.unjudged += 1
+        if self.unjudged > 1:  # a retry judged nothing either: the interval decides
+            return
+        step = req.control.batch * req.seq_len
+        want = max(
+            verdict.suggested_delta_tokens or req.delta_tokens,
+            MIN_BRANCH_STEPS * max(req.factors) * step,
+        )
+        delta = _whole_steps(want, req.factors, step)
+        whose = "its suggestion" if verdict.suggested_delta_tokens else "the same Δ"
+        self.retry = (
+            delta,
+            f"{self.latest.name} judged nothing (Δ {verdict.delta_check}): "
+            f"once more at Δ {delta:,} tokens ({whose})",
+        )
+
     def arm_point(
         self, event, req: TrialRequest, factor: int, steps_done: int, loss, eval_loss=None
     ):
@@ -404,6 +442,7 @@ class TrialProtocol:
         req, forced = out.request, out.kept.factor != out.verdict.kept_k
         self.latest = TrialEvidence.of(req.trial_id, req.step, out.verdict)
         self.last_ramped = out.kept.factor > 1
+        self._plan_retry(out)
         event(
             out.continue_step,
             M.EVENT_TRIAL_END,
@@ -440,6 +479,12 @@ def abandoned_note(req: TrialRequest) -> dict:
         "message": f"trial {req.trial_id} abandoned: {reason}",
         "data": {"trial_id": req.trial_id, "reason": reason},
     }
+
+
+def _whole_steps(tokens: int, factors, step_tokens: int) -> int:
+    """tokens rounded up to a whole number of steps of every arm (TrialPlan needs it)."""
+    unit = math.lcm(*factors) * step_tokens
+    return -(-tokens // unit) * unit
 
 
 def _percent(fraction: float) -> str:
