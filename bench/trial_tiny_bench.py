@@ -21,8 +21,10 @@ S = S_min(1 + B_crit/B) (advisor.gns.fit_critical_batch), and the local fit over
 to L − `--local-drop`. B_simple is the run's own logged gns_b_simple (windowed) at that step.
 
 --auto adds ramp_bench's comparison to val loss 1.75: fixed 16 (the sweep's run), noise-gated
-`--ramp auto` and trial-gated `--ramp auto --ramp-gate trial` (Δ 8,192 tokens), their steps and
+`--ramp auto` and trial-gated `--ramp auto --ramp-gate trial` (Δ 8,192 tokens; 0: the trainer's
+own, from the loss curve; `--auto-eval-batch N`: the trials' held-out batch), their steps and
 sequences to the target, the sequences of the trials' discarded arms counted apart.
+`--auto-only` runs that comparison alone (fixed 16 by ramp_bench.run, no trial run or sweep).
 """
 
 from __future__ import annotations
@@ -204,11 +206,14 @@ def report(seed: int, db: Path, name: str, wall: float, runs: dict | None, a) ->
             )
 
 
-def autos(out: Path, seed: int, fixed16, target: float, delta: int) -> None:
+def autos(out: Path, seed: int, fixed16, target: float, delta: int, eval_batch: int) -> None:
     """Trial-gated auto vs noise-gated auto vs fixed 16 (ramp_bench's method): steps, sequences
-    and the last validation loss at the target; a trial's discarded arms counted apart."""
+    and the last validation loss at the target; a trial's discarded arms counted apart. delta 0:
+    the trainer's own Δ; eval_batch 0: its own held-out batch."""
     noise = run(out, f"s{seed}-auto-at1", BASE_BATCH, BASE_LR, seed, target, ramp_at=1.0)
-    name = f"s{seed}-auto-trial-d{delta}"
+    name = f"s{seed}-auto-trial-d{delta}-e{eval_batch}"
+    trial_flags = ("--trial-delta-tokens", str(delta)) if delta else ()
+    trial_flags += ("--trial-eval-batch", str(eval_batch)) if eval_batch else ()
     db, wall = train_tiny(
         out,
         name,
@@ -218,7 +223,7 @@ def autos(out: Path, seed: int, fixed16, target: float, delta: int) -> None:
         lr=BASE_LR,
         val_every=10,
         extra=("--target-val-loss", str(target), "--ramp", "auto", "--ramp-gate", "trial")
-        + ("--trial-delta-tokens", str(delta)),
+        + trial_flags,
     )
     gated = measured(db, name, BASE_BATCH, BASE_LR, target, wall)
     fixed = measured(fixed16.db, fixed16.name, BASE_BATCH, fixed16.lr, target, 0.0)
@@ -266,6 +271,8 @@ def main() -> int:
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--auto", action="store_true", help="also trial- vs noise-gated auto vs 16")
     ap.add_argument("--auto-delta-tokens", type=int, default=AUTO_DELTA_TOKENS)
+    ap.add_argument("--auto-eval-batch", type=int, default=0)
+    ap.add_argument("--auto-only", action="store_true", help="the --auto comparison alone")
     ap.add_argument("--jobs", type=int, default=2, help="sweep runs at once (one thread each)")
     ap.add_argument("--keep", type=Path, help="keep the runs here; finished ones are reused")
     a = ap.parse_args()
@@ -279,11 +286,17 @@ def main() -> int:
         out = a.keep or Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
         for seed in a.seeds:
+            if a.auto_only:
+                fixed = run(out, f"s{seed}-b{BASE_BATCH}", BASE_BATCH, BASE_LR, seed, AUTO_TARGET)
+                autos(out, seed, fixed, AUTO_TARGET, a.auto_delta_tokens, a.auto_eval_batch)
+                continue
             db, name, wall = trial_run(out, seed, a)
             runs = None if a.no_sweep else sweep(out, seed, a.batches, a.target, a.jobs)
             report(seed, db, name, wall, runs, a)
             if a.auto and runs and BASE_BATCH in runs:
-                autos(out, seed, runs[BASE_BATCH], AUTO_TARGET, a.auto_delta_tokens)
+                autos(
+                    out, seed, runs[BASE_BATCH], AUTO_TARGET, a.auto_delta_tokens, a.auto_eval_batch
+                )
     print(
         f"\nwall time {time.perf_counter() - t0:.0f} s on {os.cpu_count()} cores "
         f"(load average at start {load:.2f}, at end {os.getloadavg()[0]:.2f})"
