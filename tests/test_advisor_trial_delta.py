@@ -138,3 +138,24 @@ def test_a_resume_from_an_earlier_step_drops_the_points_after_it():
     h = LossHistory(tokens=[STEP * i for i in range(1, 11)], losses=[1.0] * 10)
     h.add(6 * STEP, 2.0)  # the run resumed at step 5 and logged step 6 again
     assert h.tokens == [STEP * i for i in range(1, 7)] and h.losses[-1] == 2.0
+
+
+@pytest.mark.parametrize("tau", [3_000.0, 20_000.0])
+def test_a_retry_aims_the_ratio_at_the_target_from_the_trials_own_ratio(tau):
+    """A control of Δ on an exponential shows r = exp(−Δ/2τ): the retry's Δ puts r at 0.8."""
+    delta = 40_960
+    r = half_progress_ratio_at(delta / tau)
+    choice = td.retry_choice(delta, r, floor=1, unit=1, why="trial 3 judged nothing: ")
+    assert choice.basis == "retry" and choice.tau_tokens == pytest.approx(tau)
+    assert half_progress_ratio_at(choice.tokens / tau) == pytest.approx(0.8, abs=1e-3)
+    assert choice.expected_ratio == pytest.approx(0.8, abs=1e-3)
+    assert choice.note.startswith(f"trial 3 judged nothing: once more at Δ {choice.tokens:,}")
+    json.dumps(choice.to_dict())  # a checkpoint's state
+
+
+def test_a_retry_keeps_delta_when_the_noise_hid_the_answer_and_quarters_a_flat_half():
+    assert td.retry_choice(4096, 0.95, floor=1, unit=1).tokens == 4096  # r̂ above the target
+    assert td.retry_choice(4096, None, floor=1, unit=1).tokens == 4096  # no ratio measured
+    assert td.retry_choice(4096, -0.2, floor=1, unit=1).tokens == 1024  # no second-half progress
+    # at least the floor, in whole units
+    assert td.retry_choice(4096, 0.01, floor=1000, unit=96).tokens == 1056

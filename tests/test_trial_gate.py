@@ -12,6 +12,8 @@ database, a real Monitor on a small torch model (the setup of tests/test_trial_p
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -178,21 +180,22 @@ def test_the_trial_gate_needs_a_loop_that_runs_trials(tmp_path):
     assert run.status == "failed"
 
 
-def test_a_trial_that_judged_nothing_is_tried_once_more_at_its_suggested_delta(tmp_path):
+def test_a_trial_that_judged_nothing_is_tried_once_more_at_a_shorter_delta(tmp_path):
     """Noise-free regression, loss flattening within Δ: the interval's trial finds Δ too long,
-    the retry starts at the next boundary with the Δ it suggested, and when the retry judges
-    nothing either, the next trial waits the interval again."""
+    the retry starts at the next boundary at the Δ where the control's own ratio says r = 0.8,
+    and when the retry judges nothing either, the next trial waits the interval again."""
     db = tmp_path / "runs.duckdb"
     data = (_data(60_000, 1, 1.0, 0.0), _data(N_EVAL, 2, 1.0, 0.0))
     loop = GatedLoop(db, data, lr=0.05, interval=256, steps=420, delta=2048).run()
     assert len(loop.trials) >= 3, [r.source for r, _, _ in loop.trials]
     (first, out0, t0), (retry, out1, t1), (third, _, t2) = loop.trials[:3]
     assert out0.verdict.delta_check == "too long", out0.verdict.summary
-    suggested = out0.verdict.suggested_delta_tokens
-    assert suggested < first.delta_tokens
+    r = out0.verdict.half_progress_ratio
+    want = first.delta_tokens * math.log(0.8) / math.log(r)  # exp(−Δ/2τ) = r, then 0.8
     unit = 4 * 8  # whole steps of ×1, ×2 and ×4 at batch 8
-    assert retry.delta_tokens == -(-suggested // unit) * unit
-    assert retry.source.startswith("auto: auto trial 1 judged nothing (Δ too long)"), retry.source
+    assert 4 * unit < want < first.delta_tokens  # above the floor: 4 steps of ×4
+    assert retry.delta_tokens == -(-int(want) // unit) * unit
+    assert retry.source.startswith("auto: auto trial 1 judged nothing (Δ too long, "), retry.source
     assert retry.delta_choice["basis"] == "retry"
     assert 0 < t1 - (t0 + first.delta_tokens) <= 8  # the first boundary after the trial
     assert out1.verdict.delta_check != "fine", out1.verdict.summary

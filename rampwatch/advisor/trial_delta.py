@@ -35,6 +35,13 @@ held-out evaluation can resolve) and at most `ceiling` (the loop's budget rule).
 no free gain: the control's progress over it, which the tolerance and the ratio are fractions
 of, shrinks towards the held-out loss's step-to-step noise (bench/trial_delta_bench.py measures
 how often a trial is judged with each rule).
+
+The retry. A trial whose Δ check judged nothing (too long, or cannot tell) measured the control's
+own ratio r̂ over Δ, and so its time scale, τ̂ = Δ/delta_over_tau(r̂): `retry_choice` aims again
+at TARGET_HALF_PROGRESS from it, Δ·ln(0.8)/ln r̂ (shorter when r̂ < 0.8). Aiming at
+HALF_PROGRESS_MIN instead (the verdict's `suggested_delta_tokens`) would put the retry's ratio on
+the threshold, where its bound straddles it about half the time. r̂ ≤ 0 (no progress in the
+second half): Δ/4. r̂ ≥ 0.8: the length did not hide the answer, the eval's noise did: the same Δ.
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ __all__ = [
     "DeltaChoice",
     "choose_delta",
     "TARGET_HALF_PROGRESS",
+    "retry_choice",
 ]
 
 TARGET_HALF_PROGRESS = 0.8  # the default Δ's expected ratio (module docstring)
@@ -189,6 +197,29 @@ class DeltaChoice:
         if d["tau_tokens"] is not None and not math.isfinite(d["tau_tokens"]):
             d["tau_tokens"] = None  # JSON has no infinity: None with basis "loss curve"
         return d
+
+
+def retry_choice(
+    delta: int, ratio: float | None, floor: int, unit: int, why: str = ""
+) -> DeltaChoice:
+    """Δ to try again at after a trial of Δ that judged nothing with the control's half-progress
+    ratio `ratio` (module docstring, "The retry"), at least floor, rounded up to whole units.
+    why: the sentence's opening (which trial, what it found)."""
+    tau = None
+    if ratio is None or ratio >= TARGET_HALF_PROGRESS:
+        want, how = delta, "the same Δ"
+    elif ratio <= 0:
+        want, how = delta / 4, "Δ/4, as its second half made no progress"
+    else:
+        tau = delta / delta_over_tau(ratio)
+        want = tau * delta_over_tau(TARGET_HALF_PROGRESS)
+    tokens = -(-int(max(floor, want)) // unit) * unit
+    expected = None if tau is None else half_progress_ratio_at(tokens / tau)
+    if tau is not None:
+        how = f"its own τ ≈ {tau:,.0f} tokens expects a ratio of {expected:.2f} there"
+    return DeltaChoice(
+        tokens, "retry", f"{why}once more at Δ {tokens:,} tokens ({how})", tau, expected
+    )
 
 
 def choose_delta(tokens, losses, floor: int, ceiling: int, unit: int = 1) -> DeltaChoice:

@@ -34,8 +34,9 @@ trial gate (advisor/policy.py) with ramp="auto", `auto` is where the loop starts
 the policy's interval has passed since the last trial's start; after a trial that did not ramp
 (failed or abandoned) the evidence waits that interval too, so a ramp the trials keep refusing
 is not tried again at every boundary. A trial that judged nothing (its Δ check "too long" or
-"cannot tell": no answer, not a "no") is tried once more at once, at the Δ it suggests (the same
-Δ when it suggests none); a retry that judges nothing waits the interval like any other.
+"cannot tell": no answer, not a "no") is tried once more at once, at a Δ from its own control's
+half-progress ratio (advisor/trial_delta.py `retry_choice`); a retry that judges nothing waits
+the interval like any other.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from rampwatch.advisor.advice import TrialEvidence
 from rampwatch.advisor.gns_window import significant
 from rampwatch.advisor.tiers import RAMP_MAX_FACTOR, Tier
 from rampwatch.advisor.trial import TrialPlan, TrialVerdict
-from rampwatch.advisor.trial_delta import DeltaChoice, LossHistory, choose_delta
+from rampwatch.advisor.trial_delta import DeltaChoice, LossHistory, choose_delta, retry_choice
 from rampwatch.monitor.ramp_channel import Proposal
 from rampwatch.store import CommandError
 from rampwatch.store import names as M
@@ -167,7 +168,7 @@ class TrialProtocol:
     last_ramped: bool = False  # the last trial kept a branch
     auto_trials: int = 0  # trials this loop started itself: their ids are -1, -2, ...
     unjudged: int = 0  # trials in a row that judged nothing (Δ "too long" or "cannot tell")
-    retry: tuple[int, str] | None = None  # (Δ, why) of the retry due at once, if any
+    retry: DeltaChoice | None = None  # the Δ of the retry due at once, if any (note: why)
 
     def state_dict(self) -> dict:
         return {
@@ -176,7 +177,7 @@ class TrialProtocol:
             "last_ramped": self.last_ramped,
             "auto_trials": self.auto_trials,
             "unjudged": self.unjudged,
-            "retry": None if self.retry is None else list(self.retry),
+            "retry": None if self.retry is None else self.retry.to_dict(),
             "loss_history": self.history.to_dict() if self.delta_from_loss else None,
         }
 
@@ -188,7 +189,7 @@ class TrialProtocol:
         self.auto_trials = int(state.get("auto_trials", self.auto_trials))
         self.unjudged = int(state.get("unjudged", self.unjudged))
         retry = state.get("retry")
-        self.retry = None if retry is None else (int(retry[0]), str(retry[1]))
+        self.retry = None if retry is None else DeltaChoice(**retry)
         if state.get("loss_history"):
             self.history = LossHistory.from_dict(state["loss_history"])
 
@@ -258,8 +259,9 @@ class TrialProtocol:
         DEFAULT_BRANCH_STEPS steps of the largest branch, rounded up to whole steps of every
         arm (the trial gate's interval counts in it)."""
         step = running.tier.batch * (running.seq_len or 1)
+        unit = math.lcm(*factors) * step
         want = requested or self.delta_tokens or DEFAULT_BRANCH_STEPS * max(factors) * step
-        return _whole_steps(want, factors, step)
+        return -(-want // unit) * unit
 
     def choose_delta(self, requested: int | None, factors, running) -> DeltaChoice:
         """A trial's Δ: the command's; else, with delta_from_loss, from the loss curve between
@@ -289,7 +291,7 @@ class TrialProtocol:
         first = self.last_start_tokens is None
         delta = None
         if self.retry is not None:
-            delta, why = self.retry
+            delta, why = self.retry.tokens, self.retry.note
         elif since >= interval:
             why = f"{since:,} tokens since {'the start' if first else 'the last trial'}"
             why += f" (a trial every {interval:,})"
@@ -303,9 +305,7 @@ class TrialProtocol:
             if not isinstance(proposal, str):
                 proposal.source = f"auto: {why}"
                 if delta is not None:
-                    proposal.delta_choice = DeltaChoice(
-                        proposal.delta_tokens, "retry", why
-                    ).to_dict()
+                    proposal.delta_choice = self.retry.to_dict()
                 return proposal
         return None
 
@@ -394,8 +394,8 @@ class TrialProtocol:
         )
 
     def _plan_retry(self, out: TrialOutcome) -> None:
-        """After a trial that judged nothing, the retry due at once (module docstring); Δ is the
-        one the verdict suggests, at least MIN_BRANCH_STEPS steps of the largest branch."""
+        """After a trial that judged nothing, the retry due at once (module docstring), at least
+        MIN_BRANCH_STEPS steps of the largest branch."""
         verdict, req = out.verdict, out.request
         if verdict.delta_check not in ("too long", "cannot tell") or out.kept.factor > 1:
             self.unjudged = 0
@@ -404,16 +404,15 @@ class TrialProtocol:
         if self.unjudged > 1:  # a retry judged nothing either: the interval decides
             return
         step = req.control.batch * req.seq_len
-        want = max(
-            verdict.suggested_delta_tokens or req.delta_tokens,
-            MIN_BRANCH_STEPS * max(req.factors) * step,
-        )
-        delta = _whole_steps(want, req.factors, step)
-        whose = "its suggestion" if verdict.suggested_delta_tokens else "the same Δ"
-        self.retry = (
-            delta,
-            f"{self.latest.name} judged nothing (Δ {verdict.delta_check}): "
-            f"once more at Δ {delta:,} tokens ({whose})",
+        r = verdict.half_progress_ratio
+        self.retry = retry_choice(
+            req.delta_tokens,
+            r,
+            floor=MIN_BRANCH_STEPS * max(req.factors) * step,
+            unit=math.lcm(*req.factors) * step,
+            why=f"{self.latest.name} judged nothing (Δ {verdict.delta_check}"
+            + ("" if r is None else f", half-progress ratio {r:.2f}")
+            + "): ",
         )
 
     def arm_point(
@@ -479,12 +478,6 @@ def abandoned_note(req: TrialRequest) -> dict:
         "message": f"trial {req.trial_id} abandoned: {reason}",
         "data": {"trial_id": req.trial_id, "reason": reason},
     }
-
-
-def _whole_steps(tokens: int, factors, step_tokens: int) -> int:
-    """tokens rounded up to a whole number of steps of every arm (TrialPlan needs it)."""
-    unit = math.lcm(*factors) * step_tokens
-    return -(-tokens // unit) * unit
 
 
 def _percent(fraction: float) -> str:
