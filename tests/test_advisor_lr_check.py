@@ -54,19 +54,29 @@ def judge(schedule, ramp_step: int, m: float, logged):
 @settings(max_examples=300, deadline=None)
 @given(
     warmup=st.integers(10, 300),
-    decay_extra=st.integers(10, 3000),
+    decay_extra=st.integers(40, 3000),
     ramp_at=st.integers(10, 4000),
     m=st.sampled_from([SQRT2, 2.0, 1 / SQRT2, 4.0]),
 )
 def test_nanogpt_get_lr_reached_when_scaled_not_reached_when_ignored(
     warmup, decay_extra, ramp_at, m
 ):
-    """Past step 10 a nanoGPT schedule (any warmup ≥ 10, cosine, flat min_lr; the warmup's end
-    and the decay's end included) always gets a check, and it tells the two loops apart."""
+    """Past step 10 a nanoGPT schedule (any warmup ≥ 10, a cosine of 40 steps or more, flat
+    min_lr; the warmup's end and the decay's end included) always gets a check, and it tells the
+    two loops apart. A shorter cosine to lr/10 moves the LR by more than the tolerance within a
+    step: test_a_schedule_steeper_than_the_tolerance_gets_no_check."""
     get_lr = nanogpt(1e-3, 1e-4, warmup, warmup + decay_extra)
     scaled = judge(get_lr, ramp_at, m, lambda s: get_lr(s) * m)
     ignored = judge(get_lr, ramp_at, m, get_lr)
     assert (scaled, ignored) == (REACHED, NOT_REACHED)
+
+
+def test_a_schedule_steeper_than_the_tolerance_gets_no_check():
+    """Cosine from 1e-3 to 1e-4 over 10 steps (hypothesis found it): mid-decay one step moves
+    the LR by more than a third of log √2, so no check, rather than a guess."""
+    get_lr = nanogpt(1e-3, 1e-4, 10, 20)
+    assert judge(get_lr, 15, SQRT2, lambda s: get_lr(s) * SQRT2) is None
+    assert judge(get_lr, 15, SQRT2, get_lr) is None
 
 
 def test_a_step_late_change_passes_and_an_undone_one_does_not():
