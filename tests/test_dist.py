@@ -200,6 +200,11 @@ def test_keep_effective_batch_across_world_sizes():
 
 
 # -- a ramp on both ranks, then one process ------------------------------------------------------
+# Steps of the two-rank run. A ramp submitted at step 2 waits for a flusher visit (about once a
+# second) and then one boundary: step 15 on an idle machine, so 48 leaves room under load.
+STEPS = 48
+
+
 @pytest.fixture(scope="module")
 def ramped(tmp_path_factory):
     """A 2-rank run that gets an approved ramp (8 x 2 -> 8 x 4) while it runs, then the same run
@@ -207,7 +212,9 @@ def ramped(tmp_path_factory):
     d = tmp_path_factory.mktemp("ramp")
     db, ck = d / "runs.duckdb", d / "ckpt"
     proc = spawn(
-        torchrun(db, ck, "--run-id", "r", "--steps", "24", "--no-plan", "--checkpoint-every", "0"),
+        torchrun(
+            db, ck, "--run-id", "r", "--steps", str(STEPS), "--no-plan", "--checkpoint-every", "0"
+        ),
         env=child_env(RAMPWATCH_DEBUG_RANKS="1"),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -227,7 +234,7 @@ def ramped(tmp_path_factory):
         out = "".join(lines) + finish(proc, timeout=60)
     assert command_id is not None, out[-6000:]
     resumed = run(
-        trainer_args(db, ck, "--resume", "r", "--steps", "27", "--no-plan"),
+        trainer_args(db, ck, "--resume", "r", "--steps", str(STEPS + 3), "--no-plan"),
         RAMPWATCH_DEBUG_RANKS="1",
     )
     return db, out, command_id, resumed
@@ -236,19 +243,22 @@ def ramped(tmp_path_factory):
 def test_ramp_applies_on_both_ranks_at_the_same_step(ramped):
     db, out, command_id, _ = ramped
     ranks = rank_lines(out)
-    assert sorted(ranks) == [0, 1] and sorted(ranks[0]) == sorted(ranks[1]) == list(range(1, 25))
+    assert sorted(ranks) == [0, 1] and sorted(ranks[0]) == sorted(ranks[1]) == list(
+        range(1, STEPS + 1)
+    )
     tiers = {r: {s: (b, a) for s, (b, a, _) in ranks[r].items()} for r in ranks}
     assert tiers[0] == tiers[1], "the ranks disagree on the tier of some step"
-    switch = [s for s in range(2, 25) if tiers[0][s] != tiers[0][s - 1]]
+    switch = [s for s in range(2, STEPS + 1) if tiers[0][s] != tiers[0][s - 1]]
     assert len(switch) == 1 and tiers[0][switch[0] - 1] == (8, 2) and tiers[0][switch[0]] == (8, 4)
     print(f"ramp submitted at step 2 took effect at step {switch[0]} on both ranks")
     cmd = commands.get(db, command_id)
     assert cmd.status == "applied" and cmd.applied_step == switch[0] - 1  # last step at 8 x 2
     # the store agrees, and each step's data is one contiguous range split between the ranks
-    accum = metric(db, "r", M.ACCUM)  # (steps 25.. come from the one-process resume)
-    assert {s: accum[s] for s in range(1, 25)} == {s: tiers[0][s][1] for s in range(1, 25)}
+    accum = metric(db, "r", M.ACCUM)  # (steps past STEPS come from the one-process resume)
+    done = range(1, STEPS + 1)
+    assert {s: accum[s] for s in done} == {s: tiers[0][s][1] for s in done}
     first = metric(db, "r", M.FIRST_SAMPLE)
-    for s in range(1, 25):
+    for s in done:
         b, a, first0 = ranks[0][s]
         assert first0 == first[s] and ranks[1][s][2] == first0 + b * a
         if s > 1:
@@ -262,13 +272,14 @@ def test_ramp_applies_on_both_ranks_at_the_same_step(ramped):
 def test_resume_on_one_process_keeps_the_effective_batch(ramped):
     db, _, _, resumed = ramped
     run_ = reader.get_run(db, "r")
-    assert run_.world_size == 1 and run_.status == "finished" and run_.last_step == 27
+    last, after = STEPS, STEPS + 1
+    assert run_.world_size == 1 and run_.status == "finished" and run_.last_step == STEPS + 3
     batch, accum = metric(db, "r", M.BATCH_SEQS), metric(db, "r", M.ACCUM)
-    assert batch[24] == batch[25] == 64 and accum[24] == 4 and accum[25] == 8
-    assert sorted(rank_lines(resumed)[0]) == [25, 26, 27]
+    assert batch[last] == batch[after] == 64 and accum[last] == 4 and accum[after] == 8
+    assert sorted(rank_lines(resumed)[0]) == [after, after + 1, after + 2]
     first = metric(db, "r", M.FIRST_SAMPLE)
-    assert sorted(first) == list(range(1, 28))  # each step exactly once, none missing
-    assert first[25] == first[24] + 64
+    assert sorted(first) == list(range(1, STEPS + 4))  # each step exactly once, none missing
+    assert first[after] == first[last] + 64
     notes = [e.message for e in reader.events(db, "r", kinds=[M.EVENT_RESUME])]
     assert any("world size 2 -> 1" in m for m in notes), notes
 
