@@ -26,7 +26,8 @@ from rampwatch.advisor.tiers import Tier, per_device_candidates
 
 __all__ = ["TierRow", "tier_rows", "COLUMNS", "NOT_KNOWN", "cells", "hours_text", "text_table"]
 
-RUNNING, FITS, NO_FIT = "running", "fits", "does not fit"
+# RUNNING: the tier the run is at, or ended at ("current": true of a finished run too)
+RUNNING, FITS, NO_FIT = "current", "fits", "does not fit"
 
 
 @dataclass(frozen=True)
