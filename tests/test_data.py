@@ -141,6 +141,21 @@ def test_val_batch_fixed(ds):
     assert torch.equal(x[0], torch.from_numpy(ds.val[: TINY.seq_len].astype(np.int64)))
 
 
+def test_val_batch_never_repeats_a_token_window(ds):
+    """Asked for more windows than the validation tokens hold apart, it returns the windows that
+    do not overlap: a repeated example would count twice in a trial's paired test."""
+    T = TINY.seq_len
+    most = (len(ds.val) - 1) // T
+    x, y = ds.val_batch(most + 1000)
+    assert x.shape == y.shape == (most, T)
+    starts = ds.val_starts(most + 1000)
+    assert len(starts) == most and np.diff(starts).min() >= T
+    assert starts[-1] + T + 1 <= len(ds.val)
+    assert torch.equal(
+        x[-1], torch.from_numpy(ds.val[starts[-1] : starts[-1] + T].astype(np.int64))
+    )
+
+
 def test_bpe_trains_caches_and_reloads(small_root, tmp_cache, monkeypatch):
     cfg = ModelConfig(vocab_size=512, n_layer=1, n_head=2, d_model=32, seq_len=64, tokenizer="bpe")
     first = prepare(cfg, root=small_root)

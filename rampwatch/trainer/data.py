@@ -233,11 +233,17 @@ class TokenDataset:
         x, y = self._windows(self.train, self.starts(ids))
         return x, y, torch.from_numpy(ids)
 
+    def val_starts(self, n: int) -> np.ndarray:
+        """Where val_batch(n)'s windows start: n evenly spaced over the validation tokens, or as
+        many as fit without overlapping when n do not (an example repeated would count twice in
+        a trial's paired test)."""
+        n = min(n, (len(self.val) - 1) // self.seq_len)
+        return np.linspace(0, len(self.val) - self.seq_len - 1, n).astype(np.int64)
+
     def val_batch(self, n: int):
-        """A fixed validation batch: n windows evenly spaced over the validation tokens (the same
-        n and seq_len give the same batch in every run, whatever the seed)."""
-        starts = np.linspace(0, len(self.val) - self.seq_len - 1, n).astype(np.int64)
-        return self._windows(self.val, starts)
+        """A fixed validation batch of the windows at val_starts(n) (the same n and seq_len give
+        the same batch in every run, whatever the seed)."""
+        return self._windows(self.val, self.val_starts(n))
 
 
 def rank_slice(first_id: int, n: int, rank: int, world: int) -> tuple[int, int]:

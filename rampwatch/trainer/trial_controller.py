@@ -60,6 +60,7 @@ class TrialController:
         self.eval_batch = eval_batch
         self.keep = keep  # --trial-keep: a testing aid
         self._held_out = None  # (x, y) on the device, made at the first trial
+        self._examples = 0  # held-out sequences, all ranks together
 
     def at_boundary(self) -> None:
         t = self.trainer
@@ -114,7 +115,8 @@ class TrialController:
         rank evaluates its shard and every rank gets all of them (the same bytes)."""
         t = self.trainer
         if self._held_out is None:
-            x, y = t.data.val_batch(self.eval_batch)
+            x, y = t.data.val_batch(self.eval_batch)  # fewer when the split is small
+            self._examples = len(x)
             lo, hi = dist.shard(len(x), t.ddp)
             self._held_out = x[lo:hi].to(t.device), y[lo:hi].to(t.device)
         x, y = self._held_out
@@ -127,4 +129,4 @@ class TrialController:
             ce = F.cross_entropy(logits.float().flatten(0, 1), yb.flatten(), reduction="none")
             out.append(ce.view_as(yb).mean(dim=1))
         model.train()
-        return dist.gather_shards(t.ddp, torch.cat(out), self.eval_batch)
+        return dist.gather_shards(t.ddp, torch.cat(out), self._examples)
