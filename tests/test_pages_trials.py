@@ -94,6 +94,17 @@ def test_a_finished_trial_shows_branches_bracket_kept_and_cost(trials_run, monke
     assert "test_first" in [b.key for b in at.button]  # another trial may follow
 
 
+def test_a_trial_that_judged_nothing_is_no_answer_not_a_success(trials_run, monkeypatch):
+    """Δ too long: the card says so in an info box (a finished trial with a result is green)."""
+    events = [trial_events.start(), *trial_events.arms(), trial_events.end(7, 407, flattened=True)]
+    trial_events.write(trials_run.writer, events)
+    at = seed.app(monkeypatch, trials_run.db)
+    assert not at.exception
+    infos = [str(e.value) for e in at.info]
+    assert any(m.startswith("Δ too long: the control had made most of its progress") for m in infos)
+    assert not [e for e in at.success if "Δ too long" in str(e.value)]
+
+
 def test_an_abandoned_trial_says_why_and_earlier_trials_are_listed(trials_run, monkeypatch):
     first = [trial_events.start(trial_id=3, step=200), trial_events.end(3, 208)]
     trial_events.write(trials_run.writer, first)

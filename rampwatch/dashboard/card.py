@@ -650,9 +650,11 @@ def _trial_state(v, run) -> None:
             st.info(f"{where} is running. {t.message or ''}", icon=":material/science:")
         _arm_progress(v)
     elif t.status == "finished":
-        st.success(
-            v.verdict.summary if v.verdict else t.message or where, icon=":material/science:"
-        )
+        said = v.verdict.summary if v.verdict else t.message or where
+        if v.verdict and not v.verdict.delta_ok:
+            st.info(said, icon=":material/help:")  # no answer: neither a pass nor a fail
+        else:
+            st.success(said, icon=":material/science:")
         _trial_result(v)
     else:
         st.warning(f"{where} was abandoned: {t.reason or 'no reason given'}.")

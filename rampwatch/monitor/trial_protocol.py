@@ -397,7 +397,7 @@ class TrialProtocol:
         """After a trial that judged nothing, the retry due at once (module docstring), at least
         MIN_BRANCH_STEPS steps of the largest branch."""
         verdict, req = out.verdict, out.request
-        if verdict.delta_check not in ("too long", "cannot tell") or out.kept.factor > 1:
+        if verdict.delta_ok or out.kept.factor > 1:
             self.unjudged = 0
             return
         self.unjudged += 1
