@@ -59,8 +59,7 @@ class TrialController:
         self.trainer = trainer
         self.eval_batch = eval_batch
         self.keep = keep  # --trial-keep: a testing aid
-        self._held_out = None  # (x, y) on the device, made at the first trial
-        self._examples = 0  # held-out sequences, all ranks together
+        self._held_out = None  # (x, y) on the device, and all ranks' count: at the first trial
 
     def at_boundary(self) -> None:
         t = self.trainer
@@ -116,10 +115,9 @@ class TrialController:
         t = self.trainer
         if self._held_out is None:
             x, y = t.data.val_batch(self.eval_batch)  # fewer when the split is small
-            self._examples = len(x)
             lo, hi = dist.shard(len(x), t.ddp)
-            self._held_out = x[lo:hi].to(t.device), y[lo:hi].to(t.device)
-        x, y = self._held_out
+            self._held_out = x[lo:hi].to(t.device), y[lo:hi].to(t.device), len(x)
+        x, y, examples = self._held_out
         model.eval()
         out = [torch.zeros(0, device=t.device)]  # a rank's shard may be empty
         for i in range(0, len(x), self.EVAL_CHUNK):
@@ -129,4 +127,4 @@ class TrialController:
             ce = F.cross_entropy(logits.float().flatten(0, 1), yb.flatten(), reduction="none")
             out.append(ce.view_as(yb).mean(dim=1))
         model.train()
-        return dist.gather_shards(t.ddp, torch.cat(out), self._examples)
+        return dist.gather_shards(t.ddp, torch.cat(out), examples)
