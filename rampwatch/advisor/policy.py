@@ -19,11 +19,12 @@ The gate: what an auto ramp rests on. "noise" (the default) ramps on the noise s
 "trial" ramps only through a ramp trial that passes (advisor/trial.py; the kept branch is the
 ramp): the monitor starts one when the noise gate would ramp (before any trial, B_simple read by
 the band above as about half the critical batch; after one, c·B_simple read as the critical batch
-itself, `critical` below, past factor × B), or every `trial_interval_tokens` whatever it says, and
-waits that interval after a trial that kept the control. Why both: B_simple can underestimate the critical
-batch by orders of magnitude (Merrill et al. 2025, arXiv 2505.23971), so the evidence alone could
-never call a trial; the interval bounds what trials cost (None: TRIAL_INTERVAL_DELTAS × the
-trial's Δ, which keeps a ×2, ×4 trial's discarded arms within 2% of the tokens between trials).
+itself, `critical` below, past factor × B), or every `trial_interval_tokens` whatever it says,
+and waits that interval after a trial that kept the control. Why both: B_simple can
+underestimate the critical batch by orders of magnitude (Merrill et al. 2025, arXiv 2505.23971),
+so the evidence alone could never call a trial; the interval bounds what trials cost (None:
+TRIAL_INTERVAL_DELTAS × the trial's Δ, which keeps a ×2, ×4 trial's discarded arms within 2% of
+the tokens between trials).
 
 The run config holds the policy under CONFIG_KEY; `from_config` also reads the keys that runs
 written before the policy existed used (ramp_hysteresis, ramp_min_samples, original_lr,
@@ -160,10 +161,10 @@ class RampPolicy:
         """advisor.ramp_point.ramp_decision with this policy's thresholds (its only source of them).
 
         critical: the values estimate the critical batch itself (a trial's calibration), not
-        B_simple. The band [B_simple, 2·B_simple] above is about [B_crit/2,
-        B_crit]; for B_crit the same ramp point is factor × ramp_at × B, so the new batch is at
-        most the critical batch (Merrill et al.'s warmup: double B once B* > 2B). subject: what
-        the verdict's sentences call the values ("The calibrated noise scale" after a trial)."""
+        B_simple. The band [B_simple, 2·B_simple] above is about [B_crit/2, B_crit]; for B_crit
+        the same ramp point is factor × ramp_at × B, so the new batch is at most the critical
+        batch (Merrill et al.'s warmup: double B once B* > 2B). subject: what the verdict's
+        sentences call the values ("The calibrated noise scale" after a trial)."""
         scale = self.critical_scale(critical)
         return ramp_decision(
             steps,
