@@ -1,10 +1,12 @@
 """advisor.gns_window and advisor.gns.line_estimates against frozen copies of their earlier code.
 
-Issue 29 made NoiseScaleWindow.update and line_estimates cheaper (fewer numpy calls, the
-same arithmetic). The copies below are that code as it was before (np.median, np.unique on the
-ladder, np.cov, numpy line fits); the same streams go through both, and every step's estimate,
-window length, cut count and mark must agree to float rounding (the window's agree exactly
-today; a fit of three or more points differs from numpy's in the last digit at times).
+Issue 29 made NoiseScaleWindow.update and line_estimates cheaper. The copies below are that code
+as it was before (np.median, np.unique on the ladder, np.cov, numpy line fits; the median, MAD
+and the scan over all cuts taken afresh every step). With refresh=0 and scan_every=1 the window
+does what the reference does, from prefix sums: every step's estimate, window length, cut count
+and mark must agree to float rounding. At its defaults it takes the median and MAD again only
+once 1/16 of the window is new (or after a cut, or while a MAD is 0) and scans every 4th step:
+what that changes on the same streams is measured and bounded below.
 """
 
 from __future__ import annotations
@@ -75,15 +77,15 @@ class ReferenceWindow(NoiseScaleWindow):
     def update(self, g2, trace):
         if not self._admit(g2, trace):  # unchanged by issue 29: shared, not copied
             return None
-        x, centre, scale = self._robust()
+        x, centre, scale = self._ref_robust()
         if self._cut(_ref_clip(x, centre, scale, TEST_K)):
-            x, centre, scale = self._robust()
+            x, centre, scale = self._ref_robust()
         start = self.updates < self.min_steps
         self.latest = None if start else self._estimate(_ref_clip(x, centre, scale, HAMPEL_K))
         return self.latest
 
-    def _robust(self):
-        x = self._steps.newest(self.length)
+    def _ref_robust(self):
+        x = self._steps.oldest_first(self.length)[:, ::-1]  # newest first, as it was
         centre = np.median(x, axis=1)
         return x, centre, 1.4826 * np.median(np.abs(x - centre[:, None]), axis=1)
 
@@ -116,7 +118,7 @@ class ReferenceWindow(NoiseScaleWindow):
     def estimate(self):
         if self.updates < self.min_steps or self.length < 2:
             return None
-        return self._estimate(_ref_clip(*self._robust(), HAMPEL_K))
+        return self._estimate(_ref_clip(*self._ref_robust(), HAMPEL_K))
 
     def _estimate(self, kept):
         g, t = kept
@@ -209,7 +211,7 @@ def _assert_same(new: NoiseScaleEstimate | None, ref: NoiseScaleEstimate | None,
 )
 def test_window_matches_the_frozen_reference_step_by_step(seed, max_steps, min_steps):
     g, t = _stream(seed, 900)
-    new = NoiseScaleWindow(max_steps=max_steps, min_steps=min_steps)
+    new = NoiseScaleWindow(max_steps=max_steps, min_steps=min_steps, refresh=0, scan_every=1)
     ref = ReferenceWindow(max_steps=max_steps, min_steps=min_steps)
     cut_steps = []
     for i in range(len(g)):
@@ -227,8 +229,41 @@ def test_window_matches_the_frozen_reference_step_by_step(seed, max_steps, min_s
     # the rest of the public surface: estimate() and a resume from the state
     _assert_same(new.estimate(), ref.estimate(), (seed, "estimate"))
     state = new.to_dict()
-    assert state == ref.to_dict()
+    how = ("sums", "refresh", "scan_every")  # how the state is kept, not what it holds
+    assert {k: v for k, v in state.items() if k not in how} == {
+        k: v for k, v in ref.to_dict().items() if k not in how
+    }
     _assert_same(NoiseScaleWindow.from_dict(state).latest, new.estimate(), (seed, "resume"))
+
+
+CASES = [(0, 4000, 48), (1, 4000, 48), (2, 300, 20), (3, 4000, 3), (4, 150, 13), (5, 4000, 48)]
+CASES += [(6, 500, 31), (7, 4000, 9), (10, 4000, 48), (11, 257, 16)]
+
+
+def test_the_default_window_stays_close_to_the_reference():
+    """What refreshing the median and MAD every 1/16 of the window and scanning every 4th step
+    change on the streams above (measured: per stream the median |log ratio| of the two
+    estimates is 0–0.0055 and its 90th percentile 0.0014–0.082; the cut counts differ by 0–3,
+    a scan every 4th step cutting up to 3 steps later and at times once where the reference cut
+    twice a few steps apart)."""
+    medians, p90s = [], []
+    for seed, max_steps, min_steps in CASES:
+        g, t = _stream(seed, 900)
+        new = NoiseScaleWindow(max_steps=max_steps, min_steps=min_steps)
+        ref = ReferenceWindow(max_steps=max_steps, min_steps=min_steps)
+        logs = []
+        for i in range(len(g)):
+            if i % 173 == 90:
+                new.mark()
+                ref.mark()
+            a, b = new.update(g[i], t[i]), ref.update(g[i], t[i])
+            assert (a is None) == (b is None), (seed, i)  # the same steps have an estimate
+            if a is not None and a.b_simple and b.b_simple:
+                logs.append(abs(math.log(a.b_simple / b.b_simple)))
+        medians.append(float(np.median(logs)))
+        p90s.append(float(np.quantile(logs, 0.9)))
+        assert abs(new.cuts - ref.cuts) <= 3, (seed, new.cuts, ref.cuts)
+    assert max(medians) < 0.01 and max(p90s) < 0.12, (medians, p90s)
 
 
 def test_the_streams_exercise_cuts_at_marks_and_in_the_scan():
@@ -282,3 +317,17 @@ def test_the_frozen_ladder_is_the_modules():
         shortest = 12
         newer = _ref_ladder(shortest, n - 2) + [n - k for k in _ref_ladder(2, n - shortest)]
         assert gns_window._cuts(n, shortest, 4000) == np.unique(newer).tolist()
+
+
+def test_a_robust_scale_of_zero_is_taken_again_every_step():
+    """Stream 0's steps are integers: its |G|² MAD is 0 for a while (most steps on the median),
+    which clips nothing. When the next steps end that, the clipping must start at once: kept
+    from the last refresh, a ×60 outlier went through unclipped at step 47 (the first estimate
+    0.81 in log off the exact window's; measured 0.0053 at most over 200 steps with the rule)."""
+    g, t = _stream(0, 900)
+    exact = NoiseScaleWindow(refresh=0, scan_every=1)
+    default = NoiseScaleWindow(scan_every=1)  # the refresh rule alone
+    for i in range(200):
+        a, b = exact.update(g[i], t[i]), default.update(g[i], t[i])
+        if a is not None and a.b_simple and b.b_simple:
+            assert abs(math.log(b.b_simple / a.b_simple)) < 0.05, i

@@ -10,20 +10,21 @@ denominator for about 12 half-lives, so it lags a training run by hundreds of st
 Which steps: every step since the last change point, up to the buffer (`max_steps`, 4,000). The
 window grows by one step per step and shrinks only at a change point, so consecutive estimates
 share all but one step of their evidence and never flip between two windows. A change point is
-where the newer part of the window differs from the older: after each step every candidate cut
-(newer parts of min_steps/4, ×1.25, … steps, and older parts of 2, 3, 4, 5, 6, 7, 9, … steps,
-so a few stale steps at the old end are found too) is a two-sample z, variance pooled, on the
-mean |G|² and on the mean tr(Σ), each clipped tighter (TEST_K) so heavy tails cost no power.
-When the largest z passes CUT_Z the window drops everything older than that cut (adaptive
-windowing: Bifet & Gavaldà 2007, "Learning from time-changing data with adaptive windowing",
-SDM; the cut at the largest statistic estimates where the change is, as a two-window test does:
-Page 1954, "Continuous inspection schemes", Biometrika 41). CUT_Z is high because it is one scan
-of many cuts every step (measured: ~0.2 false cuts per 1,000 steady steps; a 20× fall of |G|²
-is cut ~10 steps after it). A known moment (`mark`: a ramp) is tested alone, at MARK_Z. So the
-early transient, an LR change or a drift of |G|² is left behind, and with no drift the window
-keeps growing and the interval narrows. A window never reaches back across a cut: right after
-one it holds a few steps (min_steps/4 at least), and while they cannot pin the value down the
-interval says so (wide, or unbounded above) — there is no fallback to a longer, biased window.
+where the newer part of the window differs from the older: every SCAN_EVERY (4) steps every
+candidate cut (newer parts of min_steps/4, ×1.25, … steps, and older parts of 2, 3, 4, 5, 6, 7,
+9, … steps, so a few stale steps at the old end are found too) is a two-sample z, variance
+pooled, on the mean |G|² and on the mean tr(Σ), each clipped tighter (TEST_K) so heavy tails
+cost no power. When the largest z passes CUT_Z the window drops everything older than that cut
+(adaptive windowing: Bifet & Gavaldà 2007, "Learning from time-changing data with adaptive
+windowing", SDM; the cut at the largest statistic estimates where the change is, as a two-window
+test does: Page 1954, "Continuous inspection schemes", Biometrika 41). CUT_Z is high because it
+is one scan of many cuts (measured, scanning every step: ~0.2 false cuts per 1,000 steady steps;
+a 20× fall of |G|² is cut 5 steps after it in the median of 20 streams, 7 scanning every 4th).
+A known moment (`mark`: a ramp) is tested alone, at MARK_Z, every step. So the early transient,
+an LR change or a drift of |G|² is left behind, and with no drift the window keeps growing and
+the interval narrows. A window never reaches back across a cut: right after one it holds a few
+steps (min_steps/4 at least), and while they cannot pin the value down the interval says so
+(wide, or unbounded above) — there is no fallback to a longer, biased window.
 
 One step cannot carry the estimate: each step's |G|² and tr(Σ) are clipped to the window's
 median ± HAMPEL_K robust standard deviations (1.4826·MAD) before any sum — the Hampel
@@ -43,19 +44,20 @@ per-step estimates are independent given the weights.
 from __future__ import annotations
 
 import math
+import operator
 from bisect import bisect_right
-from dataclasses import dataclass
 from functools import lru_cache
 from statistics import NormalDist
+from typing import NamedTuple
 
 import numpy as np
 
 __all__ = ["NoiseScaleEstimate", "NoiseScaleWindow", "fieller_interval", "significant"]
 
 
-@dataclass(frozen=True)
-class NoiseScaleEstimate:
-    """B_simple = Σ tr(Σ) / Σ |G|² over the window, in sequences, with one-sided bounds."""
+class NoiseScaleEstimate(NamedTuple):
+    """B_simple = Σ tr(Σ) / Σ |G|² over the window, in sequences, with one-sided bounds (a
+    named tuple: made every step, and cheaper to make than a frozen dataclass)."""
 
     b_simple: float | None  # None when the window's mean |G|² or trace is not positive
     lower: float  # one-sided lower bound at the window's level; 0.0 says nothing
@@ -89,6 +91,7 @@ def _normal_quantile(p: float) -> float:
     return NormalDist().inv_cdf(p)
 
 
+@lru_cache(maxsize=8192)
 def _t_quantile(p: float, dof: int) -> float:
     """Student-t quantile by the Cornish–Fisher expansion around the normal one (Abramowitz &
     Stegun 26.7.5); within 0.3% of the exact value for dof >= 5 at p = 0.95."""
@@ -161,29 +164,33 @@ CUT_Z = 4.5  # z of a scan over all cuts every step: ~0.2 false cuts per 1,000 s
 MARK_Z = 3.0  # the same test at one known moment (a ramp), looked at while the mark is recent
 LADDER = 1.25  # candidate cuts lie ×1.25 apart
 DEFAULT_MAX_STEPS = 4000  # the buffer, and so the checkpoint's state: at most 8,000 floats
+REFRESH = 0.0625  # the median and MAD are taken again once this fraction of the window is new
+SCAN_EVERY = 4  # steps between scans over all cuts (a mark is tested every step)
 
 
 class _Buffer:
-    """The newest `size` (|G|², tr Σ) pairs in one numpy array; append is O(1) amortized."""
+    """The newest `size` (|G|², tr Σ) pairs, in Python lists: a step's append is two list
+    appends (no numpy call in the training loop); an array is made only for a refresh."""
 
     def __init__(self, size: int):
         self.size = size
-        self._data = np.empty((2, 2 * size))
-        self._end = 0
+        self._g: list[float] = []
+        self._t: list[float] = []
 
     def __len__(self) -> int:
-        return min(self._end, self.size)
+        return min(len(self._g), self.size)
 
     def append(self, g2: float, trace: float) -> None:
-        if self._end == self._data.shape[1]:  # full: the newest `size` move to the front
-            self._data[:, : self.size] = self._data[:, self._end - self.size :]
-            self._end = self.size
-        self._data[:, self._end] = g2, trace
-        self._end += 1
+        self._g.append(g2)
+        self._t.append(trace)
+        if len(self._g) == 2 * self.size:  # the newest `size` stay: O(1) amortized
+            del self._g[: self.size], self._t[: self.size]
 
-    def newest(self, n: int) -> np.ndarray:
-        """The newest n pairs, newest first: row 0 |G|², row 1 tr(Σ) (a view)."""
-        return self._data[:, self._end - n : self._end][:, ::-1]
+    def oldest_first(self, n: int) -> np.ndarray:
+        """The newest n pairs, oldest first: row 0 |G|², row 1 tr(Σ) (a new array)."""
+        if n == 0:
+            return np.empty((2, 0))
+        return np.array((self._g[-n:], self._t[-n:]))
 
 
 def _rows_median(x: np.ndarray, *, own: bool = False) -> np.ndarray:
@@ -202,42 +209,129 @@ def _rows_median(x: np.ndarray, *, own: bool = False) -> np.ndarray:
     return (part[:, :half].max(axis=1) + part[:, half]) / 2.0
 
 
-def _clip(x: np.ndarray, centre: np.ndarray, scale: np.ndarray, k: float) -> np.ndarray:
-    """Each row of x with values beyond centre ± k·scale moved to that edge (a row with scale
-    0, a constant stream, is left as it is). A new array, C-ordered."""
-    edge = np.where(scale > 0, k * scale, np.inf)
-    return x.clip((centre - edge)[:, None], (centre + edge)[:, None])
+def _edges(centre: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """The clipping edges at TEST_K and HAMPEL_K: [low_test, high_test, low_kept, high_kept],
+    each a pair (|G|², tr Σ). A row with scale 0, a constant stream, is not clipped."""
+    test, kept = (np.where(scale > 0, k * scale, np.inf) for k in (TEST_K, HAMPEL_K))
+    return np.array([centre - test, centre + test, centre - kept, centre + kept])
 
 
-_KS = np.array([[TEST_K], [HAMPEL_K]])
+class _PrefixSums:
+    """Prefix sums of each step's terms, so any newest part's sums cost two columns.
 
+    A step's terms are its values clipped at TEST_K (the change scan) and at HAMPEL_K (the
+    estimate), about the centre: rows dg, dt, dg², dt² of the first and hg, ht, hg², ht², hg·ht
+    of the second (sums about the median keep their digits). Column i holds the sums of the
+    first i steps, the first of them the window's oldest when the sums were last rebuilt; a
+    rebuild takes the window's new centre and scale. Appending is sequential addition from a
+    start value, as numpy's accumulate is, so a resume that starts from the same column gets
+    the same digits.
 
-def _edges(centre: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """_clip's edges at TEST_K ([0]) and HAMPEL_K ([1]) at once: (low, high), each [k, row, 1]."""
-    edge = np.where(scale > 0, _KS * scale, np.inf)
-    return (centre - edge)[..., None], (centre + edge)[..., None]
+    A step's own work is in Python floats: in a training loop each numpy call meets caches the
+    step has just cooled, and costs several microseconds. The columns appended since the last
+    rebuild are tuples (`_tail`); the scan, every few steps, copies them into the array first."""
 
+    ROWS = 9
 
-def _row_means(x: np.ndarray) -> np.ndarray:
-    """x.mean(axis=1, keepdims=True): the same sums, divided by the same count."""
-    return np.add.reduce(x, axis=1, keepdims=True) / x.shape[1]
+    def __init__(self, capacity: int):
+        self._c = np.zeros((self.ROWS, capacity + 1))
+        self.n = 0  # steps summed
+        self._base = 0  # the column _tail[0] is
+        self._tail: list[tuple[float, ...]] = [(0.0,) * self.ROWS]  # columns _base .. n
+        self._synced = 0  # columns 0 .. _synced of the array hold their sums
+        self.clip_by(np.zeros(2), np.zeros(2))
 
+    def clip_by(self, centre: np.ndarray, scale: np.ndarray) -> None:
+        """The centre and robust SD that steps from now on are clipped by."""
+        self.centre, self.scale = centre, scale
+        self.edges = _edges(centre, scale)
+        self._edges, self._centre = self.edges.tolist(), centre.tolist()
+        self.clipped = bool(scale.all())  # a scale of 0 clips nothing
 
-def _split_z(x: np.ndarray, cuts: np.ndarray) -> np.ndarray:
-    """|z| of mean(newest m) − mean(the rest) for each m in cuts, each row of x newest first
-    (one row of z per row of x). The variance is pooled (both parts come from one distribution
-    when nothing changed), so an older part of two steps is tested as soundly as one of two
-    hundred."""
-    x = x - _row_means(x)  # sums of squares about a central value keep their digits
-    s1, s2 = np.add.accumulate(x, axis=1), np.add.accumulate(x * x, axis=1)
-    n = x.shape[1]
-    m, k = cuts, n - cuts
-    head = s1[:, m - 1]
-    new, old = head / m, (s1[:, -1:] - head) / k
-    within = s2[:, -1:] - m * new * new - k * old * old  # squares about each part's own mean
-    se = np.sqrt(np.maximum(within, 0.0) / (n - 2) * (1.0 / m + 1.0 / k))
-    diff = np.abs(new - old)
-    return np.divide(diff, se, out=np.where(diff > 0, np.inf, 0.0), where=se > 0)
+    @property
+    def full(self) -> bool:
+        return self.n + 1 >= self._c.shape[1]
+
+    def rebuild(self, x: np.ndarray, start: np.ndarray | None = None) -> None:
+        """Sums over x (pairs, oldest first) from `start` (the sums before x; zeros)."""
+        edges, centre = self.edges[..., None], self.centre[:, None]
+        d = x.clip(edges[0], edges[1]) - centre
+        h = x.clip(edges[2], edges[3]) - centre
+        n = x.shape[1]
+        terms = np.empty((self.ROWS, n + 1))
+        terms[:, 0] = 0.0 if start is None else start
+        terms[:, 1:] = np.concatenate([d, d * d, h, h * h, h[:1] * h[1:]])
+        np.add.accumulate(terms, axis=1, out=self._c[:, : n + 1])
+        self.n = self._base = self._synced = n
+        self._tail = [tuple(self._c[:, n].tolist())]
+
+    def append(self, g: float, t: float) -> None:
+        (lo_g, lo_t), (hi_g, hi_t), (klo_g, klo_t), (khi_g, khi_t) = self._edges
+        cg, ct = self._centre
+        dg, dt = min(max(g, lo_g), hi_g) - cg, min(max(t, lo_t), hi_t) - ct
+        hg, ht = min(max(g, klo_g), khi_g) - cg, min(max(t, klo_t), khi_t) - ct
+        terms = (dg, dt, dg * dg, dt * dt, hg, ht, hg * hg, ht * ht, hg * ht)
+        self._tail.append(tuple(map(operator.add, self._tail[-1], terms)))
+        self.n += 1
+
+    def column(self, i: int) -> tuple[float, ...]:
+        """The sums of the first i steps."""
+        if i >= self._base:
+            return self._tail[i - self._base]
+        return tuple(self._c[:, i].tolist())  # a window capped at max_steps: its start moves
+
+    def kept_moments(self, m: int) -> tuple[float, float, float, float, float]:
+        """Means of |G|² and tr(Σ) over the newest m steps clipped at HAMPEL_K, and their
+        sample variances and covariance (np.cov's): squares about the mean from sums about
+        the centre."""
+        sg, st, sgg, stt, sgt = map(operator.sub, self._tail[-1][4:], self.column(self.n - m)[4:])
+        cg, ct = self._centre
+        return (
+            cg + sg / m,
+            ct + st / m,
+            max(0.0, sgg - sg * sg / m) / (m - 1),
+            max(0.0, stt - st * st / m) / (m - 1),
+            (sgt - sg * st / m) / (m - 1),
+        )
+
+    def split_z(self, n: int, cuts: np.ndarray) -> np.ndarray:
+        """|z| of mean(newest m) − mean(the rest of the newest n) for each m in cuts, the larger
+        of |G|²'s and tr(Σ)'s. The variance is pooled (both parts come from one distribution
+        when nothing changed), so an older part of two steps is tested as soundly as one of two
+        hundred."""
+        e, c = self.n, self._c
+        if self._synced < e:  # the columns appended since, into the array
+            c[:, self._synced + 1 : e + 1] = np.array(self._tail[self._synced + 1 - self._base :]).T
+            self._synced = e
+        head = c[:2, e, None] - c[:2, e - cuts]  # sums over the newest m
+        tot = c[:4, e, None] - c[:4, e - n, None]  # over the window: dg, dt, dg², dt²
+        tot1, tot2 = tot[:2], tot[2:]
+        m, k = cuts, n - cuts
+        new, old = head / m, (tot1 - head) / k
+        within = tot2 - m * new * new - k * old * old  # squares about each part's own mean
+        se = np.sqrt(np.maximum(within, 0.0) * ((1.0 / m + 1.0 / k) / (n - 2)))
+        diff = np.abs(new - old)
+        z = np.divide(diff, se, out=np.where(diff > 0, np.inf, 0.0), where=se > 0)
+        return z.max(axis=0)
+
+    def z_at(self, n: int, m: int) -> float:
+        """split_z at one cut, in floats."""
+        e = self.n
+        last, at_m, at_start = self._tail[-1], self.column(e - m), self.column(e - n)
+        k = n - m
+        z = 0.0
+        for r in (0, 1):  # |G|², then tr(Σ): rows r and r + 2
+            head, tot1, tot2 = (
+                last[r] - at_m[r],
+                last[r] - at_start[r],
+                last[r + 2] - at_start[r + 2],
+            )
+            new, old = head / m, (tot1 - head) / k
+            within = tot2 - m * new * new - k * old * old
+            se = math.sqrt(max(within, 0.0) * ((1.0 / m + 1.0 / k) / (n - 2)))
+            diff = abs(new - old)
+            z = max(z, diff / se if se > 0 else (math.inf if diff > 0 else 0.0))
+        return z
 
 
 def _ladder(first: int, last: int) -> list[int]:
@@ -273,12 +367,22 @@ class NoiseScaleWindow:
     `mark()` says a known change may begin at the next step (a ramp, an LR change): neither
     |G|² nor tr(Σ) depends on the batch and the weights do not jump, so the window is kept, but
     that moment is tested on its own (MARK_Z) and cut at once when the steps after it differ.
+
+    The median and MAD that clip each step are the window's as of its last refresh: after a
+    cut, and once `refresh` of the window (1/16) is newer than them (0: every step). In between
+    a step costs a few prefix sums instead of three partitions of the whole window
+    (tests/test_advisor_gns_window_reference.py measures what that changes).
     """
 
     STATE_VERSION = 3
 
     def __init__(
-        self, max_steps: int = DEFAULT_MAX_STEPS, min_steps: int = 48, level: float = 0.90
+        self,
+        max_steps: int = DEFAULT_MAX_STEPS,
+        min_steps: int = 48,
+        level: float = 0.90,
+        refresh: float = REFRESH,
+        scan_every: int = SCAN_EVERY,
     ):
         if not (
             isinstance(max_steps, int)
@@ -290,8 +394,16 @@ class NoiseScaleWindow:
             )
         if not 0 < level < 1:
             raise ValueError(f"level must be in (0, 1), got {level!r}")
+        if not 0 <= refresh <= 1:
+            raise ValueError(f"refresh must be in [0, 1], got {refresh!r}")
+        if not (isinstance(scan_every, int) and scan_every >= 1):
+            raise ValueError(f"scan_every must be an integer >= 1, got {scan_every!r}")
         self.max_steps, self.min_steps, self.level = max_steps, min_steps, float(level)
+        self.refresh, self.scan_every = float(refresh), scan_every
+        self._one_sided = 0.5 + self.level / 2  # each bound's level: 0.95 at a level of 0.90
         self._steps = _Buffer(max_steps)
+        self._sums = _PrefixSums(2 * max_steps + 2)
+        self._stale = -1  # steps summed since the last refresh; -1: the sums do not hold the window
         self.length = 0  # steps in the window: the newest `length` of the buffer
         self.since_mark: int | None = None  # steps since a mark still to be tested
         self.updates = 0
@@ -300,76 +412,93 @@ class NoiseScaleWindow:
         self.latest: NoiseScaleEstimate | None = None
 
     def update(self, g2: float, trace: float) -> NoiseScaleEstimate | None:
-        if not self._admit(g2, trace):
+        pair = self._admit(g2, trace)
+        if pair is None:
             return None
-        x, centre, scale = self._robust()
-        low, high = _edges(centre, scale)
-        if self._cut(x.clip(low[0], high[0])):  # _clip(x, centre, scale, TEST_K)
-            x, centre, scale = self._robust()
-            low, high = _edges(centre, scale)
+        if self._refresh_due():
+            self._refresh()
+        else:
+            self._sums.append(*pair)
+            self._stale += 1
+        if self._cut():
+            self._refresh()
         # none before min_steps steps in all; after a cut the window's few steps give a wide
         # interval, not a blank, until it has grown again
-        if self.updates < self.min_steps:
-            self.latest = None
-        else:  # _clip(x, centre, scale, HAMPEL_K)
-            self.latest = self._estimate(x.clip(low[1], high[1]))
+        self.latest = None if self.updates < self.min_steps else self._estimate()
         return self.latest
 
-    def _admit(self, g2, trace) -> bool:
-        """One step's pair into the buffer and the window; False (counted as skipped) when it
-        is not a pair of finite numbers."""
+    def _admit(self, g2, trace) -> tuple[float, float] | None:
+        """One step's pair into the buffer and the window, as floats; None (counted as
+        skipped) when it is not a pair of finite numbers."""
         try:
             g, t = float(g2), float(trace)
         except (TypeError, ValueError):
             g = t = math.nan
         if not (math.isfinite(g) and math.isfinite(t)):
             self.skipped += 1
-            return False
+            return None
         self._steps.append(g, t)
         self.updates += 1
         self.length = min(self.length + 1, len(self._steps))
         if self.since_mark is not None:
             self.since_mark += 1
-        return True
+        return g, t
 
     def mark(self) -> None:
         """A known change may start with the next step (a ramp, an LR change): the steps after
         it are tested against the window before it, alone (MARK_Z), until 4·min_steps later."""
         self.since_mark = 0
 
-    def _robust(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The window's |G|² (row 0) and tr(Σ) (row 1), newest first; each row's median and
-        robust SD (1.4826·MAD), the centre and scale it is clipped by."""
-        x = self._steps.newest(self.length)
-        centre = _rows_median(x)
-        return x, centre, 1.4826 * _rows_median(np.abs(x - centre[:, None]), own=True)
+    def _refresh_due(self) -> bool:
+        """Whether this step takes the median and MAD afresh: `refresh` of the window is newer
+        than them, or a MAD was 0 (ties, a constant stretch: the next step may end that and
+        with it the only clipping there is)."""
+        return (
+            self._stale < 0
+            or self._stale + 1 > self.refresh * self.length
+            or not self._sums.clipped
+            or self._sums.full
+        )
 
-    def _cut(self, tested: np.ndarray) -> bool:
-        """Drop everything older than a change point the newest steps show, if any; tested:
-        the window clipped at TEST_K. True when the window was cut."""
+    @staticmethod
+    def _robust(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The window's median and robust SD (1.4826·MAD), |G|² and tr(Σ): what it is
+        clipped by."""
+        centre = _rows_median(x)
+        return centre, 1.4826 * _rows_median(np.abs(x - centre[:, None]), own=True)
+
+    def _refresh(self, start: np.ndarray | None = None) -> None:
+        """The window's median and MAD taken again, its sums rebuilt by them; or, with `start`
+        (a resume), the sums rebuilt from that column by the median and MAD it had."""
+        x = self._steps.oldest_first(self.length)
+        if start is None:
+            self._sums.clip_by(*self._robust(x))
+        self._sums.rebuild(x, start)
+        self._stale = 0
+
+    def _cut(self) -> bool:
+        """Drop everything older than a change point the newest steps show, if any (each step
+        clipped at TEST_K): the scan over all cuts every scan_every steps (4: a change is cut
+        at most 3 steps later), a mark's one cut every step. True when the window was cut."""
         n, shortest = self.length, max(2, self.min_steps // 4)
         mark = self.since_mark
         if mark is not None and mark > 4 * self.min_steps:
             self.since_mark = mark = None  # long past: the scan alone watches it now
         # newer parts of shortest, ×1.25, … steps, and older parts of 2, 3, … steps: a few
         # stale steps left at the window's old end are found as surely as a recent change
-        cuts = _cuts(n, shortest, max(n, self.max_steps))
-        if not cuts:
-            return False
-        at = np.array(cuts)
-        z_g, z_t = _split_z(tested, at)
-        z = np.maximum(z_g, z_t)
-        best = int(np.argmax(z))
-        if z[best] > CUT_Z:
-            self.length = cuts[best]
-        elif mark is not None and shortest <= mark <= n - 2:
-            (z_g,), (z_t,) = _split_z(tested, np.array([mark]))
-            if max(z_g, z_t) > MARK_Z:
-                self.length = mark
-            else:
-                return False
-        else:
-            return False
+        if self.updates % self.scan_every == 0:
+            cuts = _cuts(n, shortest, max(n, self.max_steps))
+            if cuts:
+                z = self._sums.split_z(n, np.array(cuts))
+                best = int(np.argmax(z))
+                if z[best] > CUT_Z:
+                    return self._cut_at(cuts[best])
+        if mark is not None and shortest <= mark <= n - 2 and self._sums.z_at(n, mark) > MARK_Z:
+            return self._cut_at(mark)
+        return False
+
+    def _cut_at(self, length: int) -> bool:
+        self.length = length
         self.cuts += 1
         self.since_mark = None
         return True
@@ -378,18 +507,13 @@ class NoiseScaleWindow:
         """The estimate over the current window (None until min_steps estimates)."""
         if self.updates < self.min_steps or self.length < 2:
             return None
-        return self._estimate(_clip(*self._robust(), HAMPEL_K))
+        return self._estimate()
 
-    def _estimate(self, kept: np.ndarray) -> NoiseScaleEstimate:
+    def _estimate(self) -> NoiseScaleEstimate:
         """Ratio of means and Fieller interval of the window clipped at HAMPEL_K."""
-        n = kept.shape[1]
-        means = _row_means(kept)  # g.mean() and t.mean(), and np.cov(g, t)'s own means
-        (mx,), (my,) = means.tolist()
-        d = kept - means  # np.cov's steps, without its checks and dispatch: the same numbers
-        c = np.dot(d, d.T)
-        c *= 1 / (n - 1)  # np.cov's np.true_divide(1, n - 1)
-        (vxx, vxy), (_, vyy) = c.tolist()
-        q = _t_quantile(0.5 + self.level / 2, n - 1)
+        n = self.length
+        mx, my, vxx, vyy, vxy = self._sums.kept_moments(n)
+        q = _t_quantile(self._one_sided, n - 1)
         lower, upper = fieller_interval(mx, my, vxx / n, vyy / n, vxy / n, q)
         point = my / mx if mx > 0 and my > 0 else None
         if point is not None:  # the point lies inside its own Fieller set; guard rounding
@@ -398,25 +522,38 @@ class NoiseScaleWindow:
         return NoiseScaleEstimate(point, lower, upper, n, mx, my)
 
     def to_dict(self) -> dict:
-        """JSON-safe state for a checkpoint: the buffer itself, so a resume continues it."""
-        return {
+        """JSON-safe state for a checkpoint: the buffer itself, so a resume continues it, and
+        the sums' clipping and start, so it continues with the same digits."""
+        held = self._steps.oldest_first(len(self._steps))
+        state = {
             "version": self.STATE_VERSION,
             "max_steps": self.max_steps,
             "min_steps": self.min_steps,
             "level": self.level,
-            "g2": self._steps.newest(len(self._steps))[0, ::-1].tolist(),
-            "trace": self._steps.newest(len(self._steps))[1, ::-1].tolist(),
+            "refresh": self.refresh,
+            "scan_every": self.scan_every,
+            "g2": held[0].tolist(),
+            "trace": held[1].tolist(),
             "length": self.length,
             "since_mark": self.since_mark,
             "updates": self.updates,
             "skipped": self.skipped,
             "cuts": self.cuts,
         }
+        if self._stale >= 0 and self.length:
+            state["sums"] = {
+                "centre": self._sums.centre.tolist(),
+                "scale": self._sums.scale.tolist(),
+                "start": list(self._sums.column(self._sums.n - self.length)),
+                "stale": self._stale,
+            }
+        return state
 
     @classmethod
     def from_dict(cls, state: dict) -> NoiseScaleWindow:
         """A window from to_dict(). A version-2 state (a checkpoint written before change
-        points) keeps its buffer as the window, in today's larger buffer."""
+        points) keeps its buffer as the window, in today's larger buffer; a state without the
+        sums (written before them) takes the window's median and MAD afresh."""
         version = state.get("version")
         if version not in (2, cls.STATE_VERSION):
             raise ValueError(
@@ -428,7 +565,9 @@ class NoiseScaleWindow:
         max_steps = int(state["max_steps"])
         if version == 2:  # its max_steps was the longest window; the buffer is larger now
             max_steps = max(max_steps, DEFAULT_MAX_STEPS)
-        w = cls(max_steps, int(state["min_steps"]), float(state["level"]))
+        refresh = float(state.get("refresh", REFRESH))
+        scan_every = int(state.get("scan_every", SCAN_EVERY))
+        w = cls(max_steps, int(state["min_steps"]), float(state["level"]), refresh, scan_every)
         for g, t in list(zip(state["g2"], state["trace"], strict=True))[-max_steps:]:
             w._steps.append(float(g), float(t))
         w.length = min(int(state.get("length", len(w._steps))), len(w._steps))
@@ -436,5 +575,12 @@ class NoiseScaleWindow:
         w.since_mark = None if mark is None else int(mark)
         w.updates, w.skipped = int(state["updates"]), int(state.get("skipped", 0))
         w.cuts = int(state.get("cuts", 0))
+        sums = state.get("sums")
+        if w.length and sums:
+            w._sums.clip_by(np.array(sums["centre"], float), np.array(sums["scale"], float))
+            w._refresh(start=np.array(sums["start"], dtype=float))
+            w._stale = int(sums["stale"])
+        elif w.length:
+            w._refresh()
         w.latest = w.estimate()
         return w
