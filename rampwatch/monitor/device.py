@@ -35,20 +35,21 @@ def device_name(device: torch.device) -> str:
 class CpuPeak:
     """Peak resident memory between steps on Linux: VmHWM, reset through /proc/self/clear_refs.
 
-    Every step reads it: /proc's three files stay open and are re-read in place (os.pread at
-    offset 0 makes the kernel write them afresh), the same figures psutil and a fresh open give
-    without opening three files a step. A forked child opens its own."""
+    Every step reads it: /proc/self/status (VmRSS, the figure psutil reads from statm, and
+    VmHWM) and clear_refs stay open, and status is re-read in place (os.pread at offset 0 makes
+    the kernel write it afresh): one read a step, and a write when there is a peak to reset;
+    the same figures psutil and a fresh open give. A forked child opens its own."""
 
     def __init__(self) -> None:
         self.resettable = os.path.exists("/proc/self/clear_refs")
         self.proc = psutil.Process()
         self._pid = -1  # the process the open files are of
-        self._statm = self._status = self._clear = -1  # their descriptors; -1: not open
+        self._status = self._clear = -1  # their descriptors; -1: not open
         self._clear_id = (0, 0)  # clear_refs' (device, inode): written only while it is that
 
     def __getstate__(self) -> dict:
         """A copy (copy, deepcopy, pickle) opens its own files: none are shared."""
-        return {**self.__dict__, "_pid": -1, "_statm": -1, "_status": -1, "_clear": -1}
+        return {**self.__dict__, "_pid": -1, "_status": -1, "_clear": -1}
 
     def read_and_reset(self) -> tuple[int, int]:
         if self.resettable and (self._pid == os.getpid() or self._open()):
@@ -58,7 +59,7 @@ class CpuPeak:
                 # not the files opened (closed behind our back, the number reused): forget them
                 # without closing what may be someone else's now, and read as below
                 self._pid = -1
-                self._statm = self._status = self._clear = -1
+                self._status = self._clear = -1
         rss = self.proc.memory_info().rss
         peak = rss
         if self.resettable:
@@ -75,8 +76,6 @@ class CpuPeak:
         """Open /proc's files for this process; False (and none open) where one cannot be."""
         self.close()
         try:
-            # psutil's memory_info() reads this file: the process the Process was made for
-            self._statm = os.open(f"/proc/{self.proc.pid}/statm", os.O_RDONLY | os.O_CLOEXEC)
             self._status = os.open("/proc/self/status", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             self.close()
@@ -85,16 +84,23 @@ class CpuPeak:
         return True
 
     def _read_open(self) -> tuple[int, int]:
-        rss = int(os.pread(self._statm, 4096, 0).split()[1]) * _PAGE_SIZE
-        peak = rss
         status = os.pread(self._status, 4096, 0)  # ~1.5 kB; a larger read costs more
         if len(status) == 4096:  # perhaps not all of it (a long Groups line): all of it
             status = os.pread(self._status, 1 << 22, 0)
         if not status.startswith(b"Name:"):
             raise ValueError("not /proc/self/status")
-        at = (b"\n" + status).find(b"\nVmHWM:")  # the first line that starts with it
-        if at >= 0:
-            peak = int(status[at:].split(None, 2)[1]) * 1024
+        rss = _status_bytes(status, b"\nVmRSS:")
+        if rss is None:
+            raise ValueError("no VmRSS in /proc/self/status")
+        peak = _status_bytes(status, b"\nVmHWM:") or rss
+        # VmHWM at the resident set now needs no reset: the next read's peak is then the next
+        # step's alone, as after one (most steps, where freed memory stays resident)
+        if peak > rss:
+            self._reset()
+        return rss, peak
+
+    def _reset(self) -> None:
+        """VmHWM back to the current resident set, through the kept clear_refs."""
         if self._clear < 0:  # as a fresh open each step: tried again while it fails
             with contextlib.suppress(OSError):
                 self._clear = os.open("/proc/self/clear_refs", os.O_WRONLY | os.O_CLOEXEC)
@@ -106,13 +112,12 @@ class CpuPeak:
                 raise ValueError("not /proc/self/clear_refs")
             with contextlib.suppress(OSError):
                 os.write(self._clear, b"5")  # resets VmHWM to the current RSS
-        return rss, peak
 
     def close(self) -> None:
         """Close the files (a later read opens them again)."""
-        fds = (self._statm, self._status, self._clear)
+        fds = (self._status, self._clear)
         self._pid = -1
-        self._statm = self._status = self._clear = -1
+        self._status = self._clear = -1
         for fd in fds:
             if fd >= 0:  # a forked child closes its own copies
                 try:
@@ -127,7 +132,11 @@ class CpuPeak:
             pass
 
 
-_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+def _status_bytes(status: bytes, key: bytes) -> int | None:
+    """A "kB" figure of /proc/self/status in bytes; key: b"\\nVmRSS:" (the first line that
+    starts with it)."""
+    at = status.find(key)
+    return None if at < 0 else int(status[at + len(key) :].split(None, 1)[0]) * 1024
 
 
 def distributed() -> tuple[int, int]:
