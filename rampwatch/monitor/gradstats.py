@@ -65,6 +65,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import torch
 import torch.distributed as torch_dist
@@ -84,7 +85,7 @@ class StepGradStats:
 
     @property
     def finite(self) -> bool:
-        return math.isfinite(self.grad_norm) and all(math.isfinite(v) for v in self.sq_norms)
+        return math.isfinite(self.grad_norm) and all(map(math.isfinite, self.sq_norms))
 
 
 class RankNormHook:
@@ -325,7 +326,7 @@ class AccumulationStats:
             return self._collect_ddp(micro_batch, grad_scale, world_size, rank_mean, rank_max)
         # tolist() widens any float dtype to a Python float exactly: no .double() copy needed
         raw = torch.stack(self._sq_norms).cpu().tolist()
-        scales, inv_sizes, valid = _rank_scales(self._take_weights(), micro_batch, frozenset())
+        scales, inv_sizes, valid = _step_scales(tuple(self._take_weights()), micro_batch)
         inv_scale2 = 1.0 / (grad_scale * grad_scale)
         sq_norms = [v * c * inv_scale2 for v, c, n in zip(raw, scales, valid, strict=True) if n]
         sizes = [1.0 / x for x, n in zip(inv_sizes, valid, strict=True) if n]
@@ -425,6 +426,13 @@ class AccumulationStats:
                 max(slot_values[r * n_max + i] for r in range(world)) for i in range(n_max)
             ],
         )
+
+
+@lru_cache(maxsize=64)
+def _step_scales(weights: tuple[float, ...], micro_batch: int) -> tuple[tuple[float, ...], ...]:
+    """_rank_scales of a step on one device, kept: a loop that passes no weights has the same
+    ones every step."""
+    return tuple(map(tuple, _rank_scales(weights, micro_batch, frozenset())))
 
 
 def _rank_scales(weights: list[float], micro_batch: int, restart_after: frozenset[int]):

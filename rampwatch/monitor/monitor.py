@@ -435,23 +435,25 @@ class Monitor:
             return {}
         self.last_step, self._backwards_at_step = step, self._backwards
         stats, mem = None, None
+        running = self.ramps.running
+        tier = running.tier
         if self.grads.sharded:  # FSDP1 / ZeRO: no norm of a shard passed off as the gradient's
             self._say_sharded(step)
             self.grads.reset()
         elif read_grads:
-            if self.world_size > 1:  # every rank calls step(): one small all-reduce in collect
+            if tier.world_size > 1:  # every rank calls step(): one small all-reduce in collect
                 stats, loss, mem = self._collect_ddp(loss, grad_scale)
             else:
-                stats = self.grads.collect(self.per_device_batch, grad_scale)
+                stats = self.grads.collect(tier.per_device_batch, grad_scale)
         now = time.perf_counter()
-        batch_seqs = self.tier.batch
-        batch_tokens = batch_seqs * self.seq_len
+        batch_seqs = tier.batch
+        batch_tokens = batch_seqs * running.seq_len
         self.tokens_seen += batch_tokens
         m: dict[str, float] = {
             M.LOSS: float(loss),
             M.LR: float(self.optimizer.param_groups[0]["lr"]),
-            M.PER_DEVICE_BATCH: self.per_device_batch,
-            M.ACCUM: self.accum,
+            M.PER_DEVICE_BATCH: tier.per_device_batch,
+            M.ACCUM: tier.accum,
             M.BATCH_SEQS: batch_seqs,
             M.BATCH_TOKENS: batch_tokens,
             M.TOKENS_SEEN: self.tokens_seen,
