@@ -279,7 +279,7 @@ def step_parts(setup: Setup, steps: int) -> str:
     A name the monitor no longer has is left out."""
     mon = setup.mon
     targets = [
-        (monitor_module, "memory_metrics", "memory metrics (psutil, VmHWM, clear_refs)"),
+        (monitor_module, "memory_metrics", "memory metrics (/proc/self/status, clear_refs)"),
         (monitor_module, "line_estimates", "line_estimates (the step's G² and trace)"),
         (mon.noise, "update", "NoiseScaleWindow.update"),
         (mon.grads, "collect", "AccumulationStats.collect (the one transfer)"),
@@ -412,9 +412,9 @@ def table(setup: Setup, res: dict) -> tuple[str, dict]:
         f"{fl * 1e3:.1f} ms CPU per second ({fl * 100:.2f}% of a core); {res['visits']} visits "
         f"({per_visit:.1f} ms CPU each), {res['rows']:,} rows ingested; writer errors "
         f"{res['errors']}. Garbage collection in these steps: {res['gc']}.",
-        f"step()'s noise-scale window work (medians, change-point scan) covers every step in "
-        f"the window ({res['window']:,} at the end): step() median {_us(first)} µs over the "
-        f"first quarter of these steps, {_us(last)} µs over the last.",
+        f"The noise-scale window held {res['window']:,} steps at the end (its median, MAD and "
+        f"change-point scan cover them all, but not every step): step() median {_us(first)} µs "
+        f"over the first quarter of these steps, {_us(last)} µs over the last.",
         "",
     ]
     summary = {
