@@ -207,6 +207,11 @@ def test_finished_run_has_card_but_no_buttons(db_path, monkeypatch):
     assert "approve" not in {b.key for b in at.button}
     assert "The run is finished: ramp commands go only to running runs." in seed.texts(at)
     assert rid in seed.texts(at)
+    # what it ended at, and its tiers' measured figures; no tier to choose for a ramp to come
+    assert "tier_choice" not in {r.key for r in at.radio}
+    assert any(c.value.startswith("At its last step: ") for c in at.caption)
+    assert not any(c.value.startswith("Now: ") for c in at.caption)
+    assert "Tiers: memory, throughput, steps and hours to the token budget" in seed.texts(at)
 
 
 def test_busy_database_keeps_the_last_refresh(live, monkeypatch):

@@ -14,7 +14,8 @@ out a due step of the operator's hand plan, dashboard/run_schedule.py, chosen by
 needing no override: the plan was the operator's call), "reject", "cancel_command", "tier_choice", and the
 operator's "rw_operator" (name) and "rw_token" (the operator token, dashboard/guard.py).
 Read-only mode and runs that are not running draw the same card with no buttons; a run that
-is not running gets "Not running" for its verdict and no forecast, a running one the advisor's
+is not running gets "Not running" for its verdict, no forecast and no tier to choose (what it
+ended at, and its tier table), a running one the advisor's
 sentences with the forecast timed at its measured step rate. An LR note is a caption on its tier. A click is
 checked again on the server (store_access.py): the token and the operator's name.
 Reject hides that recommendation (Card.key) for this session until a new one appears.
@@ -383,8 +384,9 @@ def render(card: Card, *, db, run, read_only: bool, trial: TrialCard | None = No
                 "next step."
             )
             return
-        if card.current is not None:
-            now.caption("Now: " + card.current.describe())
+        running = _running(run)
+        if card.current is not None:  # a run that stopped: what it ended at, not "now"
+            now.caption(("Now: " if running else "At its last step: ") + card.current.describe())
         # one container per part whose element count varies, so the buttons below keep their
         # place in the element tree and a refresh never shows a stale copy beside the new ones
         with st.container():
@@ -401,21 +403,23 @@ def render(card: Card, *, db, run, read_only: bool, trial: TrialCard | None = No
             _verdict(card, run)
         if card.current is None:
             return
+        v = None  # a run that stopped takes no ramp: no tier to choose, its tiers' figures stay
         with st.container():
-            v = _chosen(card)
+            if running:
+                v = _chosen(card)
         with st.container():
             if v is not None:
                 _tier_detail(card, v)
         with st.container():
             _tier_table(card)
         with st.expander("Evidence", expanded=False):
-            _evidence(card, _running(run))
+            _evidence(card, running)
             st.caption(card.memory_note)
             for n in card.notes:
                 st.caption(n)
         if read_only:
             return
-        if not _running(run):
+        if not running:
             st.caption(f"The run is {run.status}: ramp commands go only to running runs.")
             return
         refusal = store_access.ramp_refusal(run.config)
