@@ -66,9 +66,12 @@ def two_batch_estimates(
         )
     ys = _sq_norm("sq_norm_small", sq_norm_small)
     yb = _sq_norm("sq_norm_big", sq_norm_big)
-    g2 = (bb * yb - bs * ys) / (bb - bs)
-    trace = (ys - yb) / (1.0 / bs - 1.0 / bb)
-    return g2, trace
+    return _two_batch(bs, ys, bb, yb)
+
+
+def _two_batch(bs: float, ys: float, bb: float, yb: float) -> tuple[float, float]:
+    """two_batch_estimates' formula, its arguments already checked (bb > bs > 0, ys, yb >= 0)."""
+    return (bb * yb - bs * ys) / (bb - bs), (ys - yb) / (1.0 / bs - 1.0 / bb)
 
 
 def line_estimates(batch_sizes: Sequence[float], sq_norms: Sequence[float]) -> tuple[float, float]:
@@ -93,12 +96,10 @@ def line_estimates(batch_sizes: Sequence[float], sq_norms: Sequence[float]) -> t
             f"got batch sizes {list(batch_sizes)} (use gradient accumulation >= 2, several DDP ranks, "
             "or split the batch into two halves)"
         )
-    if len(xs) == 2:
+    if len(xs) == 2:  # the checks above are the two-batch formula's: not again (every step)
         (x0, x1), (y0, y1) = xs, ys
         b0, b1 = 1.0 / x0, 1.0 / x1
-        if b0 < b1:
-            return two_batch_estimates(b0, y0, b1, y1)
-        return two_batch_estimates(b1, y1, b0, y0)
+        return _two_batch(b0, y0, b1, y1) if b0 < b1 else _two_batch(b1, y1, b0, y0)
     return ols_line(xs, ys)
 
 

@@ -237,7 +237,7 @@ class RunWriter:
                 tpl = self._templates.get(keys)
                 if tpl is None:
                     tpl = self._template(files, keys)
-                rec = tpl.fill(step, _now(), [float(v) for v in metrics.values()])
+                rec = tpl.fill(step, _now(), list(map(float, metrics.values())))
                 try:
                     files.append_records(rec)
                 except OSError as e:  # cut back to the last whole record by the spool
