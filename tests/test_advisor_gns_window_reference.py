@@ -229,7 +229,7 @@ def test_window_matches_the_frozen_reference_step_by_step(seed, max_steps, min_s
     # the rest of the public surface: estimate() and a resume from the state
     _assert_same(new.estimate(), ref.estimate(), (seed, "estimate"))
     state = new.to_dict()
-    how = ("sums", "refresh", "scan_every")  # how the state is kept, not what it holds
+    how = ("sums", "refresh", "scan_every", "unscanned")  # how it is kept, not what it holds
     assert {k: v for k, v in state.items() if k not in how} == {
         k: v for k, v in ref.to_dict().items() if k not in how
     }
@@ -242,10 +242,10 @@ CASES += [(6, 500, 31), (7, 4000, 9), (10, 4000, 48), (11, 257, 16)]
 
 def test_the_default_window_stays_close_to_the_reference():
     """What refreshing the median and MAD every 1/16 of the window and scanning every 4th step
-    change on the streams above (measured: per stream the median |log ratio| of the two
-    estimates is 0–0.0055 and its 90th percentile 0.0014–0.082; the cut counts differ by 0–3,
-    a scan every 4th step cutting up to 3 steps later and at times once where the reference cut
-    twice a few steps apart)."""
+    (over each step since the last scan) change on the streams above (measured: per stream the
+    median |log ratio| of the two estimates is 0–0.0023 and its 90th percentile 0–0.049; the
+    cut counts differ by 0–2: a change is found at the step the reference finds it and cut up to
+    3 steps later, when the reference may already have cut again)."""
     medians, p90s = [], []
     for seed, max_steps, min_steps in CASES:
         g, t = _stream(seed, 900)
@@ -262,8 +262,8 @@ def test_the_default_window_stays_close_to_the_reference():
                 logs.append(abs(math.log(a.b_simple / b.b_simple)))
         medians.append(float(np.median(logs)))
         p90s.append(float(np.quantile(logs, 0.9)))
-        assert abs(new.cuts - ref.cuts) <= 3, (seed, new.cuts, ref.cuts)
-    assert max(medians) < 0.01 and max(p90s) < 0.12, (medians, p90s)
+        assert abs(new.cuts - ref.cuts) <= 2, (seed, new.cuts, ref.cuts)
+    assert max(medians) < 0.005 and max(p90s) < 0.08, (medians, p90s)
 
 
 def test_the_streams_exercise_cuts_at_marks_and_in_the_scan():

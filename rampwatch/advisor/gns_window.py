@@ -10,8 +10,8 @@ denominator for about 12 half-lives, so it lags a training run by hundreds of st
 Which steps: every step since the last change point, up to the buffer (`max_steps`, 4,000). The
 window grows by one step per step and shrinks only at a change point, so consecutive estimates
 share all but one step of their evidence and never flip between two windows. A change point is
-where the newer part of the window differs from the older: every SCAN_EVERY (4) steps every
-candidate cut (newer parts of min_steps/4, ×1.25, … steps, and older parts of 2, 3, 4, 5, 6, 7,
+where the newer part of the window differs from the older: every SCAN_EVERY (4) steps, for each
+step since the last scan, every candidate cut (newer parts of min_steps/4, ×1.25, … steps, and older parts of 2, 3, 4, 5, 6, 7,
 9, … steps, so a few stale steps at the old end are found too) is a two-sample z, variance
 pooled, on the mean |G|² and on the mean tr(Σ), each clipped tighter (TEST_K) so heavy tails
 cost no power. When the largest z passes CUT_Z the window drops everything older than that cut
@@ -19,7 +19,8 @@ cost no power. When the largest z passes CUT_Z the window drops everything older
 windowing", SDM; the cut at the largest statistic estimates where the change is, as a two-window
 test does: Page 1954, "Continuous inspection schemes", Biometrika 41). CUT_Z is high because it
 is one scan of many cuts (measured, scanning every step: ~0.2 false cuts per 1,000 steady steps;
-a 20× fall of |G|² is cut 5 steps after it in the median of 20 streams, 7 scanning every 4th).
+a 20× fall of |G|² is found 5 steps after it in the median of 20 streams, and cut at the next
+scan: 7 steps after it).
 A known moment (`mark`: a ramp) is tested alone, at MARK_Z, every step. So the early transient,
 an LR change or a drift of |G|² is left behind, and with no drift the window keeps growing and
 the interval narrows. A window never reaches back across a cut: right after one it holds a few
@@ -294,17 +295,20 @@ class _PrefixSums:
             (sgt - sg * st / m) / (m - 1),
         )
 
-    def split_z(self, n: int, cuts: np.ndarray) -> np.ndarray:
-        """|z| of mean(newest m) − mean(the rest of the newest n) for each m in cuts, the larger
-        of |G|²'s and tr(Σ)'s. The variance is pooled (both parts come from one distribution
-        when nothing changed), so an older part of two steps is tested as soundly as one of two
-        hundred."""
-        e, c = self.n, self._c
-        if self._synced < e:  # the columns appended since, into the array
-            c[:, self._synced + 1 : e + 1] = np.array(self._tail[self._synced + 1 - self._base :]).T
-            self._synced = e
-        head = c[:2, e, None] - c[:2, e - cuts]  # sums over the newest m
-        tot = c[:4, e, None] - c[:4, e - n, None]  # over the window: dg, dt, dg², dt²
+    def split_z(self, back: np.ndarray, n: np.ndarray, cuts: np.ndarray) -> np.ndarray:
+        """|z| of mean(newest m) − mean(the rest) of the window of n steps that ended `back`
+        steps before the newest, for each (back, n, m) given, the larger of |G|²'s and
+        tr(Σ)'s. The variance is pooled (both parts come from one distribution when nothing
+        changed), so an older part of two steps is tested as soundly as one of two hundred."""
+        c = self._c
+        if self._synced < self.n:  # the columns appended since, into the array
+            c[:, self._synced + 1 : self.n + 1] = np.array(
+                self._tail[self._synced + 1 - self._base :]
+            ).T
+            self._synced = self.n
+        e = self.n - back
+        head = c[:2, e] - c[:2, e - cuts]  # sums over the newest m
+        tot = c[:4, e] - c[:4, e - n]  # over the window: dg, dt, dg², dt²
         tot1, tot2 = tot[:2], tot[2:]
         m, k = cuts, n - cuts
         new, old = head / m, (tot1 - head) / k
@@ -406,6 +410,7 @@ class NoiseScaleWindow:
         self._stale = -1  # steps summed since the last refresh; -1: the sums do not hold the window
         self.length = 0  # steps in the window: the newest `length` of the buffer
         self.since_mark: int | None = None  # steps since a mark still to be tested
+        self._unscanned = 0  # steps since the last scan: the ends the next one looks at
         self.updates = 0
         self.skipped = 0
         self.cuts = 0  # change points found
@@ -440,6 +445,7 @@ class NoiseScaleWindow:
         self._steps.append(g, t)
         self.updates += 1
         self.length = min(self.length + 1, len(self._steps))
+        self._unscanned += 1
         if self.since_mark is not None:
             self.since_mark += 1
         return g, t
@@ -478,29 +484,51 @@ class NoiseScaleWindow:
 
     def _cut(self) -> bool:
         """Drop everything older than a change point the newest steps show, if any (each step
-        clipped at TEST_K): the scan over all cuts every scan_every steps (4: a change is cut
-        at most 3 steps later), a mark's one cut every step. True when the window was cut."""
+        clipped at TEST_K). True when the window was cut. The scan over all cuts runs every
+        scan_every steps, over the window as it ended at each step since the last scan, so it
+        finds the change where a scan every step would have (a z over CUT_Z at one step only
+        is not missed) and cuts it at most scan_every − 1 steps later; a mark's one cut is
+        tested every step, after those steps' scan."""
         n, shortest = self.length, max(2, self.min_steps // 4)
         mark = self.since_mark
         if mark is not None and mark > 4 * self.min_steps:
             self.since_mark = mark = None  # long past: the scan alone watches it now
+        if self.updates % self.scan_every == 0 and (found := self._scan(shortest)):
+            return self._cut_at(found)
+        if mark is not None and shortest <= mark <= n - 2 and self._sums.z_at(n, mark) > MARK_Z:
+            return self._cut_at(self._scan(shortest) or mark)
+        return False
+
+    def _scan(self, shortest: int) -> int | None:
+        """The window's new length where a change point shows at a step not yet scanned (the
+        earliest such step, at its largest z), or None."""
+        backs, lengths, cuts = [], [], []
         # newer parts of shortest, ×1.25, … steps, and older parts of 2, 3, … steps: a few
         # stale steps left at the window's old end are found as surely as a recent change
-        if self.updates % self.scan_every == 0:
-            cuts = _cuts(n, shortest, max(n, self.max_steps))
-            if cuts:
-                z = self._sums.split_z(n, np.array(cuts))
-                best = int(np.argmax(z))
-                if z[best] > CUT_Z:
-                    return self._cut_at(cuts[best])
-        if mark is not None and shortest <= mark <= n - 2 and self._sums.z_at(n, mark) > MARK_Z:
-            return self._cut_at(mark)
-        return False
+        for back in range(min(self._unscanned, self.length)):
+            n = self.length - back  # the window at that step (capped: from today's start)
+            at = _cuts(n, shortest, max(n, self.max_steps))
+            backs += [back] * len(at)
+            lengths += [n] * len(at)
+            cuts += at
+        self._unscanned = 0
+        if not cuts:
+            return None
+        backs_a = np.array(backs)
+        z = self._sums.split_z(backs_a, np.array(lengths), np.array(cuts))
+        over = z > CUT_Z
+        if not over.any():
+            return None
+        back = int(backs_a[over].max())  # the earliest step a scan would have cut at
+        (mine,) = np.nonzero(backs_a == back)
+        best = int(mine[np.argmax(z[mine])])  # the first of equal z: the shortest newer part
+        return cuts[best] + back
 
     def _cut_at(self, length: int) -> bool:
         self.length = length
         self.cuts += 1
         self.since_mark = None
+        self._unscanned = 0
         return True
 
     def estimate(self) -> NoiseScaleEstimate | None:
@@ -536,6 +564,7 @@ class NoiseScaleWindow:
             "trace": held[1].tolist(),
             "length": self.length,
             "since_mark": self.since_mark,
+            "unscanned": self._unscanned,
             "updates": self.updates,
             "skipped": self.skipped,
             "cuts": self.cuts,
@@ -575,6 +604,7 @@ class NoiseScaleWindow:
         w.since_mark = None if mark is None else int(mark)
         w.updates, w.skipped = int(state["updates"]), int(state.get("skipped", 0))
         w.cuts = int(state.get("cuts", 0))
+        w._unscanned = int(state.get("unscanned", 0))
         sums = state.get("sums")
         if w.length and sums:
             w._sums.clip_by(np.array(sums["centre"], float), np.array(sums["scale"], float))
