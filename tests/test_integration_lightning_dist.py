@@ -127,7 +127,7 @@ def test_rank_0_writes_each_step_once_and_the_card_says_two_devices(ddp, monkeyp
     lines = [line for line in ddp.log.splitlines() if line.startswith("run ")]
     assert lines[0] == f"run {ddp.run_id}" and "run None" not in lines  # rank 1 has no writer
     text = seed.texts(seed.app(monkeypatch, ddp.db))
-    assert "Now: 2 per device × 16 accumulation × 2 device(s) = 64 sequences" in text
+    assert "At its last step: 2 per device × 16 accumulation × 2 device(s) = 64 sequences" in text
     assert f"Ramp #{ddp.batch} to 2 per device × 16 accumulation was applied at step 9." in text
 
 

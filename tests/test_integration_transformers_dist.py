@@ -188,5 +188,5 @@ def test_the_ranks_trained_the_sampler_stream_with_no_sample_skipped_or_repeated
 
 def test_the_card_says_world_size_2(ramped, monkeypatch):
     text = seed.texts(seed.app(monkeypatch, ramped["db"]))
-    assert "Now: 4 per device × 2 accumulation × 2 device(s) = 16 sequences" in text
+    assert "At its last step: 4 per device × 2 accumulation × 2 device(s) = 16 sequences" in text
     assert store.get_run(ramped["db"], ramped["run_id"]).world_size == 2
