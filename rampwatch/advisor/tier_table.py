@@ -26,8 +26,7 @@ from rampwatch.advisor.tiers import Tier, per_device_candidates
 
 __all__ = ["TierRow", "tier_rows", "COLUMNS", "NOT_KNOWN", "cells", "hours_text", "text_table"]
 
-# RUNNING: the tier the run is at, or ended at ("current": true of a finished run too)
-RUNNING, FITS, NO_FIT = "current", "fits", "does not fit"
+CURRENT, FITS, NO_FIT = "current", "fits", "does not fit"  # current: the tier it runs or ended at
 
 
 @dataclass(frozen=True)
@@ -35,7 +34,7 @@ class TierRow:
     kind: str  # "now", "×2" … (the advice's factors), "ran" (measured earlier), "per-device 64"
     tier: Tier
     seq_len: int | None
-    status: str  # RUNNING, FITS or NO_FIT
+    status: str  # CURRENT, FITS or NO_FIT
     reason: str
     predicted_peak_bytes: float | None
     measured_peak_bytes: int | None  # the largest measured at this per-device batch
@@ -49,7 +48,7 @@ class TierRow:
 
     @property
     def current(self) -> bool:
-        return self.status == RUNNING
+        return self.status == CURRENT
 
     @property
     def label(self) -> str:
@@ -143,7 +142,7 @@ def tier_rows(
     def base_lr(batch: int) -> float | None:
         return policy.new_base_lr(batch) if knows_lr else None
 
-    rows = [row("now", cur.tier, RUNNING, "the running tier", None, 1.0, base_lr(cur.batch))]
+    rows = [row("now", cur.tier, CURRENT, "the running tier", None, 1.0, base_lr(cur.batch))]
     for t in advice.tiers:
         o = t.option
         if any(r.tier == o.tier for r in rows):

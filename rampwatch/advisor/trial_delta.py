@@ -61,6 +61,7 @@ __all__ = [
     "choose_delta",
     "TARGET_HALF_PROGRESS",
     "retry_choice",
+    "whole_units",
 ]
 
 TARGET_HALF_PROGRESS = 0.8  # the default Δ's expected ratio (module docstring)
@@ -199,6 +200,12 @@ class DeltaChoice:
         return d
 
 
+def whole_units(tokens: float, unit: int) -> int:
+    """tokens rounded up to a whole number of `unit` tokens (a unit: one step of every arm, so
+    each arm of a trial runs whole steps)."""
+    return -(-int(tokens) // unit) * unit
+
+
 def retry_choice(
     delta: int, ratio: float | None, floor: int, unit: int, why: str = ""
 ) -> DeltaChoice:
@@ -213,7 +220,7 @@ def retry_choice(
     else:
         tau = delta / delta_over_tau(ratio)
         want = tau * delta_over_tau(TARGET_HALF_PROGRESS)
-    tokens = -(-int(max(floor, want)) // unit) * unit
+    tokens = whole_units(max(floor, want), unit)
     expected = None if tau is None else half_progress_ratio_at(tokens / tau)
     if tau is not None:
         how = f"its own τ ≈ {tau:,.0f} tokens expects a ratio of {expected:.2f} there"
@@ -232,7 +239,7 @@ def choose_delta(tokens, losses, floor: int, ceiling: int, unit: int = 1) -> Del
     if isinstance(scale, str):
         return DeltaChoice(ceiling, "default", f"The default Δ, as no loss time scale: {scale}.")
     want = scale.tau_tokens * delta_over_tau(TARGET_HALF_PROGRESS)
-    delta = -(-int(min(ceiling, max(floor, want))) // unit) * unit
+    delta = whole_units(min(ceiling, max(floor, want)), unit)
     ratio = half_progress_ratio_at(delta / scale.tau_tokens)
     bound = "" if floor < want < ceiling else " (its floor)" if want <= floor else " (its cap)"
     tau = "no bend" if math.isinf(scale.tau_tokens) else f"τ ≈ {scale.tau_tokens:,.0f} tokens"

@@ -48,7 +48,13 @@ from rampwatch.advisor.advice import TrialEvidence
 from rampwatch.advisor.gns_window import significant
 from rampwatch.advisor.tiers import RAMP_MAX_FACTOR, Tier
 from rampwatch.advisor.trial import TrialPlan, TrialVerdict
-from rampwatch.advisor.trial_delta import DeltaChoice, LossHistory, choose_delta, retry_choice
+from rampwatch.advisor.trial_delta import (
+    DeltaChoice,
+    LossHistory,
+    choose_delta,
+    retry_choice,
+    whole_units,
+)
 from rampwatch.monitor.ramp_channel import Proposal
 from rampwatch.store import CommandError
 from rampwatch.store import names as M
@@ -259,9 +265,8 @@ class TrialProtocol:
         DEFAULT_BRANCH_STEPS steps of the largest branch, rounded up to whole steps of every
         arm (the trial gate's interval counts in it)."""
         step = running.tier.batch * (running.seq_len or 1)
-        unit = math.lcm(*factors) * step
         want = requested or self.delta_tokens or DEFAULT_BRANCH_STEPS * max(factors) * step
-        return -(-want // unit) * unit
+        return whole_units(want, math.lcm(*factors) * step)
 
     def choose_delta(self, requested: int | None, factors, running) -> DeltaChoice:
         """A trial's Δ: the command's; else, with delta_from_loss, from the loss curve between
