@@ -279,7 +279,7 @@ def step_parts(setup: Setup, steps: int) -> str:
     A name the monitor no longer has is left out."""
     mon = setup.mon
     targets = [
-        (monitor_module, "memory_metrics", "memory metrics (/proc/self/status, clear_refs)"),
+        (monitor_module, "memory_metrics", "memory metrics (statm, getrusage, clear_refs)"),
         (monitor_module, "line_estimates", "line_estimates (the step's G² and trace)"),
         (mon.noise, "update", "NoiseScaleWindow.update"),
         (mon.grads, "collect", "AccumulationStats.collect (the one transfer)"),

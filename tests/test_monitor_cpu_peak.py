@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import copy
+import json
 import mmap
 import os
+import subprocess
+import sys
 
 import psutil
 import pytest
@@ -99,3 +102,59 @@ def test_a_forked_child_reads_its_own_process():
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert cpu._pid == os.getpid() and cpu.read_and_reset()[0] > 0
+
+
+_CHILD = """
+import json, mmap, sys
+from rampwatch.monitor.device import CpuPeak
+
+def fresh_peak():
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmHWM:"))
+
+cpu = CpuPeak()
+out = []
+for i in range(8):
+    if i % 2:
+        with mmap.mmap(-1, 64 << 20) as pages:
+            for at in range(0, 64 << 20, mmap.PAGESIZE):
+                pages[at] = 1
+    fresh = fresh_peak()
+    rss, peak = cpu.read_and_reset()
+    out.append([rss, peak, fresh])
+print(json.dumps({"reads": out, "status_reads": cpu.status_reads}))
+"""
+
+
+def test_a_child_of_a_larger_process_reads_its_own_peak():
+    # getrusage's ru_maxrss, the cheap peak, never reads below the high-water mark of the image
+    # that exec'd the process: here the parent's 1 GiB. The child's figures are still its own.
+    ballast = mmap.mmap(-1, 1 << 30)
+    try:
+        for at in range(0, 1 << 30, mmap.PAGESIZE):
+            ballast[at] = 1
+        run = subprocess.run(
+            [sys.executable, "-c", _CHILD], capture_output=True, text=True, timeout=120
+        )
+    finally:
+        ballast.close()
+    assert run.returncode == 0, run.stderr
+    reads = json.loads(run.stdout)["reads"]
+    for i, (rss, peak, fresh) in enumerate(reads):
+        assert peak < 768 << 20, (i, peak)  # not the parent's
+        assert abs(peak - fresh) <= 1 << 20, (i, peak, fresh)
+        assert peak >= rss
+        if i % 2:
+            assert peak >= rss + (48 << 20), (i, rss, peak)  # the spike, found
+
+
+def test_a_steady_process_reads_the_peak_without_status():
+    cpu = CpuPeak()
+    for i in range(40):
+        if i % 4 == 3:
+            _spike(32 << 20)
+        fresh = _fresh_peak()
+        rss, peak = cpu.read_and_reset()
+        assert abs(peak - fresh) <= 1 << 20, (i, peak, fresh)
+    # status, the costly read, only until the floor is known (the first read or two)
+    assert cpu.status_reads <= 2, cpu.status_reads
