@@ -191,3 +191,24 @@ def test_a_projection_past_the_ramp_point_now_jumps_now(db_path, monkeypatch):
         )
     finally:
         run.close()
+
+
+def test_a_stopped_run_s_schedule_reads_from_its_last_step_and_offers_no_plan_step(
+    growing, monkeypatch
+):
+    growing.writer.close("killed")
+    growing.writer = None
+    at = _app(monkeypatch, growing.db, plan="2K → 8K at 5% → 16K at 90%", run_id=growing.run_id)
+    assert not at.exception
+    text = seed.texts(at)
+    assert "Not running." in text  # the card: no ramp, no tier chooser
+    assert not [r for r in at.radio if r.key == "tier_choice"]
+    # the section says what its "now" is, and offers no plan step to a run that takes none
+    assert (
+        "The run is killed, stopped at step 399: the schedule below reads from its last step "
+        "(“now”), as if it were resumed." in text
+    )
+    assert "is due" not in text
+    assert "under Approve" not in text
+    rows = _table(at)  # the projection and the plan still read, for a resume
+    assert rows["hand plan"]["batch from now (tokens/step)"].startswith("2K → 8K now")

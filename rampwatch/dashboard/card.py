@@ -185,10 +185,6 @@ def signed_percent(x: float) -> str:
     return ("+" if x > 0 else "-") + text + "%"
 
 
-def _running(run) -> bool:
-    return run.stored_status == "running" and run.status == "running"
-
-
 def _stopped(run) -> str:
     """Why a run that is not running gets no ramp and no forecast."""
     where = "" if run.last_step is None else f" at step {run.last_step:,}"
@@ -206,7 +202,7 @@ def _verdict(card: Card, run) -> None:
     d = card.decision
     if d is None:
         return
-    if not _running(run):
+    if not run.running:
         st.info(f"**Not running.** {_stopped(run)}", icon=":material/stop_circle:")
     elif d.ready:
         st.success(f"**Ramp now.** {d.reason}", icon=":material/trending_up:")
@@ -384,7 +380,7 @@ def render(card: Card, *, db, run, read_only: bool, trial: TrialCard | None = No
                 "next step."
             )
             return
-        running = _running(run)
+        running = run.running
         if card.current is not None:  # a run that stopped: what it ended at, not "now"
             now.caption(("Now: " if running else "At its last step: ") + card.current.describe())
         # one container per part whose element count varies, so the buttons below keep their

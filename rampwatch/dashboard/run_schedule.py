@@ -66,6 +66,7 @@ class ScheduleView:
     plan_error: str | None = None  # one line: what is wrong with the typed plan
     due: PlanDue | None = None
     problems: list[str] = field(default_factory=list)  # why parts of the section are missing
+    stopped: str | None = None  # a run that takes no ramp: what "now" is then
 
 
 def _run_so_far(series, seq_len: int | None) -> tuple[np.ndarray, np.ndarray]:
@@ -97,7 +98,9 @@ def build_schedule(snap, card: Card, plan_text: str = "") -> ScheduleView:
     now = float(snap.latest.get(M.TOKENS_SEEN) or 0.0)
     done = None if run.last_step is None else int(run.last_step) + 1
     run_x, run_y = _run_so_far(series, seq)
-    view = ScheduleView(budget, seq, now, done, run_x, run_y, plan_text=plan_text.strip())
+    view = ScheduleView(
+        budget, seq, now, done, run_x, run_y, plan_text=plan_text.strip(), stopped=_stopped(run)
+    )
     problems = []
     if card.advice is None:
         problems.append("no schedule: the run's tier is not known yet")
@@ -121,6 +124,18 @@ def build_schedule(snap, card: Card, plan_text: str = "") -> ScheduleView:
         problems.append(f"no projection: {why}")
     view = dataclasses.replace(view, constant=constant, projection=projection, problems=problems)
     return _with_plan(view, snap, card)
+
+
+def _stopped(run) -> str | None:
+    """For a run that takes no ramp (finished, killed, stale): what the section's "now" is."""
+    if run.running:
+        return None
+    where = "" if run.last_step is None else f" at step {run.last_step:,}"
+    how = "stopped reporting" if run.status == "stale" else f"is {run.status}, stopped"
+    return (
+        f"The run {how}{where}: the schedule below reads from its last step (“now”), as if "
+        "it were resumed."
+    )
 
 
 def _with_plan(view: ScheduleView, snap, card: Card) -> ScheduleView:
@@ -147,7 +162,8 @@ def _with_plan(view: ScheduleView, snap, card: Card) -> ScheduleView:
     schedule = sched.walk("hand plan", segments, view.now_tokens, view.budget, view.seq_len, speeds)
     running = advice.current
     step = plan.due(view.now_tokens, running.batch, DUE_LEAD_STEPS * running.batch * view.seq_len)
-    return dataclasses.replace(view, plan=plan, plan_schedule=schedule, due=_due(step, advice))
+    due = None if view.stopped else _due(step, advice)  # a stopped run takes no ramp
+    return dataclasses.replace(view, plan=plan, plan_schedule=schedule, due=due)
 
 
 def _due(step: DueStep | None, advice) -> PlanDue | None:

@@ -66,6 +66,8 @@ def _figure(view: ScheduleView):
 def render(view: ScheduleView, *, run_id: str, file: str = "") -> None:
     st.subheader("Schedule")
     with st.container(border=True):
+        if view.stopped:
+            st.info(view.stopped, icon=":material/stop_circle:")
         for problem in view.problems:
             st.info(problem, icon=":material/info:")
         if view.constant is None:

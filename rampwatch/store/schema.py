@@ -351,6 +351,11 @@ class Run:
     metrics_t_min: float | None = _column(read=False, default=None)
     metrics_t_max: float | None = _column(read=False, default=None)
 
+    @property
+    def running(self) -> bool:
+        """Running as stored, and its writer not gone (not stale): a run that can take a ramp."""
+        return self.stored_status == "running" and self.status == "running"
+
 
 @dataclass(frozen=True)
 class PlanRow:
