@@ -264,9 +264,8 @@ class TrialProtocol:
         """Δ without the loss curve: the command's, else the loop's default, else
         DEFAULT_BRANCH_STEPS steps of the largest branch, rounded up to whole steps of every
         arm (the trial gate's interval counts in it)."""
-        step = running.tier.batch * (running.seq_len or 1)
-        want = requested or self.delta_tokens or DEFAULT_BRANCH_STEPS * max(factors) * step
-        return whole_units(want, math.lcm(*factors) * step)
+        unit, largest = _arm_units(factors, running.tier.batch * (running.seq_len or 1))
+        return whole_units(requested or self.delta_tokens or DEFAULT_BRANCH_STEPS * largest, unit)
 
     def choose_delta(self, requested: int | None, factors, running) -> DeltaChoice:
         """A trial's Δ: the command's; else, with delta_from_loss, from the loss curve between
@@ -277,9 +276,8 @@ class TrialProtocol:
             return DeltaChoice(delta, "command", "Δ as the command asked.")
         if not self.delta_from_loss:
             return DeltaChoice(delta, "default", "The loop's default Δ.")
-        step = running.tier.batch * (running.seq_len or 1)
-        floor = min(delta, MIN_BRANCH_STEPS * max(factors) * step)
-        unit = math.lcm(*factors) * step
+        unit, largest = _arm_units(factors, running.tier.batch * (running.seq_len or 1))
+        floor = min(delta, MIN_BRANCH_STEPS * largest)
         return choose_delta(self.history.tokens, self.history.losses, floor, delta, unit)
 
     # -- a trial the loop starts itself (ramp="auto" under the trial gate; rank 0) -----------
@@ -408,13 +406,13 @@ class TrialProtocol:
         self.unjudged += 1
         if self.unjudged > 1:  # a retry judged nothing either: the interval decides
             return
-        step = req.control.batch * req.seq_len
+        unit, largest = _arm_units(req.factors, req.control.batch * req.seq_len)
         r = verdict.half_progress_ratio
         self.retry = retry_choice(
             req.delta_tokens,
             r,
-            floor=MIN_BRANCH_STEPS * max(req.factors) * step,
-            unit=math.lcm(*req.factors) * step,
+            floor=MIN_BRANCH_STEPS * largest,
+            unit=unit,
             why=f"{self.latest.name} judged nothing (Δ {verdict.delta_check}"
             + ("" if r is None else f", half-progress ratio {r:.2f}")
             + "): ",
@@ -469,6 +467,12 @@ class TrialProtocol:
             f"trial {req.trial_id} abandoned: {reason}",
             {"trial_id": req.trial_id, "reason": reason},
         )
+
+
+def _arm_units(factors, step_tokens: int) -> tuple[int, int]:
+    """(Δ's unit, whole steps of every arm; one step of the largest arm), in tokens, from the
+    control's tokens per step."""
+    return math.lcm(*factors) * step_tokens, max(factors) * step_tokens
 
 
 def abandoned_note(req: TrialRequest) -> dict:
