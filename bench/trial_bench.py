@@ -66,7 +66,7 @@ import torch
 from rampwatch.advisor.gns import fit_critical_batch
 from rampwatch.advisor.gns_window import significant
 from rampwatch.advisor.lr import lr_multiplier, rule_for
-from rampwatch.advisor.trial import HALF_PROGRESS_MIN, TrialPlan
+from rampwatch.advisor.trial import HALF_PROGRESS_MIN, TrialPlan, failed_factor
 from rampwatch.monitor.ramp_protocol import scale_lr
 from rampwatch.monitor.trial_runner import run_trial
 
@@ -293,10 +293,10 @@ class BaseRun:
         moments = {k: v.clone() for k, v in self.opt.state[self.w].items()}
         return self.w.detach().clone(), moments
 
-    def trial(self, plan: TrialPlan):
+    def trial(self, plan: TrialPlan, cap: int | None = None):
         verdict, losses = run_trial(
             plan, self.model, self.opt, self.train_step, self.evaluate, start=self.seen,
-            b_simple=self.problem.b_simple(self.w),
+            b_simple=self.problem.b_simple(self.w), cap=cap,
         )  # fmt: skip
         self.seen += plan.delta_tokens  # the kept arm read examples seen..seen+Δ
         return verdict
@@ -370,34 +370,15 @@ def adaptive_trial(run, plan: TrialPlan) -> list:
     """Trials from copies of `run`, Δ halved until the Δ check judges the branches (too long, or
     cannot tell: a shorter Δ raises the ratio, and only "fine" brackets, so a search that stops at
     the first "fine" still errs low) or no branch fits a shorter Δ: every verdict, the last one
-    the answer."""
+    the answer. Each keeps the failures of the longer Δs before it as its cap, as the product's
+    retry does (advisor/trial.py `failed_factor`). Why: SGD past 2/h_max grows its stiff
+    direction from a noise floor for several steps before the loss shows it (stiff-sgd: ×128 at
+    LR 2.56 is below the control at step 4, 24 × the snapshot's excess at step 12), so the
+    halving that the control asks for can hide it."""
     verdicts = [copy.deepcopy(run).trial(plan)]
     while not verdicts[-1].delta_ok and (plan := _halved(plan)) is not None:
-        verdicts.append(copy.deepcopy(run).trial(plan))
+        verdicts.append(copy.deepcopy(run).trial(plan, cap=failed_factor(verdicts[-1])))
     return verdicts
-
-
-def capped_bracket(verdicts) -> tuple | None:
-    """The adaptive trial's answer with the failures of its longer Δs kept: a Δ too long lets a
-    branch catch up, never fall behind (advisor/trial.py, "Δ too long"), so a branch that failed
-    at a longer Δ caps the bracket found at the last one. None when the last Δ did not judge.
-    Why: SGD past 2/h_max grows its stiff direction from a noise floor for several steps before
-    the loss shows it (stiff-sgd: ×128 at LR 2.56 is below the control at step 4, 24 × the
-    snapshot's excess at step 12), so the halving that the control asks for can hide it."""
-    last = verdicts[-1]
-    if not last.delta_ok:
-        return None
-    failed = [r.k for v in verdicts for r in v.branches if not r.passed]
-    cap = min(failed, default=math.inf)
-    chain = []
-    for r in last.branches:
-        if not r.passed or r.k >= cap:
-            break
-        chain.append(r.k)
-    later = [k for k in last.plan.ks if k > (chain[-1] if chain else 1)]
-    upper = min([*later[:1], cap])
-    b = last.plan.batch
-    return (chain[-1] * b if chain else None, None if upper == math.inf else int(upper * b))
 
 
 def _halved(plan: TrialPlan) -> TrialPlan | None:
@@ -719,7 +700,7 @@ class StiffReport:
             "",
             "| LR | excess at trial | B_simple | B_noise | B_noise / B_simple | tuned B_crit | "
             "linear rule's [reached, diverged) (its fit) | trial's bracket | Δ used | "
-            "trial within 2× | capped bracket (capped_bracket) | B_noise within 2× | "
+            "trial within 2× | its lower end converges | B_noise within 2× | "
             "B_simple within 2× | cost (examples) |",
             "|---:|---:|---:|---:|---:|---:|---|---|---:|---|---|---|---|---:|",
         ]
@@ -731,7 +712,7 @@ class StiffReport:
                 f"{p.b_noise / p.b_simple:.1f} | {_shown(p.tuned[2])} | "
                 f"[{wall[0]}, {wall[1] or '∞'}) ({_shown(p.rule[2])}) | {_bracket(v.bracket)} | "
                 f"{v.plan.delta_tokens if v.delta_ok else '—'} | "
-                f"{_yes(overlaps(v.bracket, wall))} | {_bracket(capped_bracket(p.adaptive))} | "
+                f"{_yes(overlaps(v.bracket, wall))} | {_yes(_converges(v.bracket, wall))} | "
                 f"{_yes(overlaps((p.b_noise, p.b_noise), wall))} | "
                 f"{_yes(overlaps((p.b_simple, p.b_simple), wall))} | {cost:,} |"
             )
@@ -749,6 +730,12 @@ class StiffReport:
             arms = " ".join(f"×{r.k}{'✓' if r.passed else '✗'}" for r in p.adaptive[-1].branches)
             lines.append(f"- LR {p.lr:g}, from {significant(p.excess)}: {tried}; arms {arms}")
         return "\n".join(lines)
+
+
+def _converges(bracket, wall) -> bool:
+    """The bracket's lower end (what a trial keeps) is a batch the linear rule's sweep reached
+    the target at: the trial errs low, so a ramp it allows is safe."""
+    return bracket is not None and (bracket[0] is None or bracket[0] <= wall[0])
 
 
 def _yes(x: bool) -> str:

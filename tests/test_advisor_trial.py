@@ -10,7 +10,13 @@ import math
 import numpy as np
 import pytest
 
-from rampwatch.advisor.trial import HALF_PROGRESS_MIN, TrialPlan, judge, tolerance_fraction
+from rampwatch.advisor.trial import (
+    HALF_PROGRESS_MIN,
+    TrialPlan,
+    failed_factor,
+    judge,
+    tolerance_fraction,
+)
 
 PLAN = TrialPlan.for_optimizer("adamw", batch=4, ks=(2, 4, 8), delta_tokens=4 * 8 * 10)
 
@@ -237,3 +243,37 @@ def test_the_card_words_a_trial_whose_delta_was_too_long():
     view = TrialView(trial=None, verdict=verdict)
     assert view.bracket_text is None and "shorten Δ" in verdict.summary
     assert {r["result"] for r in view.branch_rows()} == {"not judged: Δ too long"}
+
+
+@pytest.mark.parametrize(
+    "passes, cap, k_star, bracket",
+    [
+        ((True, True, True), 8, 4, (16, 32)),  # ×8 passes, but failed before: not kept
+        ((True, True, True), 4, 2, (8, 16)),
+        ((True, True, True), 2, None, (None, 8)),
+        ((True, False, True), 8, 2, (8, 16)),  # the chain ends first: the cap changes nothing
+        ((True, True, True), 16, 8, (32, 64)),  # past the plan: the bracket closes at it
+    ],
+)
+def test_a_cap_keeps_no_branch_from_the_factor_that_failed_before(passes, cap, k_star, bracket):
+    diffs = {k: (-0.01 if ok else 0.5) for k, ok in zip(PLAN.ks, passes, strict=True)}
+    verdict = _verdict(diffs, cap=cap)
+    assert [b.passed for b in verdict.branches] == list(passes)  # the arms' own results stand
+    assert (verdict.k_star, verdict.bracket, verdict.kept_k) == (k_star, bracket, k_star or 1)
+    assert verdict.cap == cap
+    said = f"×{cap} failed in the trial before at this batch"
+    assert (said in verdict.summary) is (cap <= 8)
+    assert type(verdict).from_dict(verdict.to_dict()) == verdict
+
+
+def test_failed_factor_is_the_smallest_failure_of_a_control_that_learned():
+    assert failed_factor(_verdict({2: -0.01, 4: 0.5, 8: 0.5})) == 4
+    assert failed_factor(_verdict({2: -0.01, 4: -0.01, 8: 0.5})) == 8
+    assert failed_factor(_verdict({2: -0.01, 4: -0.01, 8: -0.01})) is None
+    assert failed_factor(_verdict({2: -0.01, 4: -0.01, 8: -0.01}, cap=8)) == 8  # kept on
+    # a Δ judged too long lets branches catch up: its failures stand (Δ = 4τ, ×8 behind)
+    snap, mid, end = _decay(4.0)
+    too_long = judge(PLAN, snap, end, {2: end, 4: end, 8: end + 1.0}, midway_losses=mid)
+    assert too_long.delta_check == "too long" and failed_factor(too_long) == 8
+    # a control that made no progress gives no tolerance: its failures say nothing
+    assert failed_factor(_verdict({2: 0.0, 4: 0.5, 8: 0.5}, progress=-0.05)) is None

@@ -19,6 +19,7 @@ import torch
 
 from rampwatch import Monitor
 from rampwatch.advisor.policy import RampPolicy
+from rampwatch.advisor.trial import failed_factor
 from rampwatch.store import names as M
 from rampwatch.store import reader
 
@@ -203,3 +204,7 @@ def test_a_trial_that_judged_nothing_is_tried_once_more_at_a_shorter_delta(tmp_p
     assert t2 - t1 >= 256
     [start] = [e for e in reader.events(db, loop.mon.run_id) if e.kind == M.EVENT_TRIAL_START][1:2]
     assert start.data["trial_id"] == -2 and start.data["delta_tokens"] == retry.delta_tokens
+    # the first trial's failures stand at the shorter Δ: the retry keeps no arm from them up
+    assert first.cap is None and retry.cap == failed_factor(out0.verdict)
+    assert start.data["cap"] == retry.cap and out1.verdict.cap == retry.cap
+    assert retry.cap is None or out1.kept.factor < retry.cap

@@ -206,3 +206,19 @@ def test_with_delta_from_loss_the_trial_takes_delta_from_the_runs_loss_curve(tmp
     )
     assert f"{significant(100 * cost / 2400)}% of the 2,400 tokens seen so far" in start.message
     assert "Δ from the loss curve: τ ≈" in start.message
+
+
+def test_a_retry_s_cap_survives_a_resume_and_goes_to_the_next_trial_only():
+    from rampwatch.advisor.trial_delta import DeltaChoice
+    from rampwatch.monitor.trial_protocol import TrialProtocol
+
+    before = TrialProtocol(enabled=True)
+    before.retry = DeltaChoice(256, "retry", "auto trial 1 judged nothing")
+    before.retry_cap = (8, 4)
+    after = TrialProtocol(enabled=True)
+    after.load_state_dict(before.state_dict())
+    assert after.retry_cap == (8, 4) and after.retry == before.retry
+    after.begin(None, 1000)  # the retry begins: it takes the cap, and nothing after it does
+    assert after._cap == (8, 4) and after.retry is None and after.retry_cap is None
+    after.begin(None, 2000)
+    assert after._cap is None

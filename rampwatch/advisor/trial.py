@@ -3,9 +3,8 @@
 Owns `TrialPlan` (what a trial runs: the batch B, the factors k, Δ tokens per arm, the LR rule),
 `BranchResult` and `TrialVerdict` (what it found), `tolerance_fraction`, `HALF_PROGRESS_MIN`, the
 exponential model's two directions (`delta_over_tau`, `half_progress_ratio_at`), the bound of the
-control's half-progress ratio (`half_progress_bounds`) and `judge`.
-Pure: the
-losses come in as arrays; running the arms is the caller's (monitor/trial_runner.py for a plain
+control's half-progress ratio (`half_progress_bounds`), `judge` and `failed_factor` (the "no" a
+retry at the same batch keeps). Pure: the losses come in as arrays; running the arms is the caller's (monitor/trial_runner.py for a plain
 torch model and optimizer).
 
 The method is Merrill, Arora, Groeneveld, Hajishirzi 2025, "Critical Batch Size Revisited"
@@ -233,6 +232,7 @@ class TrialVerdict:
     half_progress_bounds: tuple[float | None, float | None] | None = None
     delta_check: str | None = None  # DELTA_CHECKS; None only in a verdict from before the bound
     examples_to_tell: int | None = None  # "cannot tell": held-out examples that would tell
+    cap: int | None = None  # a factor that failed in the trial before: no k ≥ cap is kept
 
     def to_dict(self) -> dict:
         """JSON-safe: what a trial's end event carries (plan and branches nested, lists)."""
@@ -282,6 +282,12 @@ class TrialVerdict:
             f"Critical batch {_in_words(self.bracket, '{:,}'.format)} examples ({arms}); {kept}.",
             f"Cost: {self.cost_tokens:,} tokens of discarded arms.",
         ]
+        if self.cap is not None and self.cap <= self.plan.ks[-1]:
+            parts.insert(
+                1,
+                f"×{self.cap} failed in the trial before at this batch, where a branch could "
+                f"only catch up: nothing from ×{self.cap} up is kept.",
+            )
         if self.progress <= 0:
             parts.append(
                 "The control did not improve over Δ, so the trial could not tell: lengthen Δ."
@@ -382,20 +388,23 @@ def _branch(plan: TrialPlan, k: int, control: np.ndarray, losses, progress: floa
     )
 
 
-def _k_star(branches: Sequence[BranchResult]) -> int | None:
+def _k_star(branches: Sequence[BranchResult], cap: int | None = None) -> int | None:
     k_star = None
     for b in branches:
-        if not b.passed:
+        if not b.passed or (cap is not None and b.k >= cap):
             break
         k_star = b.k
     return k_star
 
 
-def _bracket(plan: TrialPlan, k_star: int | None) -> tuple[int | None, int | None]:
-    if k_star is None:
-        return None, plan.ks[0] * plan.batch
-    later = [k for k in plan.ks if k > k_star]
-    return k_star * plan.batch, (later[0] * plan.batch if later else None)
+def _bracket(
+    plan: TrialPlan, k_star: int | None, cap: int | None = None
+) -> tuple[int | None, int | None]:
+    later = [k for k in plan.ks if k > (k_star or 1)]
+    upper = min([*later[:1], *([cap] if cap else [])], default=None)
+    return (None if k_star is None else k_star * plan.batch), (
+        None if upper is None else upper * plan.batch
+    )
 
 
 def judge(
@@ -405,10 +414,13 @@ def judge(
     branch_losses: Mapping[int, Sequence[float]],
     b_simple: float | None = None,
     midway_losses=None,
+    cap: int | None = None,
 ) -> TrialVerdict:
     """The verdict from per-example held-out losses: at the snapshot (or its mean, a number), of
     the control after Δ, and of each branch k after Δ, all on the same examples in one order;
-    midway_losses, the control's at Δ/2 (or their mean), judges whether Δ is too long."""
+    midway_losses, the control's at Δ/2 (or their mean), judges whether Δ is too long.
+    cap: the factor `failed_factor` found in a trial before this one at the same batch; no
+    branch at or past it is kept, and the bracket ends there at most."""
     control = _losses("control_losses", control_losses)
     snapshot = _mean_loss("snapshot_losses", snapshot_losses, "at the snapshot")
     missing = [k for k in plan.ks if k not in branch_losses]
@@ -440,8 +452,8 @@ def judge(
             if check == "cannot tell" and pairs is not None:
                 to_tell = _examples_to_tell(*pairs, plan.level)
     delta_ok = check in ("fine", "not judged")
-    k_star = _k_star(branches) if delta_ok else None
-    bracket = _bracket(plan, k_star) if delta_ok else None
+    k_star = _k_star(branches, cap) if delta_ok else None
+    bracket = _bracket(plan, k_star, cap) if delta_ok else None
     calibration = bracket[0] / b_simple if b_simple is not None and bracket and bracket[0] else None
     return TrialVerdict(
         plan=plan,
@@ -459,7 +471,18 @@ def judge(
         half_progress_bounds=bounds,
         delta_check=check,
         examples_to_tell=to_tell,
+        cap=cap,
     )
+
+
+def failed_factor(verdict: TrialVerdict) -> int | None:
+    """The smallest factor that failed in a trial whose control made progress (its own cap
+    included), or None: a "no" that a later trial at the same batch keeps. A Δ judged too long,
+    or one that cannot tell whether it is, lets a branch catch up with the control, never fall
+    behind (module docstring, "Δ too long"), so a failure there stands when a shorter Δ retries;
+    a control that made no progress leaves no tolerance, and its failures say nothing."""
+    failed = [r.k for r in verdict.branches if not r.passed] if verdict.progress > 0 else []
+    return min([*failed, *([verdict.cap] if verdict.cap else [])], default=None)
 
 
 def _mean_loss(name: str, values, when: str) -> float:

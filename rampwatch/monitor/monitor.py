@@ -658,6 +658,7 @@ class Monitor:
                 on_step=on_step,
                 on_arm=on_arm,
                 keep=keep,
+                cap=request.cap,
             )
         except Exception as e:  # the snapshot is back in place: the run goes on from S
             self.grads.reset()

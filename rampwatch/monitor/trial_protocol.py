@@ -35,8 +35,9 @@ the policy's interval has passed since the last trial's start; after a trial tha
 (failed or abandoned) the evidence waits that interval too, so a ramp the trials keep refusing
 is not tried again at every boundary. A trial that judged nothing (its Δ check "too long" or
 "cannot tell": no answer, not a "no") is tried once more at once, at a Δ from its own control's
-half-progress ratio (advisor/trial_delta.py `retry_choice`); a retry that judges nothing waits
-the interval like any other.
+half-progress ratio (advisor/trial_delta.py `retry_choice`), keeping the smallest factor that
+trial failed (advisor/trial.py `failed_factor`: such a "no" stands at a shorter Δ) as the cap of
+the next trial at that batch; a retry that judges nothing waits the interval like any other.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from dataclasses import dataclass, field
 from rampwatch.advisor.advice import TrialEvidence
 from rampwatch.advisor.gns_window import significant
 from rampwatch.advisor.tiers import RAMP_MAX_FACTOR, Tier
-from rampwatch.advisor.trial import TrialPlan, TrialVerdict
+from rampwatch.advisor.trial import TrialPlan, TrialVerdict, failed_factor
 from rampwatch.advisor.trial_delta import (
     DeltaChoice,
     LossHistory,
@@ -102,6 +103,7 @@ class TrialRequest:
     source: str  # "command 7"
     command_id: int | None = None
     delta_choice: dict | None = None  # DeltaChoice.to_dict(): what Δ rests on (rank 0's)
+    cap: int | None = None  # no arm at or past this factor is kept (the trial before failed it)
 
     @property
     def factors(self) -> tuple[int, ...]:
@@ -175,6 +177,10 @@ class TrialProtocol:
     auto_trials: int = 0  # trials this loop started itself: their ids are -1, -2, ...
     unjudged: int = 0  # trials in a row that judged nothing (Δ "too long" or "cannot tell")
     retry: DeltaChoice | None = None  # the Δ of the retry due at once, if any (note: why)
+    # (control batch, factor): the smallest factor the trial that judged nothing failed; the
+    # next trial at that batch keeps no arm from it up (advisor/trial.py failed_factor)
+    retry_cap: tuple[int, int] | None = None
+    _cap: tuple[int, int] | None = field(default=None, repr=False)  # the trial begun's
 
     def state_dict(self) -> dict:
         return {
@@ -184,6 +190,7 @@ class TrialProtocol:
             "auto_trials": self.auto_trials,
             "unjudged": self.unjudged,
             "retry": None if self.retry is None else self.retry.to_dict(),
+            "retry_cap": None if self.retry_cap is None else list(self.retry_cap),
             "loss_history": self.history.to_dict() if self.delta_from_loss else None,
         }
 
@@ -196,6 +203,8 @@ class TrialProtocol:
         self.unjudged = int(state.get("unjudged", self.unjudged))
         retry = state.get("retry")
         self.retry = None if retry is None else DeltaChoice(**retry)
+        cap = state.get("retry_cap")
+        self.retry_cap = None if cap is None else (int(cap[0]), int(cap[1]))
         if state.get("loss_history"):
             self.history = LossHistory.from_dict(state["loss_history"])
 
@@ -315,7 +324,9 @@ class TrialProtocol:
     def begin(self, command_id: int | None, tokens: int) -> int:
         """Every rank, as a trial is decided: its id (a new negative one for an auto trial) and
         the interval's start (a retry due is taken by any trial)."""
+        self._cap = self.retry_cap if self.retry is not None else None
         self.last_start_tokens, self.last_ramped, self.retry = int(tokens), False, None
+        self.retry_cap = None
         if command_id is not None:
             return command_id
         self.auto_trials += 1
@@ -338,6 +349,7 @@ class TrialProtocol:
             source=proposal.source,
             command_id=proposal.command_id,
             delta_choice=proposal.delta_choice,
+            cap=self._cap[1] if self._cap and self._cap[0] == ramps.running.tier.batch else None,
         )
 
     # -- the events of the contract (rank 0 writes; Monitor.event is a no-op elsewhere) ------
@@ -391,6 +403,7 @@ class TrialProtocol:
                 "lr_rule": req.rule,
                 **cost,
                 "delta_choice": req.delta_choice,
+                "cap": req.cap,
                 "source": req.source,
                 "arms": [{"factor": a.factor, **a.tier.to_payload()} for a in req.arms],
             },
@@ -408,6 +421,8 @@ class TrialProtocol:
             return
         unit, largest = _arm_units(req.factors, req.control.batch * req.seq_len)
         r = verdict.half_progress_ratio
+        failed = failed_factor(verdict)
+        self.retry_cap = None if failed is None else (req.control.batch, failed)
         self.retry = retry_choice(
             req.delta_tokens,
             r,

@@ -97,6 +97,7 @@ def run_trial(
     on_step: Callable | None = None,
     on_arm: Callable | None = None,
     keep: int | None = None,
+    cap: int | None = None,
 ) -> tuple[TrialVerdict, dict]:
     """Run the control and every branch of `plan` from the current state; leave the model,
     optimizer and scheduler in the kept arm's end state. Returns the verdict and, per arm k
@@ -104,7 +105,8 @@ def run_trial(
     (numpy). on_step(k, steps done, what train_step
     returned) after each step, on_arm(k, losses) after each arm's evaluation: progress. Any
     error restores the snapshot before it propagates: never a half-trained arm left in place.
-    keep: end in this arm whatever the verdict (a testing aid: the trainer's --trial-keep)."""
+    keep: end in this arm whatever the verdict (a testing aid: the trainer's --trial-keep).
+    cap: no branch at or past this factor is kept (advisor/trial.py `judge`)."""
     snapshot = Snapshot.take(model, optimizer, scheduler)
     state = (model, optimizer, scheduler)
 
@@ -117,19 +119,19 @@ def run_trial(
         return midway[0] if midway else None
 
     try:
-        losses, kept = _arms(plan, state, run_arm, evaluate, on_arm, keep)
+        losses, kept = _arms(plan, state, run_arm, evaluate, on_arm, keep, cap)
     except BaseException:
         snapshot.restore(*state)
         raise
     branches = {k: losses[k] for k in plan.ks}
-    verdict = judge(plan, losses[0], losses[1], branches, b_simple, losses["midway"])
+    verdict = judge(plan, losses[0], losses[1], branches, b_simple, losses["midway"], cap)
     k, end = kept.get("forced") or kept.get("branch", kept[1])
     assert k == (keep or verdict.kept_k), (k, keep, verdict.kept_k)
     end.restore(*state)
     return verdict, losses
 
 
-def _arms(plan, state, run_arm, evaluate, on_arm, keep) -> tuple[dict, dict]:
+def _arms(plan, state, run_arm, evaluate, on_arm, keep, cap) -> tuple[dict, dict]:
     """Every arm from the snapshot: held-out losses per arm (0: at the snapshot; "midway": the
     control's at Δ/2) and the end states worth keeping (the control's, the longest passing
     chain's, the forced one's)."""
@@ -146,16 +148,18 @@ def _arms(plan, state, run_arm, evaluate, on_arm, keep) -> tuple[dict, dict]:
             on_arm(k, losses[k])
         if k == keep:
             kept["forced"] = (k, end)
-        if k == 1 or _passes_chain(plan, losses, k):
+        if k == 1 or _passes_chain(plan, losses, k, cap):
             kept[1 if k == 1 else "branch"] = (k, end)
     return losses, kept
 
 
-def _passes_chain(plan, losses, k) -> bool:
-    """Whether k and every smaller planned k pass, judged on what has run so far."""
+def _passes_chain(plan, losses, k, cap) -> bool:
+    """Whether k and every smaller planned k pass (k below the cap), judged on what has run."""
     done = tuple(j for j in plan.ks if j <= k)
     branches = {j: losses[j] for j in done}
-    verdict = judge(replace(plan, ks=done), losses[0], losses[1], branches, None, losses["midway"])
+    verdict = judge(
+        replace(plan, ks=done), losses[0], losses[1], branches, None, losses["midway"], cap
+    )
     return verdict.k_star == k
 
 
