@@ -76,7 +76,9 @@ def watch(proc: subprocess.Popen, on_line, timeout: float = 240) -> str:
 
 def test_a_trial_runs_the_same_arms_on_both_ranks_and_they_go_on_at_the_kept_tier(tmp_path):
     db, ck = tmp_path / "runs.duckdb", tmp_path / "ckpt"
-    steps = 40  # the flusher's claim takes about a second: the trial starts a dozen steps in
+    # the flusher's claim takes about a second, 30-40 steps of this run on an idle machine:
+    # room for five times that
+    steps = 200
     proc = spawn(
         torchrun(db, ck, "--run-id", "d", "--steps", str(steps), *COMMON),
         env=child_env(RAMPWATCH_DEBUG_RANKS="1"),
