@@ -277,3 +277,15 @@ def test_failed_factor_is_the_smallest_failure_of_a_control_that_learned():
     assert too_long.delta_check == "too long" and failed_factor(too_long) == 8
     # a control that made no progress gives no tolerance: its failures say nothing
     assert failed_factor(_verdict({2: 0.0, 4: 0.5, 8: 0.5}, progress=-0.05)) is None
+
+
+def test_the_card_says_a_branch_past_the_cap_passed_but_was_not_kept():
+    from rampwatch.dashboard.recommend import TrialView
+
+    view = TrialView(trial=None, verdict=_verdict({2: -0.01, 4: -0.01, 8: -0.01}, cap=4))
+    assert [r["result"] for r in view.branch_rows()] == [
+        "pass",
+        "pass; not kept: ×4 failed in the trial before",
+        "pass; not kept: ×4 failed in the trial before",
+    ]
+    assert view.bracket_text.startswith("Critical batch between 8 and 16")

@@ -563,6 +563,16 @@ class TrialView:
         judged = self.verdict.delta_ok  # Δ too long or cannot tell: no branch was judged
         why = {"cannot tell": "not judged: cannot tell whether Δ is too long"}
         unjudged = why.get(self.verdict.delta_check, "not judged: Δ too long")
+        cap = self.verdict.cap
+
+        def result(b) -> str:
+            if not judged:
+                return unjudged
+            if not b.passed:
+                return "fail"
+            capped = cap is not None and b.k >= cap  # the summary says why
+            return f"pass; not kept: ×{cap} failed in the trial before" if capped else "pass"
+
         return [
             {
                 "branch": f"×{b.k}",
@@ -571,7 +581,7 @@ class TrialView:
                 "loss difference": b.mean_diff,
                 "95% upper bound": b.bound,
                 "tolerance": b.tolerance,
-                "result": ("pass" if b.passed else "fail") if judged else unjudged,
+                "result": result(b),
             }
             for b in self.verdict.branches
         ]
