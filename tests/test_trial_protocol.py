@@ -208,17 +208,78 @@ def test_with_delta_from_loss_the_trial_takes_delta_from_the_runs_loss_curve(tmp
     assert "Δ from the loss curve: τ ≈" in start.message
 
 
-def test_a_retry_s_cap_survives_a_resume_and_goes_to_the_next_trial_only():
+def test_a_retry_s_cap_survives_a_resume_and_goes_to_a_trial_that_begins_soon_only():
     from rampwatch.advisor.trial_delta import DeltaChoice
     from rampwatch.monitor.trial_protocol import TrialProtocol
 
-    before = TrialProtocol(enabled=True)
-    before.retry = DeltaChoice(256, "retry", "auto trial 1 judged nothing")
-    before.retry_cap = (8, 4)
-    after = TrialProtocol(enabled=True)
-    after.load_state_dict(before.state_dict())
-    assert after.retry_cap == (8, 4) and after.retry == before.retry
-    after.begin(None, 1000)  # the retry begins: it takes the cap, and nothing after it does
+    def protocol(state=None):
+        p = TrialProtocol(enabled=True)
+        if state is None:  # a trial of batch 8 that judged nothing ended at 1,000 tokens
+            p.retry = DeltaChoice(256, "retry", "auto trial 1 judged nothing")
+            p.retry_cap = (8, 4, 1000)
+        else:
+            p.load_state_dict(state)
+        return p
+
+    after = protocol(protocol().state_dict())
+    assert after.retry_cap == (8, 4, 1000) and after.retry == protocol().retry
+    after.begin(None, 1000 + 256)  # within the retry's Δ: it takes the cap, the next does not
     assert after._cap == (8, 4) and after.retry is None and after.retry_cap is None
     after.begin(None, 2000)
     assert after._cap is None
+    late = protocol()  # an operator's trial long after (no auto retry ran): no cap
+    late.begin(7, 1000 + 257)
+    assert late._cap is None and late.retry_cap is None
+
+
+def test_a_trial_right_after_one_that_judged_nothing_keeps_its_failure(tmp_path):
+    """Trial 1 finds Δ too long, with ×4 behind even so; a trial begun right after it passes ×2
+    and ×4 on its own, and keeps ×2: ×4's "no" from the longer Δ stands (advisor/trial.py
+    failed_factor). The loop's evaluate is scripted (held-out losses per call), its training
+    real."""
+    db = tmp_path / "runs.duckdb"
+    model, opt, mon = _loop(db, trials=True, trial_delta_tokens=64)
+    x, y = _data(4000, 1)
+    rng = __import__("numpy").random.default_rng(0)
+    base = rng.gamma(2.0, 1.0, N_EVAL)
+
+    def script(*levels):  # held-out losses at the snapshot, Δ/2, the control's end, ×2, ×4
+        return [torch.as_tensor(base + v + rng.normal(0, 1e-3, N_EVAL)) for v in levels]
+
+    calls = script(1.0, 0.2, 0.1, 0.1, 0.6) + script(1.0, 0.6, 0.2, 0.19, 0.19)
+
+    def train_step(model, opt, start, count):
+        loss = torch.nn.functional.mse_loss(
+            model(x[start : start + count]), y[start : start + count]
+        )
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    def evaluate(model):
+        return calls.pop(0)
+
+    pos, last, outs = 0, 0, []
+    for _ in range(2):
+        for step in (last + 1, last + 2):
+            pos = _train(model, opt, mon, x, y, pos, step)
+        cid = commands.submit(db, mon.run_id, "trial", {"factors": [2, 4]}, actor="test")
+        trial = _boundary(mon)
+        out = mon.run_trial(trial, train_step, evaluate, start=pos)
+        pos += trial.delta_examples
+        last = mon.trial_ended(out)
+        outs.append(out)
+        applied = lambda cid=cid: commands.get(db, cid).status == "applied" or None  # noqa: E731
+        assert wait_for_ramp(applied, wait=True, timeout=30)
+    mon.finish()
+    assert not calls
+    first, second = (o.verdict for o in outs)
+    assert first.delta_check == "too long" and [b.passed for b in first.branches] == [True, False]
+    assert outs[1].request.cap == 4
+    assert second.delta_ok and [b.passed for b in second.branches] == [True, True]
+    assert (second.cap, second.k_star, second.bracket, outs[1].kept.factor) == (4, 2, (16, 32), 2)
+    starts = [e for e in reader.events(db, mon.run_id) if e.kind == M.EVENT_TRIAL_START]
+    assert [e.data["cap"] for e in starts] == [None, 4]
+    [_, end] = [e for e in reader.events(db, mon.run_id) if e.kind == M.EVENT_TRIAL_END]
+    assert "×4 failed in the trial before at this batch" in end.message

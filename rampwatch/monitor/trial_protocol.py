@@ -177,9 +177,10 @@ class TrialProtocol:
     auto_trials: int = 0  # trials this loop started itself: their ids are -1, -2, ...
     unjudged: int = 0  # trials in a row that judged nothing (Δ "too long" or "cannot tell")
     retry: DeltaChoice | None = None  # the Δ of the retry due at once, if any (note: why)
-    # (control batch, factor): the smallest factor the trial that judged nothing failed; the
-    # next trial at that batch keeps no arm from it up (advisor/trial.py failed_factor)
-    retry_cap: tuple[int, int] | None = None
+    # (control batch, factor, tokens seen at its end): the smallest factor the trial that judged
+    # nothing failed; a trial at that batch that begins within the retry's Δ of it keeps no arm
+    # from it up (advisor/trial.py failed_factor); a later one owes it nothing
+    retry_cap: tuple[int, int, int] | None = None
     _cap: tuple[int, int] | None = field(default=None, repr=False)  # the trial begun's
 
     def state_dict(self) -> dict:
@@ -204,7 +205,7 @@ class TrialProtocol:
         retry = state.get("retry")
         self.retry = None if retry is None else DeltaChoice(**retry)
         cap = state.get("retry_cap")
-        self.retry_cap = None if cap is None else (int(cap[0]), int(cap[1]))
+        self.retry_cap = None if cap is None else (int(cap[0]), int(cap[1]), int(cap[2]))
         if state.get("loss_history"):
             self.history = LossHistory.from_dict(state["loss_history"])
 
@@ -324,7 +325,9 @@ class TrialProtocol:
     def begin(self, command_id: int | None, tokens: int) -> int:
         """Every rank, as a trial is decided: its id (a new negative one for an auto trial) and
         the interval's start (a retry due is taken by any trial)."""
-        self._cap = self.retry_cap if self.retry is not None else None
+        cap, retry = self.retry_cap, self.retry
+        soon = cap is not None and retry is not None and int(tokens) - cap[2] <= retry.tokens
+        self._cap = cap[:2] if soon else None
         self.last_start_tokens, self.last_ramped, self.retry = int(tokens), False, None
         self.retry_cap = None
         if command_id is not None:
@@ -422,7 +425,8 @@ class TrialProtocol:
         unit, largest = _arm_units(req.factors, req.control.batch * req.seq_len)
         r = verdict.half_progress_ratio
         failed = failed_factor(verdict)
-        self.retry_cap = None if failed is None else (req.control.batch, failed)
+        end = (self.last_start_tokens or 0) + req.delta_tokens
+        self.retry_cap = None if failed is None else (req.control.batch, failed, end)
         self.retry = retry_choice(
             req.delta_tokens,
             r,
