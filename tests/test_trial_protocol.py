@@ -61,6 +61,21 @@ def _train(model, opt, mon, x, y, pos, step, batch=4, accum=2) -> int:
     return pos
 
 
+def _train_step(x, y):
+    """The trial's train_step(model, opt, start, count): one optimizer step on those examples."""
+
+    def train_step(model, opt, start, count):
+        loss = torch.nn.functional.mse_loss(
+            model(x[start : start + count]), y[start : start + count]
+        )
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    return train_step
+
+
 def _boundary(mon):
     """ramp_due then trial_due, polled until the flusher has claimed the command."""
     return wait_for_ramp(lambda: (mon.ramp_due(), mon.trial_due())[1], wait=True, timeout=30)
@@ -115,19 +130,10 @@ def test_a_trial_command_runs_in_an_own_loop_and_continues_from_the_kept_arm(tmp
     assert trial.factors == (2, 4) and trial.delta_tokens == 64  # 64: whole steps of ×4 (32)
     assert [a.tier.batch for a in trial.arms] == [16, 32]
 
-    def train_step(model, opt, start, count):  # the README's own-loop snippet's two functions
-        loss = torch.nn.functional.mse_loss(
-            model(x[start : start + count]), y[start : start + count]
-        )
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss.detach()
-
-    def evaluate(model):
+    def evaluate(model):  # with _train_step, the README's own-loop snippet's two functions
         return ((model(x_eval) - y_eval) ** 2).squeeze(1)
 
-    out = mon.run_trial(trial, train_step, evaluate, start=pos)
+    out = mon.run_trial(trial, _train_step(x, y), evaluate, start=pos)
     assert out is not None
     pos += trial.delta_examples
     continue_step = mon.trial_ended(out)
@@ -248,15 +254,6 @@ def test_a_trial_right_after_one_that_judged_nothing_keeps_its_failure(tmp_path)
 
     calls = script(1.0, 0.2, 0.1, 0.1, 0.6) + script(1.0, 0.6, 0.2, 0.19, 0.19)
 
-    def train_step(model, opt, start, count):
-        loss = torch.nn.functional.mse_loss(
-            model(x[start : start + count]), y[start : start + count]
-        )
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss.detach()
-
     def evaluate(model):
         return calls.pop(0)
 
@@ -266,7 +263,7 @@ def test_a_trial_right_after_one_that_judged_nothing_keeps_its_failure(tmp_path)
             pos = _train(model, opt, mon, x, y, pos, step)
         cid = commands.submit(db, mon.run_id, "trial", {"factors": [2, 4]}, actor="test")
         trial = _boundary(mon)
-        out = mon.run_trial(trial, train_step, evaluate, start=pos)
+        out = mon.run_trial(trial, _train_step(x, y), evaluate, start=pos)
         pos += trial.delta_examples
         last = mon.trial_ended(out)
         outs.append(out)
