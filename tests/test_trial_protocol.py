@@ -2,7 +2,9 @@
 gets a checked trial request at a boundary, runs it through Monitor.run_trial and continues from
 the kept arm; the events of the contract (docs: /work/notes/trial_contract.md) and the command's
 'applied at continue_step' are recorded. A loop that did not opt in refuses a trial command at
-the next boundary with the reason, and a factor that cannot run refuses the whole command."""
+the next boundary with the reason, and a factor that cannot run refuses the whole command. A
+trial begun right after one that judged nothing keeps that one's failures (its cap), through a
+resume too."""
 
 from __future__ import annotations
 
