@@ -280,5 +280,6 @@ def test_a_trial_right_after_one_that_judged_nothing_keeps_its_failure(tmp_path)
     assert (second.cap, second.k_star, second.bracket, outs[1].kept.factor) == (4, 2, (16, 32), 2)
     starts = [e for e in reader.events(db, mon.run_id) if e.kind == M.EVENT_TRIAL_START]
     assert [e.data["cap"] for e in starts] == [None, 4]
+    assert starts[1].message.endswith("Nothing from ×4 up is kept: the trial before failed it")
     [_, end] = [e for e in reader.events(db, mon.run_id) if e.kind == M.EVENT_TRIAL_END]
     assert "×4 failed in the trial before at this batch" in end.message

@@ -391,6 +391,11 @@ class TrialProtocol:
             "discarded at most"
             + (f" ({', '.join(extra)})" if extra else "")
             + (f". {choice['note']}" if "note" in choice else "")
+            + (
+                f". Nothing from ×{req.cap} up is kept: the trial before failed it"
+                if req.cap is not None
+                else ""
+            )
         )
         event(
             req.step,
