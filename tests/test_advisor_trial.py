@@ -289,3 +289,22 @@ def test_the_card_says_a_branch_past_the_cap_passed_but_was_not_kept():
         "pass; not kept: ×4 failed in the trial before",
     ]
     assert view.bracket_text.startswith("Critical batch between 8 and 16")
+
+
+def test_a_bound_near_the_threshold_is_shown_with_the_digits_that_tell_them_apart():
+    """The demo's card said "at most 0.67× at 95%, 0.67× needed" for a bound just under
+    0.6725: both are written to the first decimal where they differ."""
+    import dataclasses
+
+    snap, mid, end = _decay(4.0)
+    too_long = judge(PLAN, snap, end, {k: end for k in PLAN.ks}, midway_losses=mid)
+    near = dataclasses.replace(
+        too_long, half_progress_ratio=0.26, half_progress_bounds=(0.1, 0.668)
+    )
+    assert "(second half 0.26× the first, at most 0.668× at 95%, 0.673× needed)" in near.summary
+    far = dataclasses.replace(too_long, half_progress_ratio=0.26, half_progress_bounds=(0.1, 0.4))
+    assert "(second half 0.26× the first, at most 0.40× at 95%, 0.67× needed)" in far.summary
+    unsure = dataclasses.replace(
+        near, delta_check="cannot tell", half_progress_ratio=0.9, half_progress_bounds=(0.6705, 1.2)
+    )
+    assert "(95% bounds 0.670 to 1.20; 0.673× needed)" in unsure.summary

@@ -301,31 +301,28 @@ class TrialVerdict:
         return " ".join(parts)
 
     def _too_long(self) -> str:
+        bounds = self.half_progress_bounds
+        upper = None if bounds is None else bounds[1]
+        (r, hi), needed = _beside_threshold(self.half_progress_ratio, upper)
+        at_most = "" if hi is None else f", at most {hi}× at {self.plan.level:.0%}"
         return (
             f"Δ too long: the control had made most of its progress by Δ/2 (second half "
-            f"{self.half_progress_ratio:.2f}× the first{self._at_most()}, "
-            f"{HALF_PROGRESS_MIN:.2f}× needed), so a "
+            f"{r}× the first{at_most}, {needed}× needed), so a "
             f"branch past the critical batch can catch up; keep {self.plan.batch:,} and shorten "
             f"Δ to ~{self.suggested_delta_tokens:,} tokens "
             f"(from {self.plan.delta_tokens:,}). Cost: {self.cost_tokens:,} tokens of "
             "discarded arms."
         )
 
-    def _at_most(self) -> str:
-        bounds = self.half_progress_bounds
-        if bounds is None or bounds[1] is None:
-            return ""
-        return f", at most {bounds[1]:.2f}× at {self.plan.level:.0%}"
-
     def _cannot_tell(self) -> str:
-        r, bounds, n = self.half_progress_ratio, self.half_progress_bounds, self.examples_to_tell
+        bounds, n = self.half_progress_bounds, self.examples_to_tell
+        lo, hi = (None, None) if bounds is None else bounds
+        (r, lo, hi), needed = _beside_threshold(self.half_progress_ratio, lo, hi)
         if bounds is None:
             spread = "with no per-example losses at the snapshot and Δ/2 to bound it"
             tell = "Per-example held-out losses at the snapshot and at Δ/2 would tell."
         else:
-            lo = "−∞" if bounds[0] is None else f"{bounds[0]:.2f}"
-            hi = "∞" if bounds[1] is None else f"{bounds[1]:.2f}"
-            spread = f"95% bounds {lo} to {hi}"
+            spread = f"95% bounds {lo or '−∞'} to {hi or '∞'}"
             tell = (
                 f"A held-out batch of ~{n:,} examples (now {self.examples:,}) would tell at "
                 "this spread."
@@ -333,11 +330,25 @@ class TrialVerdict:
                 else "It sits on the threshold: no held-out batch would tell; change Δ."
             )
         return (
-            f"Cannot tell whether Δ is too long: the control's second half made {r:.2f}× the "
-            f"first half's progress ({spread}; {HALF_PROGRESS_MIN:.2f}× needed), so no branch "
+            f"Cannot tell whether Δ is too long: the control's second half made {r}× the "
+            f"first half's progress ({spread}; {needed}× needed), so no branch "
             f"is judged; keep {self.plan.batch:,}. {tell} Cost: {self.cost_tokens:,} tokens "
             "of discarded arms."
         )
+
+
+def _beside_threshold(*ratios: float | None) -> tuple[tuple[str | None, ...], str]:
+    """The ratios as text, each to 2 decimals or to the first after that where it differs from
+    HALF_PROGRESS_MIN (a bound of 0.668 is not "0.67" beside "0.67× needed"), and the threshold
+    to the most decimals any of them took. None stays None."""
+
+    def digits(x: float) -> int:
+        return next((d for d in (2, 3, 4) if f"{x:.{d}f}" != f"{HALF_PROGRESS_MIN:.{d}f}"), 4)
+
+    places = [None if x is None else digits(x) for x in ratios]
+    texts = tuple(None if x is None else f"{x:.{d}f}" for x, d in zip(ratios, places, strict=True))
+    widest = max((d for d in places if d is not None), default=2)
+    return texts, f"{HALF_PROGRESS_MIN:.{widest}f}"
 
 
 def _in_words(bracket: tuple, show) -> str:
