@@ -4,8 +4,8 @@ Owns `TrialPlan` (what a trial runs: the batch B, the factors k, Δ tokens per a
 `BranchResult` and `TrialVerdict` (what it found), `tolerance_fraction`, `HALF_PROGRESS_MIN`, the
 exponential model's two directions (`delta_over_tau`, `half_progress_ratio_at`), the bound of the
 control's half-progress ratio (`half_progress_bounds`), `judge` and `failed_factor` (the "no" a
-retry at the same batch keeps). Pure: the losses come in as arrays; running the arms is the caller's (monitor/trial_runner.py for a plain
-torch model and optimizer).
+retry at the same batch keeps). Pure: the losses come in as arrays; running the arms is the
+caller's (monitor/trial_runner.py for a plain torch model and optimizer).
 
 The method is Merrill, Arora, Groeneveld, Hajishirzi 2025, "Critical Batch Size Revisited"
 (arXiv 2505.23971) §3.1: from one snapshot at batch B, train the control (k = 1) and each branch
