@@ -37,7 +37,8 @@ is not tried again at every boundary. A trial that judged nothing (its Δ check 
 "cannot tell": no answer, not a "no") is tried once more at once, at a Δ from its own control's
 half-progress ratio (advisor/trial_delta.py `retry_choice`), keeping the smallest factor that
 trial failed (advisor/trial.py `failed_factor`: such a "no" stands at a shorter Δ) as the cap of
-the next trial at that batch; a retry that judges nothing waits the interval like any other.
+a trial at that batch that begins within the retry's Δ of it (the retry, or an operator's trial
+then); a retry that judges nothing waits the interval like any other.
 """
 
 from __future__ import annotations
