@@ -51,7 +51,7 @@ of the control's effective examples loses (q^(2e) − q²)/(1 − q²) of P, whi
 tolerance's 1 − e whenever r < 1. The worst case is ×2: at k·B = 2·B_crit (B = B_crit,
 e = (1 + 1)/(1 + 2) = ⅔) its loss, with u = q^(2/3), is u²/(1 + u + u²) of P, and that is at
 least the ×2 tolerance ¼ iff u ≥ (1 + √13)/6, i.e.
-    r ≥ HALF_PROGRESS_MIN = ((1 + √13)/6)^(3/2) ≈ 0.672      (Δ ≤ 0.79·τ).
+    r ≥ HALF_PROGRESS_MIN = ((1 + √13)/6)^(3/2) ≈ 0.6725     (Δ ≤ 0.79·τ).
 Above it no branch past 2·B_crit passes in the model (at ×4 … ×64 the overshoot is 1.7 … 1.5×): the bracket
 stays within 2× of B_crit, the precision a bracket of doubling factors has anyway. (The ⅓ one
 might guess is far too loose: there a ×2 branch at any batch sits on its tolerance.)

@@ -27,8 +27,8 @@ about p < 0.001 at n ≥ 30), a loss that is not falling, or fewer than MIN_POIN
 window give no time scale, and the loop's default Δ holds.
 
 The choice. Δ = τ·delta_over_tau(TARGET_HALF_PROGRESS): the Δ at which the expected ratio is 0.8,
-where the trial needs HALF_PROGRESS_MIN ≈ 0.672 (Δ = 0.45·τ against 0.79·τ); the margin is for
-the ratio the trial measures: its 95% lower bound must clear 0.672 for the branches to be judged
+where the trial needs HALF_PROGRESS_MIN ≈ 0.6725 (Δ = 0.45·τ against 0.79·τ); the margin is for
+the ratio the trial measures: its 95% lower bound must clear 0.6725 for the branches to be judged
 (advisor/trial.py, "r's bound"), and one arm's trajectory noise moves it too. Δ is then
 bounded: at least `floor` (a few steps of the largest branch, so that each arm makes progress the
 held-out evaluation can resolve) and at most `ceiling` (the loop's budget rule). A shorter Δ is
