@@ -54,7 +54,7 @@ from rampwatch.advisor import tier_table
 from rampwatch.advisor.gns_window import significant
 from rampwatch.advisor.memory import format_gb
 from rampwatch.dashboard import charts, store_access
-from rampwatch.dashboard.recommend import Card, TierView, TrialCard
+from rampwatch.dashboard.recommend import Card, TierView, TrialCard, how_it_stopped
 from rampwatch.dashboard.recommend import duration as recommend_duration
 
 STALE_STEPS = 50  # an estimate this many steps behind the run means the measurement is off
@@ -187,13 +187,11 @@ def signed_percent(x: float) -> str:
 
 def _stopped(run) -> str:
     """Why a run that is not running gets no ramp and no forecast."""
-    where = "" if run.last_step is None else f" at step {run.last_step:,}"
     if run.status == "stale":
         return (
-            f"The run stopped reporting{where} (no heartbeat): no ramp and no forecast until "
-            "it reports again."
+            f"{how_it_stopped(run)} (no heartbeat): no ramp and no forecast until it reports again."
         )
-    return f"The run is {run.status}, stopped{where}: no ramp and no forecast."
+    return f"{how_it_stopped(run)}: no ramp and no forecast."
 
 
 def _verdict(card: Card, run) -> None:

@@ -10,7 +10,8 @@ would do, and says what it rests on (`Card.evidence`). The tier table (`Card.tab
 advisor/tier_table.py) adds each tier's throughput, steps and hours from the run's per-step tier
 and tokens/s (advisor/throughput.py), fitted here, per refresh, never in the monitor's per-step
 advise(). `card_of` builds the card from a live_data.Snapshot: the live page and `rampwatch plan
---db` both do. dashboard/card.py draws it; tests build it from seeded databases.
+--db` both do. dashboard/card.py draws it; tests build it from seeded databases. `how_it_stopped`
+words a run that is not running, for the card and the schedule section.
 """
 
 from __future__ import annotations
@@ -505,6 +506,15 @@ class TrialOffer:
             f"Cost: {len(self.factors)} × {self.delta_tokens:,} = {self.cost_tokens:,} tokens "
             f"of discarded arms at most{more}."
         )
+
+
+def how_it_stopped(run) -> str:
+    """A sentence's start for a run that is not running: "The run stopped reporting at step 729"
+    (stale: no heartbeat, or no live writer) or "The run is killed, stopped at step 729"."""
+    where = "" if run.last_step is None else f" at step {run.last_step:,}"
+    if run.status == "stale":
+        return f"The run stopped reporting{where}"
+    return f"The run is {run.status}, stopped{where}"
 
 
 def duration(seconds: float) -> str:

@@ -30,7 +30,7 @@ from rampwatch.advisor.hand_plan import (
 )
 from rampwatch.advisor.policy import RAMP_MAX_FACTOR
 from rampwatch.advisor.tier_table import NOT_KNOWN, hours_text
-from rampwatch.dashboard.recommend import Card, budget_of, tier_view
+from rampwatch.dashboard.recommend import Card, budget_of, how_it_stopped, tier_view
 from rampwatch.store import names as M
 
 
@@ -130,11 +130,9 @@ def _stopped(run) -> str | None:
     """For a run that takes no ramp (finished, killed, stale): what the section's "now" is."""
     if run.running:
         return None
-    where = "" if run.last_step is None else f" at step {run.last_step:,}"
-    how = "stopped reporting" if run.status == "stale" else f"is {run.status}, stopped"
     return (
-        f"The run {how}{where}: the schedule below reads from its last step (“now”), as if "
-        "it were resumed."
+        f"{how_it_stopped(run)}: the schedule below reads from its last step (“now”), as if it "
+        "were resumed."
     )
 
 
