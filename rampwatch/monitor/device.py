@@ -106,21 +106,18 @@ class CpuPeak:
     def _read_open(self) -> tuple[int, int]:
         statm = os.pread(self._statm, 256, 0)  # "size resident shared ..." in pages
         rss = int(statm.split(None, 2)[1]) * _PAGE
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        if peak <= self._floor and rss < self._floor:  # perhaps the floor: status's own
+        peak = _maxrss_bytes()
+        floor_may_show = peak <= self._floor and rss < self._floor
+        if floor_may_show:  # status's own peak, and the floor's bound from this reading
             self._floor = min(self._floor, peak)
             peak = max(self._status_peak(), rss)
             self.status_reads += 1
-            if peak > rss:
-                self._reset()
-                self._floor = min(
-                    self._floor, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-                )
-            return rss, peak
         # a peak at the resident set now needs no reset: the next read's peak is then the next
         # step's alone, as after one (most steps, where freed memory stays resident)
         if peak > rss:
             self._reset()
+            if floor_may_show:  # right after a reset: the floor or the resident set, the tightest
+                self._floor = min(self._floor, _maxrss_bytes())
         return rss, peak
 
     def _status_peak(self) -> int:
@@ -165,6 +162,11 @@ class CpuPeak:
             self.close()
         except Exception:  # noqa: BLE001 - at interpreter exit os may be gone
             pass
+
+
+def _maxrss_bytes() -> int:
+    """getrusage's ru_maxrss (kB on Linux) in bytes."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _status_bytes(status: bytes, key: bytes) -> int | None:
