@@ -11,10 +11,10 @@ Which steps: every step since the last change point, up to the buffer (`max_step
 window grows by one step per step and shrinks only at a change point, so consecutive estimates
 share all but one step of their evidence and never flip between two windows. A change point is
 where the newer part of the window differs from the older: every SCAN_EVERY (4) steps, for each
-step since the last scan, every candidate cut (newer parts of min_steps/4, ×1.25, … steps, and older parts of 2, 3, 4, 5, 6, 7,
-9, … steps, so a few stale steps at the old end are found too) is a two-sample z, variance
-pooled, on the mean |G|² and on the mean tr(Σ), each clipped tighter (TEST_K) so heavy tails
-cost no power. When the largest z passes CUT_Z the window drops everything older than that cut
+step since the last scan, every candidate cut (newer parts of min_steps/4, ×1.25, … steps, and
+older parts of 2, 3, 4, 5, 6, 7, 9, … steps, so a few stale steps at the old end are found too)
+is a two-sample z, variance pooled, on the mean |G|² and on the mean tr(Σ), each clipped tighter
+(TEST_K) so heavy tails cost no power. When the largest z passes CUT_Z the window drops everything older than that cut
 (adaptive windowing: Bifet & Gavaldà 2007, "Learning from time-changing data with adaptive
 windowing", SDM; the cut at the largest statistic estimates where the change is, as a two-window
 test does: Page 1954, "Continuous inspection schemes", Biometrika 41). CUT_Z is high because it
