@@ -15,7 +15,7 @@ from rampwatch import TokenClock, store
 from rampwatch.monitor import Monitor
 from rampwatch.monitor.ramp_protocol import scale_lr
 from rampwatch.monitor.token_clock import steps_to_budget
-from rampwatch.monitor.trial_runner import Snapshot
+from rampwatch.monitor.trial_snapshot import Snapshot
 from tests.test_scale_lr import SCHEDULES
 
 T0 = 8  # tokens of one planned step

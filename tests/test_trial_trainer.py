@@ -2,7 +2,8 @@
 command queued as the dashboard queues it runs at a step boundary (trial_start, trial_arm, trial_end;
 the command applied at continue_step); restore is exact (the control kept and continued equals a
 run never branched, the ×2 branch kept equals a run ramped by hand at the trial's step); and a
-SIGKILL mid-trial resumes from the checkpoint at the snapshot with the trial recorded abandoned."""
+SIGKILL mid-trial (its copies in files) resumes from the checkpoint at the snapshot with the trial
+recorded abandoned and the files removed."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ STEPS = 80  # far enough that the flusher's claim (about a second) lands before 
 DELTA = 4 * 8 * 128  # 4 control steps, 2 steps at ×2
 
 
-def _trial_run(procs, tmp_path, db, ck, run_id: str, keep: int) -> dict:
+def _trial_run(procs, tmp_path, db, ck, run_id: str, keep: int, snapshots="auto") -> dict:
     """The trainer with a ×2 trial command queued after step 3; kept arm forced (--trial-keep).
     Returns its trial_start and trial_end events and the command."""
     proc = procs.spawn(
@@ -45,6 +46,8 @@ def _trial_run(procs, tmp_path, db, ck, run_id: str, keep: int) -> dict:
             "0",
             "--trial-keep",
             str(keep),
+            "--trial-snapshots",
+            snapshots,
             *COMMON,
         ),
         stdout=subprocess.DEVNULL,
@@ -110,9 +113,12 @@ def test_a_trial_command_runs_and_the_kept_control_equals_a_run_never_branched(t
 
 
 def test_the_kept_branch_equals_a_run_ramped_by_hand_at_the_trial_step(tmp_path, procs):
+    """With the trial's copies in files (--trial-snapshots disk): the trainer restores from them."""
     db, ck = tmp_path / "runs.duckdb", tmp_path / "ckpt"
-    t = _trial_run(procs, tmp_path, db, ck, "t", keep=2)
+    t = _trial_run(procs, tmp_path, db, ck, "t", keep=2, snapshots="disk")
     s, end = t["start"].step, t["end"]
+    assert end.data["snapshots"].startswith("5 × ") and f"files in {ck}/t.trial/" in end.message
+    assert list((ck / "t.trial").iterdir()) == []  # removed once the kept arm is in place
     assert end.data["kept_factor"] == 2 and end.step == s + 2
     [ramp] = [e for e in t["events"] if e.kind == M.EVENT_RAMP]
     assert (ramp.step, ramp.data["source"]) == (s + 2, f"trial {t['cmd'].command_id}")
@@ -149,6 +155,8 @@ def test_a_kill_mid_trial_resumes_from_the_snapshot_with_the_trial_abandoned(tmp
                 "100000",
                 "--checkpoint-every",
                 "0",
+                "--trial-snapshots",
+                "disk",
                 *COMMON,
             ),
             stdout=subprocess.DEVNULL,
@@ -159,6 +167,8 @@ def test_a_kill_mid_trial_resumes_from_the_snapshot_with_the_trial_abandoned(tmp
     # the default Δ here: 16 steps of ×4 = 64 control steps; kill while its arms report
     wait_until(lambda: "trial_arm" in log.read_text(), timeout=120)
     kill_group(proc, signal.SIGKILL)
+    [left] = (ck / "k.trial").iterdir()  # the killed trial's copies, in files
+    assert list(left.iterdir())
     assert "k" in recover(db).killed_runs
     events = reader.events(db, "k")
     [start] = [e for e in events if e.kind == M.EVENT_TRIAL_START]
@@ -176,6 +186,7 @@ def test_a_kill_mid_trial_resumes_from_the_snapshot_with_the_trial_abandoned(tmp
 
     done = run_trainer(db, ck, "--resume", "k", "--steps", str(s + 5), *COMMON)
     assert done.returncode == 0, done.stdout
+    assert list((ck / "k.trial").iterdir()) == []  # the resume removed them
     events = reader.events(db, "k")
     [abandoned] = [e for e in events if e.kind == M.EVENT_TRIAL_ABANDONED]
     assert abandoned.step == s and abandoned.data["trial_id"] == cid

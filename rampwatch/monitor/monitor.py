@@ -619,6 +619,8 @@ class Monitor:
         start: int = 0,
         scheduler=None,
         keep: int | None = None,
+        snapshots: str = "auto",
+        snapshot_dir=None,
     ) -> TrialOutcome | None:
         """Run the trial on the model and optimizer this monitor was given (and `scheduler`):
         snapshot, the control and each arm for Δ tokens from example `start` (monitor/
@@ -627,8 +629,12 @@ class Monitor:
         held-out example), judge, and leave the kept arm's end state in place. No per-step
         metrics are logged while arms run (trial_arm points only). An error inside restores the
         snapshot and abandons the trial (the event, the command refused): returns None. keep: a
-        testing aid, continue from this arm whatever the verdict (the trial_end says so)."""
+        testing aid, continue from this arm whatever the verdict (the trial_end says so).
+        snapshots / snapshot_dir: where the trial's copies of the state go ("auto": host memory
+        while they fit, else files in snapshot_dir, else the trial is refused with the sizes;
+        "memory"; "disk": monitor/trial_snapshot.py)."""
         from rampwatch.monitor.trial_runner import run_trial
+        from rampwatch.monitor.trial_snapshot import COPIES, SnapshotsDoNotFit, place_snapshots
 
         plan, trials = request.plan(), self.ramps.trials
         every = {k: max(1, plan.steps(k) // 4) for k in (1, *plan.ks)}
@@ -644,8 +650,10 @@ class Monitor:
             mean = float(losses.mean())
             trials.arm_point(self.event, request, k, plan.steps(k), last_loss.get(k), mean)
 
-        t0, self._in_trial = time.perf_counter(), True
+        t0, self._in_trial, place = time.perf_counter(), True, None
         try:
+            copies = COPIES + (keep is not None)
+            place = place_snapshots(self.model, self.optimizer, snapshots, snapshot_dir, copies)
             verdict, _ = run_trial(
                 plan,
                 self.model,
@@ -659,17 +667,22 @@ class Monitor:
                 on_arm=on_arm,
                 keep=keep,
                 cap=request.cap,
+                place=place,
             )
+        except SnapshotsDoNotFit as e:  # nothing ran
+            self.trial_abandoned(request, f"{e}; nothing was run")
+            return None
         except Exception as e:  # the snapshot is back in place: the run goes on from S
-            self.grads.reset()
             what = f"{type(e).__name__}: {e}".strip().splitlines()[0][:400]  # gloo's run on
             self.trial_abandoned(request, f"{what}; the snapshot was restored")
             return None
         finally:
+            if place is not None:
+                place.close()
             self.grads.reset()  # the arms' backwards are no step of the run's
             self._in_trial = False
         kept = request.arm(keep or verdict.kept_k)
-        return TrialOutcome(request, verdict, kept, time.perf_counter() - t0)
+        return TrialOutcome(request, verdict, kept, time.perf_counter() - t0, place)
 
     def trial_ended(self, outcome: TrialOutcome) -> int:
         """The loop continues from the kept arm (its tier, its base LR, the data position after

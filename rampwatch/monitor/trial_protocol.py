@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from rampwatch.advisor.advice import TrialEvidence
 from rampwatch.advisor.gns_window import significant
@@ -61,6 +62,9 @@ from rampwatch.monitor.ramp_channel import Proposal
 from rampwatch.store import CommandError
 from rampwatch.store import names as M
 from rampwatch.store.commands import validate as validate_command
+
+if TYPE_CHECKING:  # trial_snapshot imports torch; this module does not
+    from rampwatch.monitor.trial_snapshot import SnapshotPlace
 
 __all__ = [
     "DEFAULT_BRANCH_STEPS",
@@ -142,6 +146,7 @@ class TrialOutcome:
     verdict: TrialVerdict
     kept: TrialArm
     seconds: float  # the trial's wall time, all arms
+    place: SnapshotPlace | None = None  # where its copies of the state were
 
     @property
     def tier(self) -> Tier:
@@ -151,6 +156,10 @@ class TrialOutcome:
     def continue_step(self) -> int:
         """The run's step after the trial: S + the kept arm's optimizer steps."""
         return self.request.step + self.request.steps(self.kept.factor)
+
+    @property
+    def on_disk(self) -> bool:
+        return self.place is not None and self.place.folder is not None
 
     @property
     def cost_seconds(self) -> float:
@@ -474,7 +483,8 @@ class TrialProtocol:
             out.continue_step,
             M.EVENT_TRIAL_END,
             out.verdict.summary
-            + (f" Kept ×{out.kept.factor} instead, as the loop was told (keep)." if forced else ""),
+            + (f" Kept ×{out.kept.factor} instead, as the loop was told (keep)." if forced else "")
+            + (f" Its copies of the state: {out.place.describe()}." if out.on_disk else ""),
             {
                 "trial_id": req.trial_id,
                 "verdict": out.verdict.to_dict(),
@@ -482,6 +492,7 @@ class TrialProtocol:
                 "continue_step": out.continue_step,
                 "cost_tokens": out.verdict.cost_tokens,
                 "cost_seconds": out.cost_seconds,
+                "snapshots": None if out.place is None else out.place.describe(),
             },
         )
 

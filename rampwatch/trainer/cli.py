@@ -125,6 +125,14 @@ def add_arguments(t: argparse.ArgumentParser) -> None:
         "overlap) every arm of a trial is judged on: 2048 tells more often where a pass over "
         "them is cheap against the trial's arms (README)",
     )
+    ramp.add_argument(
+        "--trial-snapshots",
+        choices=("auto", "memory", "disk"),
+        default="auto",
+        help="where a trial keeps its copies of the model and optimizer state (up to 4): host "
+        "memory while they take at most half of what this rank's share of it has available, "
+        "else files beside the checkpoint (auto); always one or the other",
+    )
     ramp.add_argument(  # testing aid: the kept-branch tests need a known arm
         "--trial-keep", type=int, metavar="FACTOR", help=argparse.SUPPRESS
     )

@@ -170,7 +170,10 @@ class Trainer:
             save_checkpoint=self.save_checkpoint,
         )
         self.trials = TrialController(
-            self, getattr(args, "trial_eval_batch", 256), getattr(args, "trial_keep", None)
+            self,
+            getattr(args, "trial_eval_batch", 256),
+            getattr(args, "trial_keep", None),
+            getattr(args, "trial_snapshots", "auto"),
         )
         self.injector = dist.oom_injector(args.inject_oom, self.ddp)
         self.oom = OomGuard(

@@ -6,7 +6,9 @@ in tokens, and the held-out evaluation of the GPT.
 Owns `TrialController`. At a boundary S with a trial due:
 1. checkpoint at S first, with a note: a run killed during the trial resumes from S and records
    the trial abandoned (its command is refused by recovery: "run killed"); never a half-restored
-   state, since the arms' states only ever live in host memory;
+   state: the arms' states live in host memory, or in files under <checkpoint>.trial/ that a
+   resume removes (monitor/trial_snapshot.py: files when host memory cannot hold the copies,
+   or --trial-snapshots disk);
 2. Monitor.run_trial snapshots model, optimizer and RNG (monitor/trial_runner.py); the data
    position is the sample id at S (the trainer samples by id: every arm reads ids next_sample ..
    next_sample + Δ/seq_len − 1, so every arm sees the same examples), and the LR schedule's
@@ -19,7 +21,7 @@ Owns `TrialController`. At a boundary S with a trial due:
    split (TokenDataset.val_batch: windows evenly spaced over the val tokens; every run has a val
    split: the stdlib corpus's held-out files, --val-data or --val-fraction), the same for every
    arm, so the judgement is paired example by example (advisor/trial.py);
-5. continue from the kept arm (its end state is restored from host memory): the run's step is
+5. continue from the kept arm (its end state restored from its copy): the run's step is
    S + its steps, its tier and base LR the arm's, the data position S's + Δ/seq_len; checkpoint
    there, then Monitor.trial_ended records trial_end, the ramp and 'applied'. A trial that fails
    inside (an out-of-memory in an arm, say) is restored to S, recorded abandoned, and the run goes
@@ -44,6 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from rampwatch.monitor.trial_protocol import TrialOutcome, TrialRequest, abandoned_note
+from rampwatch.monitor.trial_snapshot import remove_left_behind
 from rampwatch.trainer import dist
 
 if TYPE_CHECKING:
@@ -55,10 +58,16 @@ class TrialController:
 
     EVAL_CHUNK = 64  # held-out sequences per forward (full logits: keep the eval's memory small)
 
-    def __init__(self, trainer: Trainer, eval_batch: int, keep: int | None = None):
+    def __init__(
+        self, trainer: Trainer, eval_batch: int, keep: int | None = None, snapshots="auto"
+    ):
         self.trainer = trainer
         self.eval_batch = eval_batch
         self.keep = keep  # --trial-keep: a testing aid
+        self.snapshots = snapshots  # --trial-snapshots
+        # where the copies go when host memory cannot hold them: beside the checkpoint
+        self.snapshot_dir = trainer.checkpoint_path.with_suffix(".trial")
+        remove_left_behind(self.snapshot_dir)  # a trial's files, if one was killed
         self._held_out = None  # (x, y) on the device, and all ranks' count: at the first trial
 
     def at_boundary(self) -> None:
@@ -93,7 +102,13 @@ class TrialController:
             return t.silent_step(arm.tier, arm.base_lr)
 
         return t.mon.run_trial(
-            request, train_step, self.evaluate, start=at_s.next_sample, keep=self.keep
+            request,
+            train_step,
+            self.evaluate,
+            start=at_s.next_sample,
+            keep=self.keep,
+            snapshots=self.snapshots,
+            snapshot_dir=self.snapshot_dir,
         )
 
     def _put_back(self, at_s) -> None:

@@ -1,0 +1,328 @@
+"""Where a ramp trial keeps its copies of the run's state: host memory when they fit, else files.
+
+Owns `Snapshot` (model, optimizer, scheduler and torch RNG state: restore() puts them back
+exactly), `SnapshotPlace` and `place_snapshots` (host memory or a folder, decided once per trial
+for all its copies), and `SnapshotsDoNotFit`.
+
+A trial holds up to COPIES states at once (monitor/trial_runner.py: the snapshot, the control's
+end, the passing chain's end, the arm being judged; one more with `keep`). In host memory each is
+a CPU copy. That is the fast path, and the wrong one for a large run: Adam's state is 3 × the
+parameters, so four copies of a 7B model's state in fp32 are ~340 GB, and eight ranks of a node
+share one host. So the copies go to host memory only while they take at most HOST_SHARE of the
+memory the kernel says is available (MemAvailable), divided among the node's ranks
+(LOCAL_WORLD_SIZE); otherwise to files in the trial's folder (the reference trainer's: beside its
+checkpoint), one torch.save per copy, which streams one tensor at a time through host memory. A
+loop that gives no folder gets a plain refusal with the sizes instead of a host out-of-memory.
+`mode` overrides the rule: "memory" (the loop knows it fits), "disk" (always files).
+
+A file holds the state's tensors only, as a list; the structure around them stays in memory with
+a slot per tensor, so a DTensor (FSDP2's sharded state) is saved as its local shard and rebuilt
+on the live mesh at restore (torch.save cannot pickle a DeviceMesh). Tensors load back onto the
+device they were saved from. Under torch.distributed every rank's choice is reduced (one small
+all-reduce): if any rank needs files, every rank uses them, and if any rank cannot place its
+copies, every rank refuses, since a rank that went on alone would pair its arms' collectives with
+nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+import fcntl
+import itertools
+import os
+import shutil
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as torch_dist
+
+__all__ = [
+    "COPIES",
+    "HOST_SHARE",
+    "Snapshot",
+    "SnapshotPlace",
+    "SnapshotsDoNotFit",
+    "place_snapshots",
+    "remove_left_behind",
+]
+
+COPIES = 4  # the snapshot, the control's end, the passing chain's end, the arm being judged
+HOST_SHARE = 0.5  # of the host memory available to a rank: the rest is the loop's and the OS's
+MODES = ("auto", "memory", "disk")
+FOLDER_PREFIX = "rampwatch-trial-"  # the only names place_snapshots creates and removes
+LOCK = ".lock"  # in a trial folder: locked by its process while the trial runs
+
+
+class SnapshotsDoNotFit(RuntimeError):
+    """The trial's copies fit neither in host memory nor in the folder given (or none was)."""
+
+
+@dataclass(frozen=True)
+class SnapshotPlace:
+    """Where one trial's copies live: host memory (folder None) or files in `folder`."""
+
+    folder: Path | None
+    state_bytes: int  # one copy: the model's and the optimizer's tensors on this rank
+    copies: int
+    lock: int | None = None  # the folder's lock file, held while the trial runs
+
+    def describe(self) -> str:
+        where = "host memory" if self.folder is None else f"files in {self.folder}"
+        return f"{self.copies} × {_size(self.state_bytes)} in {where}"
+
+    def take(self, model, optimizer, scheduler=None) -> Snapshot:
+        return Snapshot.take(model, optimizer, scheduler, folder=self.folder)
+
+    def close(self) -> None:
+        """Remove the trial's folder (its files are no use once the kept arm is in place)."""
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+        if self.lock is not None:
+            os.close(self.lock)
+
+
+def place_snapshots(
+    model, optimizer, mode: str = "auto", parent: Path | str | None = None, copies: int = COPIES
+) -> SnapshotPlace:
+    """Decide where a trial's `copies` go (module docstring); with files, a fresh folder
+    `parent/rampwatch-trial-<host>-<pid>-<n>` (ranks and runs that share `parent` never meet),
+    locked while the trial runs, after removing those a killed trial left there.
+    SnapshotsDoNotFit names the sizes and what to do."""
+    if mode not in MODES:
+        raise ValueError(f"snapshots={mode!r}: one of {', '.join(MODES)}")
+    size = state_bytes(model, optimizer)
+    need = copies * size
+    host = available_host_bytes()
+    share = None if host is None else int(HOST_SHARE * host / local_ranks())
+    to_disk = mode == "disk" or (mode == "auto" and share is not None and need > share)
+    problem = None
+    if parent is not None:
+        remove_left_behind(Path(parent))
+    if to_disk and parent is None:
+        problem = (
+            f"the trial's {copies} copies of the model and optimizer state need {_size(need)}, "
+            f"more than {_percent(HOST_SHARE)} of this rank's available host memory "
+            f"({_size(share or 0)}): give the trial a folder on a local disk for them "
+            "(run_trial(..., snapshot_dir=DIR))"
+            if mode == "auto"
+            else "snapshots='disk' needs a folder: run_trial(..., snapshot_dir=DIR)"
+        )
+    elif to_disk:
+        parent = Path(parent)
+        parent.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(parent).free
+        if need > free:
+            problem = (
+                f"the trial's {copies} copies of the model and optimizer state need "
+                f"{_size(need)} and {parent} has {_size(free)} free: free space there or give "
+                "another folder"
+            )
+    to_disk, refuse = _agreed(model, to_disk, problem is not None)
+    if refuse:
+        raise SnapshotsDoNotFit(problem or "another rank cannot place the trial's snapshots")
+    if not to_disk:
+        return SnapshotPlace(None, size, copies)
+    folder = Path(parent) / f"{FOLDER_PREFIX}{socket.gethostname()}-{os.getpid()}-{next(_numbers)}"
+    return SnapshotPlace(folder, size, copies, _locked(folder))
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything an arm's future depends on that torch holds: restore() puts it back exactly.
+    In memory, `model` and `optimizer` are CPU copies; with a file, their structure with a
+    `_Slot` per tensor, the tensors in `file`."""
+
+    model: dict
+    optimizer: dict
+    scheduler: dict | None
+    cpu_rng: torch.Tensor
+    cuda_rng: list | None
+    file: Path | None = None
+
+    @classmethod
+    def take(cls, model, optimizer, scheduler=None, folder: Path | None = None) -> Snapshot:
+        rng = dict(
+            scheduler=None if scheduler is None else copy.deepcopy(scheduler.state_dict()),
+            cpu_rng=torch.get_rng_state(),
+            cuda_rng=torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None,
+        )
+        if folder is None:
+            state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+            return cls(state, _to_cpu(optimizer.state_dict()), **rng)
+        tensors: list = []
+        shapes = _hollow(model.state_dict(), tensors), _hollow(optimizer.state_dict(), tensors)
+        file = folder / f"state-{next(_numbers)}.pt"
+        torch.save(tensors, file)
+        return cls(*shapes, **rng, file=file)
+
+    def restore(self, model, optimizer, scheduler=None) -> None:
+        if self.file is None:
+            model.load_state_dict(self.model)
+            # load_state_dict moves the state to the parameters' device and keeps our copy intact
+            optimizer.load_state_dict(copy.deepcopy(self.optimizer))
+        else:
+            tensors = torch.load(self.file, weights_only=True)  # fresh, on their own devices
+            model.load_state_dict(_filled(self.model, tensors))
+            optimizer.load_state_dict(_filled(self.optimizer, tensors))
+        if scheduler is not None and self.scheduler is not None:
+            scheduler.load_state_dict(copy.deepcopy(self.scheduler))
+        torch.set_rng_state(self.cpu_rng)
+        if self.cuda_rng is not None:
+            torch.cuda.set_rng_state_all(self.cuda_rng)
+
+    def drop(self) -> None:
+        """Free its file now (a copy no longer kept); in memory, the garbage collector does."""
+        if self.file is not None:
+            self.file.unlink(missing_ok=True)
+
+
+_numbers = itertools.count()
+
+
+def remove_left_behind(parent: Path) -> None:
+    """The trial folders in `parent` whose process is gone (a SIGKILL mid-trial): those whose
+    lock file nobody holds. A lock, not the pid in the name: a restarted container's process
+    often gets the killed one's pid."""
+    for old in parent.glob(f"{FOLDER_PREFIX}*"):
+        try:
+            fd = os.open(old / LOCK, os.O_RDWR)
+        except OSError:  # being made (the lock comes right after the folder), or gone
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # a running trial's
+            continue
+        else:
+            shutil.rmtree(old, ignore_errors=True)
+        finally:
+            os.close(fd)
+
+
+def _locked(folder: Path) -> int:
+    """A new trial folder, held: the descriptor of its lock file, locked until closed."""
+    folder.mkdir()
+    fd = os.open(folder / LOCK, os.O_CREAT | os.O_RDWR, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """A tensor's place in a Snapshot's file; a DTensor's mesh and layout to rebuild it on."""
+
+    index: int
+    dtensor: tuple | None = None  # (mesh, placements, shape, stride)
+
+
+def _hollow(state, tensors: list):
+    """`state` with each tensor replaced by a _Slot, the tensors (local shards) appended."""
+    if isinstance(state, torch.Tensor):
+        spec = None
+        if _is_dtensor(state):
+            spec = (state.device_mesh, state.placements, state.shape, state.stride())
+            state = state.to_local()
+        tensors.append(state.detach())
+        return _Slot(len(tensors) - 1, spec)
+    if isinstance(state, dict):
+        return {k: _hollow(v, tensors) for k, v in state.items()}
+    if isinstance(state, list):
+        return [_hollow(v, tensors) for v in state]
+    return copy.deepcopy(state)
+
+
+def _filled(state, tensors: list):
+    """_hollow's inverse: each _Slot replaced by its tensor (a DTensor rebuilt on its mesh)."""
+    if isinstance(state, _Slot):
+        t = tensors[state.index]
+        if state.dtensor is None:
+            return t
+        from torch.distributed.tensor import DTensor
+
+        mesh, placements, shape, stride = state.dtensor
+        return DTensor.from_local(t, mesh, placements, shape=shape, stride=stride)
+    if isinstance(state, dict):
+        return {k: _filled(v, tensors) for k, v in state.items()}
+    if isinstance(state, list):
+        return [_filled(v, tensors) for v in state]
+    return state
+
+
+def _to_cpu(state):
+    """A CPU copy of every tensor in `state`; no deepcopy first, which would copy each device
+    tensor on its device (a second optimizer state on the GPU) before moving it."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        return {k: _to_cpu(v) for k, v in state.items()}
+    if isinstance(state, list):
+        return [_to_cpu(v) for v in state]
+    return copy.deepcopy(state)
+
+
+def _is_dtensor(t) -> bool:
+    return type(t).__name__ == "DTensor" and hasattr(t, "to_local")
+
+
+def state_bytes(model, optimizer) -> int:
+    """One copy's bytes on this rank, as the memory path copies them: every tensor of the
+    model's state_dict and of the optimizer's state (a DTensor's local shard)."""
+
+    def size(state) -> int:
+        if isinstance(state, torch.Tensor):
+            t = state.to_local() if _is_dtensor(state) else state
+            return t.numel() * t.element_size()
+        if isinstance(state, dict):
+            return sum(size(v) for v in state.values())
+        if isinstance(state, list | tuple):
+            return sum(size(v) for v in state)
+        return 0
+
+    return size(model.state_dict()) + size(optimizer.state_dict()["state"])
+
+
+def available_host_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (Linux: free memory plus what the kernel can reclaim);
+    elsewhere the free pages sysconf reports, or None where neither is known (then the copies
+    go to host memory, as before this rule)."""
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            for line in f:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def local_ranks() -> int:
+    """The ranks on this host that share its memory (torchrun's LOCAL_WORLD_SIZE), at least 1."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
+def _agreed(model, to_disk: bool, refuse: bool) -> tuple[bool, bool]:
+    """(files, refuse) as every rank decides them: the max over ranks of each (a no-op alone)."""
+    if not (torch_dist.is_available() and torch_dist.is_initialized()):
+        return to_disk, refuse
+    param = next(iter(model.parameters()), None)
+    device = torch.device("cpu") if param is None else param.device
+    if device.type == "cuda" and torch_dist.get_backend() == "gloo":
+        device = torch.device("cpu")
+    flags = torch.tensor([int(to_disk), int(refuse)], dtype=torch.int64, device=device)
+    torch_dist.all_reduce(flags, op=torch_dist.ReduceOp.MAX)
+    return bool(flags[0]), bool(flags[1])
+
+
+def _size(n: float) -> str:
+    return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
+
+
+def _percent(x: float) -> str:
+    return f"{100 * x:.0f}%"
