@@ -250,3 +250,47 @@ def test_fsdp2_dtensors_restore_exactly_from_a_file_on_two_ranks(tmp_path):
         "RANK 0 exact=True sharded=DTensor",
         "RANK 1 exact=True sharded=DTensor",
     ], out
+
+
+AGREE_CHILD = """
+import os, sys, torch, torch.distributed as dist
+from rampwatch.monitor.trial_snapshot import SnapshotsDoNotFit, place_snapshots
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+model = torch.nn.Linear(8, 1)
+opt = torch.optim.AdamW(model.parameters())
+model(torch.randn(2, 8)).sum().backward()
+opt.step()
+if rank == 1:  # this rank's share of the host holds no 4 copies
+    os.environ["LOCAL_WORLD_SIZE"] = str(10**12)
+place = place_snapshots(model, opt, "auto", f"{sys.argv[1]}/r{rank}")
+print(f"RANK {rank} files={place.folder is not None}", flush=True)
+place.close()
+try:  # rank 0 now gives no folder
+    place_snapshots(model, opt, "auto", None if rank == 0 else f"{sys.argv[1]}/r{rank}")
+except SnapshotsDoNotFit as e:
+    print(f"RANK {rank} refused: {e}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_every_rank_takes_the_same_place_or_every_rank_refuses(tmp_path):
+    """One rank short of host memory sends every rank's copies to files; with a rank that has no
+    folder for them, every rank refuses (none starts the arms alone), each saying why."""
+    child = tmp_path / "child.py"
+    child.write_text(textwrap.dedent(AGREE_CHILD))
+    done = run_torchrun(str(child), str(tmp_path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = sorted(line for line in done.stdout.splitlines() if line.startswith("RANK"))
+    assert lines[:2] == [
+        "RANK 0 files=True",
+        "RANK 0 refused: another rank's copies do not fit "
+        "its host memory and this rank has no folder for files: give every rank "
+        "run_trial(..., snapshot_dir=DIR)",
+    ], lines
+    assert lines[2:] == [
+        "RANK 1 files=True",
+        "RANK 1 refused: another rank cannot put its copies in files",
+    ], lines

@@ -96,36 +96,45 @@ def place_snapshots(
     need = copies * size
     host = available_host_bytes()
     share = None if host is None else int(HOST_SHARE * host / local_ranks())
-    to_disk = mode == "disk" or (mode == "auto" and share is not None and need > share)
-    problem = None
-    if parent is not None:
-        remove_left_behind(Path(parent))
-    if to_disk and parent is None:
-        problem = (
-            f"the trial's {copies} copies of the model and optimizer state need {_size(need)}, "
-            f"more than {_percent(HOST_SHARE)} of this rank's available host memory "
-            f"({_size(share or 0)}): give the trial a folder on a local disk for them "
-            "(run_trial(..., snapshot_dir=DIR))"
-            if mode == "auto"
-            else "snapshots='disk' needs a folder: run_trial(..., snapshot_dir=DIR)"
-        )
-    elif to_disk:
-        parent = Path(parent)
-        parent.mkdir(parents=True, exist_ok=True)
-        free = shutil.disk_usage(parent).free
-        if need > free:
-            problem = (
-                f"the trial's {copies} copies of the model and optimizer state need "
-                f"{_size(need)} and {parent} has {_size(free)} free: free space there or give "
-                "another folder"
-            )
-    to_disk, refuse = _agreed(model, to_disk, problem is not None)
-    if refuse:
-        raise SnapshotsDoNotFit(problem or "another rank cannot place the trial's snapshots")
+    wants_disk = mode == "disk" or (mode == "auto" and share is not None and need > share)
+    problem = _why_no_files(parent, need, copies, mode, share)
+    to_disk, any_problem = _agreed(model, wants_disk, problem is not None)
     if not to_disk:
         return SnapshotPlace(None, size, copies)
+    if any_problem:
+        if problem is None:
+            problem = "another rank cannot put its copies in files"
+        elif not wants_disk and parent is None:  # fits here, but every rank goes the same way
+            problem = (
+                "another rank's copies do not fit its host memory and this rank has no folder "
+                "for files: give every rank run_trial(..., snapshot_dir=DIR)"
+            )
+        raise SnapshotsDoNotFit(problem)
     folder = Path(parent) / f"{FOLDER_PREFIX}{socket.gethostname()}-{os.getpid()}-{next(_numbers)}"
     return SnapshotPlace(folder, size, copies, _locked(folder))
+
+
+def _why_no_files(parent, need: int, copies: int, mode: str, share: int | None) -> str | None:
+    """Why the copies cannot go to files in `parent` (none given, too little space), or None;
+    a parent given is made, and what killed trials left there removed."""
+    what = f"the trial's {copies} copies of the model and optimizer state need {_size(need)}"
+    if parent is None:
+        if mode == "disk":
+            return "snapshots='disk' needs a folder: run_trial(..., snapshot_dir=DIR)"
+        return (
+            f"{what}, more than {_percent(HOST_SHARE)} of this rank's available host memory "
+            f"({_size(share or 0)}): give the trial a folder on a local disk for them "
+            "(run_trial(..., snapshot_dir=DIR))"
+        )
+    parent = Path(parent)
+    parent.mkdir(parents=True, exist_ok=True)
+    remove_left_behind(parent)
+    free = shutil.disk_usage(parent).free
+    if need > free:
+        return (
+            f"{what} and {parent} has {_size(free)} free: free space there or give another folder"
+        )
+    return None
 
 
 @dataclass(frozen=True)
@@ -307,15 +316,16 @@ def local_ranks() -> int:
         return 1
 
 
-def _agreed(model, to_disk: bool, refuse: bool) -> tuple[bool, bool]:
-    """(files, refuse) as every rank decides them: the max over ranks of each (a no-op alone)."""
+def _agreed(model, to_disk: bool, problem: bool) -> tuple[bool, bool]:
+    """(files, a problem with files) over every rank: the max of each (a no-op alone). Every
+    rank then takes the same way: memory, files, or a refusal."""
     if not (torch_dist.is_available() and torch_dist.is_initialized()):
-        return to_disk, refuse
+        return to_disk, problem
     param = next(iter(model.parameters()), None)
     device = torch.device("cpu") if param is None else param.device
     if device.type == "cuda" and torch_dist.get_backend() == "gloo":
         device = torch.device("cpu")
-    flags = torch.tensor([int(to_disk), int(refuse)], dtype=torch.int64, device=device)
+    flags = torch.tensor([int(to_disk), int(problem)], dtype=torch.int64, device=device)
     torch_dist.all_reduce(flags, op=torch_dist.ReduceOp.MAX)
     return bool(flags[0]), bool(flags[1])
 
