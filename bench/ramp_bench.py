@@ -66,9 +66,11 @@ def run(
     seed: int,
     target: float,
     ramp_at: float | None = None,
+    preset: str = "bench-tiny",
 ) -> Result:
     """Train one run to the target; a finished run already in `out` (--keep) is read instead.
-    ramp_at: `--ramp auto` with that ramp point (× the batch); None: a constant batch."""
+    ramp_at: `--ramp auto` with that ramp point (× the batch); None: a constant batch. The LR
+    stays constant after warmup (--total-tokens 1e12: bench-tiny's default, not test-tiny's)."""
     ramp = ["--ramp", "off"] if ramp_at is None else ["--ramp", "auto", "--ramp-at", f"{ramp_at:g}"]
     db, wall = train_tiny(
         out,
@@ -78,7 +80,8 @@ def run(
         batch=batch,
         lr=lr,
         val_every=max(2, 160 // batch),
-        extra=("--target-val-loss", str(target), *ramp),
+        extra=("--target-val-loss", str(target), "--total-tokens", str(10**12), *ramp),
+        preset=preset,
     )
     return measured(db, name, batch, lr, target, wall)
 

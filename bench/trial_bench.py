@@ -462,7 +462,7 @@ class Report:
             lines.append(
                 f"| {significant(p.excess)} | {p.b_simple:.1f} | {p.b_noise:.1f} | "
                 f"{_shown(self.sweeps[target][2])} | {_shown(b_crit)} | "
-                f"{_shown(p.b_simple / b_crit)} | {_bracket(v.bracket)} | "
+                f"{_shown(p.b_simple / b_crit)} | {bracket_text(v.bracket)} | "
                 f"{'yes' if agrees(v.bracket, b_crit) else 'no'} | "
                 f"{v.progress / p.excess:.2f} | {_shown(v.plan.delta_tokens / examples_b0)} | "
                 f"{arms} | {v.cost_tokens:,} |"
@@ -488,7 +488,7 @@ class Report:
         ]
         for p in self.points:
             cells = " | ".join(
-                f"{_bracket(p.by_delta[m])}{' ✓' if agrees(p.by_delta[m], p.local[2]) else ''}"
+                f"{bracket_text(p.by_delta[m])}{' ✓' if agrees(p.by_delta[m], p.local[2]) else ''}"
                 for m in deltas
             )
             lines.append(f"| {significant(p.excess)} | {_shown(p.local[2])} | {cells} |")
@@ -506,24 +506,24 @@ class Report:
         ]
         for p in self.points:
             v = p.adaptive[-1]
-            tried = ", ".join(f"{t.plan.delta_tokens}: {_ratio(t)}" for t in p.adaptive)
+            tried = ", ".join(f"{t.plan.delta_tokens}: {ratio_text(t)}" for t in p.adaptive)
             arms = " ".join(f"×{r.k}{'✓' if r.passed else '✗'}" for r in v.branches)
             cost = sum(t.cost_tokens for t in p.adaptive)
             lines.append(
                 f"| {significant(p.excess)} | {_shown(p.local[2])} | {tried} | "
                 f"{v.plan.delta_tokens if v.delta_ok else '—'} | {v.progress / p.excess:.3f} | "
-                f"{arms} | {_bracket(v.bracket)} | "
+                f"{arms} | {bracket_text(v.bracket)} | "
                 f"{'yes' if agrees(v.bracket, p.local[2]) else 'no'} | {cost:,} |"
             )
         return lines
 
 
-def _ratio(verdict) -> str:
+def ratio_text(verdict) -> str:
     r = verdict.half_progress_ratio
     return "—" if r is None else f"{r:.2f}{'' if verdict.delta_ok else f' ({verdict.delta_check})'}"
 
 
-def _bracket(bracket) -> str:
+def bracket_text(bracket) -> str:
     if bracket is None:  # Δ too long, or the Δ check cannot tell
         return "none (Δ check)"
     lo, hi = bracket
@@ -710,7 +710,7 @@ class StiffReport:
             lines.append(
                 f"| {p.lr:g} | {significant(p.excess)} | {p.b_simple:.1f} | {p.b_noise:.1f} | "
                 f"{p.b_noise / p.b_simple:.1f} | {_shown(p.tuned[2])} | "
-                f"[{wall[0]}, {wall[1] or '∞'}) ({_shown(p.rule[2])}) | {_bracket(v.bracket)} | "
+                f"[{wall[0]}, {wall[1] or '∞'}) ({_shown(p.rule[2])}) | {bracket_text(v.bracket)} | "
                 f"{v.plan.delta_tokens if v.delta_ok else '—'} | "
                 f"{_yes(overlaps(v.bracket, wall))} | {_yes(_converges(v.bracket, wall))} | "
                 f"{_yes(overlaps((p.b_noise, p.b_noise), wall))} | "
@@ -726,7 +726,7 @@ class StiffReport:
             "The adaptive trials, Δ tried (examples): half-progress ratio (Δ check):",
         ]
         for p in self.points:
-            tried = ", ".join(f"{t.plan.delta_tokens}: {_ratio(t)}" for t in p.adaptive)
+            tried = ", ".join(f"{t.plan.delta_tokens}: {ratio_text(t)}" for t in p.adaptive)
             arms = " ".join(f"×{r.k}{'✓' if r.passed else '✗'}" for r in p.adaptive[-1].branches)
             lines.append(f"- LR {p.lr:g}, from {significant(p.excess)}: {tried}; arms {arms}")
         return "\n".join(lines)

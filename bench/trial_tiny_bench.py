@@ -1,8 +1,10 @@
-"""Ramp trials on real training: bench-tiny at batch 16, a trial at each of a few steps, its
-bracket beside the constant-batch sweep's critical batch at the same loss and beside B_simple.
+"""Ramp trials on real training: bench-tiny (or test-tiny) at batch 16, a trial at each of a few
+steps, its bracket beside the constant-batch sweep's critical batch at the same loss and beside
+B_simple.
 
     python -m bench.trial_tiny_bench                       # seed 0, trials at steps 100 250 450
     python -m bench.trial_tiny_bench --seeds 0 1 --keep DIR
+    python -m bench.trial_tiny_bench --preset test-tiny    # 128-token sequences, sweep to 1.5
     python -m bench.trial_tiny_bench --no-sweep            # the trials only
 
 The trial run is the reference trainer (`rampwatch train`, bench/tiny_runs.train_tiny) at 16
@@ -11,16 +13,18 @@ When its logged step reaches a point, the bench queues a "trial" command (factor
 Δ tokens per arm), as the card's button does; `--trial-keep 1` makes every trial continue from
 its control, so the run stays at 16 and the next point is trained like the first. The trials
 table (store.reader.trials) gives the step it started at, the verdict, its cost in tokens, % of
-the run's tokens and seconds.
+the run's tokens and seconds. `--delta-tokens 0` leaves Δ to the trainer (from its loss curve);
+`--eval-batch N` sets the trials' held-out batch (the trainer's default: 256).
 
 Beside each trial, from a constant-batch sweep (ramp_bench.run at batches 8-64, each at the
 √-rule LR from 3e-3 at 16: one LR per batch, not ramp_bench's best of three, to fit the time; run
-to val loss 1.7, below every point's loss less the local drop): at the validation loss L the
+to val loss 1.65 on bench-tiny, 1.5 on test-tiny, below every point's loss less the local drop;
+the LR constant after warmup on both): at the validation loss L the
 trial run had at the trial's step, the steps to L from the start for each batch and their fit
 S = S_min(1 + B_crit/B) (advisor.gns.fit_critical_batch), and the local fit over the steps from L
 to L − `--local-drop`. B_simple is the run's own logged gns_b_simple (windowed) at that step.
 
---auto adds ramp_bench's comparison to val loss 1.75: fixed 16 (the sweep's run), noise-gated
+--auto (bench-tiny) adds ramp_bench's comparison to val loss 1.75: fixed 16 (the sweep's run), noise-gated
 `--ramp auto` and trial-gated `--ramp auto --ramp-gate trial` (Δ 8,192 tokens; 0: the trainer's
 own, from the loss curve; `--auto-eval-batch N`: the trials' held-out batch), their steps and
 sequences to the target, the sequences of the trials' discarded arms counted apart.
@@ -40,18 +44,21 @@ from pathlib import Path
 
 from bench.ramp_bench import BASE_BATCH, BASE_LR, MAX_SEQUENCES, measured, run, series
 from bench.tiny_runs import train_tiny
+from bench.trial_bench import bracket_text, ratio_text
 from rampwatch.advisor.gns import fit_critical_batch
 from rampwatch.advisor.trial import TrialVerdict
 from rampwatch.store import commands, reader
 from rampwatch.store import names as M
-from rampwatch.store.errors import StoreError
+from rampwatch.store.errors import CommandError, StoreError
+from rampwatch.trainer.config import PRESETS
 
 POINTS = (100, 250, 450)
 FACTORS = (2, 4, 8)
-DELTA_TOKENS = 16_384  # 16 steps of the control, 2 of ×8: Δ must be whole steps of every arm
-STEPS = 500
+DELTA_STEPS = 16  # Δ: 16 steps of the control, 2 of ×8 (Δ must be whole steps of every arm)
+STEPS = 650  # the last point + room for the ~1-2 s (up to ~100 steps idle) a claim takes
 SWEEP = (8, 16, 32, 64)
-TARGET = 1.7  # the sweep's val loss: below the last point's loss less the local drop
+# the sweep's val loss per preset: below the last point's loss less the local drop
+TARGETS = {"bench-tiny": 1.65, "test-tiny": 1.5}
 POLL_S = 0.2
 AUTO_TARGET = 1.75  # ramp_bench's target for the auto comparison
 AUTO_DELTA_TOKENS = 8_192  # the trial-gated run's Δ: 8 steps of 16, whole steps of ×4
@@ -59,7 +66,11 @@ AUTO_DELTA_TOKENS = 8_192  # the trial-gated run's Δ: 8 steps of 16, whole step
 
 def trial_run(out: Path, seed: int, args) -> tuple[Path, str, float]:
     """Train the batch-16 run, queueing one trial at each point; (db, run id, wall seconds)."""
-    name = f"s{seed}-trials-b16-d{args.delta_tokens}"
+    name = f"{_prefix(args.preset)}s{seed}-trials-b16-d{args.delta_tokens}"
+    flags = ("--ramp", "manual", "--trial-keep", "1", "--total-tokens", str(10**12))
+    if args.eval_batch:
+        name += f"-e{args.eval_batch}"
+        flags += ("--trial-eval-batch", str(args.eval_batch))
     db = out / f"{name}.duckdb"
     if db.exists() and reader.get_run(db, name).status == "finished":  # --keep: read, not trained
         return db, name, 0.0
@@ -73,14 +84,23 @@ def trial_run(out: Path, seed: int, args) -> tuple[Path, str, float]:
             batch=BASE_BATCH,
             lr=BASE_LR,
             val_every=10,
-            extra=("--ramp", "manual", "--trial-keep", "1"),
+            extra=flags,
+            preset=args.preset,
         )
-        payload = {"factors": list(args.factors), "delta_tokens": args.delta_tokens}
+        payload = {"factors": list(args.factors)}
+        if args.delta_tokens:  # 0: the trainer's own Δ, from its loss curve
+            payload["delta_tokens"] = args.delta_tokens
         for point in args.points:
             command = None
             while not job.done() and command is None:
                 if logged_step(db, name) >= point:
-                    command = commands.submit(db, name, "trial", payload, actor="trial_tiny_bench")
+                    try:
+                        command = commands.submit(
+                            db, name, "trial", payload, actor="trial_tiny_bench"
+                        )
+                    except CommandError as e:  # the run ended first: say so, keep the rest
+                        print(f"no trial at step {point}: {e} (give more --steps)")
+                        break
                 time.sleep(POLL_S)
             while command is not None and not job.done() and not trial_over(db, name, command):
                 time.sleep(POLL_S)
@@ -124,18 +144,24 @@ def b_crit(steps: dict[int, int | None]) -> str:
         return "— (no fit)"
 
 
-def sweep(out: Path, seed: int, batches, target: float, jobs: int) -> dict:
+def _prefix(preset: str) -> str:
+    """Run names: bench-tiny's as before (a --keep folder of older runs still reads)."""
+    return "" if preset == "bench-tiny" else f"{preset}-"
+
+
+def sweep(out: Path, seed: int, batches, target: float, jobs: int, preset: str) -> dict:
     """{batch: ramp_bench Result} at the √-rule LR, each run to the target."""
     with ThreadPoolExecutor(jobs) as pool:
         futures = {
             b: pool.submit(
                 run,
                 out,
-                f"s{seed}-b{b}-lr1-t{target:g}",
+                f"{_prefix(preset)}s{seed}-b{b}-lr1-t{target:g}",
                 b,
                 BASE_LR * math.sqrt(b / BASE_BATCH),
                 seed,
                 target,
+                preset=preset,
             )
             for b in batches
         }
@@ -151,7 +177,7 @@ def report(seed: int, db: Path, name: str, wall: float, runs: dict | None, a) ->
     trained = f"{wall:.0f} s of training" if wall else "reused from --keep"
     print(f"\n### seed {seed}: trials along fixed 16 ({trained})\n")
     print(
-        "| step | val loss | B_simple (logged) | bracket | ×2 / ×4 / ×8: mean diff, bound, "
+        "| step | val loss | B_simple (logged) | bracket, the control's half-progress ratio | ×2 / ×4 / ×8: mean diff, bound, "
         "tolerance | cost: tokens, % of the run's, s | B_crit to L (sweep) | local B_crit L→L−"
         f"{drop:g} |\n|---|---|---|---|---|---|---|---|"
     )
@@ -166,8 +192,7 @@ def report(seed: int, db: Path, name: str, wall: float, runs: dict | None, a) ->
             f"{'pass' if r.passed else 'fail'}"
             for r in v.branches
         )
-        lo, hi = v.bracket
-        bracket = f"[{lo if lo else '—'}, {hi if hi else '∞'})"
+        bracket = f"{bracket_text(v.bracket)}, Δ check {ratio_text(v)}"
         share = t.cost_tokens / run_tokens  # the trainer's own fraction is of --total-tokens
         cost = f"{t.cost_tokens:,}, {100 * share:.1f}%, {t.cost_seconds:.1f}"
         to_l = local = "—"
@@ -263,10 +288,12 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--points", type=int, nargs="+", default=list(POINTS))
     ap.add_argument("--factors", type=int, nargs="+", default=list(FACTORS))
-    ap.add_argument("--delta-tokens", type=int, default=DELTA_TOKENS)
+    ap.add_argument("--preset", choices=sorted(TARGETS), default="bench-tiny")
+    ap.add_argument("--delta-tokens", type=int, help=f"default: {DELTA_STEPS} steps of the control")
+    ap.add_argument("--eval-batch", type=int, default=0, help="the trials' held-out batch")
     ap.add_argument("--steps", type=int, default=STEPS)
     ap.add_argument("--batches", type=int, nargs="+", default=list(SWEEP))
-    ap.add_argument("--target", type=float, default=TARGET, help="the sweep's val loss")
+    ap.add_argument("--target", type=float, help="the sweep's val loss (default: the preset's)")
     ap.add_argument("--local-drop", type=float, default=0.1)
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--auto", action="store_true", help="also trial- vs noise-gated auto vs 16")
@@ -276,10 +303,15 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=2, help="sweep runs at once (one thread each)")
     ap.add_argument("--keep", type=Path, help="keep the runs here; finished ones are reused")
     a = ap.parse_args()
+    seq_len = PRESETS[a.preset].seq_len
+    if a.delta_tokens is None:
+        a.delta_tokens = DELTA_STEPS * BASE_BATCH * seq_len
+    a.target = a.target or TARGETS[a.preset]
     load, t0 = os.getloadavg()[0], time.perf_counter()
     print(
-        f"# trial bench (bench-tiny): batch 16, trials ×{a.factors} at steps {a.points}, "
-        f"Δ {a.delta_tokens:,} tokens per arm, {a.steps} steps; seeds {a.seeds}; "
+        f"# trial bench ({a.preset}, {seq_len}-token sequences): batch 16, trials ×{a.factors} at steps {a.points}, "
+        f"Δ {f'{a.delta_tokens:,}' if a.delta_tokens else 'the trainer’s own'} tokens per arm, "
+        f"{a.steps} steps; seeds {a.seeds}; "
         f"load average {load:.2f}"
     )
     with tempfile.TemporaryDirectory() as tmp:
@@ -291,9 +323,9 @@ def main() -> int:
                 autos(out, seed, fixed, AUTO_TARGET, a.auto_delta_tokens, a.auto_eval_batch)
                 continue
             db, name, wall = trial_run(out, seed, a)
-            runs = None if a.no_sweep else sweep(out, seed, a.batches, a.target, a.jobs)
+            runs = None if a.no_sweep else sweep(out, seed, a.batches, a.target, a.jobs, a.preset)
             report(seed, db, name, wall, runs, a)
-            if a.auto and runs and BASE_BATCH in runs:
+            if a.auto and runs and BASE_BATCH in runs and a.preset == "bench-tiny":
                 autos(
                     out, seed, runs[BASE_BATCH], AUTO_TARGET, a.auto_delta_tokens, a.auto_eval_batch
                 )
