@@ -4,7 +4,8 @@ A trial command queued as the dashboard queues it runs on both ranks at the same
 same trial id, the same snapshot step, the same kept factor, the same weights after it (per-rank
 debug lines, $RAMPWATCH_DEBUG_RANKS); rank 0 alone writes one trial_start / trial_arm / trial_end
 set; the command is applied at continue_step and both ranks go on at the kept tier with equal
-weights to the end. A SIGKILL of one rank mid-trial: torchrun restarts both, the run resumes from
+weights to the end (the trial's copies in files, --trial-snapshots disk: each rank's own folder,
+removed after). A SIGKILL of one rank mid-trial: torchrun restarts both, the run resumes from
 the checkpoint at the snapshot with the trial recorded abandoned, once.
 """
 
@@ -79,8 +80,10 @@ def test_a_trial_runs_the_same_arms_on_both_ranks_and_they_go_on_at_the_kept_tie
     # the flusher's claim takes about a second, 30-40 steps of this run on an idle machine:
     # room for five times that
     steps = 200
-    proc = spawn(
-        torchrun(db, ck, "--run-id", "d", "--steps", str(steps), *COMMON),
+    proc = spawn(  # the copies in files: every rank in its own folder beside the checkpoint
+        torchrun(
+            db, ck, "--run-id", "d", "--steps", str(steps), "--trial-snapshots", "disk", *COMMON
+        ),
         env=child_env(RAMPWATCH_DEBUG_RANKS="1"),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -119,6 +122,8 @@ def test_a_trial_runs_the_same_arms_on_both_ranks_and_they_go_on_at_the_kept_tie
     done = [e.data["factor"] for e in events if e.kind == M.EVENT_TRIAL_ARM and e.data["done"]]
     assert sorted(done) == [1, 2]
     assert (end.step, end.data["kept_factor"], end.data["continue_step"]) == (cont, kept, cont)
+    assert f"files in {ck}/d.trial/" in end.data["snapshots"]
+    assert list((ck / "d.trial").iterdir()) == []
     cmd = commands.get(db, cid)
     assert (cmd.status, cmd.applied_step) == ("applied", cont)
 
