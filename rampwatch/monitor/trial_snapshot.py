@@ -6,7 +6,8 @@ for all its copies), and `SnapshotsDoNotFit`.
 
 A trial holds up to COPIES states at once (monitor/trial_runner.py: the snapshot, the control's
 end, the passing chain's end, the arm being judged; one more with `keep`). In host memory each is
-a CPU copy. That is the fast path, and the wrong one for a large run: Adam's state is 3 × the
+a CPU copy, and a restore passes through one more copy of the optimizer's state (load_state_dict
+would otherwise alias the saved tensors on a CPU run); HOST_SHARE leaves room for it. That is the fast path, and the wrong one for a large run: Adam's state is 3 × the
 parameters, so four copies of a 7B model's state in fp32 are ~340 GB, and eight ranks of a node
 share one host. So the copies go to host memory only while they take at most HOST_SHARE of the
 memory the kernel says is available (MemAvailable), divided among the node's ranks
