@@ -283,3 +283,34 @@ def test_a_trial_right_after_one_that_judged_nothing_keeps_its_failure(tmp_path)
     assert starts[1].message.endswith("Nothing from ×4 up is kept: the trial before failed it")
     [_, end] = [e for e in reader.events(db, mon.run_id) if e.kind == M.EVENT_TRIAL_END]
     assert "×4 failed in the trial before at this batch" in end.message
+
+
+def test_the_step_after_a_trial_logs_its_own_peak_memory_not_the_arms(tmp_path):
+    """An arm's memory (a larger batch, here 400 MB held for one arm step) is no peak of the
+    running tier: the step after the trial measures from the trial's end, so the memory plan's
+    measured row at the running per-device batch is the run's own."""
+    db = tmp_path / "runs.duckdb"
+    model, opt, mon = _loop(db, trials=True, trial_delta_tokens=64)
+    x, y = _data(4000, 1)
+    x_eval, y_eval = _data(N_EVAL, 2)
+    pos = 0
+    for step in range(1, 6):
+        pos = _train(model, opt, mon, x, y, pos, step)
+    commands.submit(db, mon.run_id, "trial", {"factors": [2]}, actor="test")
+    trial = _boundary(mon)
+    plain = _train_step(x, y)
+
+    def big_arm(model, opt, start, count):
+        if count > 8:  # the ×2 arm: a batch that needs 400 MB more than the run's
+            torch.ones(100_000_000).add_(1)
+        return plain(model, opt, start, count)
+
+    out = mon.run_trial(trial, big_arm, lambda m: ((m(x_eval) - y_eval) ** 2).squeeze(1), start=pos)
+    pos += trial.delta_examples
+    cont = mon.trial_ended(out)
+    for step in (cont + 1, cont + 2):
+        pos = _train(model, opt, mon, x, y, pos, step, out.tier.per_device_batch, out.tier.accum)
+    mon.finish()
+    peaks = metric(db, mon.run_id, M.MEM_PEAK)
+    before, after = max(peaks[s] for s in range(2, 6)), max(peaks[s] for s in (cont + 1, cont + 2))
+    assert after < before + 100e6, (before, after)

@@ -627,7 +627,9 @@ class Monitor:
         trial_runner.py: train_step(model, optimizer, start, count), one optimizer step on
         examples start .. start + count − 1, returning its loss; evaluate(model), one loss per
         held-out example), judge, and leave the kept arm's end state in place. No per-step
-        metrics are logged while arms run (trial_arm points only). An error inside restores the
+        metrics are logged while arms run (trial_arm points only), and the next step's peak
+        memory is measured from the trial's end: an arm's larger batch is no peak of the
+        running tier's (its measured memory row). An error inside restores the
         snapshot and abandons the trial (the event, the command refused): returns None. keep: a
         testing aid, continue from this arm whatever the verdict (the trial_end says so).
         snapshots / snapshot_dir: where the trial's copies of the state go ("auto": host memory
@@ -680,6 +682,7 @@ class Monitor:
             if place is not None:
                 place.close()
             self.grads.reset()  # the arms' backwards are no step of the run's
+            self._memory_metrics()  # nor their peak memory: the next step measures from here
             self._in_trial = False
         kept = request.arm(keep or verdict.kept_k)
         return TrialOutcome(request, verdict, kept, time.perf_counter() - t0, place)
