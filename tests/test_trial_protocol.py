@@ -4,7 +4,7 @@ the kept arm; the events of the contract (docs: /work/notes/trial_contract.md) a
 'applied at continue_step' are recorded. A loop that did not opt in refuses a trial command at
 the next boundary with the reason, and a factor that cannot run refuses the whole command. A
 trial begun right after one that judged nothing keeps that one's failures (its cap), through a
-resume too."""
+resume too. The step after a trial logs its own peak memory, not an arm's."""
 
 from __future__ import annotations
 
