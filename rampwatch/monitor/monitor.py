@@ -383,9 +383,11 @@ class Monitor:
             )
 
     def discard_step(self) -> None:
-        """Forget this step's partial sums: its backwards never reached an optimizer step (a
-        skipped batch, an out-of-memory retry)."""
+        """Forget this step's partial sums and its peak memory: its backwards never reached an
+        optimizer step (a skipped batch, an out-of-memory retry), and the peak of an attempt
+        that ran out of memory is no peak of the smaller tier the step is redone at."""
         self.grads.reset()
+        self._memory_metrics()
 
     @contextlib.contextmanager
     def untimed(self):
@@ -681,8 +683,7 @@ class Monitor:
         finally:
             if place is not None:
                 place.close()
-            self.grads.reset()  # the arms' backwards are no step of the run's
-            self._memory_metrics()  # nor their peak memory: the next step measures from here
+            self.discard_step()  # the arms' backwards and peak memory are no step's of the run
             self._in_trial = False
         kept = request.arm(keep or verdict.kept_k)
         return TrialOutcome(request, verdict, kept, time.perf_counter() - t0, place)
