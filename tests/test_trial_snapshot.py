@@ -199,10 +199,16 @@ def test_a_killed_trials_folder_is_removed_and_a_running_ones_kept(tmp_path, pro
     assert not killed.exists() and list(running.iterdir())
 
 
+# TEARDOWN: the children end with os._exit after their last collective. torch 2.13's gloo
+# teardown after an optimizer step aborts ("terminate called without an active exception") in
+# about 1 of 6 runs of plain torch code (init, a Linear's AdamW step, two all_reduces,
+# destroy_process_group: 5 aborts in 30 runs here; 0 in 30 without the optimizer step, 0 in 30
+# with os._exit); what these tests check is printed before it.
 FSDP_CHILD = """
-import pathlib, sys, torch, torch.distributed as dist
+import os, pathlib, sys, torch, torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 from rampwatch.monitor.trial_snapshot import Snapshot
+from tests.procs import rank_line
 
 dist.init_process_group("gloo")
 torch.manual_seed(0)
@@ -232,8 +238,8 @@ steps(2)
 on_file.restore(model, opt)
 same = all(torch.equal(a, b) for a, b in zip(at_snapshot, full(), strict=True))
 steps(1)  # the restored DTensors train on
-print(f"RANK {dist.get_rank()} exact={same} sharded={type(next(model.parameters())).__name__}")
-dist.destroy_process_group()
+rank_line(f"RANK {dist.get_rank()} exact={same} sharded={type(next(model.parameters())).__name__}")
+os._exit(0)  # TEARDOWN
 """
 
 
@@ -255,6 +261,7 @@ def test_fsdp2_dtensors_restore_exactly_from_a_file_on_two_ranks(tmp_path):
 AGREE_CHILD = """
 import os, sys, torch, torch.distributed as dist
 from rampwatch.monitor.trial_snapshot import SnapshotsDoNotFit, place_snapshots
+from tests.procs import rank_line
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -265,13 +272,13 @@ opt.step()
 if rank == 1:  # this rank's share of the host holds no 4 copies
     os.environ["LOCAL_WORLD_SIZE"] = str(10**12)
 place = place_snapshots(model, opt, "auto", f"{sys.argv[1]}/r{rank}")
-print(f"RANK {rank} files={place.folder is not None}", flush=True)
+rank_line(f"RANK {rank} files={place.folder is not None}")
 place.close()
 try:  # rank 0 now gives no folder
     place_snapshots(model, opt, "auto", None if rank == 0 else f"{sys.argv[1]}/r{rank}")
 except SnapshotsDoNotFit as e:
-    print(f"RANK {rank} refused: {e}", flush=True)
-dist.destroy_process_group()
+    rank_line(f"RANK {rank} refused: {e}")
+os._exit(0)  # TEARDOWN
 """
 
 

@@ -198,7 +198,7 @@ def remove_left_behind(parent: Path) -> None:
     for old in parent.glob(f"{FOLDER_PREFIX}*"):
         try:
             fd = os.open(old / LOCK, os.O_RDWR)
-        except OSError:  # being made (the lock comes right after the folder), or gone
+        except OSError:  # gone: a peer removed it first
             continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -211,10 +211,14 @@ def remove_left_behind(parent: Path) -> None:
 
 
 def _locked(folder: Path) -> int:
-    """A new trial folder, held: the descriptor of its lock file, locked until closed."""
-    folder.mkdir()
-    fd = os.open(folder / LOCK, os.O_CREAT | os.O_RDWR, 0o600)
+    """A new trial folder, held: the descriptor of its lock file, locked until closed. Made under
+    a name remove_left_behind does not match and renamed once locked, so no peer (a rank tidying
+    the same parent as this one starts) ever sees it unlocked."""
+    making = folder.with_name(f".{folder.name}")
+    making.mkdir()
+    fd = os.open(making / LOCK, os.O_CREAT | os.O_RDWR, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)
+    making.rename(folder)
     return fd
 
 
