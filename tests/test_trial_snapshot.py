@@ -200,10 +200,10 @@ def test_a_killed_trials_folder_is_removed_and_a_running_ones_kept(tmp_path, pro
 
 
 # TEARDOWN: the children end with os._exit after their last collective. torch 2.13's gloo
-# teardown after an optimizer step aborts ("terminate called without an active exception") in
-# about 1 of 6 runs of plain torch code (init, a Linear's AdamW step, two all_reduces,
-# destroy_process_group: 5 aborts in 30 runs here; 0 in 30 without the optimizer step, 0 in 30
-# with os._exit); what these tests check is printed before it.
+# teardown aborts ("terminate called without an active exception") in about 1 of 6 runs of
+# plain torch code (init, a Linear's backward and AdamW step, two all_reduces,
+# destroy_process_group: 5 aborts in 30 runs here; 0 in 30 with no model, 0 in 30 ending with
+# os._exit); what these tests check is written before it.
 FSDP_CHILD = """
 import os, pathlib, sys, torch, torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
