@@ -65,3 +65,12 @@ def test_the_layout_lists_every_module_of_the_package_and_no_other():
     inits = {p for p in actual if p.endswith("__init__.py") and p != "__init__.py"}
     assert sorted(actual - inits - listed) == [], "modules missing from the layout"
     assert sorted(listed - actual) == [], "modules in the layout that do not exist"
+
+
+def test_the_trial_copies_rule_quoted_is_the_code_s():
+    from rampwatch.monitor.trial_snapshot import COPIES, HOST_SHARE
+
+    words = {3: "three", 4: "four", 5: "five"}
+    assert f"A trial holds up to {words[COPIES]} copies" in README
+    assert f"while {words[COPIES]}\ntake at most half of what the kernel" in README
+    assert HOST_SHARE == 0.5  # "half"
