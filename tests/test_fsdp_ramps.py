@@ -2,7 +2,8 @@
 `fully_shard` and no-sync accumulation, and one with no wrapper whose optimizer reduce-scatters
 in step() (nanochat's structure) and hands its shards to mon.reduced_grad. Both are applied on
 every rank at the same step, and the ranks leave the trial with the same weights (every rank's
-held-out losses, from the whole model, are equal).
+held-out losses, from the whole model, are equal); the FSDP2 loop's trial keeps its copies in
+files (its DTensors as local shards), the other's in host memory.
 """
 
 from __future__ import annotations
@@ -89,7 +90,9 @@ while step < int(sys.argv[2]):
         rank_line(f"RAMP rank={rank} step={step}")
     if trial := mon.trial_due():
         start = step
-        out = mon.run_trial(trial, train_step, evaluate, start=pos)
+        # FSDP2's copies in files (its DTensors as local shards), nanochat's in host memory
+        out = mon.run_trial(trial, train_step, evaluate, start=pos,
+                            snapshots="disk" if sharded else "auto", snapshot_dir=sys.argv[5])
         if out is not None:
             pos += trial.delta_examples
             batch, accum = out.tier.per_device_batch, out.tier.accum
@@ -106,7 +109,7 @@ dist.destroy_process_group()
 def test_a_ramp_and_a_trial_land_on_both_ranks_at_the_same_step(tmp_path, wrap):
     db, child = tmp_path / "runs.duckdb", tmp_path / "child.py"
     child.write_text(textwrap.dedent(CHILD))
-    args = (str(child), str(db), str(STEPS), str(WAIT_AT), wrap)
+    args = (str(child), str(db), str(STEPS), str(WAIT_AT), wrap, str(tmp_path / "trials"))
     proc = spawn(torchrun(*args), stdout=-1, stderr=-2)
     sent: dict[str, int] = {}
 
@@ -138,7 +141,8 @@ def test_a_ramp_and_a_trial_land_on_both_ranks_at_the_same_step(tmp_path, wrap):
     assert WAIT_AT < start < cont < STEPS
     cmd = commands.get(db, sent["trial"])
     assert (cmd.status, cmd.applied_step) == ("applied", cont)
-    assert len(reader.events(db, run.run_id, kinds=[M.EVENT_TRIAL_END])) == 1
+    [end] = reader.events(db, run.run_id, kinds=[M.EVENT_TRIAL_END])
+    assert ("files in" if wrap == "fsdp2" else "host memory") in end.data["snapshots"]
     # the noise scale on every logged step but the trial's, the global point among its points
     logged = sorted(metric(db, run.run_id, M.GNS_TRACE))
     assert logged == [*range(1, start + 1), *range(cont + 1, STEPS + 1)]
