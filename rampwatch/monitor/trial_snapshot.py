@@ -230,49 +230,50 @@ class _Slot:
     dtensor: tuple | None = None  # (mesh, placements, shape, stride)
 
 
+def _mapped(state, leaf):
+    """`state` with leaf(x) in place of each tensor (or _Slot) x: dicts and lists rebuilt, any
+    other value deep-copied, so the result shares nothing mutable with `state`."""
+    if isinstance(state, torch.Tensor | _Slot):
+        return leaf(state)
+    if isinstance(state, dict):
+        return {k: _mapped(v, leaf) for k, v in state.items()}
+    if isinstance(state, list):
+        return [_mapped(v, leaf) for v in state]
+    return copy.deepcopy(state)
+
+
 def _hollow(state, tensors: list):
     """`state` with each tensor replaced by a _Slot, the tensors (local shards) appended."""
-    if isinstance(state, torch.Tensor):
+
+    def slot(t: torch.Tensor) -> _Slot:
         spec = None
-        if _is_dtensor(state):
-            spec = (state.device_mesh, state.placements, state.shape, state.stride())
-            state = state.to_local()
-        tensors.append(state.detach())
+        if _is_dtensor(t):
+            spec = (t.device_mesh, t.placements, t.shape, t.stride())
+            t = t.to_local()
+        tensors.append(t.detach())
         return _Slot(len(tensors) - 1, spec)
-    if isinstance(state, dict):
-        return {k: _hollow(v, tensors) for k, v in state.items()}
-    if isinstance(state, list):
-        return [_hollow(v, tensors) for v in state]
-    return copy.deepcopy(state)
+
+    return _mapped(state, slot)
 
 
 def _filled(state, tensors: list):
     """_hollow's inverse: each _Slot replaced by its tensor (a DTensor rebuilt on its mesh)."""
-    if isinstance(state, _Slot):
-        t = tensors[state.index]
-        if state.dtensor is None:
-            return t
+
+    def tensor(s: _Slot) -> torch.Tensor:
+        if s.dtensor is None:
+            return tensors[s.index]
         from torch.distributed.tensor import DTensor
 
-        mesh, placements, shape, stride = state.dtensor
-        return DTensor.from_local(t, mesh, placements, shape=shape, stride=stride)
-    if isinstance(state, dict):
-        return {k: _filled(v, tensors) for k, v in state.items()}
-    if isinstance(state, list):
-        return [_filled(v, tensors) for v in state]
-    return state
+        mesh, placements, shape, stride = s.dtensor
+        return DTensor.from_local(tensors[s.index], mesh, placements, shape=shape, stride=stride)
+
+    return _mapped(state, tensor)
 
 
 def _to_cpu(state):
     """A CPU copy of every tensor in `state`; no deepcopy first, which would copy each device
     tensor on its device (a second optimizer state on the GPU) before moving it."""
-    if isinstance(state, torch.Tensor):
-        return state.detach().to("cpu", copy=True)
-    if isinstance(state, dict):
-        return {k: _to_cpu(v) for k, v in state.items()}
-    if isinstance(state, list):
-        return [_to_cpu(v) for v in state]
-    return copy.deepcopy(state)
+    return _mapped(state, lambda t: t.detach().to("cpu", copy=True))
 
 
 def _is_dtensor(t) -> bool:
@@ -282,18 +283,16 @@ def _is_dtensor(t) -> bool:
 def state_bytes(model, optimizer) -> int:
     """One copy's bytes on this rank, as the memory path copies them: every tensor of the
     model's state_dict and of the optimizer's state (a DTensor's local shard)."""
+    total = 0
 
-    def size(state) -> int:
-        if isinstance(state, torch.Tensor):
-            t = state.to_local() if _is_dtensor(state) else state
-            return t.numel() * t.element_size()
-        if isinstance(state, dict):
-            return sum(size(v) for v in state.values())
-        if isinstance(state, list | tuple):
-            return sum(size(v) for v in state)
-        return 0
+    def count(t: torch.Tensor) -> None:
+        nonlocal total
+        t = t.to_local() if _is_dtensor(t) else t
+        total += t.numel() * t.element_size()
 
-    return size(model.state_dict()) + size(optimizer.state_dict()["state"])
+    _mapped(model.state_dict(), count)
+    _mapped(optimizer.state_dict()["state"], count)
+    return total
 
 
 def available_host_bytes() -> int | None:
