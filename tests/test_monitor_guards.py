@@ -111,9 +111,8 @@ def test_an_error_inside_the_monitor_never_reaches_the_loop(tmp_path):
     assert "training goes on without it" in alert.message
 
 
-def test_a_step_redone_after_an_out_of_memory_logs_its_own_peak(tmp_path):
-    """The attempt that ran out of memory (here: 400 MB, then the error) is no peak of the
-    smaller tier the step is redone at: its measured memory row would say that tier is as large."""
+def _three_steps(tmp_path):
+    """A monitor after three plain steps of a small model: (its database, model, monitor)."""
     db = tmp_path / "runs.duckdb"
     model = torch.nn.Linear(6, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -122,13 +121,34 @@ def test_a_step_redone_after_an_out_of_memory_logs_its_own_peak(tmp_path):
         mon.step(step, loss=_backwards(model, mon))
         opt.step()
         opt.zero_grad()
+    return db, model, mon
+
+
+def _step_4_peak_is_its_own(db, mon) -> None:
+    mon.finish()
+    peaks = metric(db, mon.run_id, M.MEM_PEAK)
+    assert peaks[4] < max(peaks[s] for s in (1, 2, 3)) + 100e6, peaks
+
+
+def test_a_step_redone_after_an_out_of_memory_logs_its_own_peak(tmp_path):
+    """The attempt that ran out of memory (here: 400 MB, then the error) is no peak of the
+    smaller tier the step is redone at: its measured memory row would say that tier is as large."""
+    db, model, mon = _three_steps(tmp_path)
     torch.ones(100_000_000).add_(1)  # step 4's attempt at per-device batch 4, then
     mon.report_oom(4, step=3, message="injected")  # the loop's out-of-memory handler
     mon.set_tier(2, 4)  # the step redone at half the per-device batch
     mon.step(4, loss=_backwards(model, mon))
-    mon.finish()
-    peaks = metric(db, mon.run_id, M.MEM_PEAK)
-    assert peaks[4] < max(peaks[s] for s in (1, 2, 3)) + 100e6, peaks
+    _step_4_peak_is_its_own(db, mon)
+
+
+def test_work_left_out_of_step_time_is_left_out_of_the_next_steps_peak(tmp_path):
+    """Validation inside untimed() (here: 400 MB) is no peak of the training step after it:
+    that step's row is the running tier's measured memory, read by the tier table."""
+    db, model, mon = _three_steps(tmp_path)
+    with mon.untimed():  # the loop's evaluation between steps 3 and 4
+        torch.ones(100_000_000).add_(1)
+    mon.step(4, loss=_backwards(model, mon))
+    _step_4_peak_is_its_own(db, mon)
 
 
 GNS_NAMES = {M.GNS_G2, M.GNS_TRACE, M.GNS_RAW, M.GNS, M.GNS_TOKENS, M.GNS_LOW, M.GNS_HIGH}

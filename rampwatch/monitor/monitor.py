@@ -391,12 +391,15 @@ class Monitor:
 
     @contextlib.contextmanager
     def untimed(self):
-        """Time spent inside (validation, checkpoints) is left out of step time and tokens/s."""
+        """What runs inside (validation, checkpoints) is left out of step time and tokens/s,
+        and out of the next step's peak memory: that row is the running tier's measured one.
+        Call it between optimizer steps, not between a step's backwards."""
         t0 = time.perf_counter()
         try:
             yield
         finally:
             self._excluded += time.perf_counter() - t0
+            self._memory_metrics()  # read and reset: the peak starts again here
 
     # -- per optimizer step -------------------------------------------------------------------
     def step(
