@@ -114,6 +114,10 @@ def _dashboard(args: argparse.Namespace, streamlit_flags: list[str]) -> int:
         _try_listening(args.host, args.port)
     except OSError as e:
         refuse(_cannot_listen(args.host, args.port, e))
+    try:
+        paths = [*_checked_dirs(args.dirs), *args.db]  # a --db file may not exist yet: it waits
+    except ValueError as e:
+        refuse(str(e))
     env = dict(os.environ)
     env.pop(guard.TOKEN_ENV, None)
     if not args.read_only:
@@ -121,10 +125,6 @@ def _dashboard(args: argparse.Namespace, streamlit_flags: list[str]) -> int:
             env[guard.TOKEN_ENV] = _operator_token(args)
         except ValueError as e:
             refuse(str(e))
-    try:
-        paths = [*_checked_dirs(args.dirs), *args.db]  # a --db file may not exist yet: it waits
-    except ValueError as e:
-        refuse(str(e))
     app_args = [a for p in paths for a in ("--db", str(Path(p).expanduser().absolute()))]
     app_args += ["--read-only"] if args.read_only else []
     hosts = []  # Host names a browser may use: a DNS-rebinding page's name is refused

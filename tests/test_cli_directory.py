@@ -99,12 +99,13 @@ def test_dashboard_refuses_a_bad_directory_in_one_line(tmp_path, name, make, say
     if make == "locked":
         p.mkdir(mode=0o000)
     try:
-        r = _rw("dashboard", p, "--read-only", cwd=tmp_path, preexec_fn=_file_modes_apply)
+        r = _rw("dashboard", p, cwd=tmp_path, preexec_fn=_file_modes_apply)
     finally:
         if p.exists():
             p.chmod(0o755)
     assert r.returncode == 2, (r.returncode, r.stdout, r.stderr[-2000:])
     assert says.format(p=p) in _one_error_line(r, "dashboard")
+    assert "Operator token" not in r.stdout  # no token made up for a start that is refused
     assert sorted(os.listdir(tmp_path)) == ([name] if make else [])  # nothing made
 
 
