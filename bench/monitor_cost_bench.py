@@ -361,8 +361,10 @@ def _series(res: dict) -> dict[str, np.ndarray]:
     return out
 
 
-def _q(a: np.ndarray) -> tuple[float, float, float]:
-    return float(np.median(a)), float(np.percentile(a, 99)), float(a.max())
+def _q(a: np.ndarray) -> tuple[float, float, float, float]:
+    """Median, p99, max and mean: the mean holds the every-few-steps work (the noise-scale
+    window's scan every 4th step, its refresh) that the median steps over."""
+    return float(np.median(a)), float(np.percentile(a, 99)), float(a.max()), float(a.mean())
 
 
 def _us(x: float) -> str:
@@ -376,8 +378,9 @@ def table(setup: Setup, res: dict) -> tuple[str, dict]:
         f"### {setup.name}: batch {setup.batch} x accumulation {setup.accum}, seq_len "
         f"{setup.seq_len}, {setup.n_params:,} parameters; {n} monitored + {n} bare steps",
         "",
-        "| per optimizer step, main thread | wall p50 (µs) | wall p99 | wall max | CPU p50 (µs) |",
-        "|---|---:|---:|---:|---:|",
+        "| per optimizer step, main thread | wall p50 (µs) | wall p99 | wall max | wall mean "
+        "| CPU p50 (µs) | CPU mean |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     labels = [
         (f"after_backward() x{setup.accum}", "ab", "ab_cpu"),
@@ -390,23 +393,27 @@ def table(setup: Setup, res: dict) -> tuple[str, dict]:
         ("all three beyond the norm kernels", "total_beyond", None),
     ]
     for label, key, cpu_key in labels:
-        p50, p99, mx = _q(s[key])
-        c = _us(float(np.median(s[cpu_key]))) if cpu_key else ""
-        rows.append(f"| {label} | {_us(p50)} | {_us(p99)} | {_us(mx)} | {c} |")
+        walls = " | ".join(_us(x) for x in _q(s[key]))
+        cpu = s[cpu_key] if cpu_key else None
+        c = "" if cpu is None else f"{_us(float(np.median(cpu)))} | {_us(float(cpu.mean()))}"
+        rows.append(f"| {label} | {walls} | {c or ' | '} |")
     for label, key in (("bare step (no monitor)", "bare"), ("monitored step", "wall")):
-        rows.append(f"| {label} | " + " | ".join(_us(x) for x in _q(s[key])) + " | |")
+        rows.append(f"| {label} | " + " | ".join(_us(x) for x in _q(s[key])) + " | | |")
     bare, mon = float(np.median(s["bare"])), float(np.median(s["wall"]))
     quarter = max(1, n // 4)
     first, last = float(np.median(s["st"][:quarter])), float(np.median(s["st"][-quarter:]))
     total = float(np.median(s["total"]))
     beyond = float(np.median(s["total_beyond"]))
+    beyond_mean = float(s["total_beyond"].mean())
     fl = res["flusher_s"] / res["wall_s"]
     per_visit = res["flusher_s"] / res["visits"] * 1e3 if res["visits"] else float("nan")
     rows += [
         "",
         f"Monitor calls: {_us(total)} µs per step (median) = {total / bare * 100:.2f}% of the "
         f"median bare step; beyond the norm kernels {_us(beyond)} µs "
-        f"(goal ≤ {GOAL_MS * 1e3:.0f} µs: {'met' if beyond <= GOAL_MS * 1e3 else 'missed'}). "
+        f"(goal ≤ {GOAL_MS * 1e3:.0f} µs: {'met' if beyond <= GOAL_MS * 1e3 else 'missed'}), "
+        f"mean {_us(beyond_mean)} µs "
+        f"({'met' if beyond_mean <= GOAL_MS * 1e3 else 'missed'}). "
         f"Monitored step vs bare, medians: {(mon / bare - 1) * 100:+.1f}%.",
         f"Flusher thread: {res['flusher_s'] * 1e3:,.0f} ms CPU in {res['wall_s']:.1f} s = "
         f"{fl * 1e3:.1f} ms CPU per second ({fl * 100:.2f}% of a core); {res['visits']} visits "
@@ -420,6 +427,7 @@ def table(setup: Setup, res: dict) -> tuple[str, dict]:
     summary = {
         "total": total,
         "beyond": beyond,
+        "beyond_mean": beyond_mean,
         "bare": bare,
         "flusher_ms_per_s": fl * 1e3,
         "kernel": float(np.median(s["kernel"])),
@@ -470,14 +478,15 @@ def main(argv=None) -> int:
     print("### Summary (medians per step, µs; flusher: ms CPU per wall second)\n")
     print(
         "| model | bare step | monitor calls | share | norm kernels | beyond them (goal ≤ 200) "
-        "| step() | ramp_due() | flusher |"
+        "| their mean | step() | ramp_due() | flusher |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, s in summaries:
         print(
             f"| {name} | {_us(s['bare'])} | {_us(s['total'])} | "
             f"{s['total'] / s['bare'] * 100:.2f}% | {_us(s['kernel'])} | {_us(s['beyond'])} | "
-            f"{_us(s['step'])} | {_us(s['due'])} | {s['flusher_ms_per_s']:.1f} |"
+            f"{_us(s['beyond_mean'])} | {_us(s['step'])} | {_us(s['due'])} | "
+            f"{s['flusher_ms_per_s']:.1f} |"
         )
     print("\nAt the end. " + machine(torch.get_num_threads()))
     return 0
