@@ -393,7 +393,8 @@ class Monitor:
     def untimed(self):
         """What runs inside (validation, checkpoints) is left out of step time and tokens/s,
         and out of the next step's peak memory: that row is the running tier's measured one.
-        Call it between optimizer steps, not between a step's backwards."""
+        Inside a step's accumulation (Lightning can validate there) the micro-batches after it
+        reach their peak again, and the optimizer's step comes after them."""
         t0 = time.perf_counter()
         try:
             yield
