@@ -22,7 +22,9 @@ from rampwatch.monitor.trial_snapshot import (
     COPIES,
     Snapshot,
     SnapshotsDoNotFit,
+    _to_cpu,
     place_snapshots,
+    state_bytes,
 )
 from rampwatch.store import commands, reader
 from rampwatch.store import names as M
@@ -86,6 +88,28 @@ def test_a_restore_from_a_file_is_exact(tmp_path):
         _assert_equal(_state(model, opt, sched), at_snapshot)
     on_file.drop()
     assert list(tmp_path.iterdir()) == []
+
+
+class _TupleStateOptimizer:
+    """An optimizer whose per-parameter state holds a tuple of tensors (a factored second
+    moment, say): only its state_dict() matters here."""
+
+    def __init__(self, row: torch.Tensor, col: torch.Tensor):
+        self.row, self.col = row, col
+
+    def state_dict(self) -> dict:
+        return {"state": {0: {"factored": (self.row, self.col)}}, "param_groups": []}
+
+
+def test_a_tuple_of_tensors_in_the_state_is_counted_and_copied():
+    model = torch.nn.Linear(4, 2)
+    row, col = torch.ones(3), torch.ones(5, dtype=torch.float64)
+    opt = _TupleStateOptimizer(row, col)
+    assert state_bytes(model, opt) == (4 * 2 + 2) * 4 + 3 * 4 + 5 * 8
+    copied = _to_cpu(opt.state_dict()["state"])[0]["factored"]
+    assert isinstance(copied, tuple)
+    assert all(torch.equal(a, b) for a, b in zip(copied, (row, col), strict=True))
+    assert copied[0].data_ptr() != row.data_ptr()  # a copy, not the live tensor
 
 
 def test_the_copies_go_to_files_only_where_host_memory_cannot_hold_them(tmp_path, monkeypatch):

@@ -231,14 +231,16 @@ class _Slot:
 
 
 def _mapped(state, leaf):
-    """`state` with leaf(x) in place of each tensor (or _Slot) x: dicts and lists rebuilt, any
-    other value deep-copied, so the result shares nothing mutable with `state`."""
+    """`state` with leaf(x) in place of each tensor (or _Slot) x: dicts, lists and tuples
+    rebuilt, any other value deep-copied, so the result shares nothing mutable with `state`."""
     if isinstance(state, torch.Tensor | _Slot):
         return leaf(state)
     if isinstance(state, dict):
         return {k: _mapped(v, leaf) for k, v in state.items()}
     if isinstance(state, list):
         return [_mapped(v, leaf) for v in state]
+    if type(state) is tuple:  # a named tuple keeps its type: deep-copied below
+        return tuple(_mapped(v, leaf) for v in state)
     return copy.deepcopy(state)
 
 
