@@ -3,6 +3,7 @@
     OMP_NUM_THREADS=1 python -m bench.monitor_cost_bench            # nanogpt 3000 steps, cpu-tiny 150
     OMP_NUM_THREADS=1 python -m bench.monitor_cost_bench --quick    # a few steps: a smoke run
     OMP_NUM_THREADS=1 python -m bench.monitor_cost_bench --profile  # + where step() spends it
+    OMP_NUM_THREADS=1 python -m bench.monitor_cost_bench --window-against REV  # the window alone
 
 Two models, each in its own loop, with Monitor.start writing into a real DuckDB file (temp dir):
 - nanogpt: examples/nanogpt_loop.py's TinyLM (vocab 64, width 64; 41k parameters) in its
@@ -25,6 +26,9 @@ The flusher thread's CPU (its per-thread CPU clock) over the monitored phase's w
 its CPU-seconds per second; Python's gen-2 garbage collections in that phase are counted.
 Then a few more monitored steps with what step() calls wrapped and timed (step()'s parts, in
 the loop's cold caches), and with --profile a cProfile of the monitor's calls.
+With --window-against REV only the noise-scale window is timed, alone (warm caches): its
+update() on a steady recorded-like stream, this code and advisor/gns_window.py at git revision
+REV in alternate rounds, split into the steps that scan for a change point and the others.
 Figures depend on the machine's load: the load average is printed.
 """
 
@@ -45,7 +49,9 @@ import numpy as np
 import torch
 
 from bench.noise_bench import machine
+from bench.noise_robust_bench import baseline_window
 from bench.store_bench import GcPauses
+from rampwatch.advisor.gns_window import NoiseScaleWindow
 from rampwatch.monitor import Monitor
 from rampwatch.monitor import monitor as monitor_module
 from rampwatch.monitor.gradstats import _squared_norm
@@ -438,6 +444,50 @@ def table(setup: Setup, res: dict) -> tuple[str, dict]:
     return "\n".join(rows), summary
 
 
+def window_alone(window_cls, warm: int, steps: int, seed: int) -> dict[str, float]:
+    """µs per update() of a window grown `warm` steps on a steady log-normal stream: median over
+    the steps that scan, over the others, and the mean over all."""
+    rng = np.random.default_rng(seed)
+    g2 = (2.0 * np.exp(rng.normal(0, 0.5, warm + steps))).tolist()
+    trace = (60.0 * np.exp(rng.normal(0, 0.3, warm + steps))).tolist()
+    w = window_cls()
+    for i in range(warm):
+        w.update(g2[i], trace[i])
+    scans, others = [], []
+    for i in range(warm, warm + steps):
+        scanning = (w.updates + 1) % w.scan_every == 0
+        t0 = time.perf_counter_ns()
+        w.update(g2[i], trace[i])
+        (scans if scanning else others).append((time.perf_counter_ns() - t0) / 1e3)
+    return {
+        "scan": float(np.median(scans)),
+        "other": float(np.median(others)),
+        "mean": (sum(scans) + sum(others)) / steps,
+        "length": w.length,
+    }
+
+
+def window_against(rev: str, rounds: int = 6, steps: int = 400) -> str:
+    """The window alone, this code against revision `rev`, rounds alternating their order."""
+    kinds = {"this code": NoiseScaleWindow, rev: baseline_window(rev)}
+    rows = [
+        "| window grown | code | steps that scan (median µs) | others | mean of all |",
+        "|---:|---|---:|---:|---:|",
+    ]
+    for warm in (600, 1200, 3500):
+        got = {k: [] for k in kinds}
+        for r in range(rounds):
+            for name in list(kinds)[:: 1 if r % 2 == 0 else -1]:
+                got[name].append(window_alone(kinds[name], warm, steps, seed=r))
+        for name, runs in got.items():
+            med = {k: float(np.median([x[k] for x in runs])) for k in ("scan", "other", "mean")}
+            rows.append(
+                f"| {warm:,} ({runs[-1]['length']:,} in the window) | {name} | "
+                f"{med['scan']:.1f} | {med['other']:.1f} | {med['mean']:.1f} |"
+            )
+    return "\n".join(rows)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="a few steps of each: a smoke run")
@@ -447,8 +497,15 @@ def main(argv=None) -> int:
     p.add_argument("--only", choices=("nanogpt", "cpu-tiny"), help="one model only")
     p.add_argument("--profile", action="store_true", help="also cProfile the monitor's calls")
     p.add_argument("--dir", help="where the temporary database goes (default: a temp dir)")
+    p.add_argument("--window-against", metavar="REV", help="time the noise window alone vs REV")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
+    if a.window_against:
+        print("## The noise-scale window's update(), alone\n")
+        print("At the start. " + machine(1) + "\n")
+        print(window_against(a.window_against))
+        print("\nAt the end. " + machine(1))
+        return 0
     steps = a.steps or (6 if a.quick else 3000)
     tiny_steps = a.cpu_tiny_steps or (3 if a.quick else 150)
     warmup = 2 if a.quick else 20

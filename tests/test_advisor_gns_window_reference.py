@@ -313,10 +313,14 @@ def test_the_frozen_ladder_is_the_modules():
     for first in (2, 3, 12):
         for last in (0, 1, 2, 5, 40, 1000, 3999):
             assert gns_window._ladder(first, last) == _ref_ladder(first, last)
+    shortest = 12
     for n in range(2, 600):
-        shortest = 12
-        newer = _ref_ladder(shortest, n - 2) + [n - k for k in _ref_ladder(2, n - shortest)]
-        assert gns_window._cuts(n, shortest, 4000) == np.unique(newer).tolist()
+        for unscanned in (1, 4):  # the windows of n, n - 1, ... steps, at once
+            backs, cuts = gns_window._cuts(n, unscanned, shortest, 4000)
+            for back in range(unscanned):
+                w = n - back
+                ref = _ref_ladder(shortest, w - 2) + [w - k for k in _ref_ladder(2, w - shortest)]
+                assert np.unique(cuts[backs == back]).tolist() == np.unique(ref).tolist()
 
 
 def test_a_robust_scale_of_zero_is_taken_again_every_step():

@@ -30,3 +30,12 @@ def test_store_bench_log_only_runs_small(tmp_path):
     assert sum("switch interval (before)" in r for r in rows) == 1, out
     assert all("p99.9 " in r and "max " in r for r in rows), out
     assert "chart" not in out  # --log-only: no 1M-step file is built
+
+
+def test_monitor_cost_bench_times_the_window_against_a_revision():
+    out = bench_output("monitor_cost_bench", "--window-against", "HEAD", timeout=240)
+    rows = [
+        line for line in out.splitlines() if line.startswith("| ") and " in the window) | " in line
+    ]
+    assert len(rows) == 6, out  # three window lengths, this code and HEAD's
+    assert sum("| this code |" in r for r in rows) == 3 and sum("| HEAD |" in r for r in rows) == 3

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import math
 import operator
-from bisect import bisect_right
 from functools import lru_cache
 from statistics import NormalDist
 from typing import NamedTuple
@@ -295,11 +294,12 @@ class _PrefixSums:
             (sgt - sg * st / m) / (m - 1),
         )
 
-    def split_z(self, back: np.ndarray, n: np.ndarray, cuts: np.ndarray) -> np.ndarray:
-        """|z| of mean(newest m) − mean(the rest) of the window of n steps that ended `back`
-        steps before the newest, for each (back, n, m) given, the larger of |G|²'s and
-        tr(Σ)'s. The variance is pooled (both parts come from one distribution when nothing
-        changed), so an older part of two steps is tested as soundly as one of two hundred."""
+    def split_z(self, back: np.ndarray, cuts: np.ndarray, n: int) -> np.ndarray:
+        """|z| of mean(newest m) − mean(the rest) of the window as it was `back` steps before the
+        newest, for each (back, m) given, the larger of |G|²'s and tr(Σ)'s; that window held
+        n − back steps, all from one start (no cut since). The variance is pooled (both parts
+        come from one distribution when nothing changed), so an older part of two steps is
+        tested as soundly as one of two hundred."""
         c = self._c
         if self._synced < self.n:  # the columns appended since, into the array
             c[:, self._synced + 1 : self.n + 1] = np.array(
@@ -307,35 +307,33 @@ class _PrefixSums:
             ).T
             self._synced = self.n
         e = self.n - back
-        head = c[:2, e] - c[:2, e - cuts]  # sums over the newest m
-        tot = c[:4, e] - c[:4, e - n]  # over the window: dg, dt, dg², dt²
-        tot1, tot2 = tot[:2], tot[2:]
-        m, k = cuts, n - cuts
-        new, old = head / m, (tot1 - head) / k
-        within = tot2 - m * new * new - k * old * old  # squares about each part's own mean
-        se = np.sqrt(np.maximum(within, 0.0) * ((1.0 / m + 1.0 / k) / (n - 2)))
-        diff = np.abs(new - old)
-        z = np.divide(diff, se, out=np.where(diff > 0, np.inf, 0.0), where=se > 0)
-        return z.max(axis=0)
+        at_end = c[:4, e]  # dg, dt, dg², dt² summed to each window's end
+        tot = at_end - c[:4, self.n - n, None]  # over each window: they share a start
+        head = at_end[:2] - c[:2, e - cuts]  # over the newest m
+        rest = tot[:2] - head  # over the older k
+        m, k = cuts, (n - back) - cuts
+        new, old = head / m, rest / k
+        diff = new - old
+        within = tot[2:] - head * new - rest * old  # squares about each part's own mean
+        var = np.maximum(within, 0.0) * ((m + k) / (m * k * (m + k - 2)))  # of the difference
+        z2 = np.divide(diff * diff, var, out=np.where(diff != 0, np.inf, 0.0), where=var > 0)
+        return np.sqrt(z2.max(axis=0))
 
     def z_at(self, n: int, m: int) -> float:
         """split_z at one cut, in floats."""
         e = self.n
         last, at_m, at_start = self._tail[-1], self.column(e - m), self.column(e - n)
         k = n - m
-        z = 0.0
+        z2 = 0.0
         for r in (0, 1):  # |G|², then tr(Σ): rows r and r + 2
-            head, tot1, tot2 = (
-                last[r] - at_m[r],
-                last[r] - at_start[r],
-                last[r + 2] - at_start[r + 2],
-            )
-            new, old = head / m, (tot1 - head) / k
-            within = tot2 - m * new * new - k * old * old
-            se = math.sqrt(max(within, 0.0) * ((1.0 / m + 1.0 / k) / (n - 2)))
-            diff = abs(new - old)
-            z = max(z, diff / se if se > 0 else (math.inf if diff > 0 else 0.0))
-        return z
+            head, tot = last[r] - at_m[r], last[r] - at_start[r]
+            rest = tot - head
+            new, old = head / m, rest / k
+            diff = new - old
+            within = last[r + 2] - at_start[r + 2] - head * new - rest * old
+            var = max(within, 0.0) * (n / (m * k * (n - 2)))
+            z2 = max(z2, diff * diff / var if var > 0 else (math.inf if diff != 0 else 0.0))
+        return math.sqrt(z2)
 
 
 def _ladder(first: int, last: int) -> list[int]:
@@ -347,19 +345,26 @@ def _ladder(first: int, last: int) -> list[int]:
 
 
 @lru_cache(maxsize=32)
-def _full_ladder(first: int, last: int) -> tuple[int, ...]:
-    """_ladder(first, last), kept: a shorter ladder from `first` is a prefix of it."""
-    return tuple(_ladder(first, last))
+def _ladders(shortest: int, longest: int) -> tuple[np.ndarray, np.ndarray]:
+    """The newer parts' lengths (shortest, ×1.25, …) and the older parts' (2, 3, 4, 5, 6, 7,
+    9, …) a window of up to `longest` steps is cut at (read-only arrays)."""
+    ladders = (np.array(_ladder(shortest, longest)), np.array(_ladder(2, longest)))
+    for a in ladders:
+        a.flags.writeable = False
+    return ladders
 
 
-def _cuts(n: int, shortest: int, longest: int) -> list[int]:
-    """The candidate newer-part lengths of a window of n steps (n <= longest), ascending:
-    newer parts of shortest, ×1.25, … steps and older parts of 2, 3, 4, 5, 6, 7, 9, … steps."""
-    newer = _full_ladder(shortest, longest)
-    older = _full_ladder(2, longest)
-    cuts = set(newer[: bisect_right(newer, n - 2)])
-    cuts.update(n - k for k in older[: bisect_right(older, n - shortest)])
-    return sorted(cuts)
+def _cuts(n: int, unscanned: int, shortest: int, longest: int) -> tuple[np.ndarray, np.ndarray]:
+    """The candidate cuts of the windows of n, n − 1, … n − unscanned + 1 steps (each the
+    window as it was `back` = 0, 1, … steps ago; n <= longest): (back, newer-part length) pairs,
+    grouped by back, a length possibly twice. A window of w steps is cut at newer parts of
+    shortest, ×1.25, … steps and at older parts of 2, 3, 4, 5, 6, 7, 9, … steps."""
+    newer, older = _ladders(shortest, longest)
+    backs = np.arange(unscanned)[:, None]
+    w = n - backs  # each back's window length, as a column
+    at = np.concatenate((np.broadcast_to(newer, (unscanned, newer.size)), w - older), axis=1)
+    ok = np.concatenate((newer <= w - 2, older <= w - shortest), axis=1)
+    return np.broadcast_to(backs, at.shape)[ok], at[ok]
 
 
 class NoiseScaleWindow:
@@ -502,27 +507,23 @@ class NoiseScaleWindow:
     def _scan(self, shortest: int) -> int | None:
         """The window's new length where a change point shows at a step not yet scanned (the
         earliest such step, at its largest z), or None."""
-        backs, lengths, cuts = [], [], []
+        unscanned = min(self._unscanned, self.length)
+        self._unscanned = 0
+        if self.length < shortest + 2:  # too short for any cut
+            return None
         # newer parts of shortest, ×1.25, … steps, and older parts of 2, 3, … steps: a few
         # stale steps left at the window's old end are found as surely as a recent change
-        for back in range(min(self._unscanned, self.length)):
-            n = self.length - back  # the window at that step (capped: from today's start)
-            at = _cuts(n, shortest, max(n, self.max_steps))
-            backs += [back] * len(at)
-            lengths += [n] * len(at)
-            cuts += at
-        self._unscanned = 0
-        if not cuts:
+        backs, cuts = _cuts(self.length, unscanned, shortest, self.max_steps)
+        if not cuts.size:
             return None
-        backs_a = np.array(backs)
-        z = self._sums.split_z(backs_a, np.array(lengths), np.array(cuts))
+        z = self._sums.split_z(backs, cuts, self.length)
         over = z > CUT_Z
         if not over.any():
             return None
-        back = int(backs_a[over].max())  # the earliest step a scan would have cut at
-        (mine,) = np.nonzero(backs_a == back)
-        best = int(mine[np.argmax(z[mine])])  # the first of equal z: the shortest newer part
-        return cuts[best] + back
+        back = backs[over].max()  # the earliest step a scan would have cut at
+        z = np.where(backs == back, z, -1.0)
+        best = cuts[z == z.max()].min()  # of equal z, the shortest newer part
+        return int(best + back)
 
     def _cut_at(self, length: int) -> bool:
         self.length = length
