@@ -90,6 +90,8 @@ def test_near_the_threshold_it_cannot_tell_and_says_what_would():
     assert v.examples_to_tell > v.examples and v.suggested_delta_tokens is None
     assert v.summary.startswith("Cannot tell whether Δ is too long")
     assert f"~{v.examples_to_tell:,} examples (now {v.examples:,})" in v.summary
+    # and where that batch is set: the trainer's flag, an own loop's evaluate()
+    assert "--trial-eval-batch" in v.summary and "evaluate()" in v.summary
 
 
 def _exact(n, r_hat, p1=0.04, sd=0.05):

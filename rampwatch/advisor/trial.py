@@ -325,7 +325,8 @@ class TrialVerdict:
             spread = f"95% bounds {lo or '−∞'} to {hi or '∞'}"
             tell = (
                 f"A held-out batch of ~{n:,} examples (now {self.examples:,}) would tell at "
-                "this spread."
+                "this spread (the trainer's --trial-eval-batch; in an own loop, the examples "
+                "its evaluate() scores)."
                 if n is not None
                 else "It sits on the threshold: no held-out batch would tell; change Δ."
             )
