@@ -12,6 +12,7 @@ foreign files are made with duckdb directly (the store, rightly, cannot make the
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -322,6 +323,30 @@ def foreign_duckdb(path) -> Path:
     con.execute("INSERT INTO sales VALUES (1, 2.5)")
     con.close()
     return p
+
+
+def damage_data_blocks(db, table: str = "metrics") -> None:
+    """Random bytes over each block of `table`'s column data, past the catalog: the file opens
+    and lists its runs, and fails only when a read reaches those rows (DuckDB's checksum)."""
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        [(size,)] = con.execute("SELECT block_size FROM pragma_database_size()").fetchall()
+        meta = {r[0] for r in con.execute("SELECT block_id FROM pragma_metadata_info()").fetchall()}
+        blocks = sorted(
+            {
+                r[0]
+                for r in con.execute(
+                    "SELECT block_id FROM pragma_storage_info(?) WHERE block_id >= 0", [table]
+                ).fetchall()
+            }
+            - meta
+        )
+    finally:
+        con.close()
+    with open(db, "r+b") as f:
+        for block in blocks:
+            f.seek(3 * 4096 + block * size + 64)
+            f.write(os.urandom(4096))
 
 
 def no_runs(path) -> Path:

@@ -15,6 +15,7 @@ import pytest
 from rampwatch import store
 from rampwatch.store import spool
 from rampwatch.store.db import spool_root
+from tests import seed
 from tests.procs import REPO, child_env
 
 pytestmark = pytest.mark.timeout(120)
@@ -84,3 +85,16 @@ def test_a_writer_keeps_its_spool_when_the_database_is_cut_under_it(db_path):
     (path,) = kept
     recs, _, _, _, _ = spool.read_records(path, 0, 10_000, final=True)
     assert len(recs) == 100
+
+
+def test_a_read_that_meets_a_damaged_block_says_the_file_is_damaged(tmp_path):
+    """DuckDB's checksum error names the block ("... in block at location N"): it is damage,
+    not a lock, and reads raise DatabaseCorruptError naming the file and what to do."""
+    db = tmp_path / "d.duckdb"
+    _big_db(db)
+    seed.damage_data_blocks(db)
+    assert [r.run_id for r in store.list_runs(db)] == ["big"]  # the catalog reads fine
+    reader = store.Reader(db)
+    with pytest.raises(store.DatabaseCorruptError) as e:
+        reader.series("big", "m1", buckets=20_000)
+    assert str(db) in str(e.value) and "damaged" in str(e.value)

@@ -12,6 +12,7 @@ not enough: DuckDB counts free blocks at the end that it has already cut off the
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from rampwatch.store.errors import DatabaseCorruptError
@@ -66,4 +67,5 @@ def check_blocks(con, db: Path, size: int) -> None:
 def is_corruption(exc: BaseException) -> bool:
     """Does a DuckDB error say the file's contents are damaged (not busy, not a bad query)?"""
     text = str(exc).lower()
-    return any(m in text for m in _MARKERS) and "lock" not in text
+    # "lock" as a word: a checksum error names its "block", which is damage all the same
+    return any(m in text for m in _MARKERS) and re.search(r"\block\b", text) is None
