@@ -50,10 +50,13 @@ def _pick_run(cat: sources.Catalog) -> sources.RunRef:
     by_key = {r.key: r for r in refs}
     wanted = _wanted(cat)
     if wanted and wanted not in by_key:
-        run_id = wanted.rsplit(sources.KEY_SEP, 1)[-1]
+        file, _, run_id = wanted.rpartition(sources.KEY_SEP)
         where = "the database" if cat.single else "the databases"
+        why = "deleted?"
+        if any(f.label == file and f.problem is not None for f in cat.files):
+            where, why = display_name(file), "the file has a problem: see Runs"
         st.sidebar.warning(
-            f"Run {display_name(run_id)} is no longer in {where} (deleted?); showing another run."
+            f"Run {display_name(run_id)} is no longer in {where} ({why}); showing another run."
         )
         wanted = None
         st.session_state.pop("run_picker", None)

@@ -149,7 +149,7 @@ def catalog(opts: store_access.Options) -> Catalog:
     sources = opts.sources
     if len(sources) == 1 and not sources[0].is_dir():  # one file: today's dashboard
         db = sources[0]
-        problem = store_access.db_problem(db)
+        problem = store_access.damage_seen(db) or store_access.db_problem(db)
         runs = () if problem is not None else tuple(store_access.list_runs(db))
         return Catalog(sources, (DbFile(db, db.name, problem, runs),), True, problem)
     if not sources:
@@ -207,7 +207,18 @@ def metric_names(refs: list[RunRef]) -> list[str]:
     return sorted(names)
 
 
+def damaged(refs: list[RunRef]) -> dict[Path, str]:
+    """{file: why} for the files of these runs that a read found damaged since the catalog
+    listed them (store_access.note_damaged): their runs are left out of what a page shows."""
+    out = {}
+    for ref in refs:
+        if ref.db not in out and (problem := store_access.damage_seen(ref.db)) is not None:
+            out[ref.db] = problem.message
+    return out
+
+
 def series_of(refs: list[RunRef], names) -> dict[str, dict]:
-    """{run key: {name: Buckets}} of these runs, from their files (store_access.run_series)."""
+    """{run key: {name: Buckets}} of these runs, from their files (store_access.run_series);
+    a run whose file a read found damaged is missing (store_access.damage_seen says why)."""
     data = store_access.run_series([(ref.db, ref.run) for ref in refs], names)
-    return {ref.key: data[(str(ref.db), ref.run_id)] for ref in refs}
+    return {ref.key: data[k] for ref in refs if (k := (str(ref.db), ref.run_id)) in data}

@@ -4,7 +4,8 @@ command, cancel one), with the record of those refused.
 
 Owns: where the database paths and read-only flag come from (`rampwatch dashboard [DIR …]
 [--db PATH …] [--read-only]`, which passes them as `--db` after `--` to the app; else
-RAMPWATCH_DB / RAMPWATCH_READ_ONLY; the files under a directory are dashboard/sources.py's); turning store errors into a message a page can show (`db_problem`);
+RAMPWATCH_DB / RAMPWATCH_READ_ONLY; the files under a directory are dashboard/sources.py's); turning store errors into a message a page can show (`db_problem`), and damage a read met
+after that check into the file's problem (`note_damaged`);
 st.cache_data reads keyed on the file's version token (its and its WAL's size and mtime), or,
 for reads of chosen runs, on each run's `run_version`, so a finished run is read once and a
 live one on every change; what a page shows for many runs, read in one session whatever their
@@ -47,6 +48,7 @@ from rampwatch.store import recovery as store_recovery
 from rampwatch.store import refusals as store_refusals
 from rampwatch.store.errors import (
     CommandError,
+    DatabaseCorruptError,
     DatabaseMissingError,
     NotRampwatchError,
     RunNotFoundError,
@@ -142,7 +144,8 @@ def page_context(need_run: bool = True) -> tuple[Path, str | None, bool]:
 @dataclass(frozen=True)
 class Problem:
     kind: (
-        str  # 'usage', 'unset', 'missing', 'empty', 'foreign', 'newer', 'busy', 'error', 'no-runs'
+        str  # 'usage', 'unset', 'missing', 'empty', 'foreign', 'newer', 'busy', 'error', 'no-runs',
+        # 'damaged' (a read met damage after the file's check: note_damaged)
     )
     message: str
     fatal: bool = True  # False: the database is fine, it just has nothing to show yet
@@ -231,9 +234,32 @@ def _file_problem(db: str, token: tuple) -> Problem | None:
     return problem
 
 
+# path -> (the file's version token when a read met damage in it, that problem)
+_DAMAGE_SEEN: dict[str, tuple[tuple, Problem]] = {}
+
+
+def note_damaged(db: Path, error: DatabaseCorruptError) -> Problem:
+    """A read met damage the file check did not: DuckDB checks a block's checksum only when a
+    read reaches it, so a file whose catalog is whole lists its runs and fails later, on a
+    run's rows. From now on, until the file changes, it is a problem line on the Runs page and
+    its runs are not offered (every session of this dashboard)."""
+    problem = Problem("damaged", str(error))
+    _DAMAGE_SEEN[str(db)] = (version_token(db), problem)
+    return problem
+
+
+def damage_seen(db: Path) -> Problem | None:
+    """The damage a read met in this file as it is now (note_damaged), or None."""
+    seen = _DAMAGE_SEEN.get(str(db))
+    return seen[1] if seen is not None and seen[0] == version_token(db) else None
+
+
 def file_problem(db: Path) -> Problem | None:
     """db_problem, cached on the file's version token: a damaged or foreign file in a directory
-    is looked at again only when it changes, not on every page load (a busy one: every time)."""
+    is looked at again only when it changes, not on every page load (a busy one: every time).
+    Damage a read met since (note_damaged) comes first."""
+    if (seen := damage_seen(db)) is not None:
+        return seen
     try:
         return _file_problem(str(db), version_token(db))
     except _Uncached as e:
@@ -284,8 +310,13 @@ def _metric_names(db: str, versions: tuple) -> list[str]:
 
 
 def metric_names(db: Path, runs) -> list[str]:
-    """Every metric any of these runs (store.reader.Run) logged, in one query."""
-    return _metric_names(str(db), _versions(runs))
+    """Every metric any of these runs (store.reader.Run) logged, in one query (none from a
+    file that turns out damaged: noted, note_damaged)."""
+    try:
+        return _metric_names(str(db), _versions(runs))
+    except DatabaseCorruptError as e:
+        note_damaged(db, e)
+        return []
 
 
 @st.cache_data(ttl=300, max_entries=512, show_spinner=False)
@@ -306,7 +337,8 @@ def run_series(
     was is not read at all, the others are read in one Reader session per file (one
     Reader.series_many: one query for all their raw rows), each series only from its last
     bucket on (a resume, counted by the run's resume events, refetches it whole). Runs not asked
-    for are dropped from the session.
+    for are dropped from the session; so are the runs of a file a read finds damaged (they are
+    missing from the result, and the file is noted: note_damaged).
     """
     names = tuple(dict.fromkeys(names))
     chosen = [(str(db), r) for db, r in chosen]
@@ -331,24 +363,36 @@ def run_series(
         if new or versions.get(run_key) != run_version(r):
             stale.setdefault(db, []).append(r)
     for db, runs in stale.items():
-        reader = Reader(db, timeout=TIMEOUT)
-        with reader.session():
-            resumes = reader.events_of_runs([M.EVENT_RESUME], [r.run_id for r in runs])
-            refresh_series_many(
-                reader,
-                [
-                    (
-                        r.run_id,
-                        {k[2]: c for k, c in caches.items() if k[:2] == (db, r.run_id)},
-                        r.last_step,
-                        len(resumes.get(r.run_id, ())),
-                    )
-                    for r in runs
-                ],
-            )
+        try:
+            _refresh_file_series(db, runs, caches)
+        except DatabaseCorruptError as e:  # its runs are left out; the page says why
+            note_damaged(Path(db), e)
+            chosen = [(d, r) for d, r in chosen if d != db]
+            for key in [k for k in caches if k[0] == db]:
+                del caches[key]
+            continue
         for r in runs:
             versions[(db, r.run_id)] = run_version(r)
     return {(db, r.run_id): {n: caches[(db, r.run_id, n)].data for n in names} for db, r in chosen}
+
+
+def _refresh_file_series(db: str, runs, caches) -> None:
+    """One file's stale runs, read in one session into their SeriesCaches."""
+    reader = Reader(db, timeout=TIMEOUT)
+    with reader.session():
+        resumes = reader.events_of_runs([M.EVENT_RESUME], [r.run_id for r in runs])
+        refresh_series_many(
+            reader,
+            [
+                (
+                    r.run_id,
+                    {k[2]: c for k, c in caches.items() if k[:2] == (db, r.run_id)},
+                    r.last_step,
+                    len(resumes.get(r.run_id, ())),
+                )
+                for r in runs
+            ],
+        )
 
 
 @st.cache_data(ttl=60, max_entries=256, show_spinner=False)
@@ -492,7 +536,11 @@ def dead_writer_notes(db: Path, run_id: str | None = None) -> list[str]:
 
 def export_bytes(db: Path, run_id: str, fmt: str) -> bytes:
     """Every raw metric row of a run as CSV or Parquet (called when the user clicks download)."""
-    table = Reader(db, timeout=30.0).export(run_id)
+    try:
+        table = Reader(db, timeout=30.0).export(run_id)
+    except DatabaseCorruptError as e:  # the next page load lists the file with its problem
+        note_damaged(db, e)
+        raise
     buf = io.BytesIO()
     if fmt == "parquet":
         pq.write_table(table, buf)
@@ -676,6 +724,7 @@ __all__ = [
     "lost_records",
     "active_alerts",
     "CommandError",
+    "DatabaseCorruptError",
     "RunNotFoundError",
     "StoreError",
 ]

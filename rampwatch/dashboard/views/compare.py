@@ -50,7 +50,19 @@ if len(set(labels.values())) < len(labels):
 if len(set(labels.values())) < len(labels):  # the same id in two files: name the file too
     labels = {k: f"{labels[k][:-1]}, {display_name(by_key[k].file)})" for k in chosen}
 
+
+def _readable(keys: list[str]) -> list[str]:
+    """The runs whose files no read has found damaged; a warning for each file that was."""
+    bad = sources.damaged([by_key[k] for k in keys])
+    for why in bad.values():
+        st.warning(f"Left out: {why}", icon=":material/error:")
+    return [k for k in keys if by_key[k].db not in bad]
+
+
 names = sources.metric_names([by_key[k] for k in chosen])
+chosen = _readable(chosen)
+if not chosen:
+    st.stop()
 if not names:
     st.info("The chosen runs have not logged any metrics yet.")
     st.stop()
@@ -72,6 +84,9 @@ smoothing = c3.slider(
 
 AUX = (M.LOSS, M.TOKENS_SEEN, M.STEP_TIME, M.BATCH_SEQS)  # the axes and the target table
 data = sources.series_of([by_key[k] for k in chosen], (metric, *AUX))
+chosen = _readable(chosen)  # a read of the curves may find damage the names' did not
+if not chosen:
+    st.stop()
 curves, time_how = [], set()
 for rid in chosen:
     b = data[rid][metric]

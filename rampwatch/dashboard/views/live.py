@@ -183,6 +183,9 @@ def live_view() -> None:
             "another run in the sidebar."
         )
         return
+    except store_access.DatabaseCorruptError as e:  # not passing: the Runs page lists it now
+        st.error(store_access.note_damaged(db, e).message, icon=":material/error:")
+        return
     except store_access.StoreError as e:
         st.info(f"Could not refresh: {e}")
         return
