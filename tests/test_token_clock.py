@@ -165,3 +165,27 @@ def test_monitor_start_records_the_budget_as_total_tokens(tmp_path):
     assert "total_tokens" not in config
     with pytest.raises(ValueError, match="total_tokens must be a positive whole number.*-5"):
         start(config={}, total_tokens=-5)
+
+
+def test_monitor_start_refuses_a_bad_seq_len_or_policy_before_it_writes(tmp_path):
+    """seq_len "4" used to start a run that logged no step (each step's telemetry failed on
+    it), and policy={...} failed deep inside; both are refused by name, with no run left."""
+    db = tmp_path / "runs.duckdb"
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    base = dict(name="bad", config={}, model=model, optimizer=opt, per_device_batch=2, accum=2)
+    for bad in ("4", 0, 2.5):
+        with pytest.raises(ValueError, match=f"seq_len must be a positive integer, got {bad!r}"):
+            Monitor.start(db, seq_len=bad, **base)
+    with pytest.raises(TypeError, match="policy must be a RampPolicy.*got dict"):
+        Monitor.start(db, seq_len=4, policy={"original_batch": 4}, **base)
+    assert not db.exists() or store.list_runs(db) == []
+
+
+def test_the_lightning_callback_refuses_a_bad_seq_len_when_made():
+    pytest.importorskip("lightning")
+    from rampwatch.integrations.lightning import RampwatchCallback
+
+    for bad in ("4", 0):
+        with pytest.raises(ValueError, match="seq_len must be a positive integer"):
+            RampwatchCallback("runs.duckdb", seq_len=bad)

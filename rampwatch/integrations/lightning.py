@@ -110,6 +110,7 @@ except ImportError:  # the standalone package of the same 2.x API
             "pip install 'rampwatch[lightning]'"
         ) from e
 
+from rampwatch.advisor.checks import positive_int
 from rampwatch.advisor.policy import CONFIG_KEY as POLICY_KEY
 from rampwatch.advisor.policy import RampPolicy
 from rampwatch.monitor import Monitor
@@ -153,6 +154,7 @@ class RampwatchCallback(pl.Callback):
     ):
         if ramp not in MODES:
             raise ValueError(f"ramp={ramp!r}: one of {', '.join(MODES)}")
+        seq_len = positive_int("seq_len", seq_len)  # here, not at fit's first step
         self.db, self.name, self.seq_len, self.ramp = db, name, seq_len, ramp
         self.per_device_batch, self.config, self.policy = per_device_batch, config, policy
         self.checkpoint_before_ramp, self.batch_attr = checkpoint_before_ramp, batch_attr

@@ -88,6 +88,7 @@ except ImportError as e:
         "pip install 'rampwatch[transformers]'"
     ) from e
 
+from rampwatch.advisor.checks import positive_int
 from rampwatch.advisor.policy import CONFIG_KEY, RampPolicy
 from rampwatch.integrations.hf_restart import (
     EXIT_RAMP,
@@ -137,6 +138,8 @@ class RampwatchTrainer(Trainer):
         super().__init__(*args, **kwargs)
         if ramp not in ("manual", "auto", "off"):
             raise ValueError(f"ramp={ramp!r}: one of manual, auto, off")
+        if seq_len is not None:  # None: the first sample's length
+            seq_len = positive_int("seq_len", seq_len)
         self._db, self._name, self._ramp_mode, self._policy = db, name, ramp, policy
         self._seq_len, self._run_config = seq_len, dict(run_config or {})
         self._monitor_kwargs = dict(monitor_kwargs or {})

@@ -40,6 +40,7 @@ from typing import Any, Mapping, TextIO
 import torch
 
 from rampwatch.advisor import flops as flops_math
+from rampwatch.advisor.checks import positive_int
 from rampwatch.advisor.gns import line_estimates
 from rampwatch.advisor.gns_window import DEFAULT_MAX_STEPS, NoiseScaleWindow
 from rampwatch.advisor.lr import rule_for_type
@@ -239,6 +240,12 @@ class Monitor:
         own loss curve below it (monitor/trial_protocol.py).
         """
         total_tokens = _budget(config.get("total_tokens") if total_tokens is None else total_tokens)
+        seq_len = positive_int("seq_len", seq_len)  # before the run exists: no empty run left
+        if kwargs.get("policy") is not None and not isinstance(kwargs["policy"], RampPolicy):
+            raise TypeError(
+                "policy must be a RampPolicy (rampwatch.advisor.policy.RampPolicy), got "
+                f"{type(kwargs['policy']).__name__}"
+            )
         trial_kwargs = dict(
             trials=trials,
             trial_delta_tokens=trial_delta_tokens,
