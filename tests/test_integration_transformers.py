@@ -224,7 +224,9 @@ def test_a_ramp_that_cannot_run_is_refused_with_its_reason_on_the_card(
     # the monitor's check: a larger per-device batch with no memory plan and no measurement
     bigger = commands.submit(db, run_id, "ramp", {"per_device_batch": 4, "accum": 2}, actor="t")
     wait_until(lambda: commands.get(db, bigger).status == "refused", timeout=60)
-    assert "larger than any measured and no memory plan" in commands.get(db, bigger).reason
+    reason = commands.get(db, bigger).reason
+    assert "larger than any measured and no memory plan" in reason
+    assert "Monitor.add_memory_plan" in reason  # waiting would not bring one here
     (out / "release-3").touch()
     read_until(proc, "waiting at 6")
     # the integration's: due after the last step, nothing would run at the new tier

@@ -270,7 +270,9 @@ class Advice:
         if self.memory_model is None or cur.capacity_bytes is None:
             return (
                 f"per-device batch {b} is larger than any measured and no memory plan "
-                "is in yet; try again in a few steps"
+                "is in yet to predict it (the reference trainer's comes a few steps into the "
+                "run; another loop passes one to Monitor.add_memory_plan); a larger "
+                "accumulation needs none"
             )
         capacity, margin = cur.capacity_bytes, self.policy.margin
         need = self.memory_model.predict(b)

@@ -842,7 +842,8 @@ class Monitor:
                     "wrap the model in DistributedDataParallel"
                     if self.world_size > 1  # with DDP's hook there are always two sizes
                     else "noise scale not measured: accumulation 1 on one device gives one "
-                    "batch size per step; use accumulation ≥ 2 (or --split-micro)"
+                    "batch size per step; use accumulation ≥ 2 (the reference trainer's "
+                    "--split-micro splits each batch in two)"
                 ),
                 {
                     "batch_sizes": stats.batch_sizes,
