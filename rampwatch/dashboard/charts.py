@@ -477,8 +477,9 @@ def _scale_to_data(
         xref="paper",
         yref="paper",
         x=0.99,
-        y=0.98,
+        y=0.02,  # low: the run's lines are near the top, the event markers above them
         xanchor="right",
+        yanchor="bottom",
         showarrow=False,
         font=dict(size=11, color="#555555"),
     )
