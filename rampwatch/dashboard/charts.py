@@ -473,13 +473,14 @@ def _scale_to_data(
     fig.update_yaxes(range=[0, 1.25 * top / GB])
     usable = f", usable {usable_bytes / GB:.1f} GB" if usable_bytes else ""
     fig.add_annotation(
-        text=f"capacity {cap / GB:.1f} GB{usable}: far above this run, off the chart",
+        text=f"capacity {cap / GB:.1f} GB{usable}: off the chart",
         xref="paper",
         yref="paper",
-        x=0.99,
-        y=0.02,  # low: the run's lines are near the top, the event markers above them
+        x=1.0,
+        y=1.0,  # in the title's row, right-aligned: clear of the lines and the event markers
         xanchor="right",
         yanchor="bottom",
+        yshift=10,
         showarrow=False,
         font=dict(size=11, color="#555555"),
     )
