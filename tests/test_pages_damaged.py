@@ -69,3 +69,15 @@ def test_the_damaged_runs_page_says_so(folder, monkeypatch):
     _ok(at.run())
     errors = [str(e.value) for e in at.error]
     assert any("bad.duckdb is damaged" in e for e in errors), (errors, seed.texts(at))
+
+
+def test_the_runs_page_lists_a_file_whose_summaries_are_damaged(folder, monkeypatch, tmp_path):
+    """The Runs page's summaries come from the rollups: damage there is found on its first
+    load, and the same load lists the file with its problem."""
+    seed.finished_run(tmp_path / "rolled.duckdb", 16, name="rolled", run_id="rolled")
+    seed.damage_data_blocks(tmp_path / "rolled.duckdb", table="metrics_rollup")
+    shutil.copy(tmp_path / "rolled.duckdb", folder / "rolled.duckdb")
+    runs = _ok(seed.app(monkeypatch, folder, first="views/runs.py"))
+    assert "rolled" not in set(_runs_table(runs)["run id"])
+    warnings = [str(w.value) for w in runs.warning]
+    assert any(w.startswith("rolled.duckdb") and "is damaged" in w for w in warnings), warnings

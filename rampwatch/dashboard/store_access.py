@@ -4,8 +4,9 @@ command, cancel one), with the record of those refused.
 
 Owns: where the database paths and read-only flag come from (`rampwatch dashboard [DIR …]
 [--db PATH …] [--read-only]`, which passes them as `--db` after `--` to the app; else
-RAMPWATCH_DB / RAMPWATCH_READ_ONLY; the files under a directory are dashboard/sources.py's); turning store errors into a message a page can show (`db_problem`), and damage a read met
-after that check into the file's problem (`note_damaged`);
+RAMPWATCH_DB / RAMPWATCH_READ_ONLY; the files under a directory are dashboard/sources.py's);
+turning store errors into a message a page can show (`db_problem`), and damage a read met after
+that check into the file's problem (`note_damaged`);
 st.cache_data reads keyed on the file's version token (its and its WAL's size and mtime), or,
 for reads of chosen runs, on each run's `run_version`, so a finished run is read once and a
 live one on every change; what a page shows for many runs, read in one session whatever their
@@ -420,8 +421,13 @@ NO_SUMMARY = {"tokens": None, "best_loss": None, "peak_bytes": None, "alerts": 0
 
 def run_summaries(db: Path) -> dict[str, dict]:
     """{run_id: tokens seen, best (lowest finite) loss, peak memory, alerts, lost records} of
-    every run, in one read session (a run with none of these: absent, see NO_SUMMARY)."""
-    return _run_summaries(str(db), version_token(db))
+    every run, in one read session (a run with none of these: absent, see NO_SUMMARY); none
+    from a file that turns out damaged (noted: note_damaged, so the page lists it next)."""
+    try:
+        return _run_summaries(str(db), version_token(db))
+    except DatabaseCorruptError as e:
+        note_damaged(db, e)
+        return {}
 
 
 # what an alert's data counts when records never reached the database: dropped by the writer

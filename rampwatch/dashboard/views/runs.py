@@ -47,6 +47,8 @@ refs = cat.refs()
 files = {f.path: f for f in cat.files if f.runs}
 refused = {db: store_access.refusal_counts(db) for db in files}
 summaries = {db: store_access.run_summaries(db) for db in files}
+if sources.damaged(refs):  # a read found a file damaged: list it with its problem instead
+    st.rerun()
 rows = []
 for ref in refs:
     r = ref.run
