@@ -97,6 +97,11 @@ def test_every_click_makes_a_command_or_says_why(tmp_path, procs):
                 box.fill(TOKEN)
                 box.press("Enter")
     made = [o for o in outcomes if o.startswith("command")]
-    assert len(commands.list_commands(db, run_id)) == len(made)
+    every = commands.list_commands(db, run_id)
+    # on a failure: what each click said, and each command's state and times
+    assert len(every) == len(made), (
+        outcomes,
+        [(c.command_id, c.status, c.actor, c.created_at, c.updated_at) for c in every],
+    )
     assert len(made) >= CLICKS // 2, outcomes  # the card says "Ramp now": most clicks send
     wait_until(lambda: writer.poll() is None, timeout=1)
