@@ -241,11 +241,6 @@ class Monitor:
         """
         total_tokens = _budget(config.get("total_tokens") if total_tokens is None else total_tokens)
         seq_len = positive_int("seq_len", seq_len)  # before the run exists: no empty run left
-        if kwargs.get("policy") is not None and not isinstance(kwargs["policy"], RampPolicy):
-            raise TypeError(
-                "policy must be a RampPolicy (rampwatch.advisor.policy.RampPolicy), got "
-                f"{type(kwargs['policy']).__name__}"
-            )
         trial_kwargs = dict(
             trials=trials,
             trial_delta_tokens=trial_delta_tokens,
@@ -259,6 +254,11 @@ class Monitor:
         device = next(module.parameters()).device
         capacity = capacity_bytes or device_capacity_bytes(device)
         policy = kwargs.pop("policy", None)
+        if policy is not None and not isinstance(policy, RampPolicy):  # before the run exists
+            raise TypeError(
+                "policy must be a RampPolicy (rampwatch.advisor.policy.RampPolicy), got "
+                f"{type(policy).__name__}"
+            )
         if policy is None and POLICY_KEY in config:
             policy = RampPolicy.from_config(config)
         policy = policy or default_policy(
