@@ -210,11 +210,8 @@ def metric_names(refs: list[RunRef]) -> list[str]:
 def damaged(refs: list[RunRef]) -> dict[Path, str]:
     """{file: why} for the files of these runs that a read found damaged since the catalog
     listed them (store_access.note_damaged): their runs are left out of what a page shows."""
-    out = {}
-    for ref in refs:
-        if ref.db not in out and (problem := store_access.damage_seen(ref.db)) is not None:
-            out[ref.db] = problem.message
-    return out
+    seen = {db: store_access.damage_seen(db) for db in dict.fromkeys(ref.db for ref in refs)}
+    return {db: problem.message for db, problem in seen.items() if problem is not None}
 
 
 def series_of(refs: list[RunRef], names) -> dict[str, dict]:
