@@ -509,8 +509,6 @@ class NoiseScaleWindow:
         earliest such step, at its largest z), or None."""
         unscanned = min(self._unscanned, self.length)
         self._unscanned = 0
-        if self.length < shortest + 2:  # too short for any cut
-            return None
         # newer parts of shortest, ×1.25, … steps, and older parts of 2, 3, … steps: a few
         # stale steps left at the window's old end are found as surely as a recent change
         backs, cuts = _cuts(self.length, unscanned, shortest, self.max_steps)
