@@ -15,6 +15,7 @@ import json
 import pytest
 import torch
 
+from rampwatch.advisor.advice import TrialEvidence
 from rampwatch.advisor.gns_window import NoiseScaleWindow
 from rampwatch.advisor.policy import RampPolicy
 from rampwatch.advisor.tiers import Tier
@@ -151,7 +152,7 @@ def test_a_trainer_checkpoint_keeps_the_monitor_state_in_its_own_fields(tmp_path
         "base_lr",
         "infeasible_batches",
         "noise_window",
-        "loss_history",
+        "trials",
     }
 
     resumed = _monitor(model, 4, 2)
@@ -163,24 +164,51 @@ def test_a_trainer_checkpoint_keeps_the_monitor_state_in_its_own_fields(tmp_path
     assert resumed.ramps.measured == {} and resumed.last_step == 0  # measured again, as ever
 
 
-def test_the_loss_history_a_trials_delta_is_chosen_from_rides_the_trainer_checkpoint(tmp_path):
+def test_the_trial_protocols_state_rides_the_trainer_checkpoint(tmp_path):
     """A monitor with trial_delta_from_loss keeps each step's loss against tokens seen; the
-    trainer's checkpoint keeps it (TrainState.loss_history), so a resumed run chooses Δ from the
-    same curve; a monitor without it keeps none."""
+    trainer's checkpoint keeps the trial protocol's state (TrainState.trials), so a resumed run
+    chooses Δ from the same curve, reads the noise scale through the latest trial's calibration
+    and asks for the held-out batch the last trial named; a monitor without it keeps no curve."""
     model, data = torch.nn.Linear(6, 3), _data()
     mon = _monitor(model, trials=True, trial_delta_from_loss=True)
     for step in range(1, 6):
         _step([mon], model, step, data, 2, 2)
     history = mon.state_dict()["trials"]["loss_history"]
     assert history["tokens"] == [16 * s for s in range(1, 6)] and len(history["losses"]) == 5
+    mon.ramps.trials.latest = TrialEvidence(trial_id=3, step=4, coefficient=2.5, passed=True)
+    mon.ramps.trials.tell, mon.ramps.trials.last_start_tokens = 900, 48
     state = ckpt.TrainState("r", step=5, tokens_seen=mon.tokens_seen, per_device_batch=2, accum=2)
     keep_monitor_state(state, mon.state_dict())
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     ckpt.save(tmp_path / "r.pt", state=state, model=model, optimizer=opt, config={})
     resumed = _monitor(model, trials=True, trial_delta_from_loss=True)
     resumed.load_state_dict(monitor_state(ckpt.load(tmp_path / "r.pt")["state"]))
-    assert resumed.ramps.trials.history.to_dict() == history
+    trials = resumed.ramps.trials
+    assert trials.history.to_dict() == history
+    assert (trials.latest, trials.tell, trials.last_start_tokens) == (
+        mon.ramps.trials.latest,
+        900,
+        48,
+    )
     assert _monitor(model).state_dict()["trials"]["loss_history"] is None
+
+
+def test_a_checkpoint_that_kept_the_loss_curve_alone_resumes_it(tmp_path):
+    """Checkpoints before TrainState.trials kept the trial protocol's loss curve in a field of
+    its own (loss_history): a resume reads it into the protocol's state."""
+    model, data = torch.nn.Linear(6, 3), _data()
+    mon = _monitor(model, trials=True, trial_delta_from_loss=True)
+    for step in range(1, 4):
+        _step([mon], model, step, data, 2, 2)
+    history = mon.state_dict()["trials"]["loss_history"]
+    state = ckpt.TrainState("r", step=3, tokens_seen=mon.tokens_seen).to_dict()
+    del state["trials"]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    blob = {"state": {**state, "loss_history": history}, "model": model.state_dict()}
+    torch.save({**blob, "optimizer": opt.state_dict(), "config": {}}, tmp_path / "old.pt")
+    resumed = _monitor(model, trials=True, trial_delta_from_loss=True)
+    resumed.load_state_dict(monitor_state(ckpt.load(tmp_path / "old.pt")["state"]))
+    assert resumed.ramps.trials.history.to_dict() == history
 
 
 def test_a_checkpoint_written_before_state_dict_resumes_the_monitor(tmp_path):

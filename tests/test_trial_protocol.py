@@ -4,12 +4,14 @@ the kept arm; the events of the contract (docs: /work/notes/trial_contract.md) a
 'applied at continue_step' are recorded. A loop that did not opt in refuses a trial command at
 the next boundary with the reason, and a factor that cannot run refuses the whole command. A
 trial begun right after one that judged nothing keeps that one's failures (its cap), through a
-resume too. The step after a trial logs its own peak memory, not an arm's."""
+resume too; a trial after one that could not tell asks for the held-out batch that would.
+The step after a trial logs its own peak memory, not an arm's."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -81,6 +83,38 @@ def _train_step(x, y):
 def _boundary(mon):
     """ramp_due then trial_due, polled until the flusher has claimed the command."""
     return wait_for_ramp(lambda: (mon.ramp_due(), mon.trial_due())[1], wait=True, timeout=30)
+
+
+def _held_out_script():
+    """script(*levels): held-out losses at the snapshot, Δ/2, the control's end, ×2, ×4, each
+    level over the same examples' own losses, with per-example noise."""
+    rng = np.random.default_rng(0)
+    base = rng.gamma(2.0, 1.0, N_EVAL)
+
+    def script(*levels, noise=1e-3):
+        return [torch.as_tensor(base + v + rng.normal(0, noise, N_EVAL)) for v in levels]
+
+    return script
+
+
+def _scripted_trials(db, model, opt, mon, calls: list) -> list:
+    """A ×2, ×4 trial command after every two steps, each judged on the scripted held-out losses
+    (`calls`, taken in order); real training. Returns the outcomes, once each command ended."""
+    x, y = _data(4000, 1)
+    pos, last, outs = 0, 0, []
+    while calls:
+        for step in (last + 1, last + 2):
+            pos = _train(model, opt, mon, x, y, pos, step)
+        cid = commands.submit(db, mon.run_id, "trial", {"factors": [2, 4]}, actor="test")
+        trial = _boundary(mon)
+        out = mon.run_trial(trial, _train_step(x, y), lambda model: calls.pop(0), start=pos)
+        pos += trial.delta_examples
+        last = mon.trial_ended(out)
+        outs.append(out)
+        applied = lambda cid=cid: commands.get(db, cid).status == "applied" or None  # noqa: E731
+        assert wait_for_ramp(applied, wait=True, timeout=30)
+    mon.finish()
+    return outs
 
 
 def test_a_loop_that_runs_no_trials_has_a_trial_command_refused_with_its_reason(tmp_path):
@@ -247,31 +281,9 @@ def test_a_trial_right_after_one_that_judged_nothing_keeps_its_failure(tmp_path)
     real."""
     db = tmp_path / "runs.duckdb"
     model, opt, mon = _loop(db, trials=True, trial_delta_tokens=64)
-    x, y = _data(4000, 1)
-    rng = __import__("numpy").random.default_rng(0)
-    base = rng.gamma(2.0, 1.0, N_EVAL)
-
-    def script(*levels):  # held-out losses at the snapshot, Δ/2, the control's end, ×2, ×4
-        return [torch.as_tensor(base + v + rng.normal(0, 1e-3, N_EVAL)) for v in levels]
-
+    script = _held_out_script()
     calls = script(1.0, 0.2, 0.1, 0.1, 0.6) + script(1.0, 0.6, 0.2, 0.19, 0.19)
-
-    def evaluate(model):
-        return calls.pop(0)
-
-    pos, last, outs = 0, 0, []
-    for _ in range(2):
-        for step in (last + 1, last + 2):
-            pos = _train(model, opt, mon, x, y, pos, step)
-        cid = commands.submit(db, mon.run_id, "trial", {"factors": [2, 4]}, actor="test")
-        trial = _boundary(mon)
-        out = mon.run_trial(trial, _train_step(x, y), evaluate, start=pos)
-        pos += trial.delta_examples
-        last = mon.trial_ended(out)
-        outs.append(out)
-        applied = lambda cid=cid: commands.get(db, cid).status == "applied" or None  # noqa: E731
-        assert wait_for_ramp(applied, wait=True, timeout=30)
-    mon.finish()
+    outs = _scripted_trials(db, model, opt, mon, calls)
     assert not calls
     first, second = (o.verdict for o in outs)
     assert first.delta_check == "too long" and [b.passed for b in first.branches] == [True, False]
@@ -283,6 +295,45 @@ def test_a_trial_right_after_one_that_judged_nothing_keeps_its_failure(tmp_path)
     assert starts[1].message.endswith("Nothing from ×4 up is kept: the trial before failed it")
     [_, end] = [e for e in reader.events(db, mon.run_id) if e.kind == M.EVENT_TRIAL_END]
     assert "×4 failed in the trial before at this batch" in end.message
+
+
+def test_the_trial_after_one_that_could_not_tell_asks_for_the_held_out_batch_that_would(tmp_path):
+    """Stein's two stages: trial 1's held-out batch is too small for the spread it measured
+    (its control's half-progress ratio near the threshold, noisy per example), so it names the
+    batch that would tell; the next trial asks for that many (an own loop's evaluate() reads
+    `eval_examples`), and the one after it, following a trial that told, asks for nothing."""
+    db = tmp_path / "runs.duckdb"
+    model, opt, mon = _loop(db, trials=True, trial_delta_tokens=64)
+    script = _held_out_script()
+    # trial 1: progress 0.4 then 0.28 (ratio 0.7, the threshold 0.67) under a spread of 0.3
+    calls = script(1.0, 0.6, 0.32, 0.3, 0.3, noise=0.3)
+    calls += script(1.0, 0.6, 0.2, 0.19, 0.19) + script(1.0, 0.6, 0.2, 0.19, 0.19)
+    outs = _scripted_trials(db, model, opt, mon, calls)
+    asked = [o.request.eval_examples for o in outs]
+    first = outs[0].verdict
+    assert first.delta_check == "cannot tell" and first.examples_to_tell > N_EVAL
+    assert "the next trial asks for that many" in first.summary
+    assert outs[1].verdict.delta_ok
+    assert asked == [None, first.examples_to_tell, None]
+    starts = [e for e in reader.events(db, mon.run_id) if e.kind == M.EVENT_TRIAL_START]
+    assert [e.data["eval_examples"] for e in starts] == asked
+    assert starts[1].message.endswith(
+        f"It asks for ~{first.examples_to_tell:,} held-out examples: the trial before could "
+        "not tell with fewer"
+    )
+
+
+def test_the_held_out_batch_a_trial_asks_for_survives_a_resume():
+    from rampwatch.monitor.trial_protocol import TrialProtocol
+
+    before = TrialProtocol(enabled=True, tell=900)
+    after = TrialProtocol(enabled=True)
+    after.load_state_dict(before.state_dict())
+    assert after.tell == 900
+    after.begin(7, 5000)  # the next trial takes it, whoever starts it; the one after does not
+    assert (after._tell, after.tell) == (900, None)
+    after.begin(None, 9000)
+    assert after._tell is None
 
 
 def test_the_step_after_a_trial_logs_its_own_peak_memory_not_the_arms(tmp_path):

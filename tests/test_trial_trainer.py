@@ -3,7 +3,8 @@ command queued as the dashboard queues it runs at a step boundary (trial_start, 
 the command applied at continue_step); restore is exact (the control kept and continued equals a
 run never branched, the ×2 branch kept equals a run ramped by hand at the trial's step); and a
 SIGKILL mid-trial (its copies in files) resumes from the checkpoint at the snapshot with the trial
-recorded abandoned and the files removed."""
+recorded abandoned and the files removed. A trial after one that could not tell scores the
+held-out batch that one named, up to a cap."""
 
 from __future__ import annotations
 
@@ -234,6 +235,39 @@ def test_the_default_delta_comes_from_the_runs_loss_curve(tmp_path, procs):
     assert trial.status == "finished" and trial.delta_tokens == delta
     verdict = TrialVerdict.from_dict(trial.verdict)
     assert verdict.plan.delta_tokens == delta and verdict.half_progress_ratio is not None
+
+
+def test_a_trial_asks_for_the_held_out_batch_the_last_one_named_up_to_the_cap(tmp_path, procs):
+    """The trial before could not tell and named 100 held-out sequences (set by hand in the
+    checkpoint, where the trainer keeps the trial protocol's state); the next trial, after the
+    resume, asks for them and scores TRIAL_EVAL_GROWTH × --trial-eval-batch (16); its verdict
+    and events say so."""
+    from rampwatch.trainer.config import TRIAL_EVAL_GROWTH
+
+    db, ck = tmp_path / "runs.duckdb", tmp_path / "ckpt"
+    flags = ("--trial-eval-batch", "2", *COMMON)
+    first = run_trainer(db, ck, "--run-id", "e", "--steps", "3", *flags)
+    assert first.returncode == 0, first.stdout
+    path = ckpt.checkpoint_path(ck, "e")
+    blob = ckpt.load(path)
+    blob["state"].trials["tell"] = 100
+    saved = {k: SimpleNamespace(state_dict=lambda d=blob[k]: d) for k in ("model", "optimizer")}
+    ckpt.save(path, state=blob["state"], config=blob["config"], **saved)
+    proc = procs.spawn(
+        trainer_args(db, ck, "--resume", "e", "--steps", "100000", *flags),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    wait_for_step(db, "e", 4, proc)
+    cid = commands.submit(db, "e", "trial", {"factors": [2], "delta_tokens": DELTA}, actor="t")
+    wait_until(lambda: commands.get(db, cid).status == "applied", timeout=180)
+    kill_group(proc, signal.SIGKILL)
+    events = reader.events(db, "e")
+    [start] = [e for e in events if e.kind == M.EVENT_TRIAL_START]
+    [end] = [e for e in events if e.kind == M.EVENT_TRIAL_END]
+    assert start.data["eval_examples"] == 100
+    assert "It asks for ~100 held-out examples" in start.message
+    assert TrialVerdict.from_dict(end.data["verdict"]).examples == TRIAL_EVAL_GROWTH * 2 == 16
 
 
 def test_a_resume_keeps_the_runs_trial_delta_cap_whatever_its_launch_flags(tmp_path):

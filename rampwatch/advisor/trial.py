@@ -325,8 +325,9 @@ class TrialVerdict:
             spread = f"95% bounds {lo or '−∞'} to {hi or '∞'}"
             tell = (
                 f"A held-out batch of ~{n:,} examples (now {self.examples:,}) would tell at "
-                "this spread (the trainer's --trial-eval-batch; in an own loop, the examples "
-                "its evaluate() scores)."
+                "this spread: the next trial asks for that many (the reference trainer's "
+                "--trial-eval-batch caps it; an own loop's evaluate() reads the request's "
+                "eval_examples)."
                 if n is not None
                 else "It sits on the threshold: no held-out batch would tell; change Δ."
             )

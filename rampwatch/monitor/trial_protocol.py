@@ -39,6 +39,15 @@ half-progress ratio (advisor/trial_delta.py `retry_choice`), keeping the smalles
 trial failed (advisor/trial.py `failed_factor`: such a "no" stands at a shorter Δ) as the cap of
 a trial at that batch that begins within the retry's Δ of it (the retry, or an operator's trial
 then); a retry that judges nothing waits the interval like any other.
+
+A trial that could not tell (its held-out batch too small for the spread it measured) names the
+batch that would tell (advisor/trial.py `examples_to_tell`), and the next trial, whichever starts
+it, asks for that many (`TrialRequest.eval_examples`): a two-stage design, the first stage
+measuring the spread and the second sized by it (Stein 1945, "A two-sample test for a linear
+hypothesis whose power is independent of the variance", Ann. Math. Stat. 16). The loop's
+evaluate() scores what it can (the reference trainer up to a cap, trainer/trial_controller.py);
+the trial's verdict records how many it scored. Only the next trial asks: a later one measures
+at the loop's own size again, as the spread moves with the run.
 """
 
 from __future__ import annotations
@@ -109,6 +118,8 @@ class TrialRequest:
     command_id: int | None = None
     delta_choice: dict | None = None  # DeltaChoice.to_dict(): what Δ rests on (rank 0's)
     cap: int | None = None  # no arm at or past this factor is kept (the trial before failed it)
+    # held-out examples to score: the trial before could not tell with fewer (None: the loop's)
+    eval_examples: int | None = None
 
     @property
     def factors(self) -> tuple[int, ...]:
@@ -192,6 +203,8 @@ class TrialProtocol:
     # from it up (advisor/trial.py failed_factor); a later one owes it nothing
     retry_cap: tuple[int, int, int] | None = None
     _cap: tuple[int, int] | None = field(default=None, repr=False)  # the trial begun's
+    tell: int | None = None  # held-out examples the last trial said would tell, for the next
+    _tell: int | None = field(default=None, repr=False)  # the trial begun's
 
     def state_dict(self) -> dict:
         return {
@@ -202,6 +215,7 @@ class TrialProtocol:
             "unjudged": self.unjudged,
             "retry": None if self.retry is None else self.retry.to_dict(),
             "retry_cap": None if self.retry_cap is None else list(self.retry_cap),
+            "tell": self.tell,
             "loss_history": self.history.to_dict() if self.delta_from_loss else None,
         }
 
@@ -216,6 +230,7 @@ class TrialProtocol:
         self.retry = None if retry is None else DeltaChoice(**retry)
         cap = state.get("retry_cap")
         self.retry_cap = None if cap is None else (int(cap[0]), int(cap[1]), int(cap[2]))
+        self.tell = state.get("tell")
         if state.get("loss_history"):
             self.history = LossHistory.from_dict(state["loss_history"])
 
@@ -338,6 +353,7 @@ class TrialProtocol:
         cap, retry = self.retry_cap, self.retry
         soon = cap is not None and retry is not None and int(tokens) - cap[2] <= retry.tokens
         self._cap = cap[:2] if soon else None
+        self._tell, self.tell = self.tell, None
         self.last_start_tokens, self.last_ramped, self.retry = int(tokens), False, None
         self.retry_cap = None
         if command_id is not None:
@@ -363,6 +379,7 @@ class TrialProtocol:
             command_id=proposal.command_id,
             delta_choice=proposal.delta_choice,
             cap=self._cap[1] if self._cap and self._cap[0] == ramps.running.tier.batch else None,
+            eval_examples=self._tell,
         )
 
     # -- the events of the contract (rank 0 writes; Monitor.event is a no-op elsewhere) ------
@@ -406,6 +423,12 @@ class TrialProtocol:
                 if req.cap is not None
                 else ""
             )
+            + (
+                f". It asks for ~{req.eval_examples:,} held-out examples: the trial before "
+                "could not tell with fewer"
+                if req.eval_examples is not None
+                else ""
+            )
         )
         event(
             req.step,
@@ -422,6 +445,7 @@ class TrialProtocol:
                 **cost,
                 "delta_choice": req.delta_choice,
                 "cap": req.cap,
+                "eval_examples": req.eval_examples,
                 "source": req.source,
                 "arms": [{"factor": a.factor, **a.tier.to_payload()} for a in req.arms],
             },
@@ -478,6 +502,9 @@ class TrialProtocol:
         req, forced = out.request, out.kept.factor != out.verdict.kept_k
         self.latest = TrialEvidence.of(req.trial_id, req.step, out.verdict)
         self.last_ramped = out.kept.factor > 1
+        v = out.verdict
+        more = v.delta_check == "cannot tell" and (v.examples_to_tell or 0) > v.examples
+        self.tell = v.examples_to_tell if more else None
         self._plan_retry(out)
         event(
             out.continue_step,

@@ -62,7 +62,9 @@ class TrainState:
     base_lr: float = 0.0  # the schedule's base; ramps move it, the schedule shapes it
     infeasible_batches: list[int] = field(default_factory=list)  # per-device batches that OOMed
     noise_window: dict[str, Any] = field(default_factory=dict)  # NoiseScaleWindow.to_dict()
-    loss_history: dict[str, Any] = field(default_factory=dict)  # LossHistory.to_dict(): trial Δ
+    # TrialProtocol.state_dict(): the latest trial's evidence, the retry due, the held-out batch
+    # the next trial asks for, the loss curve a trial's Δ is chosen from
+    trials: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -111,6 +113,9 @@ def load(path: Path) -> dict[str, Any]:
     try:
         state = dict(blob["state"])
         state.pop("noise_ema", None)  # the EMA of older checkpoints: the window refills instead
+        history = state.pop("loss_history", None)  # older checkpoints kept the loss curve alone
+        if history is not None and "trials" not in state:
+            state["trials"] = {"loss_history": history}
         blob["state"] = TrainState(**state)
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{path} is not a rampwatch checkpoint: its state: {e}") from None

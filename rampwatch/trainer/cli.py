@@ -15,7 +15,7 @@ from pathlib import Path
 
 from rampwatch.advisor.policy import GATES
 from rampwatch.store.naming import check_run_id, check_run_name
-from rampwatch.trainer.config import PRESET_RUN_DEFAULTS, PRESETS
+from rampwatch.trainer.config import PRESET_RUN_DEFAULTS, PRESETS, TRIAL_EVAL_GROWTH
 
 # config.POLICY_FLAGS as spelled before they took the policy's names: hidden aliases.
 OLD_POLICY_FLAGS = {"--ramp-hysteresis": "hysteresis_steps", "--ramp-min-samples": "min_estimates"}
@@ -123,7 +123,8 @@ def add_arguments(t: argparse.ArgumentParser) -> None:
         default=256,
         help="held-out sequences (of the val split, at most as many as it holds without "
         "overlap) every arm of a trial is judged on: 2048 tells more often where a pass over "
-        "them is cheap against the trial's arms (README)",
+        "them is cheap against the trial's arms (README); a trial after one that could not "
+        f"tell takes the batch that one said would tell, up to {TRIAL_EVAL_GROWTH}x this",
     )
     ramp.add_argument(
         "--trial-snapshots",

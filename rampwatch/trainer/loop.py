@@ -64,18 +64,19 @@ class StepOutcome:
 
 def monitor_state(state: ckpt.TrainState) -> dict:
     """The Monitor.load_state_dict() of a run at `state`. A checkpoint keeps the monitor's state
-    in TrainState's own fields, as every checkpoint has (so older ones resume as they are): the
-    noise window, the per-device batches that ran out of memory, tokens seen, the base LR and
-    the training losses a trial's Δ is chosen from (older checkpoints have none). Not kept:
-    measured peaks (measured again) and the last ramp (the resume step stands for it: the
-    noise-scale history behind a ramp decision starts there)."""
+    in TrainState's own fields (so older ones resume as they are): the noise window, the
+    per-device batches that ran out of memory, tokens seen, the base LR and the trial protocol's
+    state (the latest trial's evidence, the retry due, the held-out batch the next trial asks
+    for, the training losses a trial's Δ is chosen from; older checkpoints have the losses
+    alone, or nothing). Not kept: measured peaks (measured again) and the last ramp (the resume
+    step stands for it: the noise-scale history behind a ramp decision starts there)."""
     return {
         "tokens_seen": state.tokens_seen,
         "base_lr": state.base_lr,
         "last_ramp_step": state.step,
         "noise_window": state.noise_window,
         "infeasible": state.infeasible_batches,
-        "trials": {"loss_history": state.loss_history},
+        "trials": state.trials,
     }
 
 
@@ -84,7 +85,7 @@ def keep_monitor_state(state: ckpt.TrainState, monitor: dict) -> None:
     base LR are the loop's own: it keeps them at every step and ramp)."""
     state.noise_window = monitor["noise_window"]
     state.infeasible_batches = monitor["infeasible"]
-    state.loss_history = monitor["trials"]["loss_history"] or {}
+    state.trials = monitor["trials"]
 
 
 # What a resumed run takes from its own checkpoint rather than from this launch's flags: the

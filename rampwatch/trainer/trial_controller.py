@@ -20,7 +20,10 @@ Owns `TrialController`. At a boundary S with a trial due:
 4. the held-out evaluation: per-sequence mean token loss on a FIXED batch of the validation
    split (TokenDataset.val_batch: windows evenly spaced over the val tokens; every run has a val
    split: the stdlib corpus's held-out files, --val-data or --val-fraction), the same for every
-   arm, so the judgement is paired example by example (advisor/trial.py);
+   arm, so the judgement is paired example by example (advisor/trial.py). A trial after one
+   that could not tell asks for the batch that one said would tell (monitor/trial_protocol.py,
+   `eval_examples`): it gets that many, at most config.TRIAL_EVAL_GROWTH × --trial-eval-batch,
+   and at most what the split holds;
 5. continue from the kept arm (its end state restored from its copy): the run's step is
    S + its steps, its tier and base LR the arm's, the data position S's + Δ/seq_len; checkpoint
    there, then Monitor.trial_ended records trial_end, the ramp and 'applied'. A trial that fails
@@ -48,6 +51,7 @@ import torch.nn.functional as F
 from rampwatch.monitor.trial_protocol import TrialOutcome, TrialRequest, abandoned_note
 from rampwatch.monitor.trial_snapshot import remove_left_behind
 from rampwatch.trainer import dist
+from rampwatch.trainer.config import TRIAL_EVAL_GROWTH
 
 if TYPE_CHECKING:
     from rampwatch.trainer.loop import Trainer
@@ -68,7 +72,8 @@ class TrialController:
         # where the copies go when host memory cannot hold them: beside the checkpoint
         self.snapshot_dir = trainer.checkpoint_path.with_suffix(".trial")
         remove_left_behind(self.snapshot_dir)  # a trial's files, if one was killed
-        self._held_out = None  # (x, y) on the device, and all ranks' count: at the first trial
+        self._held_out = None  # (x, y) on the device, all ranks' count, the count asked for
+        self._asked = eval_batch  # the held-out sequences the running trial scores
 
     def at_boundary(self) -> None:
         t = self.trainer
@@ -101,6 +106,8 @@ class TrialController:
             t.state.tokens_seen = at_s.tokens_seen + (start - at_s.next_sample) * request.seq_len
             return t.silent_step(arm.tier, arm.base_lr)
 
+        asked = request.eval_examples or self.eval_batch
+        self._asked = min(max(asked, self.eval_batch), TRIAL_EVAL_GROWTH * self.eval_batch)
         return t.mon.run_trial(
             request,
             train_step,
@@ -128,11 +135,11 @@ class TrialController:
         """Per-sequence mean token loss (fp32) on the fixed held-out batch: under torchrun each
         rank evaluates its shard and every rank gets all of them (the same bytes)."""
         t = self.trainer
-        if self._held_out is None:
-            x, y = t.data.val_batch(self.eval_batch)  # fewer when the split is small
+        if self._held_out is None or self._held_out[3] != self._asked:
+            x, y = t.data.val_batch(self._asked)  # fewer when the split is small
             lo, hi = dist.shard(len(x), t.ddp)
-            self._held_out = x[lo:hi].to(t.device), y[lo:hi].to(t.device), len(x)
-        x, y, examples = self._held_out
+            self._held_out = x[lo:hi].to(t.device), y[lo:hi].to(t.device), len(x), self._asked
+        x, y, examples, _ = self._held_out
         model.eval()
         out = [torch.zeros(0, device=t.device)]  # a rank's shard may be empty
         for i in range(0, len(x), self.EVAL_CHUNK):
