@@ -277,8 +277,11 @@ def autos(out: Path, seed: int, fixed16, target: float, delta: int, eval_batch: 
             f"{ramps or 'none'} |"
         )
     for t in reader.trials(db, name):
-        verdict = TrialVerdict.from_dict(t.verdict).summary if t.verdict else t.reason
-        print(f"- trial-gated, step {t.start_step} ({t.source}): {verdict}")
+        v = TrialVerdict.from_dict(t.verdict) if t.verdict else None
+        held_out = f", {v.examples:,} held-out" if v else ""
+        print(
+            f"- trial-gated, step {t.start_step} ({t.source}{held_out}): {v.summary if v else t.reason}"
+        )
 
 
 def main() -> int:
