@@ -100,6 +100,24 @@ def test_approve_writes_pending_then_cancel(live, monkeypatch):
     assert "On hold" not in seed.texts(at)
 
 
+def test_approve_again_on_ones_own_pending_ramp_says_it_is_submitted(live, monkeypatch):
+    """A second Approve (or Streamlit's second delivery of the first click) in the session that
+    sent the pending command is not a refusal: that command is this approval. Another session
+    gets the card's reason."""
+    at = seed.sign_in(seed.app(monkeypatch, live.db))
+    at.button(key="approve").click().run()
+    [c] = commands.list_commands(live.db, live.run_id)
+    at.button(key="approve").click().run()
+    assert not at.exception and len(commands.list_commands(live.db, live.run_id)) == 1
+    said = [str(e.value) for e in at.info]
+    assert any(f"Ramp #{c.command_id} is already submitted by you" in m for m in said), said
+    assert not [e for e in at.error if "Not submitted" in str(e.value)]
+    other = seed.sign_in(seed.app(monkeypatch, live.db))
+    other.button(key="approve").click().run()
+    refused = [str(e.value) for e in other.error]
+    assert f"Not submitted: already waiting on ramp #{c.command_id}" in refused, refused
+
+
 @pytest.mark.parametrize(
     "state,expected,kind",
     [

@@ -31,7 +31,11 @@ be sent says "On hold: why" under the button, and a click on it gets that reason
 its return value catches a click whose callback was skipped. The callback only records the
 approval (SENDING); the live page sends it (send_pending) before it reads the run, showing
 "Sending…" until the store answers, so a refresh that interrupts the click's rerun sends it on the
-next one, once (the command's idempotency key). The operator's name
+next one, once (the command's idempotency key). A click held back by an open command that this
+session itself submitted (`SENT`) says that command is its approval, not "Not submitted": under
+load one click has left "Not submitted: already waiting on ramp #N" beside the command #N it had
+just made (tests/e2e/test_approve_clicks.py, 2 runs in about 20; the callback seems to have run
+twice, the second time with the button drawn after the send). The operator's name
 and token are kept for the session: their fields are not drawn while the card hides its controls,
 and Streamlit forgets a widget's value then. The token stays on the server (never sent back into
 the page); its field says it is kept.
@@ -64,6 +68,7 @@ ERROR_SECONDS = 30.0
 SENDING = "rw_sending"  # an approval the callback recorded and the card has not sent yet
 SEND_GIVE_UP_SECONDS = 60.0  # an approval still unsent after this is dropped, with a reason
 CLICK_SEEN = "rw_click_seen"  # the Approve callback ran in this rerun
+SENT = "rw_sent"  # the command ids this session submitted
 PLAN_OFFERED = "rw_plan_offered"  # the hand-plan tier last chosen for the operator
 
 OPERATOR, TOKEN = "rw_operator", "rw_token"  # the fields' widget keys
@@ -87,17 +92,31 @@ def _who() -> dict:
     }
 
 
+PENDING = "pending until the trainer picks it up at its next step boundary."
 # what a command of each kind is called in the card's messages
 _WHAT = {"ramp": "the ramp to {}", "trial": "the trial {}"}
 _SUBMITTED = {"ramp": "Ramp #{} to {} submitted", "trial": "Trial #{} ({}) submitted"}
 
 
 def _approve(
-    db, run_id: str, payload: dict, label: str, key: str, blocked: str | None, kind: str = "ramp"
+    db,
+    run_id: str,
+    payload: dict,
+    label: str,
+    key: str,
+    blocked: str | None,
+    kind: str = "ramp",
+    waiting_on: tuple[str, int] | None = None,
 ) -> None:
     """Approve's and Test first's callback (and its stand-in for a skipped one): a reason, or the
-    approval to send."""
+    approval to send. `waiting_on`: the open command (kind, id) that `blocked` names, if any."""
     st.session_state[CLICK_SEEN] = True
+    if waiting_on is not None and waiting_on[1] in st.session_state.get(SENT, ()):
+        # this session's own command: a second click, or Streamlit's second delivery of the
+        # click that sent it (seen under load), is that approval, not a refusal
+        what, cid = waiting_on
+        _set_flash("info", f"{what.capitalize()} #{cid} is already submitted by you: {PENDING}")
+        return
     if blocked:  # on hold when drawn: the card's reason, not the guard's
         _set_flash("error", f"Not submitted: {blocked}")
         return
@@ -123,11 +142,8 @@ def send_pending(slot) -> None:
     slot.info(f"Sending {what}…", icon=":material/send:")
     try:
         cid = store_access.SUBMIT[kind](db, run_id, payload, key=key, **_who())
-        _set_flash(
-            "success",
-            _SUBMITTED[kind].format(cid, label) + ": pending until "
-            "the trainer picks it up at its next step boundary.",
-        )
+        st.session_state.setdefault(SENT, set()).add(cid)
+        _set_flash("success", _SUBMITTED[kind].format(cid, label) + ": " + PENDING)
     except store_access.StoreError as e:
         _set_flash("error", f"Not submitted: {e}")
     del st.session_state[SENDING]  # after the flash: an interruption here loses no answer
@@ -471,6 +487,7 @@ def _operator() -> None:
 
 def _controls(card: Card, v: TierView | None, db, run_id: str, trial: TrialCard | None) -> None:
     open_cmd = card.command if card.command and card.command.open else None
+    waiting = _waiting_on(open_cmd, trial)
     if store_access.agent_api_enabled():
         st.warning(store_access.AGENT_API_REFUSAL)
         return
@@ -480,13 +497,7 @@ def _controls(card: Card, v: TierView | None, db, run_id: str, trial: TrialCard 
     if v is not None:
         t = v.option
         label = f"{t.tier.per_device_batch} × {t.tier.accum}"
-        blocked = (
-            t.reason
-            if not t.fits
-            else f"already waiting on ramp #{open_cmd.command_id}"
-            if open_cmd
-            else _trial_busy(trial)
-        )
+        blocked = t.reason if not t.fits else _busy(waiting, trial)
         # a hand-plan step is the operator's own call, made when the plan was typed
         ready = v.plan is not None or (card.decision is not None and card.decision.ready)
         if not ready and blocked is None:  # an operator's override: it must look like one
@@ -497,7 +508,8 @@ def _controls(card: Card, v: TierView | None, db, run_id: str, trial: TrialCard 
                 help="the advisor has not recommended this ramp yet; approving it now is your call",
             ):
                 blocked = "tick the override first: the advisor says not yet"
-        args = (db, run_id, v.payload(), label, _approval_key(card, v), blocked)
+        on = waiting if t.fits else None  # the open command is what `blocked` names
+        args = (db, run_id, v.payload(), label, _approval_key(card, v), blocked, "ramp", on)
         clicked = cols[0].button(
             f"Approve hand-plan step: ramp to {label} (batch {t.tier.batch:,})"
             if v.plan is not None
@@ -519,7 +531,7 @@ def _controls(card: Card, v: TierView | None, db, run_id: str, trial: TrialCard 
             send_pending(cols[3])
             _flash(cols[3])
     if trial is not None:
-        _test_first(card, trial, db, run_id, open_cmd, cols[1], cols[3], callback_ran)
+        _test_first(card, trial, db, run_id, waiting, cols[1], cols[3], callback_ran)
     cols[2].button(
         "Reject",
         key="reject",
@@ -539,14 +551,19 @@ def _controls(card: Card, v: TierView | None, db, run_id: str, trial: TrialCard 
 # ---- ramp trials (issue 26): "Test first" beside Approve, and the trial section -------------
 
 
-def _trial_busy(trial: TrialCard | None) -> str | None:
-    """Why nothing more can be sent while a trial is open or running, or None."""
-    if trial is None:
-        return None
-    c = trial.command
-    if c is not None and c.open:
-        return f"already waiting on trial #{c.command_id}"
-    if trial.running:
+def _waiting_on(open_cmd, trial: TrialCard | None) -> tuple[str, int] | None:
+    """The open command (kind, id) that holds every new one back: a ramp, else a trial."""
+    if open_cmd is not None:
+        return "ramp", open_cmd.command_id
+    c = trial.command if trial is not None else None
+    return ("trial", c.command_id) if c is not None and c.open else None
+
+
+def _busy(waiting: tuple[str, int] | None, trial: TrialCard | None) -> str | None:
+    """Why nothing more can be sent: an open command, or a trial running; None if neither."""
+    if waiting is not None:
+        return f"already waiting on {waiting[0]} #{waiting[1]}"
+    if trial is not None and trial.running:
         return f"trial {trial.latest.trial.trial_id} is running"
     return None
 
@@ -559,15 +576,15 @@ def _trial_key(card: Card, trial: TrialCard) -> str:
     return f"{card.key}:trial:{factors}:after-{max(ids, default=0)}"
 
 
-def _test_first(card, trial: TrialCard, db, run_id, open_cmd, slot, note, callback_ran) -> None:
+def _test_first(card, trial: TrialCard, db, run_id, waiting, slot, note, callback_ran) -> None:
     """ "Test ×2 / ×4 first": Approve's path with the command kind "trial", its cost shown."""
     offer = trial.offer
     if offer.refusal:  # a plain refusal, never a button that does nothing
         slot.caption(f"No trials: this run {offer.refusal}.")
         return
-    blocked = f"already waiting on ramp #{open_cmd.command_id}" if open_cmd else None
-    blocked = blocked or _trial_busy(trial)
-    args = (db, run_id, offer.payload(), offer.label, _trial_key(card, trial), blocked, "trial")
+    blocked = _busy(waiting, trial)
+    key = _trial_key(card, trial)
+    args = (db, run_id, offer.payload(), offer.label, key, blocked, "trial", waiting)
     clicked = slot.button(
         f"Test {offer.label} first",
         key="test_first",
