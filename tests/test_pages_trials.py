@@ -86,6 +86,7 @@ def test_a_finished_trial_shows_branches_bracket_kept_and_cost(trials_run, monke
     assert "Critical batch between 32 and 64 examples (×2 pass, ×4 fail); continue at ×2" in text
     assert "Critical batch between 32 and 64 sequences (measured at batch 16)." in text
     assert "Kept branch ×2: the run continued from step 415. Cost: 65,536 tokens discarded" in text
+    assert "Measured on 4 held-out examples." in text
     [table] = [d for d in at.dataframe if "95% upper bound" in d.value.columns]
     rows = table.value.to_dict("records")
     assert [(r["branch"], r["result"]) for r in rows] == [("×2", "pass"), ("×4", "fail")]

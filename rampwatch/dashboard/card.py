@@ -715,4 +715,5 @@ def _trial_result(v) -> None:
     if t.cost_seconds is not None:
         cost += f", {recommend_duration(t.cost_seconds)}"
     at = f" from step {t.continue_step:,}" if t.continue_step is not None else ""
-    st.caption(f"Kept {kept}: the run continued{at}. Cost: {cost}.")
+    held_out = f" Measured on {v.verdict.examples:,} held-out examples." if v.verdict else ""
+    st.caption(f"Kept {kept}: the run continued{at}. Cost: {cost}.{held_out}")
