@@ -323,6 +323,22 @@ def test_the_trial_after_one_that_could_not_tell_asks_for_the_held_out_batch_tha
     )
 
 
+def test_the_state_after_a_trial_that_judged_nothing_loads_as_plain_data(tmp_path):
+    """What a checkpoint keeps after a trial that could not tell (its evidence, the retry due
+    with its τ, the cap, the ask) reads back with torch's weights_only loader, as the reference
+    trainer's resume reads it, and as JSON, as the Hugging Face restart writes it."""
+    import json
+
+    db = tmp_path / "runs.duckdb"
+    model, opt, mon = _loop(db, trials=True, trial_delta_tokens=64)
+    _scripted_trials(db, model, opt, mon, _held_out_script()(1.0, 0.6, 0.32, 0.3, 0.3, noise=0.3))
+    state = mon.state_dict()["trials"]
+    assert state["tell"] and state["retry"] and state["latest"]
+    torch.save({"trials": state}, tmp_path / "state.pt")
+    assert torch.load(tmp_path / "state.pt", weights_only=True)["trials"] == state
+    assert json.loads(json.dumps(state)) == state
+
+
 def test_the_held_out_batch_a_trial_asks_for_survives_a_resume():
     from rampwatch.monitor.trial_protocol import TrialProtocol
 
