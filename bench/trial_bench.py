@@ -524,8 +524,8 @@ def ratio_text(verdict) -> str:
 
 
 def bracket_text(bracket) -> str:
-    if bracket is None:  # Δ too long, or the Δ check cannot tell
-        return "none (Δ check)"
+    if bracket is None:  # Δ too long, the Δ check cannot tell, or the control did not learn
+        return "none"
     lo, hi = bracket
     return f"[{'—' if lo is None else lo}, {'∞' if hi is None else hi})"
 

@@ -13,6 +13,7 @@ import pytest
 from rampwatch.advisor.trial import (
     HALF_PROGRESS_MIN,
     TrialPlan,
+    TrialVerdict,
     failed_factor,
     judge,
     tolerance_fraction,
@@ -95,6 +96,21 @@ def test_no_progress_passes_only_a_surely_better_branch():
     assert [b.tolerance for b in verdict.branches] == [0.0, 0.0, 0.0]
     assert [b.passed for b in verdict.branches] == [False, True, False]  # bound = mean here
     assert "could not tell" in verdict.summary
+
+
+def test_a_control_that_did_not_learn_brackets_nothing_from_branches_that_failed():
+    """With no progress over Δ there is no tolerance: a failed branch says nothing, so no
+    bracket, no calibration and no "Critical batch below …" stated as a finding (seen on the
+    demo: a green "below 16 … below 0.554× the noise scale" from a control that did not learn)."""
+    verdict = _verdict({2: 0.01, 4: 0.02, 8: 0.03}, progress=-0.01, b_simple=29.0)
+    assert [b.passed for b in verdict.branches] == [False, False, False]
+    assert (verdict.k_star, verdict.bracket, verdict.calibration) == (None, None, None)
+    assert verdict.kept_k == 1
+    said = verdict.summary
+    assert "Critical batch" not in said and "noise scale" not in said
+    assert said.startswith("The control did not improve over Δ, so the trial could not tell")
+    assert "(×2 fail, ×4 fail, ×8 fail against no tolerance); keep 4" in said
+    assert TrialVerdict.from_dict(verdict.to_dict()).summary == said
 
 
 def test_plan_steps_lr_and_cost():

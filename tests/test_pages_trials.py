@@ -106,6 +106,17 @@ def test_a_trial_that_judged_nothing_is_no_answer_not_a_success(trials_run, monk
     assert not [e for e in at.success if "Δ too long" in str(e.value)]
 
 
+def test_a_trial_whose_control_did_not_learn_is_no_answer_not_a_bracket(trials_run, monkeypatch):
+    events = [trial_events.start(), *trial_events.arms(), trial_events.end(7, 407, stalled=True)]
+    trial_events.write(trials_run.writer, events)
+    at = seed.app(monkeypatch, trials_run.db)
+    assert not at.exception
+    infos = [str(e.value) for e in at.info]
+    assert any(m.startswith("The control did not improve over Δ") for m in infos), infos
+    assert not [e for e in at.success if "did not improve" in str(e.value)]
+    assert "Critical batch" not in seed.texts(at)
+
+
 def test_an_abandoned_trial_says_why_and_earlier_trials_are_listed(trials_run, monkeypatch):
     first = [trial_events.start(trial_id=3, step=200), trial_events.end(3, 208)]
     trial_events.write(trials_run.writer, first)

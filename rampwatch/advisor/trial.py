@@ -38,7 +38,8 @@ B_crit that a constant-batch sweep fits (bench/trial_bench.py checks it on a kno
 loss falls ever more slowly, so the true deficit at k·B = B_crit is below the linear (1 − e)·P:
 a branch just past B_crit can still pass, which the 95% bound offsets. P ≤ 0 (the control did not
 learn over Δ) leaves no tolerance: only a branch surely better than the control passes, and the
-summary says the trial could not tell.
+summary says the trial could not tell; unless one passed, the trial brackets nothing (a failure
+against no tolerance says nothing of B_crit).
 
 Δ too long. The tolerance is the linear limit: it assumes the control's loss falls at a steady
 rate over Δ. A control that flattens within Δ (Δ ≫ the examples the run needs to make its next
@@ -278,6 +279,12 @@ class TrialVerdict:
         b = self.plan.batch
         arms = ", ".join(f"×{r.k} {'pass' if r.passed else 'fail'}" for r in self.branches)
         kept = f"continue at ×{self.k_star} ({self.k_star * b:,})" if self.k_star else f"keep {b:,}"
+        if self.bracket is None:  # the control did not learn and no branch was surely better
+            return (
+                f"The control did not improve over Δ, so the trial could not tell ({arms} "
+                f"against no tolerance); {kept}: lengthen Δ. Cost: {self.cost_tokens:,} tokens "
+                "of discarded arms."
+            )
         parts = [
             f"Critical batch {_in_words(self.bracket, '{:,}'.format)} examples ({arms}); {kept}.",
             f"Cost: {self.cost_tokens:,} tokens of discarded arms.",
@@ -466,7 +473,9 @@ def judge(
                 to_tell = _examples_to_tell(*pairs, plan.level)
     delta_ok = check in ("fine", "not judged")
     k_star = _k_star(branches, cap) if delta_ok else None
-    bracket = _bracket(plan, k_star, cap) if delta_ok else None
+    # a control that did not learn leaves no tolerance: a failed branch then says nothing
+    told = delta_ok and (progress > 0 or k_star is not None)
+    bracket = _bracket(plan, k_star, cap) if told else None
     calibration = bracket[0] / b_simple if b_simple is not None and bracket and bracket[0] else None
     return TrialVerdict(
         plan=plan,

@@ -666,8 +666,8 @@ def _trial_state(v, run) -> None:
         _arm_progress(v)
     elif t.status == "finished":
         said = v.verdict.summary if v.verdict else t.message or where
-        if v.verdict and not v.verdict.delta_ok:
-            st.info(said, icon=":material/help:")  # no answer: neither a pass nor a fail
+        if v.verdict and v.verdict.bracket is None:  # no answer: neither a pass nor a fail
+            st.info(said, icon=":material/help:")
         else:
             st.success(said, icon=":material/science:")
         _trial_result(v)
