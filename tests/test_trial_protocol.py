@@ -292,7 +292,7 @@ def test_a_trial_right_after_one_that_judged_nothing_keeps_its_failure(tmp_path)
     assert (second.cap, second.k_star, second.bracket, outs[1].kept.factor) == (4, 2, (16, 32), 2)
     starts = [e for e in reader.events(db, mon.run_id) if e.kind == M.EVENT_TRIAL_START]
     assert [e.data["cap"] for e in starts] == [None, 4]
-    assert starts[1].message.endswith("Nothing from ×4 up is kept: the trial before failed it")
+    assert starts[1].message.endswith("Nothing from ×4 up is kept: the trial before failed it.")
     [_, end] = [e for e in reader.events(db, mon.run_id) if e.kind == M.EVENT_TRIAL_END]
     assert "×4 failed in the trial before at this batch" in end.message
 
@@ -319,7 +319,7 @@ def test_the_trial_after_one_that_could_not_tell_asks_for_the_held_out_batch_tha
     assert [e.data["eval_examples"] for e in starts] == asked
     assert starts[1].message.endswith(
         f"It asks for ~{first.examples_to_tell:,} held-out examples: the trial before could "
-        "not tell with fewer"
+        "not tell with fewer."
     )
 
 
@@ -337,6 +337,37 @@ def test_the_state_after_a_trial_that_judged_nothing_loads_as_plain_data(tmp_pat
     torch.save({"trials": state}, tmp_path / "state.pt")
     assert torch.load(tmp_path / "state.pt", weights_only=True)["trials"] == state
     assert json.loads(json.dumps(state)) == state
+
+
+def test_trial_start_says_each_of_its_sentences_once():
+    """The Δ's note, the cap and the ask each end in one full stop (seen on the demo: "(0.67
+    needed).. It asks for ~295 held-out examples")."""
+    from rampwatch.advisor.tiers import Tier
+    from rampwatch.monitor.trial_protocol import TrialArm, TrialProtocol, TrialRequest
+
+    note = "Δ from the loss curve (its cap): τ ≈ 430,271 tokens (0.67 needed)."
+    req = TrialRequest(
+        trial_id=3,
+        step=559,
+        control=Tier(4, 2),
+        base_lr=1e-3,
+        delta_tokens=131_072,
+        seq_len=256,
+        rule="sqrt",
+        arms=(TrialArm(2, Tier(4, 4), 1.4e-3), TrialArm(4, Tier(4, 8), 2e-3)),
+        source="command 3",
+        delta_choice={"note": note},
+        cap=4,
+        eval_examples=295,
+    )
+    said = []
+    TrialProtocol(enabled=True, delta_from_loss=True).started(
+        lambda step, kind, message, data: said.append(message), req, None
+    )
+    assert said[0].endswith(
+        "(0.67 needed). Nothing from ×4 up is kept: the trial before failed it. It asks for ~295 "
+        "held-out examples: the trial before could not tell with fewer."
+    ), said[0]
 
 
 def test_the_held_out_batch_a_trial_asks_for_survives_a_resume():

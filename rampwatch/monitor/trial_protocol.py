@@ -413,23 +413,20 @@ class TrialProtocol:
         if cost["cost_seconds"] is not None:
             extra.append(f"~{_duration(cost['cost_seconds'])}")
         choice = (req.delta_choice or {}) if self.delta_from_loss else {}
-        message = (
+        said = [
             f"trial {arms} from step {req.step}: {len(req.arms)} × {req.delta_tokens:,} tokens "
-            "discarded at most"
-            + (f" ({', '.join(extra)})" if extra else "")
-            + (f". {choice['note']}" if "note" in choice else "")
-            + (
-                f". Nothing from ×{req.cap} up is kept: the trial before failed it"
-                if req.cap is not None
-                else ""
-            )
-            + (
-                f". It asks for ~{req.eval_examples:,} held-out examples: the trial before "
+            "discarded at most" + (f" ({', '.join(extra)})" if extra else "")
+        ]
+        if "note" in choice:
+            said.append(choice["note"])
+        if req.cap is not None:
+            said.append(f"Nothing from ×{req.cap} up is kept: the trial before failed it")
+        if req.eval_examples is not None:
+            said.append(
+                f"It asks for ~{req.eval_examples:,} held-out examples: the trial before "
                 "could not tell with fewer"
-                if req.eval_examples is not None
-                else ""
             )
-        )
+        message = " ".join(s.rstrip(".") + "." for s in said)
         event(
             req.step,
             M.EVENT_TRIAL_START,
