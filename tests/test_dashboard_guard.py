@@ -89,12 +89,13 @@ def test_a_server_without_a_token_cannot_write(live, monkeypatch):
 
 
 def test_click_on_an_approve_on_hold_is_refused(live, monkeypatch):
-    """A click on Approve while a ramp is open (on hold, a second ramp waits for the first):
-    no second command, and the reason on the card."""
-    at = seed.sign_in(seed.app(monkeypatch, live.db))
-    at.run()
-    at.button(key="approve").click().run()
+    """A click on Approve while another operator's ramp is open (on hold, a second ramp waits
+    for the first): no second command, and the reason on the card."""
+    other = seed.sign_in(seed.app(monkeypatch, live.db))
+    other.run()
+    other.button(key="approve").click().run()
     [first] = commands.list_commands(live.db, live.run_id)
+    at = seed.sign_in(seed.app(monkeypatch, live.db))
     at.run()  # the card reads the command
     at.button(key="approve").click().run()
     assert [c.command_id for c in commands.list_commands(live.db, live.run_id)] == [
