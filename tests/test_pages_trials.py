@@ -95,6 +95,20 @@ def test_a_finished_trial_shows_branches_bracket_kept_and_cost(trials_run, monke
     assert "test_first" in [b.key for b in at.button]  # another trial may follow
 
 
+def test_a_trial_measured_in_two_stages_says_both_sizes(trials_run, monkeypatch):
+    finished = trial_events.end()
+    finished["data"]["verdict"]["first_examples"] = 2  # its control's first 2 could not tell
+    trial_events.write(trials_run.writer, [trial_events.start(), *trial_events.arms(), finished])
+    at = seed.app(monkeypatch, trials_run.db)
+    assert not at.exception
+    text = seed.texts(at)
+    assert "Measured on 4 held-out examples (2 first, which could not tell)." in text
+    assert (
+        "On 2 held-out examples the control could not tell whether Δ was too long; it was "
+        "measured again on 4. Critical batch between 32 and 64" in text
+    )
+
+
 @pytest.mark.parametrize(
     "how,said",
     [

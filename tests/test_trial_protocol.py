@@ -18,6 +18,7 @@ import torch
 from rampwatch import Monitor
 from rampwatch.advisor.gns_window import significant
 from rampwatch.advisor.policy import RampPolicy
+from rampwatch.advisor.trial import TrialVerdict
 from rampwatch.store import commands, reader
 from rampwatch.store import names as M
 from rampwatch.store.errors import CommandError
@@ -321,6 +322,57 @@ def test_the_trial_after_one_that_could_not_tell_asks_for_the_held_out_batch_tha
         f"It asks for ~{first.examples_to_tell:,} held-out examples: the trial before could "
         "not tell with fewer."
     )
+
+
+def test_a_control_that_cannot_tell_is_measured_again_on_the_batch_that_would(tmp_path):
+    """The second stage, in the same trial: on 64 held-out examples the control's half-progress
+    ratio is too noisy to tell whether Δ is too long; the loop's grow_eval takes the batch that
+    would tell, the snapshot, the control at Δ/2 and its end are evaluated again on it, and the
+    branches on it too. The verdict says both sizes; the next trial asks for nothing more."""
+    db = tmp_path / "runs.duckdb"
+    model, opt, mon = _loop(db, trials=True, trial_delta_tokens=64)
+    x, y = _data(4000, 1)
+    pos = 0
+    for step in range(1, 3):
+        pos = _train(model, opt, mon, x, y, pos, step)
+    commands.submit(db, mon.run_id, "trial", {"factors": [2, 4]}, actor="test")
+    trial = _boundary(mon)
+    rng = np.random.default_rng(0)
+    bases, size, scored = {}, [N_EVAL], []
+    # snapshot, Δ/2, the control's end: progress 0.4 then 0.28 (ratio 0.7, the threshold 0.67)
+    # under a spread of 0.3 on the first 64; on the larger batch 0.4 then 0.4, ×2 and ×4 as good
+    levels = [(1.0, 0.3), (0.6, 0.3), (0.32, 0.3)] + [(1.0, 0.01), (0.6, 0.01), (0.2, 0.01)]
+    levels += [(0.19, 0.01), (0.19, 0.01)]
+
+    def evaluate(model):  # the same examples at one size: one base loss per example
+        n = size[0]
+        base = bases.setdefault(n, rng.gamma(2.0, 1.0, n))
+        level, noise = levels.pop(0)
+        scored.append(n)
+        return torch.as_tensor(base + level + rng.normal(0, noise, n))
+
+    def grow_eval(asked):
+        size[0] = asked
+        return asked
+
+    out = mon.run_trial(trial, _train_step(x, y), evaluate, start=pos, grow_eval=grow_eval)
+    mon.trial_ended(out)
+    mon.finish()
+    v = out.verdict
+    assert not levels and size[0] > N_EVAL
+    assert scored == [N_EVAL] * 3 + [size[0]] * 5
+    assert (v.first_examples, v.examples, v.delta_check, v.k_star) == (N_EVAL, size[0], "fine", 4)
+    assert out.kept.factor == 4
+    assert v.summary.startswith(
+        f"On {N_EVAL} held-out examples the control could not tell whether Δ was too long; "
+        f"it was measured again on {size[0]:,}. Critical batch at least 32"
+    )
+    events = reader.events(db, mon.run_id)
+    [stage] = [e for e in events if e.kind == M.EVENT_TRIAL_ARM and "first_examples" in e.data]
+    assert stage.data["eval_examples"] == size[0]
+    assert reader.trial_points(db, mon.run_id, trial.trial_id)[-1].factor == 4  # not a point
+    assert TrialVerdict.from_dict(v.to_dict()) == v
+    assert mon.trial_due() is None and mon.ramps.trials.tell is None
 
 
 def test_the_state_after_a_trial_that_judged_nothing_loads_as_plain_data(tmp_path):

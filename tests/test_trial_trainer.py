@@ -4,7 +4,8 @@ the command applied at continue_step); restore is exact (the control kept and co
 run never branched, the ×2 branch kept equals a run ramped by hand at the trial's step); and a
 SIGKILL mid-trial (its copies in files) resumes from the checkpoint at the snapshot with the trial
 recorded abandoned and the files removed. A trial after one that could not tell scores the
-held-out batch that one named, up to a cap."""
+held-out batch that one named, up to a cap; a control whose own evaluations cannot tell is
+measured again, in the same trial, on the batch that would."""
 
 from __future__ import annotations
 
@@ -268,6 +269,34 @@ def test_a_trial_asks_for_the_held_out_batch_the_last_one_named_up_to_the_cap(tm
     assert start.data["eval_examples"] == 100
     assert "It asks for ~100 held-out examples" in start.message
     assert TrialVerdict.from_dict(end.data["verdict"]).examples == TRIAL_EVAL_GROWTH * 2 == 16
+
+
+def test_a_control_that_cannot_tell_is_measured_again_on_a_larger_batch(tmp_path, procs):
+    """At a Δ of 6 control steps two held-out sequences cannot tell whether Δ is too long
+    (ratio 0.69, bounds 0.49–0.82 when measured); the same trial evaluates the snapshot, the
+    control's Δ/2 and its end again on the batch that would tell, at most TRIAL_EVAL_GROWTH ×
+    --trial-eval-batch, then the branch on it."""
+    from rampwatch.trainer.config import TRIAL_EVAL_GROWTH
+
+    db, ck = tmp_path / "runs.duckdb", tmp_path / "ckpt"
+    args = ("--run-id", "s", "--steps", str(STEPS), "--checkpoint-every", "0")
+    proc = procs.spawn(
+        trainer_args(db, ck, *args, "--trial-eval-batch", "2", *COMMON),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    wait_until(lambda: _running(db, "s"), timeout=120)
+    payload = {"factors": [2], "delta_tokens": DELTA * 3 // 2}
+    cid = commands.submit(db, "s", "trial", payload, actor="t")
+    assert proc.wait(timeout=240) == 0
+    assert commands.get(db, cid).status == "applied"
+    events = reader.events(db, "s")
+    [end] = [e for e in events if e.kind == M.EVENT_TRIAL_END]
+    v = TrialVerdict.from_dict(end.data["verdict"])
+    assert v.first_examples == 2 and 2 < v.examples <= TRIAL_EVAL_GROWTH * 2
+    [stage] = [e for e in events if "first_examples" in (e.data or {})]
+    assert (stage.kind, stage.data["eval_examples"]) == (M.EVENT_TRIAL_ARM, v.examples)
+    assert end.message.startswith("On 2 held-out examples the control could not tell")
 
 
 def test_a_resume_keeps_the_runs_trial_delta_cap_whatever_its_launch_flags(tmp_path):

@@ -3,9 +3,10 @@
 Owns `TrialPlan` (what a trial runs: the batch B, the factors k, Δ tokens per arm, the LR rule),
 `BranchResult` and `TrialVerdict` (what it found), `tolerance_fraction`, `HALF_PROGRESS_MIN`, the
 exponential model's two directions (`delta_over_tau`, `half_progress_ratio_at`), the bound of the
-control's half-progress ratio (`half_progress_bounds`), `judge` and `failed_factor` (the "no" a
-retry at the same batch keeps). Pure: the losses come in as arrays; running the arms is the
-caller's (monitor/trial_runner.py for a plain torch model and optimizer).
+control's half-progress ratio (`half_progress_bounds`), `judge`, `examples_to_judge_delta` (a
+trial's second stage) and `failed_factor` (the "no" a retry at the same batch keeps). Pure: the
+losses come in as arrays; running the arms is the caller's (monitor/trial_runner.py for a plain
+torch model and optimizer).
 
 The method is Merrill, Arora, Groeneveld, Hajishirzi 2025, "Critical Batch Size Revisited"
 (arXiv 2505.23971) §3.1: from one snapshot at batch B, train the control (k = 1) and each branch
@@ -81,7 +82,9 @@ What would tell: the eval batch at which the current spread resolves, the n at w
 |d̄|·√n / sd(d) ≥ t(0.95, n − 1) at R = HALF_PROGRESS_MIN (and at which p̄1 is itself
 significant: r may be negative, so Fieller's set is taken on the whole line, and unless p̄1 is
 clearly non-zero it is two rays or everything, bounded neither way), d̄ and sd(d) as measured
-(`examples_to_tell`; None when d̄ = 0: r̂ sits on the threshold and no batch would tell).
+(`examples_to_tell`; None when d̄ = 0: r̂ sits on the threshold and no batch would tell). A
+runner that can score that many evaluates the control's three points again on them, in the same
+trial (`examples_to_judge_delta`, monitor/trial_runner.py's second stage).
 A longer Δ is not derived: it moves r̂ and the spread together. "Too long" names the Δ that
 would put r at the threshold, Δ·ln r*/ln r̂ (the exponential model), or Δ/4 when the second half
 made no progress. Without the midway eval (older verdicts, a caller that gives none), or when the
@@ -117,6 +120,7 @@ __all__ = [
     "half_progress_bounds",
     "DELTA_CHECKS",
     "judge",
+    "examples_to_judge_delta",
 ]
 
 # the control's second-half over first-half progress below which Δ is too long (docstring)
@@ -234,6 +238,8 @@ class TrialVerdict:
     delta_check: str | None = None  # DELTA_CHECKS; None only in a verdict from before the bound
     examples_to_tell: int | None = None  # "cannot tell": held-out examples that would tell
     cap: int | None = None  # a factor that failed in the trial before: no k ≥ cap is kept
+    # a second stage: the examples the control was first evaluated on, which could not tell
+    first_examples: int | None = None
 
     def to_dict(self) -> dict:
         """JSON-safe: what a trial's end event carries (plan and branches nested, lists)."""
@@ -272,6 +278,16 @@ class TrialVerdict:
     @property
     def summary(self) -> str:
         """What the trial found, in plain words (the card's and the bench's line)."""
+        first = self.first_examples
+        stages = (
+            f"On {first:,} held-out examples the control could not tell whether Δ was too "
+            f"long; it was measured again on {self.examples:,}. "
+            if first is not None
+            else ""
+        )
+        return stages + self._found()
+
+    def _found(self) -> str:
         if self.delta_check == "cannot tell":
             return self._cannot_tell()
         if not self.delta_ok:
@@ -454,23 +470,7 @@ def judge(
         b_simple = positive_number("b_simple", b_simple, "positive noise scale (examples)")
     progress = snapshot - float(control.mean())
     branches = tuple(_branch(plan, k, control, branch_losses[k], progress) for k in plan.ks)
-    ratio = bounds = to_tell = None
-    check = "not judged"
-    if midway_losses is not None:
-        midway = _mean_loss("midway_losses", midway_losses, "of the control at Δ/2")
-        ratio = _half_progress_ratio(snapshot, midway, float(control.mean()))
-        if ratio is not None:
-            pairs = _progress_pairs(snapshot_losses, midway_losses, control)
-            if pairs is not None:
-                bounds = half_progress_bounds(*pairs, plan.level)
-                lo, hi = bounds  # the point lies inside its own Fieller set; guard rounding
-                bounds = (
-                    None if lo is None else min(lo, ratio),
-                    None if hi is None else max(hi, ratio),
-                )
-            check = _delta_check(bounds)
-            if check == "cannot tell" and pairs is not None:
-                to_tell = _examples_to_tell(*pairs, plan.level)
+    ratio, bounds, check, to_tell = _delta_evidence(plan, snapshot_losses, midway_losses, control)
     delta_ok = check in ("fine", "not judged")
     k_star = _k_star(branches, cap) if delta_ok else None
     # a control that did not learn leaves no tolerance: a failed branch then says nothing
@@ -495,6 +495,38 @@ def judge(
         examples_to_tell=to_tell,
         cap=cap,
     )
+
+
+def _delta_evidence(plan: TrialPlan, snapshot_losses, midway_losses, control: np.ndarray):
+    """The Δ check from the control's three evaluations: (half-progress ratio, its bounds, the
+    check, examples_to_tell), each None where it does not apply (module docstring)."""
+    if midway_losses is None:
+        return None, None, "not judged", None
+    snapshot = _mean_loss("snapshot_losses", snapshot_losses, "at the snapshot")
+    midway = _mean_loss("midway_losses", midway_losses, "of the control at Δ/2")
+    ratio = _half_progress_ratio(snapshot, midway, float(control.mean()))
+    if ratio is None:
+        return None, None, "not judged", None
+    bounds = to_tell = None
+    pairs = _progress_pairs(snapshot_losses, midway_losses, control)
+    if pairs is not None:
+        lo, hi = half_progress_bounds(*pairs, plan.level)
+        # the point lies inside its own Fieller set; guard rounding
+        bounds = (None if lo is None else min(lo, ratio), None if hi is None else max(hi, ratio))
+    check = _delta_check(bounds)
+    if check == "cannot tell" and pairs is not None:
+        to_tell = _examples_to_tell(*pairs, plan.level)
+    return ratio, bounds, check, to_tell
+
+
+def examples_to_judge_delta(plan: TrialPlan, snapshot_losses, midway_losses, control_losses):
+    """The held-out batch that would tell whether Δ is too long, when the control's three
+    evaluations (per example, on the same examples) cannot: their `examples_to_tell`; None when
+    they tell, or when no batch would. A trial's second stage scores that many before the
+    branches run (monitor/trial_runner.py)."""
+    control = _losses("control_losses", control_losses)
+    _, _, check, to_tell = _delta_evidence(plan, snapshot_losses, midway_losses, control)
+    return to_tell if check == "cannot tell" and (to_tell or 0) > control.size else None
 
 
 def failed_factor(verdict: TrialVerdict) -> int | None:

@@ -34,7 +34,7 @@ approval (SENDING); the live page sends it (send_pending) before it reads the ru
 next one, once (the command's idempotency key). A click held back by an open command that this
 session itself submitted (`SENT`) says that command is its approval, not "Not submitted": under
 load one click has left "Not submitted: already waiting on ramp #N" beside the command #N it had
-just made (tests/e2e/test_approve_clicks.py, 2 runs in about 20; the callback seems to have run
+just made (tests/e2e/test_approve_clicks.py, 2 runs in about 27; the callback seems to have run
 twice, the second time with the button drawn after the send). The operator's name
 and token are kept for the session: their fields are not drawn while the card hides its controls,
 and Streamlit forgets a widget's value then. The token stays on the server (never sent back into
@@ -715,5 +715,9 @@ def _trial_result(v) -> None:
     if t.cost_seconds is not None:
         cost += f", {recommend_duration(t.cost_seconds)}"
     at = f" from step {t.continue_step:,}" if t.continue_step is not None else ""
-    held_out = f" Measured on {v.verdict.examples:,} held-out examples." if v.verdict else ""
+    held_out = ""
+    if v.verdict:
+        first = v.verdict.first_examples
+        stage = f" ({first:,} first, which could not tell)" if first else ""
+        held_out = f" Measured on {v.verdict.examples:,} held-out examples{stage}."
     st.caption(f"Kept {kept}: the run continued{at}. Cost: {cost}.{held_out}")

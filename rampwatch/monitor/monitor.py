@@ -634,6 +634,7 @@ class Monitor:
         keep: int | None = None,
         snapshots: str = "auto",
         snapshot_dir=None,
+        grow_eval=None,
     ) -> TrialOutcome | None:
         """Run the trial on the model and optimizer this monitor was given (and `scheduler`):
         snapshot, the control and each arm for Δ tokens from example `start` (monitor/
@@ -647,7 +648,10 @@ class Monitor:
         testing aid, continue from this arm whatever the verdict (the trial_end says so).
         snapshots / snapshot_dir: where the trial's copies of the state go ("auto": host memory
         while they fit, else files in snapshot_dir, else the trial is refused with the sizes;
-        "memory"; "disk": monitor/trial_snapshot.py)."""
+        "memory"; "disk": monitor/trial_snapshot.py). grow_eval(n): evaluate() scores n
+        held-out examples from now on, or as many as it can, and returns how many; given, a
+        control whose evaluations cannot tell whether Δ is too long is measured again on the
+        batch that would tell before the branches run (trial_runner.py, the second stage)."""
         from rampwatch.monitor.trial_runner import run_trial
         from rampwatch.monitor.trial_snapshot import COPIES, SnapshotsDoNotFit, place_snapshots
 
@@ -664,6 +668,9 @@ class Monitor:
         def on_arm(k, losses):  # the arm's last step: its train loss and the held-out mean
             mean = float(losses.mean())
             trials.arm_point(self.event, request, k, plan.steps(k), last_loss.get(k), mean)
+
+        def on_stage(first, examples):
+            trials.second_stage(self.event, request, first, examples)
 
         t0, self._in_trial, place = time.perf_counter(), True, None
         try:
@@ -683,6 +690,8 @@ class Monitor:
                 keep=keep,
                 cap=request.cap,
                 place=place,
+                grow_eval=grow_eval,
+                on_stage=on_stage,
             )
         except SnapshotsDoNotFit as e:  # nothing ran
             self.trial_abandoned(request, f"{e}; nothing was run")

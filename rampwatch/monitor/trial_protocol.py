@@ -41,13 +41,16 @@ a trial at that batch that begins within the retry's Δ of it (the retry, or an 
 then); a retry that judges nothing waits the interval like any other.
 
 A trial that could not tell (its held-out batch too small for the spread it measured) names the
-batch that would tell (advisor/trial.py `examples_to_tell`), and the next trial, whichever starts
-it, asks for that many (`TrialRequest.eval_examples`): a two-stage design, the first stage
+batch that would tell (advisor/trial.py `examples_to_tell`): a two-stage design, the first stage
 measuring the spread and the second sized by it (Stein 1945, "A two-sample test for a linear
-hypothesis whose power is independent of the variance", Ann. Math. Stat. 16). The loop's
-evaluate() scores what it can (the reference trainer up to a cap, trainer/trial_controller.py);
-the trial's verdict records how many it scored. Only the next trial asks: a later one measures
-at the loop's own size again, as the spread moves with the run.
+hypothesis whose power is independent of the variance", Ann. Math. Stat. 16). A loop that can
+grow its evaluation (`run_trial(..., grow_eval=)`) runs the second stage inside the same trial
+(monitor/trial_runner.py; `second_stage` is its event). Otherwise, or when that batch still
+could not tell, the next trial, whichever starts it, asks for that many
+(`TrialRequest.eval_examples`). The loop's evaluate() scores what it can (the reference trainer
+up to a cap, trainer/trial_controller.py); the trial's verdict records how many it scored. Only
+the next trial asks: a later one measures at the loop's own size again, as the spread moves
+with the run.
 """
 
 from __future__ import annotations
@@ -493,6 +496,18 @@ class TrialProtocol:
                 "eval_loss": None if eval_loss is None else float(eval_loss),
                 "done": done,
             },
+        )
+
+    def second_stage(self, event, req: TrialRequest, first: int, examples: int) -> None:
+        """The control's evaluations on `first` held-out examples could not tell whether Δ is
+        too long: they run again on `examples` before the branches (no arm point: nothing to
+        draw)."""
+        event(
+            req.step,
+            M.EVENT_TRIAL_ARM,
+            f"trial {req.trial_id}: on {first:,} held-out examples the control could not tell "
+            f"whether Δ is too long; evaluating again on {examples:,}",
+            {"trial_id": req.trial_id, "first_examples": first, "eval_examples": examples},
         )
 
     def ended(self, event, out: TrialOutcome) -> None:

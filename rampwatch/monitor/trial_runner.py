@@ -11,10 +11,20 @@ in a fixed order.
 Arms run one after another from the same snapshot: the control first (the tolerance needs its
 progress), then each k. The control is also evaluated at Δ/2 (Δ is a whole number of ×2 steps, so
 its step count is even), which tells the judgement whether Δ is too long; that eval runs under
-its own RNG fork, so the control's second half draws what a run that never paused would. The end state of the control and of the longest passing chain of branches
-are kept (at most three copies beside the snapshot, while an arm is judged: trial_snapshot.COPIES;
-a copy no longer kept is dropped at once); the model ends in the kept arm's state, ready to
-continue at its batch, on the examples after the trial's Δ.
+its own RNG fork, so the control's second half draws what a run that never paused would. The end
+state of the control and of the longest passing chain of branches are kept (at most three copies
+beside the snapshot, while an arm is judged: trial_snapshot.COPIES; a copy no longer kept is
+dropped at once); the model ends in the kept arm's state, ready to continue at its batch, on the
+examples after the trial's Δ.
+
+The second stage (Stein 1945; advisor/trial.py "What would tell"): a loop that hands in
+`grow_eval` gets one more copy at Δ/2 (the snapshot, it and the control's end: three at most),
+and when the control's three evaluations cannot tell whether Δ is too long, all three run
+again on the held-out batch that would tell, before any branch; the branches are judged on it
+too, and the first stage's losses are set aside (the verdict keeps their count). The copy is
+dropped before the branches run. The larger batch is sized from the first stage's spread and
+judged on its own examples with their own spread, not pooled with the first (whose examples it
+may share: the reference trainer's held-out windows are spread evenly over its val split).
 """
 
 from __future__ import annotations
@@ -24,7 +34,7 @@ from dataclasses import replace
 
 import torch
 
-from rampwatch.advisor.trial import TrialPlan, TrialVerdict, judge
+from rampwatch.advisor.trial import TrialPlan, TrialVerdict, examples_to_judge_delta, judge
 from rampwatch.monitor.ramp_protocol import scale_lr
 from rampwatch.monitor.trial_snapshot import COPIES, SnapshotPlace
 
@@ -58,6 +68,8 @@ def run_trial(
     keep: int | None = None,
     cap: int | None = None,
     place: SnapshotPlace | None = None,
+    grow_eval: Callable | None = None,
+    on_stage: Callable | None = None,
 ) -> tuple[TrialVerdict, dict]:
     """Run the control and every branch of `plan` from the current state; leave the model,
     optimizer and scheduler in the kept arm's end state. Returns the verdict and, per arm k
@@ -67,33 +79,48 @@ def run_trial(
     error restores the snapshot before it propagates: never a half-trained arm left in place.
     keep: end in this arm whatever the verdict (a testing aid: the trainer's --trial-keep).
     cap: no branch at or past this factor is kept (advisor/trial.py `judge`). place: where the
-    copies go (trial_snapshot.place_snapshots; None: host memory); the caller closes it."""
+    copies go (trial_snapshot.place_snapshots; None: host memory); the caller closes it.
+    grow_eval(n): from now on evaluate() scores n held-out examples, or as many as it can;
+    returns how many. Given, a control whose three evaluations cannot tell whether Δ is too long
+    is evaluated again on the batch that would tell before any branch runs (the second stage,
+    module docstring); on_stage(first, examples) says so before it starts."""
     place = place or SnapshotPlace(None, 0, COPIES)
     state = (model, optimizer, scheduler)
     snapshot = place.take(*state)
+    stages = _Stages(evaluate, grow_eval, on_stage, snapshot) if grow_eval else None
 
     def run_arm(k: int):
         """Arm k from the snapshot; the control's held-out losses at Δ/2 (None for a branch)."""
         snapshot.restore(*state)
         midway = []
-        at_half = (lambda: midway.append(_eval_aside(evaluate, model))) if k == 1 else None
-        _run_arm(plan, k, *state, train_step, start, on_step, at_half)
+
+        def at_half():
+            midway.append(_eval_aside(evaluate, model))
+            if stages is not None:
+                stages.midway = place.take(*state)
+
+        _run_arm(plan, k, *state, train_step, start, on_step, at_half if k == 1 else None)
         return midway[0] if midway else None
 
     try:
-        losses, kept = _arms(plan, state, place, run_arm, evaluate, on_arm, keep, cap)
+        losses, kept = _arms(plan, state, place, run_arm, evaluate, on_arm, keep, cap, stages)
     except BaseException:
         snapshot.restore(*state)
         raise
+    finally:
+        if stages is not None:
+            stages.drop_midway()
     branches = {k: losses[k] for k in plan.ks}
     verdict = judge(plan, losses[0], losses[1], branches, b_simple, losses["midway"], cap)
+    if stages is not None and stages.first is not None:
+        verdict = replace(verdict, first_examples=stages.first)
     k, end = kept.get("forced") or kept.get("branch", kept[1])
     assert k == (keep or verdict.kept_k), (k, keep, verdict.kept_k)
     end.restore(*state)
     return verdict, losses
 
 
-def _arms(plan, state, place, run_arm, evaluate, on_arm, keep, cap) -> tuple[dict, dict]:
+def _arms(plan, state, place, run_arm, evaluate, on_arm, keep, cap, stages) -> tuple[dict, dict]:
     """Every arm from the snapshot: held-out losses per arm (0: at the snapshot; "midway": the
     control's at Δ/2) and the end states worth keeping (the control's, the longest passing
     chain's, the forced one's); a copy kept by none of them is dropped."""
@@ -106,6 +133,8 @@ def _arms(plan, state, place, run_arm, evaluate, on_arm, keep, cap) -> tuple[dic
             losses["midway"] = midway
         end = place.take(*state)  # before evaluate, which may draw RNG
         losses[k] = _eval(evaluate, model)
+        if k == 1 and stages is not None:
+            stages.second(plan, losses, state, end)
         if on_arm is not None:
             on_arm(k, losses[k])
         held = [copy for _, copy in kept.values()]
@@ -117,6 +146,46 @@ def _arms(plan, state, place, run_arm, evaluate, on_arm, keep, cap) -> tuple[dic
             if all(copy is not other for _, other in kept.values()):
                 copy.drop()
     return losses, kept
+
+
+class _Stages:
+    """The second stage: when the control's evaluations at the snapshot, Δ/2 and Δ cannot tell
+    whether Δ is too long, all three again on the held-out batch that would tell (advisor/
+    trial.py `examples_to_judge_delta`), from the snapshot, a copy taken at Δ/2 and the
+    control's end; the branches are then evaluated on that batch too. `first`: the examples
+    the first stage scored, once a second ran."""
+
+    def __init__(self, evaluate, grow_eval, on_stage, snapshot):
+        self.evaluate, self.grow_eval, self.on_stage = evaluate, grow_eval, on_stage
+        self.snapshot, self.midway, self.first = snapshot, None, None
+
+    def second(self, plan, losses, state, end) -> None:
+        n = len(losses[1])
+        want = examples_to_judge_delta(plan, losses[0], losses["midway"], losses[1])
+        got = 0 if want is None or self.midway is None else self.grow_eval(want)
+        if got <= n:
+            self.drop_midway()
+            return
+        if self.on_stage is not None:
+            self.on_stage(n, got)
+        again = {}
+        for key, copy in ((0, self.snapshot), ("midway", self.midway), (1, end)):
+            copy.restore(*state)
+            again[key] = _eval_aside(self.evaluate, state[0])
+        if len({len(v) for v in again.values()}) != 1 or len(again[1]) <= n:
+            raise ValueError(
+                f"evaluate() scored {[len(v) for v in again.values()]} held-out examples at the "
+                f"snapshot, Δ/2 and Δ after grow_eval({want}) said {got}: every "
+                "evaluation of a trial's second stage must score the same, larger batch"
+            )
+        losses.update(again)
+        self.first = n
+        self.drop_midway()
+
+    def drop_midway(self) -> None:
+        if self.midway is not None:
+            self.midway.drop()
+            self.midway = None
 
 
 def _passes_chain(plan, losses, k, cap) -> bool:

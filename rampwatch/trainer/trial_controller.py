@@ -23,7 +23,9 @@ Owns `TrialController`. At a boundary S with a trial due:
    arm, so the judgement is paired example by example (advisor/trial.py). A trial after one
    that could not tell asks for the batch that one said would tell (monitor/trial_protocol.py,
    `eval_examples`): it gets that many, at most config.TRIAL_EVAL_GROWTH × --trial-eval-batch,
-   and at most what the split holds;
+   and at most what the split holds. So does the same trial's second stage, when the control's
+   own evaluations cannot tell whether Δ is too long (monitor/trial_runner.py). A batch larger
+   than --trial-eval-batch leaves the device when the trial ends;
 5. continue from the kept arm (its end state restored from its copy): the run's step is
    S + its steps, its tier and base LR the arm's, the data position S's + Δ/seq_len; checkpoint
    there, then Monitor.trial_ended records trial_end, the ramp and 'applied'. A trial that fails
@@ -106,17 +108,27 @@ class TrialController:
             t.state.tokens_seen = at_s.tokens_seen + (start - at_s.next_sample) * request.seq_len
             return t.silent_step(arm.tier, arm.base_lr)
 
-        asked = request.eval_examples or self.eval_batch
+        self.grow_eval(request.eval_examples or self.eval_batch)
+        try:
+            return t.mon.run_trial(
+                request,
+                train_step,
+                self.evaluate,
+                start=at_s.next_sample,
+                keep=self.keep,
+                snapshots=self.snapshots,
+                snapshot_dir=self.snapshot_dir,
+                grow_eval=self.grow_eval,
+            )
+        finally:
+            if self._asked > self.eval_batch:  # a larger batch than the loop's: not kept
+                self._held_out = None
+
+    def grow_eval(self, asked: int) -> int:
+        """The held-out sequences the trial scores from now on: as asked, at least
+        --trial-eval-batch, at most TRIAL_EVAL_GROWTH times it and what the val split holds."""
         self._asked = min(max(asked, self.eval_batch), TRIAL_EVAL_GROWTH * self.eval_batch)
-        return t.mon.run_trial(
-            request,
-            train_step,
-            self.evaluate,
-            start=at_s.next_sample,
-            keep=self.keep,
-            snapshots=self.snapshots,
-            snapshot_dir=self.snapshot_dir,
-        )
+        return len(self.trainer.data.val_starts(self._asked))
 
     def _put_back(self, at_s) -> None:
         s = self.trainer.state
