@@ -4,18 +4,22 @@ L_i(t) = c_i + a_i·exp(−t/τ) plus independent eval noise of known size, so t
 exp(−Δ/2τ). Asserted: each one-sided 95% bound misses the true r about 5% of the time over many
 seeds; a surely-too-long and a surely-fine Δ are decided right every time; a Δ truly too long
 reads "fine" at most at the bound's level (so "cannot tell", which brackets nothing, keeps the
-bracket low); `examples_to_tell` is exactly the batch at which the same spread decides; a mean
+bracket low); `examples_to_tell` is exactly the batch at which the same spread decides 80% of
+the time; a mean
 with no per-example losses cannot tell; the card and old stored verdicts read the new state."""
 
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 
 import numpy as np
 import pytest
 
+from rampwatch.advisor.gns_window import _t_quantile
 from rampwatch.advisor.trial import (
     HALF_PROGRESS_MIN,
+    TELL_POWER,
     TrialPlan,
     TrialVerdict,
     half_progress_bounds,
@@ -106,13 +110,26 @@ def _exact(n, r_hat, p1=0.04, sd=0.05):
 
 
 @pytest.mark.parametrize("r_hat", [0.55, 0.8])
-def test_examples_to_tell_is_the_batch_at_which_the_same_spread_decides(r_hat):
+def test_examples_to_tell_is_the_batch_at_which_the_same_spread_decides_with_80_percent_power(
+    r_hat,
+):
     """Fieller's set excludes r* exactly when the paired t test of p2 − r*·p1 rejects (module
-    docstring): with that mean and sd held fixed, the named batch decides, one fewer does not."""
+    docstring): with that mean and sd held fixed, the batch at which the test is just
+    significant decides and one fewer does not; the named batch is the one at which the mean is
+    t + z(0.8) standard errors from r*, where a fresh batch with that mean and spread is
+    significant 80% of the time, one fewer is not."""
     v = _judge(*_exact(64, r_hat))
     assert v.delta_check == "cannot tell"
+    mean, sd = abs(r_hat - HALF_PROGRESS_MIN) * 0.04, 0.05  # _exact's d = p2 − r*·p1
+
+    def margin(n, power):  # standard errors past the test's bound at n examples
+        return mean * math.sqrt(n) / sd - _t_quantile(0.95, n - 1) - NormalDist().inv_cdf(power)
+
     n = v.examples_to_tell
-    at, below = _judge(*_exact(n, r_hat)), _judge(*_exact(n - 1, r_hat))
+    assert margin(n, TELL_POWER) >= 0 > margin(n - 1, TELL_POWER)
+    just = next(m for m in range(2, n) if margin(m, 0.5) >= 0)
+    assert 2 < n / just < 2.6  # about (1 + 0.84/1.645)²
+    at, below = _judge(*_exact(just, r_hat)), _judge(*_exact(just - 1, r_hat))
     assert at.delta_check == ("fine" if r_hat > HALF_PROGRESS_MIN else "too long")
     assert below.delta_check == "cannot tell"
 
@@ -169,7 +186,7 @@ def test_a_first_half_not_clearly_positive_cannot_tell_however_large_the_ratio()
     v = _judge(mid + p1, mid, end)
     assert v.half_progress_ratio > 3 and v.half_progress_bounds == (None, None)
     assert v.delta_check == "cannot tell" and v.bracket is None
-    need = (1.645 * p1.std(ddof=1) / p1.mean()) ** 2
+    need = ((1.645 + NormalDist().inv_cdf(TELL_POWER)) * p1.std(ddof=1) / p1.mean()) ** 2
     assert need < v.examples_to_tell < 1.1 * need
     assert "95% bounds −∞ to ∞" in v.summary
 

@@ -79,10 +79,15 @@ which held-out examples were drawn, as the branches' t bound does; not the traje
 on bench/trial_bench.py's least-squares problem, with 2,048 examples, r moves between Δs more than
 its bounds allow (tests/test_trial_known_answer.py's xfail reason has the numbers).
 What would tell: the eval batch at which the current spread resolves, the n at which
-|d̄|·√n / sd(d) ≥ t(0.95, n − 1) at R = HALF_PROGRESS_MIN (and at which p̄1 is itself
-significant: r may be negative, so Fieller's set is taken on the whole line, and unless p̄1 is
-clearly non-zero it is two rays or everything, bounded neither way), d̄ and sd(d) as measured
-(`examples_to_tell`; None when d̄ = 0: r̂ sits on the threshold and no batch would tell). A
+|d̄|·√n / sd(d) ≥ t(0.95, n − 1) + z(TELL_POWER) at R = HALF_PROGRESS_MIN (and at which p̄1 is
+itself significant: r may be negative, so Fieller's set is taken on the whole line, and unless
+p̄1 is clearly non-zero it is two rays or everything, bounded neither way), d̄ and sd(d) as
+measured (`examples_to_tell`; None when d̄ = 0: r̂ sits on the threshold and no batch would
+tell). Without the z term that is the batch at which the measured d̄ is just significant, and a
+fresh batch of that size, whose d̄ falls either side of the measured one, tells only half the
+time; with z(0.8) = 0.84 it tells 4 times in 5 if d̄ and sd(d) are as measured (80% power, the
+usual choice: Cohen 1988, "Statistical Power Analysis for the Behavioral Sciences", §2.4), at
+about (1 + 0.84/1.645)² ≈ 2.3× the examples. A
 runner that can score that many evaluates the control's three points again on them, in the same
 trial (`examples_to_judge_delta`, monitor/trial_runner.py's second stage).
 A longer Δ is not derived: it moves r̂ and the spread together. "Too long" names the Δ that
@@ -115,6 +120,7 @@ __all__ = [
     "TrialVerdict",
     "tolerance_fraction",
     "HALF_PROGRESS_MIN",
+    "TELL_POWER",
     "delta_over_tau",
     "half_progress_ratio_at",
     "half_progress_bounds",
@@ -125,6 +131,9 @@ __all__ = [
 
 # the control's second-half over first-half progress below which Δ is too long (docstring)
 HALF_PROGRESS_MIN = ((1 + math.sqrt(13)) / 6) ** 1.5
+# the chance that the held-out batch a trial names tells, if the spread it measured holds
+# (docstring, "What would tell")
+TELL_POWER = 0.8
 # what the Δ check found (docstring, "r's bound"); only "fine" and "not judged" judge the branches
 DELTA_CHECKS = ("fine", "too long", "cannot tell", "not judged")
 
@@ -347,8 +356,8 @@ class TrialVerdict:
         else:
             spread = f"95% bounds {lo or '−∞'} to {hi or '∞'}"
             tell = (
-                f"A held-out batch of ~{n:,} examples (now {self.examples:,}) would tell at "
-                "this spread: the next trial asks for that many (the reference trainer's "
+                f"A held-out batch of ~{n:,} examples (now {self.examples:,}) would tell "
+                f"{TELL_POWER:.0%} of the time at this spread: the next trial asks for that many (the reference trainer's "
                 "--trial-eval-batch caps it; an own loop's evaluate() reads the request's "
                 "eval_examples)."
                 if n is not None
@@ -588,18 +597,21 @@ def _delta_check(bounds) -> str:
     return "fine" if lower is not None and lower >= HALF_PROGRESS_MIN else "cannot tell"
 
 
-def _examples_to_tell(p1: np.ndarray, p2: np.ndarray, level: float) -> int | None:
+def _examples_to_tell(
+    p1: np.ndarray, p2: np.ndarray, level: float, power: float = TELL_POWER
+) -> int | None:
     """The held-out batch at which the paired t test of d = p2 − r*·p1 (r* = HALF_PROGRESS_MIN)
-    rejects at `level` with the measured d̄ and sd(d), and p̄1 > 0 is significant too (so Fieller's
-    set is bounded): module docstring, "r's bound"."""
-    need = 2
+    rejects at `level` with chance `power` if d̄ and sd(d) are as measured, and p̄1 > 0 is
+    significant too (so Fieller's set is bounded): module docstring, "r's bound". Power ½ is
+    the batch at which the measured mean itself is just significant."""
+    need, z = 2, NormalDist().inv_cdf(power)
     for x in (p2 - HALF_PROGRESS_MIN * p1, p1):
         mean, sd = abs(float(x.mean())), float(x.std(ddof=1))
         if mean == 0:
             return None
-        ratio = sd / mean  # n ≥ (t(level, n − 1)·sd/mean)²: from the normal quantile's n up
-        n = max(2, math.ceil((NormalDist().inv_cdf(level) * ratio) ** 2))
-        while n < (_t_quantile(level, n - 1) * ratio) ** 2:  # t > z: a few steps at most
+        ratio = sd / mean  # n ≥ ((t(level, n − 1) + z)·sd/mean)²: from the normal quantile's n up
+        n = max(2, math.ceil(((NormalDist().inv_cdf(level) + z) * ratio) ** 2))
+        while n < ((_t_quantile(level, n - 1) + z) * ratio) ** 2:  # t > z: a few steps at most
             n += 1
         need = max(need, n)
     return need
