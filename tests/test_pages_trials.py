@@ -9,6 +9,7 @@ import duckdb
 import pytest
 
 from rampwatch.store import commands
+from rampwatch.store import names as M
 from tests import seed, trial_events
 
 pytestmark = pytest.mark.timeout(180)
@@ -93,6 +94,28 @@ def test_a_finished_trial_shows_branches_bracket_kept_and_cost(trials_run, monke
     assert rows[1]["loss difference"] > rows[1]["tolerance"]
     assert seed.trace_names(seed.figures(at)["Trial arms: loss against tokens from the snapshot"])
     assert "test_first" in [b.key for b in at.button]  # another trial may follow
+
+
+def test_a_control_measured_again_says_so_while_it_runs(trials_run, monkeypatch):
+    """The second stage: the control trained its Δ, its 2 held-out examples could not tell
+    whether Δ is too long, and it is evaluated again on 4 before the branches run."""
+    stage = dict(
+        step=399,
+        kind=M.EVENT_TRIAL_ARM,
+        message="trial 7: on 2 held-out examples the control could not tell",
+        data={"trial_id": 7, "factor": 1, "tokens": 65_536, "loss": None, "eval_loss": None}
+        | {"done": False, "first_examples": 2, "eval_examples": 4},
+    )
+    trial_events.write(trials_run.writer, [trial_events.start(), trial_events.arms()[0], stage])
+    at = seed.app(monkeypatch, trials_run.db)
+    assert not at.exception
+    assert _progress(at)[:2] == [
+        "control ×1: 65,536 of 65,536 tokens (evaluating again on 4 held-out examples: 2 could "
+        "not tell whether Δ is too long)",
+        "branch ×2: 0 of 65,536 tokens (waiting)",
+    ]
+    fig = seed.figures(at)["Trial arms: loss against tokens from the snapshot"]
+    assert seed.trace_names(fig) == ["control ×1, train"]  # the stage's point has no loss
 
 
 def test_a_trial_measured_in_two_stages_says_both_sizes(trials_run, monkeypatch):

@@ -370,7 +370,11 @@ def test_a_control_that_cannot_tell_is_measured_again_on_the_batch_that_would(tm
     events = reader.events(db, mon.run_id)
     [stage] = [e for e in events if e.kind == M.EVENT_TRIAL_ARM and "first_examples" in e.data]
     assert stage.data["eval_examples"] == size[0]
-    assert reader.trial_points(db, mon.run_id, trial.trial_id)[-1].factor == 4  # not a point
+    points = reader.trial_points(db, mon.run_id, trial.trial_id)
+    assert [(p.factor, p.examples, p.first, p.done) for p in points if p.factor == 1][-2:] == [
+        (1, size[0], N_EVAL, False),  # the card's progress: evaluating again
+        (1, None, None, True),
+    ]
     assert TrialVerdict.from_dict(v.to_dict()) == v
     assert mon.trial_due() is None and mon.ramps.trials.tell is None
 

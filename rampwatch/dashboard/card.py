@@ -690,6 +690,11 @@ def _arm_progress(v) -> None:
         name = "control ×1" if k == 1 else f"branch ×{k}"
         of = f" of {delta:,}" if delta else ""
         state = " (done)" if a and a.done else "" if a else " (waiting)"
+        if a and a.examples and not a.done:
+            state = (
+                f" (evaluating again on {a.examples:,} held-out examples: {a.first:,} could not "
+                "tell whether Δ is too long)"
+            )
         st.progress(
             min(1.0, tokens / delta) if delta else 0.0, text=f"{name}: {tokens:,}{of} tokens{state}"
         )

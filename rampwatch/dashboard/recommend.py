@@ -543,6 +543,8 @@ class ArmProgress:
     factor: int  # 1 = the control
     tokens: int  # done of the trial's Δ
     done: bool
+    examples: int | None = None  # a second stage: evaluated again on this many held-out examples
+    first: int | None = None  # the held-out examples that could not tell
 
     @property
     def name(self) -> str:
@@ -563,7 +565,7 @@ class TrialView:
         """Each arm's furthest point, control first, then branches in the order they ran."""
         last: dict[int, ArmProgress] = {}
         for p in self.points:
-            last[p.factor] = ArmProgress(p.factor, p.tokens, p.done)
+            last[p.factor] = ArmProgress(p.factor, p.tokens, p.done, p.examples, p.first)
         return [last[k] for k in sorted(last)]
 
     def branch_rows(self) -> list[dict]:

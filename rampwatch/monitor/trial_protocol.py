@@ -500,14 +500,23 @@ class TrialProtocol:
 
     def second_stage(self, event, req: TrialRequest, first: int, examples: int) -> None:
         """The control's evaluations on `first` held-out examples could not tell whether Δ is
-        too long: they run again on `examples` before the branches (no arm point: nothing to
-        draw)."""
+        too long: they run again on `examples` before the branches (a point of the control at Δ
+        with no loss to draw: the card's progress says it)."""
         event(
             req.step,
             M.EVENT_TRIAL_ARM,
             f"trial {req.trial_id}: on {first:,} held-out examples the control could not tell "
             f"whether Δ is too long; evaluating again on {examples:,}",
-            {"trial_id": req.trial_id, "first_examples": first, "eval_examples": examples},
+            {
+                "trial_id": req.trial_id,
+                "factor": 1,
+                "tokens": req.delta_tokens,
+                "loss": None,
+                "eval_loss": None,
+                "done": False,
+                "first_examples": first,
+                "eval_examples": examples,
+            },
         )
 
     def ended(self, event, out: TrialOutcome) -> None:

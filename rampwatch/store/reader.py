@@ -204,6 +204,9 @@ class TrialPoint:
     loss: float | None  # train loss of that step
     eval_loss: float | None  # held-out mean, at the arm's end only
     done: bool  # the arm's last point
+    # a second stage: the control is evaluated again on `examples`; `first` could not tell
+    examples: int | None = None
+    first: int | None = None
 
 
 @dataclass(frozen=True)
@@ -226,7 +229,10 @@ def _trial_point(data: dict) -> TrialPoint | None:
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (factor, tokens)):
         return None  # a point without its arm or position cannot be drawn
     loss, eval_loss = _number(data.get("loss")), _number(data.get("eval_loss"))
-    return TrialPoint(factor, tokens, loss, eval_loss, bool(data.get("done")))
+    examples, first = (data.get(k) for k in ("eval_examples", "first_examples"))
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (examples, first)):
+        examples = first = None
+    return TrialPoint(factor, tokens, loss, eval_loss, bool(data.get("done")), examples, first)
 
 
 def _empty_series(run_id, name, width, start) -> Series:
