@@ -123,8 +123,9 @@ def add_arguments(t: argparse.ArgumentParser) -> None:
         default=256,
         help="held-out sequences (of the val split, at most as many as it holds without "
         "overlap) every arm of a trial is judged on: 2048 tells more often where a pass over "
-        "them is cheap against the trial's arms (README); a trial after one that could not "
-        f"tell takes the batch that one said would tell, up to {TRIAL_EVAL_GROWTH}x this",
+        "them is cheap against the trial's arms (README); a control whose evaluations cannot "
+        "tell whether the trial's length is too long is evaluated again, in the same trial, on "
+        f"the batch that would tell, up to {TRIAL_EVAL_GROWTH}x this",
     )
     ramp.add_argument(
         "--trial-snapshots",

@@ -70,9 +70,9 @@ class RunDefaults:
 # TRIAL_BUDGET_SHARE of the run's tokens, at least one and at most TRIAL_MAX_STEPS of them (a
 # longer Δ tells more, but the run waits for it).
 TRIAL_BUDGET_SHARE, TRIAL_MAX_STEPS, TRIAL_UNIT_FACTOR = 0.02, 16, 4
-# A trial after one that could not tell takes the held-out batch that one said would tell, at
-# most this many times --trial-eval-batch (2,048 at the default 256: where trials on bench-tiny
-# told, README); a pass over the batch runs about seven times a trial.
+# A trial's second stage, or a trial after one that could not tell, takes the held-out batch
+# that would tell, at most this many times --trial-eval-batch (2,048 at the default 256: where
+# trials on bench-tiny told, README); a pass over the batch runs about seven times a trial.
 TRIAL_EVAL_GROWTH = 8
 
 
