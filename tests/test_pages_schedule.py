@@ -212,3 +212,11 @@ def test_a_stopped_run_s_schedule_reads_from_its_last_step_and_offers_no_plan_st
     assert "under Approve" not in text
     rows = _table(at)  # the projection and the plan still read, for a resume
     assert rows["hand plan"]["batch from now (tokens/step)"].startswith("2K → 8K now")
+
+
+def test_hours_saved_that_round_to_zero_carry_no_sign():
+    """Seen in the demo: a ramp that saves steps at the same tokens/s saved "-0.00" hours."""
+    from rampwatch.dashboard.run_schedule import _signed_hours
+
+    assert [_signed_hours(s) for s in (-5.0, 0.0, 5.0)] == ["0.00"] * 3
+    assert [_signed_hours(s) for s in (-7200.0, 900.0)] == ["-2.0", "+0.25"]

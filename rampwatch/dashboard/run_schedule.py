@@ -236,7 +236,10 @@ def _ramps(s: sched.Schedule, running: int) -> str:
 def _signed_hours(seconds: float | None) -> str:
     if seconds is None:
         return NOT_KNOWN
-    return ("+" if seconds > 0 else "-" if seconds < 0 else "") + hours_text(abs(seconds))
+    text = hours_text(abs(seconds))
+    if not text.strip("0."):  # rounds to nothing: neither saved nor lost
+        return text
+    return ("+" if seconds > 0 else "-") + text
 
 
 def schedules(view: ScheduleView) -> list[sched.Schedule]:
