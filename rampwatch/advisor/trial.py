@@ -87,9 +87,9 @@ tell). Without the z term that is the batch at which the measured d̄ is just si
 fresh batch of that size, whose d̄ falls either side of the measured one, tells only half the
 time; with z(0.8) = 0.84 it tells 4 times in 5 if d̄ and sd(d) are as measured (80% power, the
 usual choice: Cohen 1988, "Statistical Power Analysis for the Behavioral Sciences", §2.4), at
-about (1 + 0.84/1.645)² ≈ 2.3× the examples. A
-runner that can score that many evaluates the control's three points again on them, in the same
-trial (`examples_to_judge_delta`, monitor/trial_runner.py's second stage).
+about (1 + 0.84/1.645)² ≈ 2.3× the examples. A runner that can score that many evaluates the
+control's three points again on them, in the same trial (`examples_to_judge_delta`,
+monitor/trial_runner.py's second stage).
 A longer Δ is not derived: it moves r̂ and the spread together. "Too long" names the Δ that
 would put r at the threshold, Δ·ln r*/ln r̂ (the exponential model), or Δ/4 when the second half
 made no progress. Without the midway eval (older verdicts, a caller that gives none), or when the
@@ -357,9 +357,9 @@ class TrialVerdict:
             spread = f"95% bounds {lo or '−∞'} to {hi or '∞'}"
             tell = (
                 f"A held-out batch of ~{n:,} examples (now {self.examples:,}) would tell "
-                f"{TELL_POWER:.0%} of the time at this spread: the next trial asks for that many (the reference trainer's "
-                "--trial-eval-batch caps it; an own loop's evaluate() reads the request's "
-                "eval_examples)."
+                f"{TELL_POWER:.0%} of the time at this spread: the next trial asks for that "
+                "many (the reference trainer's --trial-eval-batch caps it; an own loop's "
+                "evaluate() reads the request's eval_examples)."
                 if n is not None
                 else "It sits on the threshold: no held-out batch would tell; change Δ."
             )
