@@ -274,6 +274,12 @@ class TrialVerdict:
         )
 
     @property
+    def examples_wanted(self) -> int | None:
+        """The larger held-out batch that would tell whether Δ is too long, when this one could
+        not (`examples_to_tell`); None when it told, or when no batch would."""
+        return _more_examples(self.delta_check, self.examples_to_tell, self.examples)
+
+    @property
     def suggested_delta_tokens(self) -> int | None:
         """The Δ at which the control's half-progress ratio would be HALF_PROGRESS_MIN, under
         exponential decay (Δ/τ = −2·ln r); Δ/4 when its second half made no progress."""
@@ -535,7 +541,12 @@ def examples_to_judge_delta(plan: TrialPlan, snapshot_losses, midway_losses, con
     branches run (monitor/trial_runner.py)."""
     control = _losses("control_losses", control_losses)
     _, _, check, to_tell = _delta_evidence(plan, snapshot_losses, midway_losses, control)
-    return to_tell if check == "cannot tell" and (to_tell or 0) > control.size else None
+    return _more_examples(check, to_tell, control.size)
+
+
+def _more_examples(check: str | None, to_tell: int | None, examples: int) -> int | None:
+    """`to_tell` when a check that could not tell names a batch larger than the one it had."""
+    return to_tell if check == "cannot tell" and (to_tell or 0) > examples else None
 
 
 def failed_factor(verdict: TrialVerdict) -> int | None:
@@ -597,14 +608,12 @@ def _delta_check(bounds) -> str:
     return "fine" if lower is not None and lower >= HALF_PROGRESS_MIN else "cannot tell"
 
 
-def _examples_to_tell(
-    p1: np.ndarray, p2: np.ndarray, level: float, power: float = TELL_POWER
-) -> int | None:
+def _examples_to_tell(p1: np.ndarray, p2: np.ndarray, level: float) -> int | None:
     """The held-out batch at which the paired t test of d = p2 − r*·p1 (r* = HALF_PROGRESS_MIN)
-    rejects at `level` with chance `power` if d̄ and sd(d) are as measured, and p̄1 > 0 is
+    rejects at `level` with chance TELL_POWER if d̄ and sd(d) are as measured, and p̄1 > 0 is
     significant too (so Fieller's set is bounded): module docstring, "r's bound". Power ½ is
     the batch at which the measured mean itself is just significant."""
-    need, z = 2, NormalDist().inv_cdf(power)
+    need, z = 2, NormalDist().inv_cdf(TELL_POWER)
     for x in (p2 - HALF_PROGRESS_MIN * p1, p1):
         mean, sd = abs(float(x.mean())), float(x.std(ddof=1))
         if mean == 0:

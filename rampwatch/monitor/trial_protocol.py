@@ -482,40 +482,49 @@ class TrialProtocol:
         """A progress point of one arm: tokens done in it, the train loss of that step, and at
         its end (eval_loss given) the held-out mean."""
         tokens = steps_done * factor * req.control.batch * req.seq_len
-        done = eval_loss is not None
-        event(
-            req.step,
-            M.EVENT_TRIAL_ARM,
+        self._point(
+            event,
+            req,
+            factor,
+            tokens,
+            loss,
+            eval_loss,
             f"trial {req.trial_id} ×{factor}: {tokens:,} of {req.delta_tokens:,} tokens"
-            + (f", held-out loss {eval_loss:.4f}" if done else ""),
-            {
-                "trial_id": req.trial_id,
-                "factor": factor,
-                "tokens": tokens,
-                "loss": None if loss is None else float(loss),
-                "eval_loss": None if eval_loss is None else float(eval_loss),
-                "done": done,
-            },
+            + ("" if eval_loss is None else f", held-out loss {eval_loss:.4f}"),
         )
 
     def second_stage(self, event, req: TrialRequest, first: int, examples: int) -> None:
         """The control's evaluations on `first` held-out examples could not tell whether Δ is
         too long: they run again on `examples` before the branches (a point of the control at Δ
         with no loss to draw: the card's progress says it)."""
+        self._point(
+            event,
+            req,
+            1,
+            req.delta_tokens,
+            None,
+            None,
+            f"trial {req.trial_id}: on {first:,} held-out examples the control could not tell "
+            f"whether Δ is too long; evaluating again on {examples:,}",
+            first_examples=first,
+            eval_examples=examples,
+        )
+
+    @staticmethod
+    def _point(event, req, factor, tokens, loss, eval_loss, text, **extra) -> None:
+        """One trial_arm event: an arm's point (its end when eval_loss is given)."""
         event(
             req.step,
             M.EVENT_TRIAL_ARM,
-            f"trial {req.trial_id}: on {first:,} held-out examples the control could not tell "
-            f"whether Δ is too long; evaluating again on {examples:,}",
+            text,
             {
                 "trial_id": req.trial_id,
-                "factor": 1,
-                "tokens": req.delta_tokens,
-                "loss": None,
-                "eval_loss": None,
-                "done": False,
-                "first_examples": first,
-                "eval_examples": examples,
+                "factor": factor,
+                "tokens": tokens,
+                "loss": None if loss is None else float(loss),
+                "eval_loss": None if eval_loss is None else float(eval_loss),
+                "done": eval_loss is not None,
+                **extra,
             },
         )
 
@@ -523,9 +532,7 @@ class TrialProtocol:
         req, forced = out.request, out.kept.factor != out.verdict.kept_k
         self.latest = TrialEvidence.of(req.trial_id, req.step, out.verdict)
         self.last_ramped = out.kept.factor > 1
-        v = out.verdict
-        more = v.delta_check == "cannot tell" and (v.examples_to_tell or 0) > v.examples
-        self.tell = v.examples_to_tell if more else None
+        self.tell = out.verdict.examples_wanted
         self._plan_retry(out)
         event(
             out.continue_step,

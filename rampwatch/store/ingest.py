@@ -35,6 +35,7 @@ from rampwatch.store.schema import (
     RUNS,
     TRIALS,
     first,
+    json_int,
     to_json,
     transaction,
 )
@@ -293,22 +294,18 @@ _NUMBER_COLUMNS = {"cost_fraction", "cost_seconds"}
 _TEXT_COLUMNS = {"source", "reason"}
 
 
-def _int(v) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) and abs(v) < 1 << 63 else None
-
-
 def _as_column(column: str, v):
     """A loop's value as the trials table stores it; None for one of the wrong type, so a bad
     field never fails the ingest's transaction (and with it every record after it)."""
     if column in _INT_COLUMNS:
-        return _int(v)
+        return json_int(v)
     if column in _NUMBER_COLUMNS:
         ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
         return float(v) if ok else None
     if column in _TEXT_COLUMNS:
         return v if isinstance(v, str) else None
     if column == "factors":
-        ok = isinstance(v, list) and all(_int(k) is not None for k in v)
+        ok = isinstance(v, list) and all(json_int(k) is not None for k in v)
         return TRIALS.encode(column, v) if ok else None
     return TRIALS.encode(column, v if isinstance(v, dict) else None)  # verdict
 
@@ -317,7 +314,7 @@ def _trial_row(con, run_id: str, r: dict) -> str | None:
     """Create or update the trial an event names; why not, or None. An update sets only what the
     event carries, so applying an event twice leaves the row as once."""
     kind, data = r["kind"], r.get("data")
-    trial_id = _int(data.get("trial_id")) if isinstance(data, dict) else None
+    trial_id = json_int(data.get("trial_id")) if isinstance(data, dict) else None
     if trial_id is None:
         return f"{kind} event without an integer trial_id"
     status, columns = _TRIAL_COLUMNS[kind]
@@ -326,7 +323,7 @@ def _trial_row(con, run_id: str, r: dict) -> str | None:
     if r.get("message"):
         values["message"] = str(r["message"])
     if kind == M.EVENT_TRIAL_START:
-        values.update(start_step=_int(r.get("step")), plan=TRIALS.encode("plan", data))
+        values.update(start_step=json_int(r.get("step")), plan=TRIALS.encode("plan", data))
     exists = first(
         con.execute("SELECT 1 FROM trials WHERE run_id = ? AND trial_id = ?", [run_id, trial_id])
     )

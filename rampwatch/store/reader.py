@@ -57,6 +57,7 @@ from rampwatch.store.schema import (
     Run,
     Trial,
     first,
+    json_int,
 )
 
 STALE_AFTER = 30.0  # seconds without a heartbeat before a running run shows as stale
@@ -225,12 +226,12 @@ def _number(v) -> float | None:
 
 
 def _trial_point(data: dict) -> TrialPoint | None:
-    factor, tokens = data.get("factor"), data.get("tokens")
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (factor, tokens)):
+    factor, tokens = json_int(data.get("factor")), json_int(data.get("tokens"))
+    if factor is None or tokens is None:
         return None  # a point without its arm or position cannot be drawn
     loss, eval_loss = _number(data.get("loss")), _number(data.get("eval_loss"))
-    examples, first = (data.get(k) for k in ("eval_examples", "first_examples"))
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (examples, first)):
+    examples, first = (json_int(data.get(k)) for k in ("eval_examples", "first_examples"))
+    if examples is None or first is None:
         examples = first = None
     return TrialPoint(factor, tokens, loss, eval_loss, bool(data.get("done")), examples, first)
 

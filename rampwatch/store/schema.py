@@ -397,6 +397,12 @@ class Command:
     idempotency_key: str | None = _column(read=False, default=None)
 
 
+def json_int(v) -> int | None:
+    """An integer field of an event's JSON data as a BIGINT column holds it; None for anything
+    else (a bool is not one)."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and abs(v) < 1 << 63 else None
+
+
 def to_json(obj) -> str | None:
     """A JSON column's text (None stays NULL)."""
     return None if obj is None else json.dumps(obj, ensure_ascii=False)
