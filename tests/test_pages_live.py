@@ -229,7 +229,7 @@ def test_finished_run_has_card_but_no_buttons(db_path, monkeypatch):
     assert "tier_choice" not in {r.key for r in at.radio}
     assert any(c.value.startswith("At its last step: ") for c in at.caption)
     assert not any(c.value.startswith("Now: ") for c in at.caption)
-    assert "Tiers: memory, throughput, steps and hours to the token budget" in seed.texts(at)
+    assert "Tiers: memory, throughput, steps and hours to the run's end" in seed.texts(at)
 
 
 def test_busy_database_keeps_the_last_refresh(live, monkeypatch):

@@ -173,6 +173,37 @@ def test_a_run_without_a_budget_says_the_schedule_needs_one(db_path, monkeypatch
         run.close()
 
 
+def test_a_run_that_stops_at_a_step_limit_gets_no_schedule_in_tokens(db_path, monkeypatch):
+    """The trainer's --steps under a huge token budget (bench-tiny's 10¹²): the run ends at its
+    step limit whatever the batch, so a ramp saves no step; the section says so, the card's
+    tier table counts the steps to the limit at every tier, and a trial's cost is a share of
+    the tokens to that limit."""
+    run = seed.live_run(
+        db_path, noise=_power_law, total_tokens=10**12, step_limit=600, trial_delta_tokens=16_384
+    )
+    try:
+        at = seed.app(monkeypatch, run.db)
+        assert not at.exception
+        texts = seed.texts(at)
+        assert (
+            "no schedule: the run stops at its step limit (step 600, the trainer's --steps) "
+            "before its token budget" in texts
+        )
+        assert CHART not in seed.figures(at)
+        [table] = [d.value for d in at.dataframe if "tokens/s (K)" in d.value.columns]
+        rows = {row["tier"]: dict(row) for _, row in table.iterrows()}
+        now, double = rows["▶ now: 8 × 2"], rows["×2: 8 × 4"]
+        assert (now["steps (run)"], now["steps left"]) == ("600", "200")  # 400 steps done
+        assert (double["steps (run)"], double["steps left"]) == ("600", "200")
+        assert float(now["ETA (h)"]) == pytest.approx(
+            200 * float(now["step time (s)"]) / 3600, rel=0.05, abs=0.006
+        )
+        # 2 × 16,384 of the 819,200 tokens seen + 200 steps × 2,048 to come
+        assert "32,768 tokens of discarded arms at most (2.67% of the run's budget" in texts
+    finally:
+        run.close()
+
+
 def test_a_projection_past_the_ramp_point_now_jumps_now(db_path, monkeypatch):
     above = 40.0 / math.sqrt(NOW)  # 40 now: past the ramp points of 16 and 32, short of 64's
 

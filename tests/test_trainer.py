@@ -77,6 +77,7 @@ def test_tiny_run_logs_every_metric_and_learns(tmp_path):
     saved = [e.step for e in reader.events(db, "tiny") if e.kind == M.EVENT_CHECKPOINT]
     assert saved == [25, 50], saved
     assert run.config["preset"] == "test-tiny" and run.config["data"]["corpus"]["files"] > 100
+    assert run.config["step_limit"] == 50  # --steps: the card counts steps left to it
     names = set(reader.metric_names(db, "tiny"))
     assert PER_STEP | {M.VAL_LOSS, M.GNS, M.GNS_TOKENS} <= names, PER_STEP - names
     assert M.MFU not in names  # no peak FLOPs for a CPU
@@ -133,6 +134,7 @@ def test_killed_run_resumes_as_the_same_run(tmp_path):
     assert len(resumes) == 1 and resumes[0].step == saved and saved >= 20 and saved % 10 == 0
     assert_continuous_samples(db, "r")
     assert run.config["preset"] == "test-tiny"
+    assert run.config["step_limit"] == end  # this launch's --steps, not the first's
     assert run.name == "first-launch"  # a resume without --name keeps the run's name
 
 

@@ -3,7 +3,8 @@
 Owns `TierRow` (a tier's predicted and measured peak, its tokens/s, step time and MFU from
 advisor/throughput.py — measured where it ran, else modelled, else unknown —, tokens per step,
 steps of the whole run at it and steps left to the run's token budget, ETA = steps left × step
-time, LR multiplier and new base LR), `tier_rows` (the running tier, then the advice's tiers
+time (under a step limit, at most the steps it leaves: the run stops there whatever the batch),
+LR multiplier and new base LR), `tier_rows` (the running tier, then the advice's tiers
 ×2, ×4, ×8 as advise() chose them, then tiers this run ran earlier and measured, then each
 per-device batch the memory evidence knows at the running accumulation) and the one
 text form of the rows (`COLUMNS`, `cells`, `text_table`: GB, K tokens/s, %, s, h, "unknown"
@@ -41,8 +42,8 @@ class TierRow:
     out_of_memory: bool  # this per-device batch ran out of memory in this run
     capacity_bytes: float | None
     speed: TierSpeed
-    total_steps: int | None  # the whole token budget at this tier, from step 0
-    steps_left: int | None  # the budget's tokens not yet seen, at this tier
+    total_steps: int | None  # the whole token budget at this tier, from step 0 (≤ step limit)
+    steps_left: int | None  # the budget's tokens not yet seen, at this tier (≤ the limit's)
     lr_multiplier: float  # vs the running batch, by the policy's rule
     new_base_lr: float | None
 
@@ -98,6 +99,8 @@ def tier_rows(
     tokens_seen: float | None,
     total_tokens: int | None,
     knows_lr: bool = True,
+    step_limit: int | None = None,
+    steps_done: int = 0,
 ) -> list[TierRow]:
     """The table's rows: the running tier, the advice's tiers, tiers measured earlier, then
     the per-device batches of `_per_device_rows` (each group by effective batch after the first).
@@ -105,7 +108,8 @@ def tier_rows(
     speeds: the run's throughput model (None: nothing timed); tokens_seen: the run's tokens so
     far (None: none logged, read as 0); total_tokens: its token budget (run config
     `total_tokens`; None: steps and ETA unknown); knows_lr: the run recorded its original LR
-    (else no new base LR)."""
+    (else no new base LR); step_limit: the step the run stops at whatever its tokens (run
+    config `step_limit`), with steps_done (the run's steps so far) the steps it leaves."""
     cur, policy = advice.current, advice.policy
     seq = cur.seq_len
     budget = total_tokens if total_tokens and total_tokens > 0 else None
@@ -122,6 +126,9 @@ def tier_rows(
         if budget and step_tokens:
             total = math.ceil(budget / step_tokens)
             left = math.ceil(max(0.0, budget - seen) / step_tokens)
+        if step_limit:
+            total = min(total or step_limit, step_limit)
+            left = min(left if left is not None else step_limit, max(0, step_limit - steps_done))
         return TierRow(
             kind,
             tier,

@@ -4,7 +4,7 @@ and beside Approve "Test ×2 / ×4 first" (a ramp trial, issue 26) with its sect
 Owns the card's drawing and its controls (content comes from dashboard/recommend.py): the verdict
 and its evidence, the chosen tier's predicted peak against capacity, LR change and predicted
 effect, the tier table (advisor/tier_table.py: every tier's memory, tokens/s, MFU, step time,
-steps and ETA to the token budget, LR; the running tier marked ▶; key "tier_table"), the latest
+steps and ETA to the run's end, LR; the running tier marked ▶; key "tier_table"), the latest
 ramp command's state (pending → applied at step N, or refused with the reason), the last ramp's
 LR change where the run did not carry it out (the monitor's LR check), and the buttons. Stable
 widget keys for tests and the browser test:
@@ -279,7 +279,7 @@ def _tier_table(card: Card) -> None:
     """advisor/tier_table.py's rows, the running one marked ▶, and what their figures assume."""
     if not card.table:
         return
-    st.markdown("**Tiers: memory, throughput, steps and hours to the token budget**")
+    st.markdown("**Tiers: memory, throughput, steps and hours to the run's end**")
     st.dataframe(
         [tier_table.cells(r) for r in card.table],
         hide_index=True,

@@ -301,7 +301,8 @@ def build_card(
     views = [tier_view(t) for t in advice.tiers]
     newest = int(gns_steps[-1]) if len(gns_steps) else None
     last_step = _pos_int(run.get("last_step"))
-    table, table_notes, speeds = _table(advice, series, latest, config, knows_lr)
+    done = steps_done(run.get("last_step"))
+    table, table_notes, speeds = _table(advice, series, latest, config, knows_lr, done)
     return Card(
         run_id,
         cur,
@@ -351,9 +352,10 @@ def card_of(snap) -> Card:
     )
 
 
-def _table(advice, series: Mapping[str, Buckets], latest, config, knows_lr):
+def _table(advice, series: Mapping[str, Buckets], latest, config, knows_lr, steps_done: int):
     """The tier table's rows, what they assume, and the throughput model fitted on the run's
-    per-step tier and tokens/s (None: nothing timed); the budget from the run config."""
+    per-step tier and tokens/s (None: nothing timed); the budget and step limit from the run
+    config."""
     cur, notes = advice.current, []
     speeds = None
     per_step = aligned_steps(series, (M.PER_DEVICE_BATCH, M.ACCUM, M.TOKENS_PER_S), M.MFU)
@@ -361,13 +363,18 @@ def _table(advice, series: Mapping[str, Buckets], latest, config, knows_lr):
         measured = measure_tiers(*per_step, cur.tier.world_size)
         speeds = ThroughputModel.fit(measured, cur.seq_len, cur.tier.world_size)
         notes += speeds.notes
-    budget = budget_of(config)
-    if budget is None:
+    budget, limit = budget_of(config), step_limit_of(config)
+    if budget is None and limit is None:
         notes.append(
             "steps and ETA unknown: the run records no token budget (run config "
             "total_tokens: the trainer's --total-tokens, Monitor.start(total_tokens=...))"
         )
-    rows = tier_rows(advice, speeds, latest.get(M.TOKENS_SEEN), budget, knows_lr)
+    if limit is not None:
+        notes.append(
+            f"the run stops at step {limit:,} (its step limit, the trainer's --steps) unless its "
+            "token budget ends it sooner: steps left and ETA count to whichever comes first"
+        )
+    rows = tier_rows(advice, speeds, latest.get(M.TOKENS_SEEN), budget, knows_lr, limit, steps_done)
     return rows, notes, speeds
 
 
@@ -445,6 +452,12 @@ def budget_of(config: Mapping | None) -> int | None:
     return _pos_int(_get(config, "total_tokens"))
 
 
+def step_limit_of(config: Mapping | None) -> int | None:
+    """The step the run stops at whatever its tokens (run config `step_limit`: the trainer's
+    --steps), None when it records none."""
+    return _pos_int(_get(config, "step_limit"))
+
+
 def _label(o: TierOption) -> str:
     return f"×{o.factor}: {o.tier.per_device_batch} × {o.tier.accum}" + (
         f" ({format_gb(o.predicted_peak_bytes)})" if o.predicted_peak_bytes else ""
@@ -464,7 +477,7 @@ class TrialOffer:
 
     factors: tuple[int, ...]
     delta_tokens: int | None  # the loop's default Δ per arm (run config `trial_delta_tokens`)
-    budget_tokens: int | None  # the run's token budget (run config `total_tokens`)
+    budget_tokens: int | None  # the run's tokens at its end (run_tokens)
     tokens_per_s: float | None  # the measured throughput
     refusal: str | None = None
 
@@ -524,18 +537,40 @@ def duration(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
 
-def trial_offer(config: Mapping | None, latest: Mapping[str, float], refusal: str | None):
+def trial_offer(
+    config: Mapping | None,
+    latest: Mapping[str, float],
+    refusal: str | None,
+    end_tokens: int | None = None,
+):
     """The offer from the run config (the loop writes `trial_delta_tokens`) and the latest
-    throughput; `refusal`: store.commands.trial_refusal of the same config."""
+    throughput; `refusal`: store.commands.trial_refusal of the same config; `end_tokens`: the
+    run's tokens at its end (`run_tokens`; None: its token budget)."""
     tps = latest.get(M.TOKENS_PER_S)
     tps = float(tps) if tps is not None and math.isfinite(float(tps)) and tps > 0 else None
     return TrialOffer(
         TRIAL_FACTORS,
         _pos_int(_get(config, "trial_delta_tokens")),
-        budget_of(config),
+        end_tokens or budget_of(config),
         tps,
         refusal,
     )
+
+
+def steps_done(last_step) -> int:
+    """The run's steps so far from its newest logged step (None: none yet)."""
+    return 0 if last_step is None else int(last_step) + 1
+
+
+def run_tokens(config: Mapping | None, seen, steps_done: int, current) -> int | None:
+    """The tokens the run will have seen when it ends: its token budget, or fewer where its step
+    limit comes first at the running tier (`current`, a RunningTier; None: not known); None
+    when it records neither."""
+    budget, limit = budget_of(config), step_limit_of(config)
+    if limit is None or current is None or not current.seq_len:
+        return budget
+    at_limit = int((seen or 0) + max(0, limit - steps_done) * current.batch * current.seq_len)
+    return at_limit if budget is None else min(budget, at_limit)
 
 
 @dataclass(frozen=True)
@@ -672,15 +707,16 @@ def build_trial_card(
     commands: Sequence = (),
     trials: Sequence = (),
     points: Sequence = (),
+    end_tokens: int | None = None,
 ) -> TrialCard:
-    """The trial section from the run's rows: its config and latest metrics (the offer), its
-    commands (the newest trial command's line), its trials, oldest first, and the newest
-    trial's arm points."""
+    """The trial section from the run's rows: its config, latest metrics and tokens at its end
+    (the offer), its commands (the newest trial command's line), its trials, oldest first, and
+    the newest trial's arm points."""
     cmds = [c for c in commands if getattr(c, "kind", None) == "trial"]
     views = [trial_view(t) for t in trials]
     newest = trial_view(trials[-1], points) if trials else None
     return TrialCard(
-        trial_offer(config, latest, refusal),
+        trial_offer(config, latest, refusal, end_tokens),
         trial_command_view(cmds[-1]) if cmds else None,
         newest,
         views[:-1],

@@ -1,6 +1,7 @@
 """The live page's schedule section, its content (no Streamlit): the run so far, the projected
 ramps and a hand plan for the rest of the run, each with its steps and hours to the token
-budget against the constant batch, and the hand plan's due step as a tier of the card.
+budget against the constant batch, and the hand plan's due step as a tier of the card. A run
+that stops at its step limit before the budget gets none: there a ramp saves no step.
 
 Owns `ScheduleView` / `build_schedule` (a live_data.Snapshot, its recommend.Card and the plan's
 text → the section), `PlanDue` (the plan step the run has reached, its factor and the tier
@@ -30,7 +31,14 @@ from rampwatch.advisor.hand_plan import (
 )
 from rampwatch.advisor.policy import RAMP_MAX_FACTOR
 from rampwatch.advisor.tier_table import NOT_KNOWN, hours_text
-from rampwatch.dashboard.recommend import Card, budget_of, how_it_stopped, tier_view
+from rampwatch.dashboard.recommend import (
+    Card,
+    budget_of,
+    how_it_stopped,
+    run_tokens,
+    step_limit_of,
+    tier_view,
+)
 from rampwatch.store import names as M
 
 
@@ -115,6 +123,12 @@ def build_schedule(snap, card: Card, plan_text: str = "") -> ScheduleView:
         )
     elif now >= budget:
         problems.append(f"the run has seen its token budget ({budget:,} tokens): nothing is left")
+    elif run_tokens(run.config, now, done or 0, card.current) < budget:
+        problems.append(
+            f"no schedule: the run stops at its step limit (step {step_limit_of(run.config):,}, "
+            "the trainer's --steps) before its token budget: it runs those steps whatever the "
+            "batch, so a ramp saves none (it trains more tokens in them)"
+        )
     if problems:
         return dataclasses.replace(view, problems=problems)
     advice, speeds = card.advice, card.speeds

@@ -211,10 +211,12 @@ class Trainer:
 
     def _run_config(self) -> dict:
         """What the store and checkpoints record. A resumed run keeps its original config (only
-        the world size is this launch's), so its LR rule still scales from its first batch."""
-        if self.resume_blob is not None:
-            return {**self.resume_blob["config"], "world_size": self.ddp.world_size}
+        the world size and the step limit, --steps, are this launch's), so its LR rule still
+        scales from its first batch."""
         a = self.args
+        launch = {"world_size": self.ddp.world_size, "step_limit": a.steps}
+        if self.resume_blob is not None:
+            return {**self.resume_blob["config"], **launch}
         return {
             "preset": a.preset,
             "model": self.cfg.to_dict(),
@@ -229,13 +231,13 @@ class Trainer:
             "ramp": a.ramp,
             "per_device_batch": a.per_device_batch,
             "accum": a.accum,
-            "world_size": self.ddp.world_size,
             "seq_len": self.cfg.seq_len,
             "params": self.model.num_params(),
             "compile": a.compile,
             "data": self.data.meta,
             "gns_window": a.gns_window,
             POLICY_KEY: self._policy().to_config(),
+            **launch,
         }
 
     def _policy(self) -> RampPolicy:
