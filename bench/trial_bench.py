@@ -367,16 +367,17 @@ def trials(problem, batch, lr, ks, steps_of_largest, points, local, deltas) -> l
 
 
 def adaptive_trial(run, plan: TrialPlan) -> list:
-    """Trials from copies of `run`, Δ halved until the Δ check judges the branches (too long, or
-    cannot tell: a shorter Δ raises the ratio, and only "fine" brackets, so a search that stops at
-    the first "fine" still errs low) or no branch fits a shorter Δ: every verdict, the last one
+    """Trials from copies of `run`, Δ halved until the trial judges the branches (too long, or
+    cannot tell with no positive lower bound: a shorter Δ raises the ratio, and a judged trial
+    errs low, so a search that stops at the first one still errs low) or no branch fits a
+    shorter Δ: every verdict, the last one
     the answer. Each keeps the failures of the longer Δs before it as its cap, as the product's
     retry does (advisor/trial.py `failed_factor`). Why: SGD past 2/h_max grows its stiff
     direction from a noise floor for several steps before the loss shows it (stiff-sgd: ×128 at
     LR 2.56 is below the control at step 4, 24 × the snapshot's excess at step 12), so the
     halving that the control asks for can hide it."""
     verdicts = [copy.deepcopy(run).trial(plan)]
-    while not verdicts[-1].delta_ok and (plan := _halved(plan)) is not None:
+    while not verdicts[-1].judged and (plan := _halved(plan)) is not None:
         verdicts.append(copy.deepcopy(run).trial(plan, cap=failed_factor(verdicts[-1])))
     return verdicts
 
@@ -511,7 +512,7 @@ class Report:
             cost = sum(t.cost_tokens for t in p.adaptive)
             lines.append(
                 f"| {significant(p.excess)} | {_shown(p.local[2])} | {tried} | "
-                f"{v.plan.delta_tokens if v.delta_ok else '—'} | {v.progress / p.excess:.3f} | "
+                f"{v.plan.delta_tokens if v.judged else '—'} | {v.progress / p.excess:.3f} | "
                 f"{arms} | {bracket_text(v.bracket)} | "
                 f"{'yes' if agrees(v.bracket, p.local[2]) else 'no'} | {cost:,} |"
             )
@@ -711,7 +712,7 @@ class StiffReport:
                 f"| {p.lr:g} | {significant(p.excess)} | {p.b_simple:.1f} | {p.b_noise:.1f} | "
                 f"{p.b_noise / p.b_simple:.1f} | {_shown(p.tuned[2])} | "
                 f"[{wall[0]}, {wall[1] or '∞'}) ({_shown(p.rule[2])}) | {bracket_text(v.bracket)} | "
-                f"{v.plan.delta_tokens if v.delta_ok else '—'} | "
+                f"{v.plan.delta_tokens if v.judged else '—'} | "
                 f"{_yes(overlaps(v.bracket, wall))} | {_yes(_converges(v.bracket, wall))} | "
                 f"{_yes(overlaps((p.b_noise, p.b_noise), wall))} | "
                 f"{_yes(overlaps((p.b_simple, p.b_simple), wall))} | {cost:,} |"

@@ -3,8 +3,8 @@ bound"), against a known answer: per-example held-out losses drawn from exponent
 L_i(t) = c_i + a_i·exp(−t/τ) plus independent eval noise of known size, so the true ratio is
 exp(−Δ/2τ). Asserted: each one-sided 95% bound misses the true r about 5% of the time over many
 seeds; a surely-too-long and a surely-fine Δ are decided right every time; a Δ truly too long
-reads "fine" at most at the bound's level (so "cannot tell", which brackets nothing, keeps the
-bracket low); `examples_to_tell` is exactly the batch at which the same spread decides 80% of
+reads "fine" at most at the bound's level, and "cannot tell", judged at r's lower bound, keeps
+no branch past B_crit where the branches follow the model; `examples_to_tell` is exactly the batch at which the same spread decides 80% of
 the time; a mean
 with no per-example losses cannot tell; the card and old stored verdicts read the new state."""
 
@@ -24,6 +24,7 @@ from rampwatch.advisor.trial import (
     TrialVerdict,
     half_progress_bounds,
     judge,
+    tolerance_fraction,
 )
 
 PLAN = TrialPlan.for_optimizer("adamw", batch=4, ks=(2, 4, 8), delta_tokens=4 * 8 * 10)
@@ -40,6 +41,21 @@ def _evals(rng, x, n=256, a=0.1, sigma=0.05):
 
 def _judge(snap, mid, end):
     return judge(PLAN, snap, end, {k: end for k in PLAN.ks}, midway_losses=mid)
+
+
+def _with_branches(rng, x, b_crit, n=256, a=0.1, sigma=0.05):
+    """The same control, and each branch k where the model puts it: Δ at k·B is worth the
+    control's share e = (1 + B/B_crit)/(1 + k·B/B_crit) of Δ (module docstring, "The tolerance")."""
+    c = rng.gamma(2.0, 1.0, n) + 2.0
+    amp = a * rng.gamma(4.0, 0.25, n)
+
+    def at(share):
+        return c + amp * math.exp(-share * x) + rng.normal(0.0, sigma, n)
+
+    snap, mid, end = at(0), at(0.5), at(1)
+    b = PLAN.batch
+    branches = {k: at((1 + b / b_crit) / (1 + k * b / b_crit)) for k in PLAN.ks}
+    return judge(PLAN, snap, end, branches, midway_losses=mid)
 
 
 @pytest.mark.parametrize("x", [0.5, X_MIN, 2.0])
@@ -72,30 +88,73 @@ def test_surely_too_long_and_surely_fine_are_decided_right():
 @pytest.mark.parametrize("x", [X_MIN, 1.0, 1.5])
 def test_a_delta_truly_too_long_reads_fine_at_most_at_the_bounds_level(x):
     """The conservative side: at r ≤ HALF_PROGRESS_MIN (Δ/τ at and past the threshold) over
-    1,000 seeds "fine" (branches judged) comes at most ~5% of the time (≤ 75 of 1,000); every
-    other verdict brackets nothing and keeps the control."""
+    1,000 seeds "fine" (branches judged against the linear tolerance) comes at most ~5% of the
+    time (≤ 75 of 1,000); every "too long" brackets nothing and keeps the control."""
     rng = np.random.default_rng(11)
     fine = 0
     for _ in range(1000):
         v = _judge(*_evals(rng, x))
         fine += v.delta_check == "fine"
-        if v.delta_check != "fine":
-            assert v.bracket is None and v.k_star is None and v.kept_k == 1 and not v.delta_ok
+        if v.delta_check == "too long":
+            assert v.bracket is None and v.k_star is None and v.kept_k == 1 and not v.judged
     assert fine <= 75, fine
 
 
+@pytest.mark.parametrize("x", [X_MIN, 1.0, 1.5])
+def test_cannot_tell_judged_at_r_s_lower_bound_keeps_nothing_past_b_crit(x):
+    """Branches where the model puts them, B_crit = 6 at B = 4 (every branch past it): over
+    1,000 seeds a trial that cannot tell keeps a branch at most 1% of the time (the tolerance
+    at r's lower bound is the one a branch at B_crit would lose; measured: 1 of 1,000 at each
+    Δ). At B_crit = 20 (×2 and ×4 below it) the same trials do keep ×2 (36–49 of 1,000
+    measured): the bound gives answers where the linear check gave none."""
+    past = below = 0
+    rng = np.random.default_rng(11)
+    for _ in range(1000):
+        v = _with_branches(rng, x, b_crit=6.0)
+        if v.delta_check == "cannot tell" and v.k_star is not None:
+            past += 1
+            assert v.judged and v.tolerance_ratio == v.half_progress_bounds[0] > 0
+    rng = np.random.default_rng(11)
+    for _ in range(1000):
+        v = _with_branches(rng, x, b_crit=20.0)
+        below += v.delta_check == "cannot tell" and v.k_star is not None
+    assert past <= 10, past
+    assert below >= 20, below
+
+
 def test_near_the_threshold_it_cannot_tell_and_says_what_would():
-    """Δ/τ = 0.79 with the default noise: neither bound clears the threshold; the verdict keeps
-    the control, names the eval batch that would tell (more than it has) and its bounds."""
+    """Δ/τ = 0.79 with the default noise: neither bound clears the threshold; the verdict names
+    the eval batch that would tell (more than it has) and its bounds, and judges the branches
+    (here the control's own losses) at r's lower bound, each held to less than the linear
+    tolerance."""
     v = _judge(*_evals(np.random.default_rng(5), X_MIN))
-    assert v.delta_check == "cannot tell" and not v.delta_ok and v.bracket is None
+    assert v.delta_check == "cannot tell" and not v.delta_ok
     lo, hi = v.half_progress_bounds
-    assert lo < HALF_PROGRESS_MIN <= (math.inf if hi is None else hi)
+    assert 0 < lo < HALF_PROGRESS_MIN <= (math.inf if hi is None else hi)
+    assert v.judged and v.tolerance_ratio == lo and v.k_star == 8 and v.bracket == (32, None)
+    for b in v.branches:
+        assert 0 < b.tolerance < tolerance_fraction(b.k) * v.progress
+        assert b.tolerance == pytest.approx(tolerance_fraction(b.k, lo) * v.progress)
     assert v.examples_to_tell > v.examples and v.suggested_delta_tokens is None
-    assert v.summary.startswith("Cannot tell whether Δ is too long")
+    assert "Whether Δ is too long could not be told" in v.summary
     assert f"~{v.examples_to_tell:,} examples (now {v.examples:,})" in v.summary
     # and where that batch is set: the trainer's flag, an own loop's evaluate()
     assert "--trial-eval-batch" in v.summary and "evaluate()" in v.summary
+
+
+def test_the_tolerance_at_a_ratio_is_the_models_loss_at_b_crit_and_grows_with_it():
+    """tolerance_fraction(k, r): a branch at k·B = B_crit on L = a·exp(−t/τ) reaches the
+    control's loss at share e = (k + 1)/(2k) of Δ (brute force: its loss there against the
+    control's, over P), it tends to (k − 1)/(2k) as r → 1, and grows with r."""
+    for k in (2, 4, 8):
+        for r in (0.1, 0.5, HALF_PROGRESS_MIN, 0.9):
+            tau = 1 / (-2 * math.log(r))  # Δ = 1
+            loss = [math.exp(-t / tau) for t in (0, (k + 1) / (2 * k), 1)]
+            lost = (loss[1] - loss[2]) / (loss[0] - loss[2])
+            assert tolerance_fraction(k, r) == pytest.approx(lost, rel=1e-12)
+        assert tolerance_fraction(k, 1 - 1e-9) == pytest.approx(tolerance_fraction(k), abs=1e-6)
+        grid = [tolerance_fraction(k, r) for r in np.linspace(0.01, 0.99, 99)]
+        assert all(np.diff(grid) > 0)
 
 
 def _exact(n, r_hat, p1=0.04, sd=0.05):
@@ -164,13 +223,20 @@ def test_the_new_state_survives_json_and_old_verdicts_read_as_they_were_judged()
 
 
 def test_the_card_words_a_trial_that_cannot_tell():
+    """With no lower bound above 0 no branch is judged; with one, each is, at its tolerance."""
     from rampwatch.dashboard.recommend import TrialView
 
-    v = _judge(*_evals(np.random.default_rng(5), X_MIN))
+    rng = np.random.default_rng(4)
+    end = rng.gamma(2.0, 1.0, 256) + 2.0
+    p1 = rng.normal(0.0, 0.05, 256)
+    mid = end + 0.01 + rng.normal(0.0, 0.001, 256)
+    v = _judge(mid + p1 + 0.002 - p1.mean(), mid, end)  # r̂ > 3, bounded neither way
     view = TrialView(trial=None, verdict=v)
-    assert view.bracket_text is None
+    assert view.bracket_text is None and not v.judged
     rows = {r["result"] for r in view.branch_rows()}
     assert rows == {"not judged: cannot tell whether Δ is too long"}
+    judged = TrialView(trial=None, verdict=_judge(*_evals(np.random.default_rng(5), X_MIN)))
+    assert {r["result"] for r in judged.branch_rows()} == {"pass"}
 
 
 def test_a_first_half_not_clearly_positive_cannot_tell_however_large_the_ratio():

@@ -271,31 +271,34 @@ def test_a_trial_asks_for_the_held_out_batch_the_last_one_named_up_to_the_cap(tm
     assert TrialVerdict.from_dict(end.data["verdict"]).examples == TRIAL_EVAL_GROWTH * 2 == 16
 
 
-def test_a_control_that_cannot_tell_is_measured_again_on_a_larger_batch(tmp_path, procs):
-    """At a Δ of 6 control steps two held-out sequences cannot tell whether Δ is too long
-    (ratio 0.69, bounds 0.49–0.82 when measured); the same trial evaluates the snapshot, the
-    control's Δ/2 and its end again on the batch that would tell, at most TRIAL_EVAL_GROWTH ×
-    --trial-eval-batch, then the branch on it."""
+def test_a_control_that_cannot_tell_is_measured_again_on_a_larger_batch(tmp_path):
+    """The trial gate's first trial at a fixed step (--trial-interval-tokens: 20 steps, so no
+    command's claim moves it), Δ 8 control steps: two held-out sequences cannot tell whether Δ is
+    too long; the same trial evaluates the snapshot, the control's Δ/2 and its end again on the
+    batch that would tell, at most TRIAL_EVAL_GROWTH × --trial-eval-batch, then the branches
+    on it."""
     from rampwatch.trainer.config import TRIAL_EVAL_GROWTH
 
     db, ck = tmp_path / "runs.duckdb", tmp_path / "ckpt"
-    args = ("--run-id", "s", "--steps", str(STEPS), "--checkpoint-every", "0")
-    proc = procs.spawn(
-        trainer_args(db, ck, *args, "--trial-eval-batch", "2", *COMMON),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    done = run_trainer(
+        db,
+        ck,
+        *("--run-id", "s", "--steps", "30", "--checkpoint-every", "0", *COMMON),
+        *("--ramp", "auto", "--ramp-gate", "trial", "--trial-interval-tokens", "20480"),
+        *("--trial-delta-tokens", "8192", "--trial-eval-batch", "2"),
     )
-    wait_until(lambda: _running(db, "s"), timeout=120)
-    payload = {"factors": [2], "delta_tokens": DELTA * 3 // 2}
-    cid = commands.submit(db, "s", "trial", payload, actor="t")
-    assert proc.wait(timeout=240) == 0
-    assert commands.get(db, cid).status == "applied"
+    assert done.returncode == 0, done.stdout
     events = reader.events(db, "s")
-    [end] = [e for e in events if e.kind == M.EVENT_TRIAL_END]
+    end = next(e for e in events if e.kind == M.EVENT_TRIAL_END)
+    assert end.data["trial_id"] == -1 and end.data["verdict"]["plan"]["ks"] == [2, 4]
     v = TrialVerdict.from_dict(end.data["verdict"])
     assert v.first_examples == 2 and 2 < v.examples <= TRIAL_EVAL_GROWTH * 2
     [stage] = [e for e in events if "first_examples" in (e.data or {})]
-    assert (stage.kind, stage.data["eval_examples"]) == (M.EVENT_TRIAL_ARM, v.examples)
+    assert (stage.kind, stage.step, stage.data["eval_examples"]) == (
+        M.EVENT_TRIAL_ARM,
+        20,
+        v.examples,
+    )
     assert end.message.startswith("On 2 held-out examples the control could not tell")
 
 

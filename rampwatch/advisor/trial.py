@@ -69,11 +69,24 @@ outcomes are one test at R = HALF_PROGRESS_MIN:
     upper bound < HALF_PROGRESS_MIN   Δ too long (`delta_check` "too long"): surely flattened;
     lower bound ≥ HALF_PROGRESS_MIN   Δ fine ("fine"): the branches are judged as above;
     otherwise                         "cannot tell": the eval cannot say which.
-"Cannot tell" is treated as too long: no bracket (k* None), the control kept. That is the
-conservative side: a Δ that is in truth too long (r < HALF_PROGRESS_MIN) lets branches past
-2·B_crit pass their tolerance, and it reads "fine" only when the lower bound clears the
-threshold, which for a true r below it happens at most 5% of the time (the bound's level). So
-the eval's noise makes a trial bracket nothing, never bracket high. What the bound covers is
+A Δ that is in truth too long (r < HALF_PROGRESS_MIN) lets branches past 2·B_crit pass the
+linear tolerance, and it reads "fine" only when the lower bound clears the threshold, which for
+a true r below it happens at most 5% of the time (the bound's level).
+
+Judged at r's lower bound. "Cannot tell" still bounds r from below, at r_lo. In the exponential
+model the share of P a branch at k·B = B_crit loses is, with e = (k + 1)/(2k),
+    tolerance_fraction(k, r) = (r^(2e) − r²)/(1 − r²)      (→ (k − 1)/(2k) as r → 1),
+and a branch loses less than that exactly when k·B < B_crit, at any r: held to it, pass/fail
+brackets B_crit itself, not within 2×. It grows with r, so at r_lo it is the smaller tolerance
+that holds for every r the bound allows (×2 at r_lo = 0.66: 0.178 of P, against ¼): a branch that
+passes there passes at the true r too (at the level of both bounds). So a trial that cannot tell
+with r_lo > 0 judges its branches against that tolerance (`tolerance_ratio`; with r_lo ≤ 0 or no
+bound it brackets nothing, the control kept); its failures are "no"s only against the linear
+tolerance (`failed_factor`). "Too long" brackets nothing: the retry at a shorter Δ measures
+more. The eval's noise makes a trial bracket nothing, or bracket low, never high. Measured on
+bench-tiny's kept trials (2,048 held-out examples, 2026-12-06): seed 2's first trial (r 0.76,
+r_lo 0.66) passes ×2 (bound 0.0078 against 0.0133) and fails ×4; seed 0's (r 0.66, r_lo 0.57)
+fails ×2 by 0.0005. What the bound covers is
 which held-out examples were drawn, as the branches' t bound does; not the trajectory's own noise
 (one arm's SGD draws shift the loss on every example at once, which no per-example spread sees):
 on bench/trial_bench.py's least-squares problem, with 2,048 examples, r moves between Δs more than
@@ -149,9 +162,17 @@ def half_progress_ratio_at(x: float) -> float:
     return math.exp(-x / 2)
 
 
-def tolerance_fraction(k: int) -> float:
-    """(k − 1)/(2k): the share of the control's progress a branch at k·B = B_crit loses (above)."""
-    return (k - 1) / (2 * k)
+def tolerance_fraction(k: int, ratio: float | None = None) -> float:
+    """(k − 1)/(2k): the share of the control's progress a branch at k·B = B_crit loses (above).
+    With `ratio`, a control's half-progress ratio r in (0, 1): the share it loses where the loss
+    decays exponentially, (r^((k+1)/k) − r²)/(1 − r²), never above the linear one (module
+    docstring, "Judged at r's lower bound")."""
+    linear = (k - 1) / (2 * k)
+    if ratio is None or ratio >= 1:
+        return linear
+    if ratio <= 0:
+        raise ValueError(f"ratio must be a half-progress ratio in (0, 1), got {ratio!r}")
+    return min(linear, (ratio ** ((k + 1) / k) - ratio**2) / (1 - ratio**2))
 
 
 @dataclass(frozen=True)
@@ -221,7 +242,7 @@ class BranchResult:
     lr_factor: float
     mean_diff: float  # mean(branch − control) per example; > 0 is worse
     bound: float  # one-sided upper bound of mean_diff at the plan's level
-    tolerance: float  # tolerance_fraction(k) · the control's progress
+    tolerance: float  # tolerance_fraction(k[, r's lower bound]) · the control's progress
     passed: bool
 
 
@@ -241,7 +262,7 @@ class TrialVerdict:
     kept_k: int  # the arm the run continues from: k_star, or 1 (the control)
     cost_tokens: int
     half_progress_ratio: float | None = None  # the control's P₂/P₁; None: no midway eval
-    delta_ok: bool = True  # delta_check "fine" or "not judged": the branches were judged
+    delta_ok: bool = True  # delta_check "fine" or "not judged" (`judged` says what was judged)
     # one-sided bounds of the ratio at the plan's level (an end None: unbounded); None: no bound
     half_progress_bounds: tuple[float | None, float | None] | None = None
     delta_check: str | None = None  # DELTA_CHECKS; None only in a verdict from before the bound
@@ -249,6 +270,13 @@ class TrialVerdict:
     cap: int | None = None  # a factor that failed in the trial before: no k ≥ cap is kept
     # a second stage: the examples the control was first evaluated on, which could not tell
     first_examples: int | None = None
+    # "cannot tell": r's lower bound that the branches' tolerances assume; None: linear ones
+    tolerance_ratio: float | None = None
+
+    @property
+    def judged(self) -> bool:
+        """The branches were judged: Δ fine or not judged, or "cannot tell" at r's lower bound."""
+        return self.delta_ok or self.tolerance_ratio is not None
 
     def to_dict(self) -> dict:
         """JSON-safe: what a trial's end event carries (plan and branches nested, lists)."""
@@ -303,10 +331,8 @@ class TrialVerdict:
         return stages + self._found()
 
     def _found(self) -> str:
-        if self.delta_check == "cannot tell":
-            return self._cannot_tell()
-        if not self.delta_ok:
-            return self._too_long()
+        if not self.judged:
+            return self._cannot_tell() if self.delta_check == "cannot tell" else self._too_long()
         b = self.plan.batch
         arms = ", ".join(f"×{r.k} {'pass' if r.passed else 'fail'}" for r in self.branches)
         kept = f"continue at ×{self.k_star} ({self.k_star * b:,})" if self.k_star else f"keep {b:,}"
@@ -330,6 +356,8 @@ class TrialVerdict:
             parts.append(
                 "The control did not improve over Δ, so the trial could not tell: lengthen Δ."
             )
+        if self.tolerance_ratio is not None:
+            parts.insert(1, self._at_lower_bound())
         if self.b_simple is not None:
             ratios = tuple(None if x is None else x / self.b_simple for x in self.bracket)
             parts.append(
@@ -352,8 +380,31 @@ class TrialVerdict:
             "discarded arms."
         )
 
+    def _at_lower_bound(self) -> str:
+        (r, lo), needed = _beside_threshold(self.half_progress_ratio, self.tolerance_ratio)
+        k = self.plan.ks[0]
+        return (
+            f"Whether Δ is too long could not be told (second half {r}× the first half's "
+            f"progress, at least {lo}× at {self.plan.level:.0%}; {needed}× needed), so each "
+            f"branch was held to what it may lose if the ratio is {lo} (×{k}: "
+            f"{tolerance_fraction(k, self.tolerance_ratio):.3f} of the control's progress, "
+            f"against {tolerance_fraction(k):.3f}). "
+            + (self._what_would_tell() if self.examples_wanted else "")
+        ).rstrip()
+
+    def _what_would_tell(self) -> str:
+        n = self.examples_to_tell
+        if n is None:
+            return "It sits on the threshold: no held-out batch would tell; change Δ."
+        return (
+            f"A held-out batch of ~{n:,} examples (now {self.examples:,}) would tell "
+            f"{TELL_POWER:.0%} of the time at this spread: the next trial asks for that "
+            "many (the reference trainer's --trial-eval-batch caps it; an own loop's "
+            "evaluate() reads the request's eval_examples)."
+        )
+
     def _cannot_tell(self) -> str:
-        bounds, n = self.half_progress_bounds, self.examples_to_tell
+        bounds = self.half_progress_bounds
         lo, hi = (None, None) if bounds is None else bounds
         (r, lo, hi), needed = _beside_threshold(self.half_progress_ratio, lo, hi)
         if bounds is None:
@@ -361,14 +412,7 @@ class TrialVerdict:
             tell = "Per-example held-out losses at the snapshot and at Δ/2 would tell."
         else:
             spread = f"95% bounds {lo or '−∞'} to {hi or '∞'}"
-            tell = (
-                f"A held-out batch of ~{n:,} examples (now {self.examples:,}) would tell "
-                f"{TELL_POWER:.0%} of the time at this spread: the next trial asks for that "
-                "many (the reference trainer's --trial-eval-batch caps it; an own loop's "
-                "evaluate() reads the request's eval_examples)."
-                if n is not None
-                else "It sits on the threshold: no held-out batch would tell; change Δ."
-            )
+            tell = self._what_would_tell()
         return (
             f"Cannot tell whether Δ is too long: the control's second half made {r}× the "
             f"first half's progress ({spread}; {needed}× needed), so no branch "
@@ -424,9 +468,9 @@ def _upper_bound(diff: np.ndarray, level: float) -> float:
     return float(diff.mean() + _t_quantile(level, n - 1) * diff.std(ddof=1) / math.sqrt(n))
 
 
-def _branch(plan: TrialPlan, k: int, control: np.ndarray, losses, progress: float):
+def _branch(plan: TrialPlan, k: int, control: np.ndarray, losses, progress: float, ratio=None):
     diff = _losses(f"branch_losses[{k}]", losses, control.size) - control
-    tolerance = tolerance_fraction(k) * max(progress, 0.0)
+    tolerance = float(tolerance_fraction(k, ratio) * max(progress, 0.0))
     bound = _upper_bound(diff, plan.level)
     return BranchResult(
         k=k,
@@ -484,12 +528,14 @@ def judge(
     if b_simple is not None:
         b_simple = positive_number("b_simple", b_simple, "positive noise scale (examples)")
     progress = snapshot - float(control.mean())
-    branches = tuple(_branch(plan, k, control, branch_losses[k], progress) for k in plan.ks)
     ratio, bounds, check, to_tell = _delta_evidence(plan, snapshot_losses, midway_losses, control)
     delta_ok = check in ("fine", "not judged")
-    k_star = _k_star(branches, cap) if delta_ok else None
+    at = _tolerance_ratio(check, bounds)
+    branches = tuple(_branch(plan, k, control, branch_losses[k], progress, at) for k in plan.ks)
+    judged = delta_ok or at is not None
+    k_star = _k_star(branches, cap) if judged else None
     # a control that did not learn leaves no tolerance: a failed branch then says nothing
-    told = delta_ok and (progress > 0 or k_star is not None)
+    told = judged and (progress > 0 or k_star is not None)
     bracket = _bracket(plan, k_star, cap) if told else None
     calibration = bracket[0] / b_simple if b_simple is not None and bracket and bracket[0] else None
     return TrialVerdict(
@@ -509,7 +555,15 @@ def judge(
         delta_check=check,
         examples_to_tell=to_tell,
         cap=cap,
+        tolerance_ratio=at,
     )
+
+
+def _tolerance_ratio(check: str, bounds) -> float | None:
+    """r's lower bound, when the Δ check cannot tell and that bound is positive: the branches
+    are then held to the tolerance that holds there (module docstring)."""
+    lower = None if bounds is None else bounds[0]
+    return float(lower) if check == "cannot tell" and lower is not None and lower > 0 else None
 
 
 def _delta_evidence(plan: TrialPlan, snapshot_losses, midway_losses, control: np.ndarray):
@@ -555,7 +609,9 @@ def failed_factor(verdict: TrialVerdict) -> int | None:
     or one that cannot tell whether it is, lets a branch catch up with the control, never fall
     behind (module docstring, "Δ too long"), so a failure there stands when a shorter Δ retries;
     a control that made no progress leaves no tolerance, and its failures say nothing."""
-    failed = [r.k for r in verdict.branches if not r.passed] if verdict.progress > 0 else []
+    p = verdict.progress  # against the linear tolerance: one held to less may fail only that
+    failed = [r.k for r in verdict.branches if r.bound > tolerance_fraction(r.k) * p]
+    failed = failed if p > 0 else []
     return min([*failed, *([verdict.cap] if verdict.cap else [])], default=None)
 
 

@@ -607,7 +607,7 @@ class TrialView:
         """Per branch: the paired loss difference against the control, its bound, tolerance."""
         if self.verdict is None:
             return []
-        judged = self.verdict.delta_ok  # Δ too long or cannot tell: no branch was judged
+        judged = self.verdict.judged  # Δ too long, or cannot tell with no lower bound above 0
         why = {"cannot tell": "not judged: cannot tell whether Δ is too long"}
         unjudged = why.get(self.verdict.delta_check, "not judged: Δ too long")
         cap = self.verdict.cap
