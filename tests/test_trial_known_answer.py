@@ -95,8 +95,9 @@ def test_trial_brackets_the_sweeps_critical_batch_within_2x(report):
 @pytest.mark.slow
 @pytest.mark.xfail(
     strict=True,
-    reason="measured, adaptive Δ (halved from 512 until the Δ check says fine: the control's "
-    "half-progress ratio's 95% lower bound >= 0.67): brackets [4, 8), [4, 8), [-, 4), [-, 4) at "
+    reason="measured, adaptive Δ (halved from 512 until the trial judges its branches: the "
+    "control's half-progress ratio's 95% lower bound >= 0.67, or its estimate so and the "
+    "branches judged at that bound; 2026-12-06, unchanged by the second rule): brackets [4, 8), [4, 8), [-, 4), [-, 4) at "
     "Δ = 16, 16, 64, 128 examples against a local B_crit of 7.0, 1.4, 5.7, 17.4: within 2x at "
     "2 of 4 (2.9x above at the second; 4.4x below at the fourth, where the control's first half "
     "made no progress, so Δ was not judged). At batch 2 one trajectory's noise moves the ratio "

@@ -80,13 +80,19 @@ and a branch loses less than that exactly when k·B < B_crit, at any r: held to 
 brackets B_crit itself, not within 2×. It grows with r, so at r_lo it is the smaller tolerance
 that holds for every r the bound allows (×2 at r_lo = 0.66: 0.178 of P, against ¼): a branch that
 passes there passes at the true r too (at the level of both bounds). So a trial that cannot tell
-with r_lo > 0 judges its branches against that tolerance (`tolerance_ratio`; with r_lo ≤ 0 or no
-bound it brackets nothing, the control kept); its failures are "no"s only against the linear
-tolerance (`failed_factor`). "Too long" brackets nothing: the retry at a shorter Δ measures
-more. The eval's noise makes a trial bracket nothing, or bracket low, never high. Measured on
-bench-tiny's kept trials (2,048 held-out examples, 2026-12-06): seed 2's first trial (r 0.76,
-r_lo 0.66) passes ×2 (bound 0.0078 against 0.0133) and fails ×4; seed 0's (r 0.66, r_lo 0.57)
-fails ×2 by 0.0005. What the bound covers is
+whose r̂ is at or above HALF_PROGRESS_MIN (the point says fine, the bound cannot confirm it) and
+whose r_lo > 0 judges its branches against that tolerance (`tolerance_ratio`); its failures are
+"no"s, and end its bracket, only where they fail the linear tolerance too (`failed_factor`).
+Below the threshold Δ is more likely too long, and there the model's one asymptote fails: a
+larger batch's lower noise floor lets branches pass however small the tolerance (on
+bench/trial_bench.py's least-squares problem, r̂ 0.38 and r_lo 0.09 at Δ 256: ×2 and ×4
+passed, [8, 16) against a local B_crit of 1.4). Such a trial, and one with r_lo ≤ 0 or no bound,
+brackets nothing and keeps the control. "Too long" brackets nothing: the retry at a shorter Δ
+measures more. The eval's noise makes a trial bracket nothing, or bracket low, and high no more
+often than the bounds' level (tests/test_advisor_trial_delta_bound.py: 1 in 1,000). Measured on
+bench-tiny's kept trials (2,048 held-out examples, 2026-12-06): seed 2's first trial (r̂ 0.76,
+r_lo 0.66) passes ×2 (bound 0.0078 against 0.0133) and fails ×4; seed 0's (r̂ 0.66) is not
+judged (at r_lo 0.57 it would have failed ×2 by 0.0005). What the bound covers is
 which held-out examples were drawn, as the branches' t bound does; not the trajectory's own noise
 (one arm's SGD draws shift the loss on every example at once, which no per-example spread sees):
 on bench/trial_bench.py's least-squares problem, with 2,048 examples, r moves between Δs more than
@@ -336,6 +342,12 @@ class TrialVerdict:
         b = self.plan.batch
         arms = ", ".join(f"×{r.k} {'pass' if r.passed else 'fail'}" for r in self.branches)
         kept = f"continue at ×{self.k_star} ({self.k_star * b:,})" if self.k_star else f"keep {b:,}"
+        if self.bracket is None and self.tolerance_ratio is not None:
+            return (
+                f"No bracket ({arms}): no branch passed the tolerance at the ratio's lower bound, "
+                f"and none failed the linear one; {kept}. {self._at_lower_bound()} Cost: "
+                f"{self.cost_tokens:,} tokens of discarded arms."
+            )
         if self.bracket is None:  # the control did not learn and no branch was surely better
             return (
                 f"The control did not improve over Δ, so the trial could not tell ({arms} "
@@ -493,10 +505,15 @@ def _k_star(branches: Sequence[BranchResult], cap: int | None = None) -> int | N
 
 
 def _bracket(
-    plan: TrialPlan, k_star: int | None, cap: int | None = None
-) -> tuple[int | None, int | None]:
-    later = [k for k in plan.ks if k > (k_star or 1)]
+    plan: TrialPlan, k_star: int | None, cap: int | None = None, ends=None
+) -> tuple[int | None, int | None] | None:
+    """[k*·B, the next k·B) with the cap; `ends`: the factors that may end it (None: any), for
+    a trial judged at r's lower bound, whose failures say nothing unless they fail the linear
+    tolerance too. None where neither end is known."""
+    later = [k for k in plan.ks if k > (k_star or 1) and (ends is None or k in ends)]
     upper = min([*later[:1], *([cap] if cap else [])], default=None)
+    if k_star is None and upper is None:
+        return None
     return (None if k_star is None else k_star * plan.batch), (
         None if upper is None else upper * plan.batch
     )
@@ -530,13 +547,14 @@ def judge(
     progress = snapshot - float(control.mean())
     ratio, bounds, check, to_tell = _delta_evidence(plan, snapshot_losses, midway_losses, control)
     delta_ok = check in ("fine", "not judged")
-    at = _tolerance_ratio(check, bounds)
+    at = _tolerance_ratio(check, ratio, bounds)
     branches = tuple(_branch(plan, k, control, branch_losses[k], progress, at) for k in plan.ks)
     judged = delta_ok or at is not None
     k_star = _k_star(branches, cap) if judged else None
     # a control that did not learn leaves no tolerance: a failed branch then says nothing
     told = judged and (progress > 0 or k_star is not None)
-    bracket = _bracket(plan, k_star, cap) if told else None
+    ends = None if at is None else set(_linear_failures(branches, progress))
+    bracket = _bracket(plan, k_star, cap, ends) if told else None
     calibration = bracket[0] / b_simple if b_simple is not None and bracket and bracket[0] else None
     return TrialVerdict(
         plan=plan,
@@ -559,11 +577,14 @@ def judge(
     )
 
 
-def _tolerance_ratio(check: str, bounds) -> float | None:
-    """r's lower bound, when the Δ check cannot tell and that bound is positive: the branches
-    are then held to the tolerance that holds there (module docstring)."""
+def _tolerance_ratio(check: str, ratio: float | None, bounds) -> float | None:
+    """r's lower bound, when the Δ check cannot tell, r̂ is at or above the threshold and that
+    bound is positive: the branches are then held to the tolerance that holds there (module
+    docstring, "Judged at r's lower bound")."""
     lower = None if bounds is None else bounds[0]
-    return float(lower) if check == "cannot tell" and lower is not None and lower > 0 else None
+    if check != "cannot tell" or ratio is None or ratio < HALF_PROGRESS_MIN:
+        return None
+    return float(lower) if lower is not None and lower > 0 else None
 
 
 def _delta_evidence(plan: TrialPlan, snapshot_losses, midway_losses, control: np.ndarray):
@@ -609,10 +630,14 @@ def failed_factor(verdict: TrialVerdict) -> int | None:
     or one that cannot tell whether it is, lets a branch catch up with the control, never fall
     behind (module docstring, "Δ too long"), so a failure there stands when a shorter Δ retries;
     a control that made no progress leaves no tolerance, and its failures say nothing."""
-    p = verdict.progress  # against the linear tolerance: one held to less may fail only that
-    failed = [r.k for r in verdict.branches if r.bound > tolerance_fraction(r.k) * p]
-    failed = failed if p > 0 else []
+    failed = _linear_failures(verdict.branches, verdict.progress) if verdict.progress > 0 else []
     return min([*failed, *([verdict.cap] if verdict.cap else [])], default=None)
+
+
+def _linear_failures(branches: Sequence[BranchResult], progress: float) -> list[int]:
+    """The factors whose bound is above the linear tolerance: a branch held to less (at r's
+    lower bound) may have failed only that, which says nothing of B_crit."""
+    return [r.k for r in branches if r.bound > tolerance_fraction(r.k) * max(progress, 0.0)]
 
 
 def _mean_loss(name: str, values, when: str) -> float:

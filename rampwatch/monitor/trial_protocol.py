@@ -471,7 +471,9 @@ class TrialProtocol:
             r,
             floor=MIN_BRANCH_STEPS * largest,
             unit=unit,
-            why=f"{self.latest.name} judged nothing (Δ {verdict.delta_check}"
+            why=f"{self.latest.name} "
+            + ("kept no branch" if verdict.judged else "judged nothing")
+            + f" (Δ {verdict.delta_check}"
             + ("" if r is None else f", half-progress ratio {r:.2f}")
             + "): ",
         )
