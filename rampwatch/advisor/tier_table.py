@@ -100,7 +100,7 @@ def tier_rows(
     total_tokens: int | None,
     knows_lr: bool = True,
     step_limit: int | None = None,
-    steps_done: int = 0,
+    last_step: int | None = None,
 ) -> list[TierRow]:
     """The table's rows: the running tier, the advice's tiers, tiers measured earlier, then
     the per-device batches of `_per_device_rows` (each group by effective batch after the first).
@@ -108,8 +108,9 @@ def tier_rows(
     speeds: the run's throughput model (None: nothing timed); tokens_seen: the run's tokens so
     far (None: none logged, read as 0); total_tokens: its token budget (run config
     `total_tokens`; None: steps and ETA unknown); knows_lr: the run recorded its original LR
-    (else no new base LR); step_limit: the step the run stops at whatever its tokens (run
-    config `step_limit`), with steps_done (the run's steps so far) the steps it leaves."""
+    (else no new base LR); step_limit: the last step the run logs whatever its tokens (run
+    config `step_limit`, the trainer's --steps), which leaves step_limit − last_step (the run's
+    newest step; None: none yet)."""
     cur, policy = advice.current, advice.policy
     seq = cur.seq_len
     budget = total_tokens if total_tokens and total_tokens > 0 else None
@@ -128,7 +129,8 @@ def tier_rows(
             left = math.ceil(max(0.0, budget - seen) / step_tokens)
         if step_limit:
             total = min(total or step_limit, step_limit)
-            left = min(left if left is not None else step_limit, max(0, step_limit - steps_done))
+            to_limit = max(0, step_limit - (last_step or 0))
+            left = to_limit if left is None else min(left, to_limit)
         return TierRow(
             kind,
             tier,

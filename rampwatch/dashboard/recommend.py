@@ -301,8 +301,7 @@ def build_card(
     views = [tier_view(t) for t in advice.tiers]
     newest = int(gns_steps[-1]) if len(gns_steps) else None
     last_step = _pos_int(run.get("last_step"))
-    done = steps_done(run.get("last_step"))
-    table, table_notes, speeds = _table(advice, series, latest, config, knows_lr, done)
+    table, table_notes, speeds = _table(advice, series, latest, config, knows_lr, last_step)
     return Card(
         run_id,
         cur,
@@ -352,7 +351,7 @@ def card_of(snap) -> Card:
     )
 
 
-def _table(advice, series: Mapping[str, Buckets], latest, config, knows_lr, steps_done: int):
+def _table(advice, series: Mapping[str, Buckets], latest, config, knows_lr, last_step):
     """The tier table's rows, what they assume, and the throughput model fitted on the run's
     per-step tier and tokens/s (None: nothing timed); the budget and step limit from the run
     config."""
@@ -374,7 +373,7 @@ def _table(advice, series: Mapping[str, Buckets], latest, config, knows_lr, step
             f"the run stops at step {limit:,} (its step limit, the trainer's --steps) unless its "
             "token budget ends it sooner: steps left and ETA count to whichever comes first"
         )
-    rows = tier_rows(advice, speeds, latest.get(M.TOKENS_SEEN), budget, knows_lr, limit, steps_done)
+    rows = tier_rows(advice, speeds, latest.get(M.TOKENS_SEEN), budget, knows_lr, limit, last_step)
     return rows, notes, speeds
 
 
@@ -453,8 +452,8 @@ def budget_of(config: Mapping | None) -> int | None:
 
 
 def step_limit_of(config: Mapping | None) -> int | None:
-    """The step the run stops at whatever its tokens (run config `step_limit`: the trainer's
-    --steps), None when it records none."""
+    """The last step the run logs whatever its tokens (run config `step_limit`: the trainer's
+    --steps, whose steps count from 1), None when it records none."""
     return _pos_int(_get(config, "step_limit"))
 
 
@@ -557,19 +556,14 @@ def trial_offer(
     )
 
 
-def steps_done(last_step) -> int:
-    """The run's steps so far from its newest logged step (None: none yet)."""
-    return 0 if last_step is None else int(last_step) + 1
-
-
-def run_tokens(config: Mapping | None, seen, steps_done: int, current) -> int | None:
+def run_tokens(config: Mapping | None, seen, last_step, current) -> int | None:
     """The tokens the run will have seen when it ends: its token budget, or fewer where its step
     limit comes first at the running tier (`current`, a RunningTier; None: not known); None
     when it records neither."""
     budget, limit = budget_of(config), step_limit_of(config)
     if limit is None or current is None or not current.seq_len:
         return budget
-    at_limit = int((seen or 0) + max(0, limit - steps_done) * current.batch * current.seq_len)
+    at_limit = int((seen or 0) + max(0, limit - (last_step or 0)) * current.batch * current.seq_len)
     return at_limit if budget is None else min(budget, at_limit)
 
 

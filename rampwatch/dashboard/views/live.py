@@ -208,7 +208,7 @@ def live_view() -> None:
         recommend.run_tokens(
             snap.run.config,
             snap.latest.get(M.TOKENS_SEEN),
-            recommend.steps_done(snap.run.last_step),
+            snap.run.last_step,
             card.current,
         ),
     )
