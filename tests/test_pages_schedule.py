@@ -200,7 +200,7 @@ def test_a_run_that_stops_at_a_step_limit_gets_no_schedule_in_tokens(db_path, mo
             201 * float(now["step time (s)"]) / 3600, rel=0.05, abs=0.006
         )
         # 2 × 16,384 of the 819,200 tokens seen + 201 steps × 2,048 to come
-        assert "32,768 tokens of discarded arms at most (2.66% of the run's budget" in texts
+        assert "32,768 tokens of discarded arms at most (2.66% of the run's tokens" in texts
     finally:
         run.close()
 

@@ -107,6 +107,7 @@ class Card:
     lr_check: str | None = None  # the last ramp's LR change, where the run did not carry it out
     advice: Advice | None = None  # what the card was built from (the schedule reads it too)
     speeds: ThroughputModel | None = None  # the throughput model fitted for the table
+    end_tokens: int | None = None  # the tokens seen when the run ends (run_tokens)
 
     @property
     def awaiting_reread(self) -> bool:
@@ -268,6 +269,7 @@ def build_card(
             command=cmd,
             problems=problems,
             lr_check=lr_check,
+            end_tokens=budget_of(config),
         )
     knows_lr = True  # the config names the original batch and LR the new base LR scales from
     try:
@@ -324,6 +326,7 @@ def build_card(
         lr_check,
         advice,
         speeds,
+        run_tokens(config, latest.get(M.TOKENS_SEEN), last_step, cur),
     )
 
 
@@ -476,7 +479,7 @@ class TrialOffer:
 
     factors: tuple[int, ...]
     delta_tokens: int | None  # the loop's default Δ per arm (run config `trial_delta_tokens`)
-    budget_tokens: int | None  # the run's tokens at its end (run_tokens)
+    end_tokens: int | None  # the tokens seen when the run ends (Card.end_tokens)
     tokens_per_s: float | None  # the measured throughput
     refusal: str | None = None
 
@@ -492,7 +495,7 @@ class TrialOffer:
     @property
     def cost_fraction(self) -> float | None:
         cost = self.cost_tokens
-        return cost / self.budget_tokens if cost is not None and self.budget_tokens else None
+        return cost / self.end_tokens if cost is not None and self.end_tokens else None
 
     @property
     def cost_seconds(self) -> float | None:
@@ -509,7 +512,7 @@ class TrialOffer:
             return "Cost unknown: the run's config does not give its trial Δ."
         share = self.cost_fraction
         parts = (
-            [f"{'<0.01%' if share < 1e-4 else f'{share:.2%}'} of the run's budget"] if share else []
+            [f"{'<0.01%' if share < 1e-4 else f'{share:.2%}'} of the run's tokens"] if share else []
         )
         if self.cost_seconds is not None:
             parts.append(f"~{duration(self.cost_seconds)} at {self.tokens_per_s:,.0f} tokens/s")

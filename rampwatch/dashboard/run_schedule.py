@@ -35,7 +35,6 @@ from rampwatch.dashboard.recommend import (
     Card,
     budget_of,
     how_it_stopped,
-    run_tokens,
     step_limit_of,
     tier_view,
 )
@@ -123,7 +122,7 @@ def build_schedule(snap, card: Card, plan_text: str = "") -> ScheduleView:
         )
     elif now >= budget:
         problems.append(f"the run has seen its token budget ({budget:,} tokens): nothing is left")
-    elif run_tokens(run.config, now, run.last_step, card.current) < budget:
+    elif card.end_tokens is not None and card.end_tokens < budget:
         problems.append(
             f"no schedule: the run stops at its step limit (step {step_limit_of(run.config):,}, "
             "the trainer's --steps) before its token budget: it runs those steps whatever the "

@@ -205,12 +205,7 @@ def live_view() -> None:
         snap.commands,
         snap.trials,
         snap.trial_points,
-        recommend.run_tokens(
-            snap.run.config,
-            snap.latest.get(M.TOKENS_SEEN),
-            snap.run.last_step,
-            card.current,
-        ),
+        card.end_tokens,
     )
     card_view.render(card, db=db, run=snap.run, read_only=read_only, trial=trial)
     schedule_section.render(schedule, run_id=snap.run.run_id, file=file)
