@@ -379,6 +379,23 @@ def test_a_control_that_cannot_tell_is_measured_again_on_the_batch_that_would(tm
     assert mon.trial_due() is None and mon.ramps.trials.tell is None
 
 
+def test_a_trial_judged_at_the_ratio_s_lower_bound_that_kept_the_control_says_so(tmp_path):
+    """The control cannot tell (ratio 0.7 under a spread of 0.3), but its ratio clears the
+    threshold, so the branches are judged at the ratio's lower bound; both fall far behind, the
+    control is kept, and the retry due at once says the trial kept no branch rather than that it
+    judged nothing."""
+    db = tmp_path / "runs.duckdb"
+    model, opt, mon = _loop(db, trials=True, trial_delta_tokens=64)
+    script = _held_out_script()
+    calls = script(1.0, 0.6, 0.32, noise=0.3) + script(1.5, 1.5)
+    [out] = _scripted_trials(db, model, opt, mon, calls)
+    v = out.verdict
+    assert v.delta_check == "cannot tell" and v.judged, v.summary
+    assert [b.passed for b in v.branches] == [False, False] and out.kept.factor == 1
+    retry = mon.ramps.trials.retry
+    assert retry is not None and retry.note.startswith("trial 1 kept no branch (Δ cannot tell, ")
+
+
 def test_the_state_after_a_trial_that_judged_nothing_loads_as_plain_data(tmp_path):
     """What a checkpoint keeps after a trial that could not tell (its evidence, the retry due
     with its τ, the cap, the ask) reads back with torch's weights_only loader, as the reference
