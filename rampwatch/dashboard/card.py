@@ -478,8 +478,8 @@ def _operator() -> None:
         key=TOKEN,
         type="password",
         placeholder="kept for this session" if state.get(KEPT[TOKEN]) else None,
-        help="printed by `rampwatch dashboard` at start (or its RAMPWATCH_TOKEN); "
-        "every Approve and Cancel is checked against it on the server",
+        help="printed by `rampwatch dashboard` at start (or its RAMPWATCH_TOKEN); Enter "
+        "sends it; every Approve and Cancel is checked against it on the server",
         on_change=_typed,
         args=(TOKEN,),
     )

@@ -67,10 +67,18 @@ def refusal(presented: str | None, operator: str | None, expected: str | None) -
         return "type your name as operator: it is recorded with the command"
     if len(name) > MAX_OPERATOR_CHARS or not name.isprintable():
         return f"the operator name must be printable and at most {MAX_OPERATOR_CHARS} characters"
-    if not presented or not hmac.compare_digest(presented.strip().encode(), expected.encode()):
+    if not (presented or "").strip():
+        # Streamlit 1.67's password field sends what was typed on Enter, or when focus leaves
+        # the field; Tab lands on its own show-password button, which sends nothing
         return (
-            "the operator token is missing or wrong: use the one `rampwatch dashboard` "
-            "printed at start (or RAMPWATCH_TOKEN)"
+            "no operator token reached the dashboard: type the one `rampwatch dashboard` "
+            "printed at start (or RAMPWATCH_TOKEN) and press Enter in its field (a Tab from "
+            "it does not send it)"
+        )
+    if not hmac.compare_digest(presented.strip().encode(), expected.encode()):
+        return (
+            "the operator token is wrong: use the one `rampwatch dashboard` printed at start "
+            "(or RAMPWATCH_TOKEN)"
         )
     return None
 

@@ -99,12 +99,24 @@ def test_approve_ramp_in_browser(tmp_path, procs):
         # (two test workers beside a trainer) that rerun can take longer than Playwright's 5 s;
         # the card keeps it for card.ERROR_SECONDS, through the page's refreshes
         expect(
-            intruder.get_by_text(
-                re.compile("Not submitted: the operator token is missing or wrong")
-            )
+            intruder.get_by_text(re.compile("Not submitted: the operator token is wrong"))
         ).to_be_visible(timeout=30_000)
         assert commands.list_commands(db, run_id) == []
         intruder.close()
+
+        # a token left with Tab never reaches the server (Streamlit's password field sends it
+        # on Enter, or when focus leaves the field: Tab lands on its show-password button);
+        # the refusal says to press Enter, and nothing is written
+        page.get_by_role("textbox", name="Operator", exact=True).fill("e2e-operator")
+        page.get_by_role("textbox", name="Operator", exact=True).press("Enter")
+        page.get_by_role("textbox", name="Operator token").fill(TOKEN)
+        page.get_by_role("textbox", name="Operator token").press("Tab")
+        press_approve(page, "click")
+        expect(
+            page.get_by_text(re.compile("Not submitted: no operator token reached the dashboard"))
+        ).to_be_visible(timeout=30_000)
+        assert "press Enter in its field" in page.inner_text("body")
+        assert commands.list_commands(db, run_id) == []
 
         sign_in(page, "e2e-operator", TOKEN)
         press_approve(page, "dblclick")  # impatient: still one command (asserted below)
