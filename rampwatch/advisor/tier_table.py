@@ -93,6 +93,12 @@ class TierRow:
         }
 
 
+def steps_to_limit(step_limit: int, last_step: int | None) -> int:
+    """Steps a run has left before its step limit, the last step it logs (the trainer's steps
+    count from 1), after its newest step (None: none yet)."""
+    return max(0, step_limit - (last_step or 0))
+
+
 def tier_rows(
     advice: Advice,
     speeds: ThroughputModel | None,
@@ -129,7 +135,7 @@ def tier_rows(
             left = math.ceil(max(0.0, budget - seen) / step_tokens)
         if step_limit:
             total = min(total or step_limit, step_limit)
-            to_limit = max(0, step_limit - (last_step or 0))
+            to_limit = steps_to_limit(step_limit, last_step)
             left = to_limit if left is None else min(left, to_limit)
         return TierRow(
             kind,

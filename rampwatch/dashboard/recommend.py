@@ -38,7 +38,7 @@ from rampwatch.advisor.policy import CONFIG_KEY as POLICY_KEY
 from rampwatch.advisor.policy import RampPolicy
 from rampwatch.advisor.ramp_point import Effect, Recommendation
 from rampwatch.advisor.throughput import ThroughputModel, measure_tiers
-from rampwatch.advisor.tier_table import TierRow, tier_rows
+from rampwatch.advisor.tier_table import TierRow, steps_to_limit, tier_rows
 from rampwatch.advisor.tiers import Tier, TierOption
 from rampwatch.advisor.trial import TrialVerdict
 from rampwatch.dashboard.buckets import Buckets
@@ -256,6 +256,8 @@ def build_card(
     ]
     cmd = command_view(cmds[-1]) if cmds else None
     cur = current_tier(config, latest, run.get("world_size"), run.get("capacity_bytes"))
+    last_step = _pos_int(run.get("last_step"))
+    end_tokens = run_tokens(config, latest.get(M.TOKENS_SEEN), last_step, cur)
     if cur is None:
         problems.append(
             "the run has not logged per_device_batch and accum yet (and its config "
@@ -269,7 +271,7 @@ def build_card(
             command=cmd,
             problems=problems,
             lr_check=lr_check,
-            end_tokens=budget_of(config),
+            end_tokens=end_tokens,
         )
     knows_lr = True  # the config names the original batch and LR the new base LR scales from
     try:
@@ -302,7 +304,6 @@ def build_card(
     problems += advice.notes
     views = [tier_view(t) for t in advice.tiers]
     newest = int(gns_steps[-1]) if len(gns_steps) else None
-    last_step = _pos_int(run.get("last_step"))
     table, table_notes, speeds = _table(advice, series, latest, config, knows_lr, last_step)
     return Card(
         run_id,
@@ -326,7 +327,7 @@ def build_card(
         lr_check,
         advice,
         speeds,
-        run_tokens(config, latest.get(M.TOKENS_SEEN), last_step, cur),
+        end_tokens,
     )
 
 
@@ -543,17 +544,17 @@ def trial_offer(
     config: Mapping | None,
     latest: Mapping[str, float],
     refusal: str | None,
-    end_tokens: int | None = None,
+    end_tokens: int | None,
 ):
     """The offer from the run config (the loop writes `trial_delta_tokens`) and the latest
     throughput; `refusal`: store.commands.trial_refusal of the same config; `end_tokens`: the
-    run's tokens at its end (`run_tokens`; None: its token budget)."""
+    run's tokens at its end (Card.end_tokens; None: not known)."""
     tps = latest.get(M.TOKENS_PER_S)
     tps = float(tps) if tps is not None and math.isfinite(float(tps)) and tps > 0 else None
     return TrialOffer(
         TRIAL_FACTORS,
         _pos_int(_get(config, "trial_delta_tokens")),
-        end_tokens or budget_of(config),
+        end_tokens,
         tps,
         refusal,
     )
@@ -566,7 +567,7 @@ def run_tokens(config: Mapping | None, seen, last_step, current) -> int | None:
     budget, limit = budget_of(config), step_limit_of(config)
     if limit is None or current is None or not current.seq_len:
         return budget
-    at_limit = int((seen or 0) + max(0, limit - (last_step or 0)) * current.batch * current.seq_len)
+    at_limit = int((seen or 0) + steps_to_limit(limit, last_step) * current.batch * current.seq_len)
     return at_limit if budget is None else min(budget, at_limit)
 
 
@@ -701,10 +702,10 @@ def build_trial_card(
     config: Mapping | None,
     latest: Mapping[str, float],
     refusal: str | None,
+    end_tokens: int | None,
     commands: Sequence = (),
     trials: Sequence = (),
     points: Sequence = (),
-    end_tokens: int | None = None,
 ) -> TrialCard:
     """The trial section from the run's rows: its config, latest metrics and tokens at its end
     (the offer), its commands (the newest trial command's line), its trials, oldest first, and

@@ -202,10 +202,10 @@ def live_view() -> None:
         snap.run.config,
         snap.latest,
         store_access.trial_refusal(snap.run.config),
+        card.end_tokens,
         snap.commands,
         snap.trials,
         snap.trial_points,
-        card.end_tokens,
     )
     card_view.render(card, db=db, run=snap.run, read_only=read_only, trial=trial)
     schedule_section.render(schedule, run_id=snap.run.run_id, file=file)
