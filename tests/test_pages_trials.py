@@ -41,6 +41,19 @@ def test_no_trial_yet_offers_test_first_with_its_cost(trials_run, monkeypatch):
     assert "at 50," in text and " s at " in text
 
 
+def test_the_cost_in_minutes_is_at_the_runs_recent_median_throughput(trials_run, monkeypatch):
+    """One fast step at the end (8× the run's ~50k tokens/s) moves neither the tier table's
+    throughput nor the trial's minutes: both are medians (seen on the demo under load: the
+    table said 1.0k tokens/s, the cost "at 1,714 tokens/s", the latest step's)."""
+    w = trials_run.writer
+    w.log(400, {M.TOKENS_PER_S: 400_000.0, M.PER_DEVICE_BATCH: 8, M.ACCUM: 2})
+    assert w.flush(), w.stats()
+    at = seed.app(monkeypatch, trials_run.db)
+    assert not at.exception
+    text = seed.texts(at)
+    assert "at 50," in text and "at 400,000 tokens/s" not in text
+
+
 def test_a_run_that_runs_no_trials_shows_the_reason_and_no_button(db_path, monkeypatch):
     run = seed.live_run(db_path, trials_note="this loop cannot snapshot its data position")
     try:

@@ -251,6 +251,34 @@ def test_with_delta_from_loss_the_trial_takes_delta_from_the_runs_loss_curve(tmp
     assert "Δ from the loss curve: τ ≈" in start.message
 
 
+def test_the_trial_start_times_its_cost_at_the_median_of_the_recent_steps(tmp_path):
+    """cost_seconds is the discarded tokens over the median tokens/s of the running tier's
+    recent steps (advisor.throughput.RECENT), never one step's: here the last step, with no wait,
+    runs far faster than the ones before it."""
+    import time
+
+    from rampwatch.advisor.throughput import RECENT
+
+    db = tmp_path / "runs.duckdb"
+    model, opt, mon = _loop(db, True, trial_delta_tokens=64)
+    x, y = _data(4000, 1)
+    pos = 0
+    for step in range(1, 41):
+        time.sleep(0.02 if step < 40 else 0)
+        pos = _train(model, opt, mon, x, y, pos, step)
+    cid = commands.submit(db, mon.run_id, "trial", {"factors": [2, 4]}, actor="test")
+    trial = _boundary(mon)
+    assert trial is not None and trial.trial_id == cid
+    mon.trial_abandoned(trial, "the test stops here")
+    mon.finish()
+    [start] = reader.events(db, mon.run_id, kinds=[M.EVENT_TRIAL_START])
+    tps = metric(db, mon.run_id, M.TOKENS_PER_S)
+    recent = [tps[s] for s in sorted(tps)[-RECENT:]]
+    cost = start.data["cost_tokens"]
+    assert start.data["cost_seconds"] == pytest.approx(cost / float(np.median(recent)))
+    assert tps[40] > 2 * np.median(recent)  # the premise: the last step is no typical one
+
+
 def test_a_retry_s_cap_survives_a_resume_and_goes_to_a_trial_that_begins_soon_only():
     from rampwatch.advisor.trial_delta import DeltaChoice
     from rampwatch.monitor.trial_protocol import TrialProtocol

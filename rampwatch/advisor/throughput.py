@@ -3,7 +3,8 @@
 Owns `MeasuredSpeed` (one tier's median tokens/s and MFU over the steps it ran),
 `measure_tiers` (per-step tier and tokens/s → those medians), `TierSpeed` (a tier's tokens/s,
 step time and MFU, and whether they were measured, modelled or are unknown) and
-`ThroughputModel` (fitted on the measured tiers; `speed(tier)` for any tier of the run's world).
+`ThroughputModel` (fitted on the measured tiers; `speed(tier)` for any tier of the run's world),
+and `recent_throughput` (the run's tokens/s now, which the card and the monitor time costs at).
 
 The model. An optimizer step of a tier runs `accum` micro-batches of b sequences on each rank,
 then work done once per step whatever the accumulation (the gradient all-reduce under DDP's
@@ -43,9 +44,19 @@ from rampwatch.advisor.checks import ols_line, positive_int
 from rampwatch.advisor.flops import mfu_at
 from rampwatch.advisor.tiers import Tier
 
-__all__ = ["MeasuredSpeed", "TierSpeed", "ThroughputModel", "measure_tiers"]
+__all__ = ["MeasuredSpeed", "TierSpeed", "ThroughputModel", "measure_tiers", "recent_throughput"]
 
 MEASURED, MODEL, UNKNOWN = "measured", "model", "unknown"
+RECENT = 32  # the last tokens/s values the run's throughput now is the median of
+
+
+def recent_throughput(tokens_per_s: Iterable) -> float | None:
+    """The run's tokens/s now: the median of the last RECENT positive, finite values (a median:
+    one slow step, a checkpoint or a validation, or one fast step does not move it); None
+    without any."""
+    recent = np.asarray(list(tokens_per_s), np.float64)[-RECENT:]
+    recent = recent[np.isfinite(recent) & (recent > 0)]
+    return float(np.median(recent)) if recent.size else None
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from rampwatch.advisor.memory import MemoryModel, format_gb
 from rampwatch.advisor.policy import CONFIG_KEY as POLICY_KEY
 from rampwatch.advisor.policy import RampPolicy
 from rampwatch.advisor.ramp_point import Effect, Recommendation
-from rampwatch.advisor.throughput import ThroughputModel, measure_tiers
+from rampwatch.advisor.throughput import ThroughputModel, measure_tiers, recent_throughput
 from rampwatch.advisor.tier_table import TierRow, steps_to_limit, tier_rows
 from rampwatch.advisor.tiers import Tier, TierOption
 from rampwatch.advisor.trial import TrialVerdict
@@ -108,6 +108,14 @@ class Card:
     advice: Advice | None = None  # what the card was built from (the schedule reads it too)
     speeds: ThroughputModel | None = None  # the throughput model fitted for the table
     end_tokens: int | None = None  # the tokens seen when the run ends (run_tokens)
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """The run's recent throughput: the median that steps_per_second is taken from."""
+        cur = self.current
+        if self.steps_per_second is None or cur is None or not cur.seq_len:
+            return None
+        return self.steps_per_second * cur.batch * cur.seq_len
 
     @property
     def awaiting_reread(self) -> bool:
@@ -427,19 +435,13 @@ def latest_trial_evidence(trials: Sequence) -> TrialEvidence | None:
     return None
 
 
-RATE_BUCKETS = 32  # recent tokens/s points the step rate is the median of
-
-
 def step_rate(throughput: Buckets | None, cur: RunningTier) -> float | None:
-    """Steps per second: the median of the recent tokens/s over the tokens of a step now (a
-    median: one slow step, a checkpoint or a validation, does not move it)."""
+    """Steps per second: the run's recent tokens/s (advisor.throughput.recent_throughput, over
+    the last buckets) over the tokens of a step now."""
     if throughput is None or not len(throughput) or not cur.seq_len:
         return None
-    recent = throughput.last[-RATE_BUCKETS:]
-    recent = recent[np.isfinite(recent) & (recent > 0)]
-    if not recent.size:
-        return None
-    return float(np.median(recent)) / (cur.batch * cur.seq_len)
+    rate = recent_throughput(throughput.last)
+    return None if rate is None else rate / (cur.batch * cur.seq_len)
 
 
 def tier_view(t: TierAdvice, plan: str | None = None) -> TierView:
@@ -481,7 +483,7 @@ class TrialOffer:
     factors: tuple[int, ...]
     delta_tokens: int | None  # the loop's default Δ per arm (run config `trial_delta_tokens`)
     end_tokens: int | None  # the tokens seen when the run ends (Card.end_tokens)
-    tokens_per_s: float | None  # the measured throughput
+    tokens_per_s: float | None  # the run's recent throughput (a median)
     refusal: str | None = None
 
     @property
@@ -542,20 +544,19 @@ def duration(seconds: float) -> str:
 
 def trial_offer(
     config: Mapping | None,
-    latest: Mapping[str, float],
+    tokens_per_s: float | None,
     refusal: str | None,
     end_tokens: int | None,
 ):
-    """The offer from the run config (the loop writes `trial_delta_tokens`) and the latest
-    throughput; `refusal`: store.commands.trial_refusal of the same config; `end_tokens`: the
-    run's tokens at its end (Card.end_tokens; None: not known)."""
-    tps = latest.get(M.TOKENS_PER_S)
-    tps = float(tps) if tps is not None and math.isfinite(float(tps)) and tps > 0 else None
+    """The offer from the run config (the loop writes `trial_delta_tokens`) and the run's
+    recent throughput (Card.tokens_per_s, a median); `refusal`: store.commands.trial_refusal of
+    the same config; `end_tokens`: the run's tokens at its end (Card.end_tokens; None: not
+    known)."""
     return TrialOffer(
         TRIAL_FACTORS,
         _pos_int(_get(config, "trial_delta_tokens")),
         end_tokens,
-        tps,
+        tokens_per_s,
         refusal,
     )
 
@@ -700,21 +701,21 @@ class TrialCard:
 
 def build_trial_card(
     config: Mapping | None,
-    latest: Mapping[str, float],
+    tokens_per_s: float | None,
     refusal: str | None,
     end_tokens: int | None,
     commands: Sequence = (),
     trials: Sequence = (),
     points: Sequence = (),
 ) -> TrialCard:
-    """The trial section from the run's rows: its config, latest metrics and tokens at its end
-    (the offer), its commands (the newest trial command's line), its trials, oldest first, and
+    """The trial section from the run's rows: its config, recent throughput and tokens at its
+    end (the offer), its commands (the newest trial command's line), its trials, oldest first, and
     the newest trial's arm points."""
     cmds = [c for c in commands if getattr(c, "kind", None) == "trial"]
     views = [trial_view(t) for t in trials]
     newest = trial_view(trials[-1], points) if trials else None
     return TrialCard(
-        trial_offer(config, latest, refusal, end_tokens),
+        trial_offer(config, tokens_per_s, refusal, end_tokens),
         trial_command_view(cmds[-1]) if cmds else None,
         newest,
         views[:-1],

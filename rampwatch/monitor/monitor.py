@@ -46,6 +46,7 @@ from rampwatch.advisor.gns_window import DEFAULT_MAX_STEPS, NoiseScaleWindow
 from rampwatch.advisor.lr import rule_for_type
 from rampwatch.advisor.policy import CONFIG_KEY as POLICY_KEY
 from rampwatch.advisor.policy import RampPolicy
+from rampwatch.advisor.throughput import RECENT, recent_throughput
 from rampwatch.advisor.tiers import Tier
 from rampwatch.monitor.device import (
     CpuPeak,
@@ -353,6 +354,7 @@ class Monitor:
         tier = Tier(per_device_batch, accum, running.tier.world_size)
         self.ramps.running = replace(running, tier=tier)
         self._last_step_t: float | None = None  # the first step of a tier may recompile
+        self._recent_tps: collections.deque[float] = collections.deque(maxlen=RECENT)
         self._one_size_alerted = False  # accumulation 1 on one device: said once per tier
 
     # -- per micro-batch ----------------------------------------------------------------------
@@ -480,6 +482,7 @@ class Monitor:
             dt = now - self._last_step_t - self._excluded
             m[M.STEP_TIME] = dt
             m[M.TOKENS_PER_S] = batch_tokens / dt
+            self._recent_tps.append(m[M.TOKENS_PER_S])
             if self.flops_per_token and self.peak_flops:
                 m[M.MFU] = flops_math.mfu(
                     m[M.TOKENS_PER_S], self.flops_per_token, self.peak_flops, self.world_size
@@ -621,7 +624,7 @@ class Monitor:
         every rank gets the same request at the same boundary."""
         req, self.ramps.trials.pending = self.ramps.trials.pending, None
         if req is not None:
-            self.ramps.trials.started(self.event, req, self.last_metrics.get(M.TOKENS_PER_S))
+            self.ramps.trials.started(self.event, req, recent_throughput(self._recent_tps))
         return req
 
     def run_trial(

@@ -200,7 +200,7 @@ def live_view() -> None:
         note.caption(f"Showing the previous refresh: {snap.busy}")
     trial = recommend.build_trial_card(
         snap.run.config,
-        snap.latest,
+        card.tokens_per_s,
         store_access.trial_refusal(snap.run.config),
         card.end_tokens,
         snap.commands,
