@@ -29,13 +29,19 @@ def _fresh_peak() -> int:
     raise AssertionError("no VmHWM")
 
 
+def _resident(size: int) -> mmap.mmap:
+    """`size` bytes of fresh pages, each touched so that it is resident; close() gives them
+    back. A bytes object would not do: malloc may serve it from freed memory the process still
+    holds (a test worker's heap grows to hundreds of MB), which raises no peak."""
+    pages = mmap.mmap(-1, size)
+    for at in range(0, size, mmap.PAGESIZE):
+        pages[at] = 1
+    return pages
+
+
 def _spike(size: int) -> None:
-    """Raise the resident set by `size` bytes of fresh pages, then give them back. A bytes
-    object would not do: malloc may serve it from freed memory the process still holds (a
-    test worker's heap grows to hundreds of MB), which raises no peak."""
-    with mmap.mmap(-1, size) as pages:
-        for at in range(0, size, mmap.PAGESIZE):
-            pages[at] = 1  # each page touched: resident
+    """Raise the resident set by `size` bytes, then give them back."""
+    _resident(size).close()
 
 
 def test_rss_and_peak_are_psutils_and_the_status_files():
@@ -130,10 +136,8 @@ print(json.dumps({"reads": out, "status_reads": cpu.status_reads}))
 def test_a_child_of_a_larger_process_reads_its_own_peak():
     # getrusage's ru_maxrss, the cheap peak, never reads below the high-water mark of the image
     # that exec'd the process: here the parent's 1 GiB. The child's figures are still its own.
-    ballast = mmap.mmap(-1, 1 << 30)
+    ballast = _resident(1 << 30)
     try:
-        for at in range(0, 1 << 30, mmap.PAGESIZE):
-            ballast[at] = 1
         run = subprocess.run(
             [sys.executable, "-c", _CHILD], capture_output=True, text=True, timeout=120
         )
@@ -160,11 +164,7 @@ def _above_the_exec_floor() -> mmap.mmap | None:
     short = floor - psutil.Process().memory_info().rss
     if short <= 0:
         return None
-    size = (short + (64 << 20)) // mmap.PAGESIZE * mmap.PAGESIZE
-    pages = mmap.mmap(-1, size)
-    for at in range(0, size, mmap.PAGESIZE):
-        pages[at] = 1
-    return pages
+    return _resident((short + (64 << 20)) // mmap.PAGESIZE * mmap.PAGESIZE)
 
 
 def test_a_steady_process_reads_the_peak_without_status():

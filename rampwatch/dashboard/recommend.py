@@ -100,7 +100,7 @@ class Card:
     policy: RampPolicy | None = None
     latest_estimate_step: int | None = None  # the newest step with a noise-scale estimate
     last_step: int | None = None  # the run's newest step
-    steps_per_second: float | None = None  # the run's measured step rate (recent tokens/s)
+    tokens_per_s: float | None = None  # the run's recent throughput (recent_throughput)
     evidence: str = NOISE_ONLY  # what the decision rests on (advisor.advice.Advice.evidence)
     table: list[TierRow] = field(default_factory=list)  # advisor.tier_table's rows
     table_notes: list[str] = field(default_factory=list)  # what the table's figures assume
@@ -110,12 +110,12 @@ class Card:
     end_tokens: int | None = None  # the tokens seen when the run ends (run_tokens)
 
     @property
-    def tokens_per_s(self) -> float | None:
-        """The run's recent throughput: the median that steps_per_second is taken from."""
+    def steps_per_second(self) -> float | None:
+        """The run's step rate now: its recent tokens/s over the tokens of a step now."""
         cur = self.current
-        if self.steps_per_second is None or cur is None or not cur.seq_len:
+        if self.tokens_per_s is None or cur is None or not cur.seq_len:
             return None
-        return self.steps_per_second * cur.batch * cur.seq_len
+        return self.tokens_per_s / (cur.batch * cur.seq_len)
 
     @property
     def awaiting_reread(self) -> bool:
@@ -328,7 +328,7 @@ def build_card(
         policy,
         newest,
         last_step,
-        step_rate(throughput, cur),
+        None if throughput is None else recent_throughput(throughput.last),
         advice.evidence,
         table,
         table_notes,
@@ -433,15 +433,6 @@ def latest_trial_evidence(trials: Sequence) -> TrialEvidence | None:
             if verdict is not None:
                 return TrialEvidence.of(t.trial_id, t.start_step, verdict)
     return None
-
-
-def step_rate(throughput: Buckets | None, cur: RunningTier) -> float | None:
-    """Steps per second: the run's recent tokens/s (advisor.throughput.recent_throughput, over
-    the last buckets) over the tokens of a step now."""
-    if throughput is None or not len(throughput) or not cur.seq_len:
-        return None
-    rate = recent_throughput(throughput.last)
-    return None if rate is None else rate / (cur.batch * cur.seq_len)
 
 
 def tier_view(t: TierAdvice, plan: str | None = None) -> TierView:
