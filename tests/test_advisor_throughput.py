@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 
 from rampwatch.advisor.flops import mfu_at
-from rampwatch.advisor.throughput import MeasuredSpeed, ThroughputModel, measure_tiers
+from rampwatch.advisor.throughput import (
+    RECENT,
+    MeasuredSpeed,
+    ThroughputModel,
+    measure_tiers,
+    recent_throughput,
+)
 from rampwatch.advisor.tiers import Tier
 
 SEQ = 2048
@@ -52,6 +58,18 @@ def test_medians_per_tier_skip_untimed_steps_and_steps_without_mfu():
     assert measure_tiers(b, a, tps, None, 1)[Tier(16, 16)].mfu is None
     with pytest.raises(ValueError, match="aligned"):
         measure_tiers([1, 2], [1], [1.0, 2.0], None, 1)
+
+
+def test_a_tier_is_measured_over_its_last_recent_steps():
+    """A tier's throughput is its own recent_throughput: the median of its last RECENT timed
+    steps, in step order, however many earlier ones ran slower (another tier between counts
+    for that tier only)."""
+    tps = [100.0] * 40 + [500.0] * 5 + [200.0] * (RECENT - 1) + [np.nan]
+    b = [16] * 40 + [32] * 5 + [16] * RECENT
+    got = measure_tiers(b, [1] * len(b), tps, None, world_size=1)
+    assert got[Tier(16, 1)].tokens_per_s == recent_throughput(tps[:40] + tps[45:])
+    assert got[Tier(16, 1)].tokens_per_s == 200.0 and got[Tier(16, 1)].samples == RECENT
+    assert got[Tier(32, 1)].tokens_per_s == 500.0 and got[Tier(32, 1)].samples == 5
 
 
 def test_overhead_and_micro_line_are_recovered_exactly():

@@ -54,6 +54,24 @@ def test_the_cost_in_minutes_is_at_the_runs_recent_median_throughput(trials_run,
     assert "at 50," in text and "at 400,000 tokens/s" not in text
 
 
+def test_the_tier_table_and_the_trial_cost_give_the_running_tier_one_throughput(
+    trials_run, monkeypatch
+):
+    """The running tier sped up to 100k tokens/s for its last 40 steps (the load on its
+    machine changed): its table row and the trial's minutes both say so, one number (seen on
+    the demo under changing load: the table 1.3k tokens/s, the cost "at 1,644 tokens/s")."""
+    w = trials_run.writer
+    for s in range(400, 440):
+        w.log(s, {M.TOKENS_PER_S: 100_000.0, M.PER_DEVICE_BATCH: 8, M.ACCUM: 2})
+    assert w.flush(), w.stats()
+    at = seed.app(monkeypatch, trials_run.db)
+    assert not at.exception
+    [table] = [d for d in at.dataframe if "tokens/s (K)" in d.value.columns]
+    [running] = [r for r in table.value.to_dict("records") if r["tier"].startswith("▶")]
+    assert running["tokens/s (K)"] == "100.0"
+    assert "at 100,000 tokens/s" in seed.texts(at)
+
+
 def test_a_run_that_runs_no_trials_shows_the_reason_and_no_button(db_path, monkeypatch):
     run = seed.live_run(db_path, trials_note="this loop cannot snapshot its data position")
     try:

@@ -1,6 +1,6 @@
 """Throughput of batch tiers: what the run measured at each tier it ran, and a model of the rest.
 
-Owns `MeasuredSpeed` (one tier's median tokens/s and MFU over the steps it ran),
+Owns `MeasuredSpeed` (one tier's median tokens/s and MFU over the last steps it ran),
 `measure_tiers` (per-step tier and tokens/s → those medians), `TierSpeed` (a tier's tokens/s,
 step time and MFU, and whether they were measured, modelled or are unknown) and
 `ThroughputModel` (fitted on the measured tiers; `speed(tier)` for any tier of the run's world),
@@ -61,7 +61,7 @@ def recent_throughput(tokens_per_s: Iterable) -> float | None:
 
 @dataclass(frozen=True)
 class MeasuredSpeed:
-    """The median tokens/s (all ranks) and MFU (None: not logged) of the steps a tier ran."""
+    """The median tokens/s (all ranks) and MFU (None: not logged) of the last steps a tier ran."""
 
     tier: Tier
     tokens_per_s: float
@@ -91,7 +91,9 @@ def measure_tiers(
     mfu: Iterable | None,
     world_size: int,
 ) -> dict[Tier, MeasuredSpeed]:
-    """The medians per tier of per-step values (aligned arrays; NaN where a step logged none).
+    """The medians per tier of per-step values (aligned arrays in step order; NaN where a step
+    logged none), over each tier's last RECENT timed steps: the running tier's tokens/s is then
+    `recent_throughput` of its own steps, the figure trial costs and the forecast are timed at.
 
     A step counts when its tier is known and its tokens/s positive and finite (the first step
     of a run or a resume has none: nothing times it); MFU's median is over the steps that
@@ -111,12 +113,12 @@ def measure_tiers(
     out = {}
     keys = np.stack([b[ok], a[ok]], axis=1) if ok.any() else np.zeros((0, 2))
     for key in np.unique(keys, axis=0):
-        rows = ok & (b == key[0]) & (a == key[1])
+        rows = np.flatnonzero(ok & (b == key[0]) & (a == key[1]))[-RECENT:]
         tier = Tier(int(key[0]), int(key[1]), world)
         u = util[rows]
         u = u[np.isfinite(u) & (u > 0)]
         med_mfu = float(np.median(u)) if u.size else None
-        out[tier] = MeasuredSpeed(tier, float(np.median(tps[rows])), med_mfu, int(rows.sum()))
+        out[tier] = MeasuredSpeed(tier, float(np.median(tps[rows])), med_mfu, rows.size)
     return out
 
 

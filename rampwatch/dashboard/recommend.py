@@ -100,7 +100,7 @@ class Card:
     policy: RampPolicy | None = None
     latest_estimate_step: int | None = None  # the newest step with a noise-scale estimate
     last_step: int | None = None  # the run's newest step
-    tokens_per_s: float | None = None  # the run's recent throughput (recent_throughput)
+    tokens_per_s: float | None = None  # the run's throughput now (running_throughput)
     evidence: str = NOISE_ONLY  # what the decision rests on (advisor.advice.Advice.evidence)
     table: list[TierRow] = field(default_factory=list)  # advisor.tier_table's rows
     table_notes: list[str] = field(default_factory=list)  # what the table's figures assume
@@ -328,7 +328,7 @@ def build_card(
         policy,
         newest,
         last_step,
-        None if throughput is None else recent_throughput(throughput.last),
+        running_throughput(speeds, cur.tier, throughput),
         advice.evidence,
         table,
         table_notes,
@@ -337,6 +337,18 @@ def build_card(
         speeds,
         end_tokens,
     )
+
+
+def running_throughput(
+    speeds: ThroughputModel | None, tier: Tier, throughput: Buckets | None
+) -> float | None:
+    """The run's tokens/s now: the running tier's own recent median where the tier table
+    measured it (one number for its row, the forecast and a trial's minutes), else the median
+    of the run's recent steps whatever their tier (a tier just started has none timed)."""
+    measured = None if speeds is None else speeds.measured.get(tier)
+    if measured is not None:
+        return measured.tokens_per_s
+    return None if throughput is None else recent_throughput(throughput.last)
 
 
 def card_of(snap) -> Card:
