@@ -163,7 +163,7 @@ def test_at_the_lower_bound_only_a_failure_of_the_linear_tolerance_ends_the_brac
     v = judge(PLAN, snap, end, {k: end + d for k, d in offsets.items()}, midway_losses=mid)
     assert [b.passed for b in v.branches] == [True, False, False]
     assert v.k_star == 2 and v.bracket == (8, 32) and failed_factor(v) == 8
-    assert v.summary.startswith("Critical batch between 8 and 32 examples (×2 pass, ×4 fail")
+    assert v.summary.startswith("Critical batch between 8 and 32 sequences (×2 pass, ×4 fail")
     offsets[2] = between[2]
     v = judge(PLAN, snap, end, {k: end + d for k, d in offsets.items()}, midway_losses=mid)
     assert v.k_star is None and v.bracket == (None, 32) and v.kept_k == 1

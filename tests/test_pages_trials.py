@@ -115,7 +115,7 @@ def test_a_finished_trial_shows_branches_bracket_kept_and_cost(trials_run, monke
     at = seed.app(monkeypatch, trials_run.db)
     assert not at.exception
     text = seed.texts(at)
-    assert "Critical batch between 32 and 64 examples (×2 pass, ×4 fail); continue at ×2" in text
+    assert "Critical batch between 32 and 64 sequences (×2 pass, ×4 fail); continue at ×2" in text
     assert "Critical batch between 32 and 64 sequences (measured at batch 16)." in text
     assert "Kept branch ×2: the run continued from step 415. Cost: 65,536 tokens discarded" in text
     assert "Measured on 4 held-out examples." in text

@@ -355,7 +355,7 @@ class TrialVerdict:
                 "of discarded arms."
             )
         parts = [
-            f"Critical batch {_in_words(self.bracket, '{:,}'.format)} examples ({arms}); {kept}.",
+            f"Critical batch {_in_words(self.bracket, '{:,}'.format)} sequences ({arms}); {kept}.",
             f"Cost: {self.cost_tokens:,} tokens of discarded arms.",
         ]
         if self.cap is not None and self.cap <= self.plan.ks[-1]:
