@@ -84,7 +84,7 @@ def test_overhead_and_micro_line_are_recovered_exactly():
         assert s.tokens_per_s == pytest.approx(b * a * SEQ / step_time(b, a))
         assert s.mfu == pytest.approx(s.tokens_per_s * MFU_PER_TPS)  # MFU is linear in tokens/s
     seen = model.speed(Tier(16, 32))
-    assert (seen.source, seen.note) == ("measured", "median of 50 steps")
+    assert (seen.source, seen.note) == ("measured", "median of its last 50 steps")
 
 
 def test_tokens_per_second_saturates_in_the_per_device_batch():

@@ -17,7 +17,7 @@ import pytest
 from rampwatch.advisor.advice import RunningTier, advise, memory_evidence
 from rampwatch.advisor.memory import GB
 from rampwatch.advisor.policy import RampPolicy
-from rampwatch.advisor.throughput import MeasuredSpeed, ThroughputModel
+from rampwatch.advisor.throughput import RECENT, MeasuredSpeed, ThroughputModel
 from rampwatch.advisor.tier_table import cells, tier_rows
 from rampwatch.advisor.tiers import Tier
 from tests import seed
@@ -60,8 +60,9 @@ def _assert_reads_as_the_seed(rows: dict[str, dict]) -> None:
     assert eta32 == pytest.approx(31, abs=0.7) and eta16 == pytest.approx(33, abs=0.7)
     assert 0.90 < eta32 / eta16 < 1.0  # half the steps, the wall time barely moves
     assert (before["peak measured (GB)"], now["peak measured (GB)"]) == ("54.0 (38%)", "93.0 (66%)")
-    assert now["throughput from"] == f"measured: median of {SEED_STEPS} steps"
-    assert before["throughput from"] == f"measured: median of {SEED_STEPS - 1} steps"  # step 0
+    # each tier's last RECENT timed steps of the 40 it ran
+    assert now["throughput from"] == f"measured: median of its last {RECENT} steps"
+    assert before["throughput from"] == f"measured: median of its last {RECENT} steps"
     assert (now["LR ×"], before["LR ×"]) == ("1.000", "0.707")
     double = rows["×2: 32 × 32"]  # 64 per device ran out of memory: ×2 is accumulation only
     assert "per-device 64 ran out of memory before" in double["why"]
@@ -136,9 +137,7 @@ def test_unknowns_are_written_as_such(db_path, monkeypatch):
         at = seed.app(monkeypatch, db_path)
         rows = _card_table(at)
         now, four = rows["▶ now: 8 × 2"], rows["×4: 32 × 2"]
-        assert (
-            now["throughput from"] == "measured: median of 400 steps"
-        )  # seed.live_run times every step
+        assert now["throughput from"] == f"measured: median of its last {RECENT} steps"
         assert float(now["tokens/s (K)"]) == pytest.approx(50.5, abs=0.5)
         assert (four["tokens/s (K)"], four["MFU (%)"], four["ETA (h)"]) == ("unknown",) * 3
         assert four["throughput from"].startswith("unknown: only per-device batch 8 was measured")

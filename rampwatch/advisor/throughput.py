@@ -159,7 +159,7 @@ class ThroughputModel:
         """The tier's tokens/s, step time and MFU: measured, modelled, or unknown and why."""
         m = self.measured.get(tier)
         if m is not None:
-            note = f"median of {m.samples} steps"
+            note = f"median of its last {m.samples} steps"
             return TierSpeed(m.tokens_per_s, self.step_time(m), m.mfu, MEASURED, note)
         if tier.world_size != self.world_size:
             return TierSpeed(
