@@ -69,7 +69,9 @@ def test_the_tier_table_and_the_trial_cost_give_the_running_tier_one_throughput(
     [table] = [d for d in at.dataframe if "tokens/s (K)" in d.value.columns]
     [running] = [r for r in table.value.to_dict("records") if r["tier"].startswith("▶")]
     assert running["tokens/s (K)"] == "100.0"
-    assert "at 100,000 tokens/s" in seed.texts(at)
+    text = seed.texts(at)
+    assert "at 100,000 tokens/s" in text
+    assert "Throughput is measured (the median of the last 32 steps a tier ran)" in text
 
 
 def test_a_run_that_runs_no_trials_shows_the_reason_and_no_button(db_path, monkeypatch):

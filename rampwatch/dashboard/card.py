@@ -57,6 +57,7 @@ import streamlit as st
 from rampwatch.advisor import tier_table
 from rampwatch.advisor.gns_window import significant
 from rampwatch.advisor.memory import format_gb
+from rampwatch.advisor.throughput import RECENT
 from rampwatch.dashboard import charts, store_access
 from rampwatch.dashboard.recommend import Card, TierView, TrialCard, how_it_stopped
 from rampwatch.dashboard.recommend import duration as recommend_duration
@@ -290,10 +291,10 @@ def _tier_table(card: Card) -> None:
         },
     )
     st.caption(
-        "Throughput is measured (the median of the steps a tier ran), else from a model fitted "
-        "on the measured tiers (step time = accumulation × micro-batch time + per-step "
-        "overhead, the micro-batch time a line in the per-device batch), else unknown. ETA = "
-        "steps left × step time; LR × is against the running batch."
+        f"Throughput is measured (the median of the last {RECENT} steps a tier ran), else from "
+        "a model fitted on the measured tiers (step time = accumulation × micro-batch time + "
+        "per-step overhead, the micro-batch time a line in the per-device batch), else unknown. "
+        "ETA = steps left × step time; LR × is against the running batch."
     )
     for n in card.table_notes:
         st.caption(n)
