@@ -26,13 +26,12 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from bench.child import child_env
 
 MMAP_THRESHOLD = 16384
 
@@ -103,12 +102,8 @@ def _measure_here(cfg: dict, batch: int, optimizer: str, warm_steps: int = 2) ->
 
 def measure(cfg: dict, batch: int, optimizer: str = "adamw", timeout: float = 300) -> dict:
     """measured step bytes at `batch`, in a fresh child process (see the module docstring)."""
-    env = dict(
-        os.environ,
-        OMP_NUM_THREADS="1",
-        MKL_NUM_THREADS="1",
-        MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD),
-        MALLOC_ARENA_MAX="1",
+    env = child_env(
+        MKL_NUM_THREADS="1", MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD), MALLOC_ARENA_MAX="1"
     )
     out = subprocess.run(
         [

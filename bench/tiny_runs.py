@@ -8,13 +8,13 @@ so each bench's run differs from the others only in the flags it names.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from bench.child import child_env
 from rampwatch.store import reader
 
 
@@ -52,8 +52,7 @@ def train_tiny(
     args += ["--checkpoint-dir", str(out / "ckpt"), "--checkpoint-every", "0"]
     args += ["--progress", "off", "--no-plan", *extra]
     t0 = time.perf_counter()
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(args, env=env, capture_output=True, text=True, cwd=out)
+    done = subprocess.run(args, env=child_env(), capture_output=True, text=True, cwd=out)
     if done.returncode != 0:
         raise SystemExit(f"run {name} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
     return db, time.perf_counter() - t0

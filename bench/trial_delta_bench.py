@@ -29,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.child import child_env
 from bench.tiny_runs import train_tiny
 from rampwatch.advisor.trial import HALF_PROGRESS_MIN, TrialVerdict
 from rampwatch.store import commands, reader
@@ -59,7 +60,7 @@ def trial_from(base: Path, name: str, into: Path, delta: int | None, a) -> dict:
     args += ["--resume", name, "--steps", str(a.step + 10_000), "--val-every", "0"]
     args += ["--checkpoint-dir", str(into / "ckpt"), "--checkpoint-every", "0"]
     args += ["--progress", "off", "--no-plan", *a.extra]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = child_env()
     log = open(into / "trainer.log", "wb")  # noqa: SIM115 - closed below, after the process
     proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=into)
     t0 = time.perf_counter()
