@@ -188,9 +188,12 @@ def report(seed: int, db: Path, name: str, wall: float, runs: dict | None, a) ->
         v = TrialVerdict.from_dict(t.verdict)
         loss, noise = at_or_before(val, t.start_step), at_or_before(gns, t.start_step)
         arms = "; ".join(
-            f"{r.mean_diff:+.4f} ≤ {r.bound:+.4f} vs {r.tolerance:.4f} "
-            f"{'pass' if r.passed else 'fail'}"
-            for r in v.branches
+            [
+                f"{r.mean_diff:+.4f} ≤ {r.bound:+.4f} vs {r.tolerance:.4f} "
+                f"{'pass' if r.passed else 'fail'}"
+                for r in v.branches
+            ]
+            + [f"×{k} not run" for k in v.not_run]
         )
         bracket = f"{bracket_text(v.bracket)}, Δ check {ratio_text(v)}"
         share = t.cost_tokens / run_tokens  # the trainer's own fraction is of --total-tokens

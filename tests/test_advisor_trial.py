@@ -149,7 +149,7 @@ def test_bad_losses_name_the_field():
         ((control, control[:1], good), "control_losses"),
         ((control, control, {**good, 4: control[:9]}), r"branch_losses\[4\]"),
         ((control, control, {**good, 8: np.full(10, np.nan)}), r"branch_losses\[8\]"),
-        ((control, control, {2: control}), "branch_losses"),
+        ((control + 1, control, {2: control}), "branch_losses"),
         ((np.inf, control, good), "snapshot_losses"),
     ]
     for args, name in cases:

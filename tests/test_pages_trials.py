@@ -5,6 +5,8 @@ command, guarded like Approve)."""
 
 from __future__ import annotations
 
+import math
+
 import duckdb
 import pytest
 
@@ -127,6 +129,25 @@ def test_a_finished_trial_shows_branches_bracket_kept_and_cost(trials_run, monke
     assert rows[1]["loss difference"] > rows[1]["tolerance"]
     assert seed.trace_names(seed.figures(at)["Trial arms: loss against tokens from the snapshot"])
     assert "test_first" in [b.key for b in at.button]  # another trial may follow
+
+
+def test_a_branch_not_run_after_one_failed_says_so(trials_run, monkeypatch):
+    """×2 fell behind, so ×4 could not change the verdict and was not run (advisor/trial.py
+    `arms_left`): the table says so beside ×2's figures, and the summary counts one arm's cost."""
+    end = trial_events.end(first_fails=True)
+    trial_events.write(trials_run.writer, [trial_events.start(), *trial_events.arms()[:4], end])
+    at = seed.app(monkeypatch, trials_run.db)
+    assert not at.exception
+    text = seed.texts(at)
+    assert "Critical batch below 32 sequences (×2 fail, ×4 not run); keep 16." in text
+    assert "Cost: 65,536 tokens of discarded arms." in text
+    [table] = [d for d in at.dataframe if "95% upper bound" in d.value.columns]
+    rows = table.value.to_dict("records")
+    assert [(r["branch"], r["result"]) for r in rows] == [
+        ("×2", "fail"),
+        ("×4", "not run: it could not change the verdict"),
+    ]
+    assert rows[1]["batch"] == 64 and math.isnan(rows[1]["loss difference"])
 
 
 def test_a_control_measured_again_says_so_while_it_runs(trials_run, monkeypatch):

@@ -76,7 +76,7 @@ def test_trial_is_closer_than_the_noise_scale(report):
     assert points
     for b_crit, b_simple, verdict in points:
         assert _log_error(verdict.bracket, b_crit) < abs(math.log(b_simple / b_crit))
-        assert verdict.cost_tokens == len(verdict.plan.ks) * verdict.plan.delta_tokens
+        assert verdict.cost_tokens == len(verdict.branches) * verdict.plan.delta_tokens
 
 
 @pytest.mark.slow

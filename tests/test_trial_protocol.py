@@ -191,10 +191,14 @@ def test_a_trial_command_runs_in_an_own_loop_and_continues_from_the_kept_arm(tmp
     arms = [e for e in events if e.kind == M.EVENT_TRIAL_ARM]
     assert {e.step for e in arms} == {5}
     ends = {e.data["factor"]: e.data for e in arms if e.data["done"]}
-    assert sorted(ends) == [1, 2, 4] and all(d["tokens"] == 64 for d in ends.values())
+    # the arms run: the control and the branches judged (a branch after a failed one is not)
+    ran = [b.k for b in out.verdict.branches]
+    assert sorted(ends) == [1, *ran] and out.verdict.not_run == (2, 4)[len(ran) :]
+    assert all(d["tokens"] == 64 for d in ends.values())
     assert all(d["eval_loss"] is not None for d in ends.values())
     [end] = [e for e in events if e.kind == M.EVENT_TRIAL_END]
     assert end.step == continue_step and end.data["kept_factor"] == out.kept.factor
+    assert end.data["cost_tokens"] == len(ran) * 64  # the arms run, but the kept one
     assert end.data["verdict"]["kept_k"] == out.kept.factor
     ramps = [e for e in events if e.kind == M.EVENT_RAMP]
     if out.kept.factor > 1:  # the kept branch is a ramp in every chart and in the ramp history
@@ -311,13 +315,14 @@ def test_a_trial_right_after_one_that_judged_nothing_keeps_its_failure(tmp_path)
     db = tmp_path / "runs.duckdb"
     model, opt, mon = _loop(db, trials=True, trial_delta_tokens=64)
     script = _held_out_script()
-    calls = script(1.0, 0.2, 0.1, 0.1, 0.6) + script(1.0, 0.6, 0.2, 0.19, 0.19)
+    calls = script(1.0, 0.2, 0.1, 0.1, 0.6) + script(1.0, 0.6, 0.2, 0.19)
     outs = _scripted_trials(db, model, opt, mon, calls)
-    assert not calls
+    assert not calls  # the second trial runs no ×4: it would be at the cap
     first, second = (o.verdict for o in outs)
     assert first.delta_check == "too long" and [b.passed for b in first.branches] == [True, False]
     assert outs[1].request.cap == 4
-    assert second.delta_ok and [b.passed for b in second.branches] == [True, True]
+    assert second.delta_ok and [b.passed for b in second.branches] == [True]
+    assert second.not_run == (4,) and second.cost_tokens == 64
     assert (second.cap, second.k_star, second.bracket, outs[1].kept.factor) == (4, 2, (16, 32), 2)
     starts = [e for e in reader.events(db, mon.run_id) if e.kind == M.EVENT_TRIAL_START]
     assert [e.data["cap"] for e in starts] == [None, 4]
@@ -415,11 +420,13 @@ def test_a_trial_judged_at_the_ratio_s_lower_bound_that_kept_the_control_says_so
     db = tmp_path / "runs.duckdb"
     model, opt, mon = _loop(db, trials=True, trial_delta_tokens=64)
     script = _held_out_script()
-    calls = script(1.0, 0.6, 0.32, noise=0.3) + script(1.5, 1.5)
+    calls = script(1.0, 0.6, 0.32, noise=0.3) + script(1.5)
     [out] = _scripted_trials(db, model, opt, mon, calls)
     v = out.verdict
     assert v.delta_check == "cannot tell" and v.judged, v.summary
-    assert [b.passed for b in v.branches] == [False, False] and out.kept.factor == 1
+    # ×2 fails the linear tolerance too: its "no" stands, and ×4 is not run
+    assert [b.passed for b in v.branches] == [False] and v.not_run == (4,)
+    assert out.kept.factor == 1
     retry = mon.ramps.trials.retry
     assert retry is not None and retry.note.startswith("trial 1 kept no branch (Δ cannot tell, ")
 

@@ -9,10 +9,11 @@ TRIALS_ON = {"trial_delta_tokens": 65_536}
 TRIAL = {"factors": [2, 4], "delta_tokens": None}
 
 
-def verdict(flattened: bool = False, stalled: bool = False) -> dict:
+def verdict(flattened: bool = False, stalled: bool = False, first_fails: bool = False) -> dict:
     """A real verdict's dict (advisor/trial.py), as the loop's trial_end event carries it.
     flattened: the control made all its progress by Δ/2, so Δ was too long (nothing judged);
-    stalled: the control did not learn over Δ (held-out loss up), so nothing is bracketed."""
+    stalled: the control did not learn over Δ (held-out loss up), so nothing is bracketed;
+    first_fails: ×2 fell behind, so ×4 was not run."""
     from rampwatch.advisor.trial import TrialPlan, judge
 
     plan = TrialPlan(batch=16, ks=(2, 4), delta_tokens=65_536, rule="sqrt", tokens_per_example=128)
@@ -21,6 +22,8 @@ def verdict(flattened: bool = False, stalled: bool = False) -> dict:
         snapshot = [1.99, 2.19, 1.89, 2.09]
     midway = [2.05, 2.2, 1.95, 2.1] if flattened else None
     branches = {2: [2.0, 2.2, 1.9, 2.1], 4: [2.6, 2.9, 2.5, 2.8]}
+    if first_fails:
+        branches = {2: branches[4]}
     return judge(plan, snapshot, control, branches, midway_losses=midway).to_dict()
 
 
@@ -57,9 +60,12 @@ def arms(trial_id=7, step=399) -> list[dict]:
     return out
 
 
-def end(trial_id=7, continue_step=415, flattened: bool = False, stalled: bool = False) -> dict:
-    v = verdict(flattened, stalled)
-    kept = 1 if flattened or stalled else 2
+def end(
+    trial_id=7, continue_step=415, flattened: bool = False, stalled: bool = False,
+    first_fails: bool = False,
+) -> dict:  # fmt: skip
+    v = verdict(flattened, stalled, first_fails)
+    kept = 1 if flattened or stalled or first_fails else 2
     data = {"trial_id": trial_id, "verdict": v, "kept_factor": kept, "continue_step": continue_step}
     data.update(cost_tokens=65_536, cost_seconds=58.5)
     return dict(step=continue_step, kind=M.EVENT_TRIAL_END, message="kept ×2", data=data)

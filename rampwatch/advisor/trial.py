@@ -3,10 +3,10 @@
 Owns `TrialPlan` (what a trial runs: the batch B, the factors k, Δ tokens per arm, the LR rule),
 `BranchResult` and `TrialVerdict` (what it found), `tolerance_fraction`, `HALF_PROGRESS_MIN`, the
 exponential model's two directions (`delta_over_tau`, `half_progress_ratio_at`), the bound of the
-control's half-progress ratio (`half_progress_bounds`), `judge`, `examples_to_judge_delta` (a
-trial's second stage) and `failed_factor` (the "no" a retry at the same batch keeps). Pure: the
-losses come in as arrays; running the arms is the caller's (monitor/trial_runner.py for a plain
-torch model and optimizer).
+control's half-progress ratio (`half_progress_bounds`), `judge`, `arms_left` (the branches still
+worth running), `examples_to_judge_delta` (a trial's second stage) and `failed_factor` (the "no"
+a retry at the same batch keeps). Pure: the losses come in as arrays; running the arms is the
+caller's (monitor/trial_runner.py for a plain torch model and optimizer).
 
 The method is Merrill, Arora, Groeneveld, Hajishirzi 2025, "Critical Batch Size Revisited"
 (arXiv 2505.23971) §3.1: from one snapshot at batch B, train the control (k = 1) and each branch
@@ -145,6 +145,7 @@ __all__ = [
     "half_progress_bounds",
     "DELTA_CHECKS",
     "judge",
+    "arms_left",
     "examples_to_judge_delta",
 ]
 
@@ -235,7 +236,8 @@ class TrialPlan:
 
     @property
     def cost_tokens(self) -> int:
-        """Tokens trained and thrown away: every arm but the one kept, len(ks)·Δ whichever it is."""
+        """Tokens trained and thrown away at most: every arm but the one kept, len(ks)·Δ whichever
+        it is, when every arm runs (a verdict's `cost_tokens` counts the arms that ran)."""
         return len(self.ks) * self.delta_tokens
 
 
@@ -278,6 +280,12 @@ class TrialVerdict:
     first_examples: int | None = None
     # "cannot tell": r's lower bound that the branches' tolerances assume; None: linear ones
     tolerance_ratio: float | None = None
+
+    @property
+    def not_run(self) -> tuple[int, ...]:
+        """The planned factors whose arms were not run, as they could not change the verdict."""
+        ran = {b.k for b in self.branches}
+        return tuple(k for k in self.plan.ks if k not in ran)
 
     @property
     def judged(self) -> bool:
@@ -340,7 +348,10 @@ class TrialVerdict:
         if not self.judged:
             return self._cannot_tell() if self.delta_check == "cannot tell" else self._too_long()
         b = self.plan.batch
-        arms = ", ".join(f"×{r.k} {'pass' if r.passed else 'fail'}" for r in self.branches)
+        arms = ", ".join(
+            [f"×{r.k} {'pass' if r.passed else 'fail'}" for r in self.branches]
+            + [f"×{k} not run" for k in self.not_run]
+        )
         kept = f"continue at ×{self.k_star} ({self.k_star * b:,})" if self.k_star else f"keep {b:,}"
         if self.bracket is None and self.tolerance_ratio is not None:
             return (
@@ -527,28 +538,69 @@ def judge(
     b_simple: float | None = None,
     midway_losses=None,
     cap: int | None = None,
+    partial: bool = False,
 ) -> TrialVerdict:
     """The verdict from per-example held-out losses: at the snapshot (or its mean, a number), of
     the control after Δ, and of each branch k after Δ, all on the same examples in one order;
     midway_losses, the control's at Δ/2 (or their mean), judges whether Δ is too long.
     cap: the factor `failed_factor` found in a trial before this one at the same batch; no
-    branch at or past it is kept, and the bracket ends there at most."""
+    branch at or past it is kept, and the bracket ends there at most.
+    branch_losses may stop short of the plan where the arms left could not change the verdict
+    (`arms_left`): they were not run, and cost nothing. partial: the arms so far of a trial
+    still running, which may stop short anywhere (its runner asks `arms_left` what to run)."""
+    ran = tuple(k for k in plan.ks if k in branch_losses)
+    extra = [k for k in branch_losses if k not in plan.ks]
+    if extra or ran != plan.ks[: len(ran)]:
+        raise ValueError(
+            f"branch_losses must hold the planned factors {list(plan.ks)} in order, from the "
+            f"first: got {sorted(branch_losses)}"
+        )
+    verdict = _verdict(plan, snapshot_losses, control_losses, branch_losses, b_simple,
+                       midway_losses, cap)  # fmt: skip
+    missing = [k for k in plan.ks if k not in ran]
+    if missing and not partial and arms_left(verdict):
+        raise ValueError(
+            f"branch_losses lacks {missing}, whose arms could still change the verdict "
+            f"({', '.join(f'×{k}' for k in arms_left(verdict))}): run them, or plan fewer ks"
+        )
+    return verdict
+
+
+def arms_left(verdict: TrialVerdict) -> tuple[int, ...]:
+    """The planned factors not in `verdict` (judged on the arms run so far, in order) whose arms
+    could still change what the trial finds, or () when none could: then the trial ends here.
+
+    A later arm matters only through k*, the bracket's upper end, or the "no" a retry keeps
+    (`failed_factor`). None from the cap up: it is never kept, and the bracket and the "no" end
+    there at most. Below it, while the chain of passes is intact a pass raises k*; once a branch
+    has failed the linear tolerance of a control that learned, k* is final, the bracket ends there
+    (the first later factor; at r's lower bound, the first that failed the linear tolerance) and
+    so does the "no". A control that did not learn leaves the failures nothing to say. So the
+    arms left run while the chain is intact, or while the control learned and no branch has
+    failed the linear tolerance; otherwise the verdict is what every arm would give, and the
+    trial saves their tokens (Merrill et al.'s k* needs every smaller k to pass, §3.1)."""
+    ran = {b.k for b in verdict.branches}
+    cap = verdict.cap
+    rest = tuple(k for k in verdict.plan.ks if k not in ran and (cap is None or k < cap))
+    if not rest:
+        return ()
+    intact = verdict.judged and (verdict.k_star or 1) == max(ran, default=1)
+    no_standing = verdict.progress > 0 and not _linear_failures(verdict.branches, verdict.progress)
+    return rest if intact or no_standing else ()
+
+
+def _verdict(plan, snapshot_losses, control_losses, branch_losses, b_simple, midway_losses, cap):
+    """judge() on the branches in branch_losses, a prefix of the plan's."""
     control = _losses("control_losses", control_losses)
     snapshot = _mean_loss("snapshot_losses", snapshot_losses, "at the snapshot")
-    missing = [k for k in plan.ks if k not in branch_losses]
-    extra = [k for k in branch_losses if k not in plan.ks]
-    if missing or extra:
-        raise ValueError(
-            f"branch_losses must have one entry per planned k {list(plan.ks)}: "
-            f"missing {missing}, not planned {extra}"
-        )
+    ran = tuple(k for k in plan.ks if k in branch_losses)
     if b_simple is not None:
         b_simple = positive_number("b_simple", b_simple, "positive noise scale (examples)")
     progress = snapshot - float(control.mean())
     ratio, bounds, check, to_tell = _delta_evidence(plan, snapshot_losses, midway_losses, control)
     delta_ok = check in ("fine", "not judged")
     at = _tolerance_ratio(check, ratio, bounds)
-    branches = tuple(_branch(plan, k, control, branch_losses[k], progress, at) for k in plan.ks)
+    branches = tuple(_branch(plan, k, control, branch_losses[k], progress, at) for k in ran)
     judged = delta_ok or at is not None
     k_star = _k_star(branches, cap) if judged else None
     # a control that did not learn leaves no tolerance: a failed branch then says nothing
@@ -566,7 +618,7 @@ def judge(
         calibration=calibration,
         b_simple=b_simple,
         kept_k=k_star or 1,
-        cost_tokens=plan.cost_tokens,
+        cost_tokens=len(ran) * plan.delta_tokens,
         half_progress_ratio=ratio,
         delta_ok=delta_ok,
         half_progress_bounds=bounds,

@@ -606,7 +606,8 @@ class TrialView:
         return [last[k] for k in sorted(last)]
 
     def branch_rows(self) -> list[dict]:
-        """Per branch: the paired loss difference against the control, its bound, tolerance."""
+        """Per branch: the paired loss difference against the control, its bound, tolerance; a
+        branch not run (advisor/trial.py `arms_left`) says so."""
         if self.verdict is None:
             return []
         judged = self.verdict.judged  # Δ too long, or cannot tell with no lower bound above 0
@@ -633,6 +634,14 @@ class TrialView:
                 "result": result(b),
             }
             for b in self.verdict.branches
+        ] + [
+            {
+                "branch": f"×{k}",
+                "batch": k * self.verdict.plan.batch,
+                "LR ×": round(self.verdict.plan.lr_factor(k), 4),
+                "result": "not run: it could not change the verdict",
+            }
+            for k in self.verdict.not_run
         ]
 
     @property

@@ -640,7 +640,8 @@ class Monitor:
         grow_eval=None,
     ) -> TrialOutcome | None:
         """Run the trial on the model and optimizer this monitor was given (and `scheduler`):
-        snapshot, the control and each arm for Δ tokens from example `start` (monitor/
+        snapshot, the control and each branch that could still change the verdict for Δ tokens
+        from example `start` (monitor/
         trial_runner.py: train_step(model, optimizer, start, count), one optimizer step on
         examples start .. start + count − 1, returning its loss; evaluate(model), one loss per
         held-out example), judge, and leave the kept arm's end state in place. No per-step

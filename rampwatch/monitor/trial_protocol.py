@@ -178,8 +178,8 @@ class TrialOutcome:
     @property
     def cost_seconds(self) -> float:
         """Measured: the discarded arms' share of the trial's wall time (by tokens, which every
-        arm has the same of)."""
-        arms = len(self.request.arms) + 1
+        arm that ran has the same of)."""
+        arms = len(self.verdict.branches) + 1
         return self.seconds * (arms - 1) / arms
 
 

@@ -9,9 +9,11 @@ B, branch k in plan.steps(k) steps of k·B), and `evaluate(model)`, one loss per
 in a fixed order.
 
 Arms run one after another from the same snapshot: the control first (the tolerance needs its
-progress), then each k. The control is also evaluated at Δ/2 (Δ is a whole number of ×2 steps, so
-its step count is even), which tells the judgement whether Δ is too long; that eval runs under
-its own RNG fork, so the control's second half draws what a run that never paused would. The end
+progress), then each k while its result could still change the verdict (advisor/trial.py
+`arms_left`: after a branch fails, or from the cap up, the rest are not run and cost nothing).
+The control is also evaluated at Δ/2 (Δ is a whole number of ×2 steps, so its step count is
+even), which tells the judgement whether Δ is too long; that eval runs under its own RNG fork,
+so the control's second half draws what a run that never paused would. The end
 state of the control and of the longest passing chain of branches are kept (at most three copies
 beside the snapshot, while an arm is judged: trial_snapshot.COPIES; a copy no longer kept is
 dropped at once); the model ends in the kept arm's state, ready to continue at its batch, on the
@@ -34,7 +36,13 @@ from dataclasses import replace
 
 import torch
 
-from rampwatch.advisor.trial import TrialPlan, TrialVerdict, examples_to_judge_delta, judge
+from rampwatch.advisor.trial import (
+    TrialPlan,
+    TrialVerdict,
+    arms_left,
+    examples_to_judge_delta,
+    judge,
+)
 from rampwatch.monitor.ramp_protocol import scale_lr
 from rampwatch.monitor.trial_snapshot import COPIES, SnapshotPlace
 
@@ -110,7 +118,7 @@ def run_trial(
     finally:
         if stages is not None:
             stages.drop_midway()
-    branches = {k: losses[k] for k in plan.ks}
+    branches = {k: losses[k] for k in plan.ks if k in losses}
     verdict = judge(plan, losses[0], losses[1], branches, b_simple, losses["midway"], cap)
     if stages is not None and stages.first is not None:
         verdict = replace(verdict, first_examples=stages.first)
@@ -121,13 +129,17 @@ def run_trial(
 
 
 def _arms(plan, state, place, run_arm, evaluate, on_arm, keep, cap, stages) -> tuple[dict, dict]:
-    """Every arm from the snapshot: held-out losses per arm (0: at the snapshot; "midway": the
-    control's at Δ/2) and the end states worth keeping (the control's, the longest passing
-    chain's, the forced one's); a copy kept by none of them is dropped."""
+    """The arms from the snapshot, in order, while one could change the verdict (advisor/
+    trial.py `arms_left`; `keep` runs up to its arm whatever): held-out losses per arm (0: at
+    the snapshot; "midway": the control's at Δ/2) and the end states worth keeping (the
+    control's, the longest passing chain's, the forced one's); a copy kept by none of them is
+    dropped."""
     model = state[0]
     losses = {0: _eval(evaluate, model)}
     kept = {}
     for k in (1, *plan.ks):
+        if k > 1 and (keep is None or k > keep) and k not in arms_left(_so_far(plan, losses, cap)):
+            break
         midway = run_arm(k)
         if k == 1:
             losses["midway"] = midway
@@ -140,7 +152,7 @@ def _arms(plan, state, place, run_arm, evaluate, on_arm, keep, cap, stages) -> t
         held = [copy for _, copy in kept.values()]
         if k == keep:
             kept["forced"] = (k, end)
-        if k == 1 or _passes_chain(plan, losses, k, cap):
+        if k == 1 or _so_far(plan, losses, cap).k_star == k:  # k and every smaller k passed
             kept[1 if k == 1 else "branch"] = (k, end)
         for copy in (*held, end):
             if all(copy is not other for _, other in kept.values()):
@@ -188,14 +200,10 @@ class _Stages:
             self.midway = None
 
 
-def _passes_chain(plan, losses, k, cap) -> bool:
-    """Whether k and every smaller planned k pass (k below the cap), judged on what has run."""
-    done = tuple(j for j in plan.ks if j <= k)
-    branches = {j: losses[j] for j in done}
-    verdict = judge(
-        replace(plan, ks=done), losses[0], losses[1], branches, None, losses["midway"], cap
-    )
-    return verdict.k_star == k
+def _so_far(plan, losses, cap) -> TrialVerdict:
+    """The verdict on the arms run so far."""
+    branches = {k: losses[k] for k in plan.ks if k in losses}
+    return judge(plan, losses[0], losses[1], branches, None, losses["midway"], cap, partial=True)
 
 
 def _eval_aside(evaluate, model):
