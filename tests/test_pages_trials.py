@@ -145,7 +145,11 @@ def test_a_branch_not_run_after_one_failed_says_so(trials_run, monkeypatch):
     rows = table.value.to_dict("records")
     assert [(r["branch"], r["result"]) for r in rows] == [
         ("×2", "fail"),
-        ("×4", "not run: it could not change the verdict"),
+        (
+            "×4",
+            "not run: ×2 fell behind the control by more than its tolerance, so no larger "
+            "branch could change the verdict",
+        ),
     ]
     assert rows[1]["batch"] == 64 and math.isnan(rows[1]["loss difference"])
 

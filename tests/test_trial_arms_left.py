@@ -68,6 +68,13 @@ def test_the_arms_a_trial_skips_never_change_its_verdict():
         assert short.cost_tokens == len(ran) * PLAN.delta_tokens <= full.cost_tokens
         assert short.not_run == PLAN.ks[len(ran) :]
         assert [b for b in full.branches if b.k in ran] == list(short.branches)
+        for k in short.not_run:  # the card's reason: the cap, the control, or a failure
+            capped = cap is not None and k >= cap
+            why = short.not_run_reason(k)
+            assert ("nothing from" in why, "did not improve" in why) == (
+                capped,
+                not capped and short.progress <= 0,
+            )
         seen["check"].add(full.delta_check)
         seen["lower bound"] += full.tolerance_ratio is not None
         seen["no progress"] += full.progress <= 0
@@ -120,6 +127,5 @@ def test_a_trial_whose_first_branch_fails_runs_no_other_and_costs_one_delta():
     assert (full.k_star, full.bracket, full.cost_tokens) == (None, (None, 8), 3 * plan.delta_tokens)
     assert (verdict.k_star, verdict.bracket) == (full.k_star, full.bracket)
     rows = TrialView(trial=None, verdict=verdict).branch_rows()
-    assert [r["result"] for r in rows] == ["fail"] + [
-        "not run: it could not change the verdict"
-    ] * 2
+    why = "not run: ×2 fell behind the control by more than its tolerance, so no larger branch"
+    assert rows[0]["result"] == "fail" and all(r["result"].startswith(why) for r in rows[1:])

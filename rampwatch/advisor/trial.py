@@ -287,6 +287,18 @@ class TrialVerdict:
         ran = {b.k for b in self.branches}
         return tuple(k for k in self.plan.ks if k not in ran)
 
+    def not_run_reason(self, k: int) -> str:
+        """Why branch k (one of `not_run`) was not run, in the card's words (`arms_left`)."""
+        if self.cap is not None and k >= self.cap:
+            return f"nothing from ×{self.cap} up is kept: the trial before failed it"
+        failed = _linear_failures(self.branches, self.progress)
+        if self.progress <= 0 or not failed:
+            return "the control did not improve over Δ, so no branch could be told"
+        return (
+            f"×{failed[0]} fell behind the control by more than its tolerance, so no larger "
+            "branch could change the verdict"
+        )
+
     @property
     def judged(self) -> bool:
         """The branches were judged: Δ fine or not judged, or "cannot tell" at r's lower bound."""

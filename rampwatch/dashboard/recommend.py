@@ -639,7 +639,7 @@ class TrialView:
                 "branch": f"×{k}",
                 "batch": k * self.verdict.plan.batch,
                 "LR ×": round(self.verdict.plan.lr_factor(k), 4),
-                "result": "not run: it could not change the verdict",
+                "result": f"not run: {self.verdict.not_run_reason(k)}",
             }
             for k in self.verdict.not_run
         ]
