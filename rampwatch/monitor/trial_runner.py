@@ -136,9 +136,9 @@ def _arms(plan, state, place, run_arm, evaluate, on_arm, keep, cap, stages) -> t
     dropped."""
     model = state[0]
     losses = {0: _eval(evaluate, model)}
-    kept = {}
+    kept, so_far = {}, None  # so_far: the verdict on the arms run so far (None before any)
     for k in (1, *plan.ks):
-        if k > 1 and (keep is None or k > keep) and k not in arms_left(_so_far(plan, losses, cap)):
+        if k > 1 and (keep is None or k > keep) and k not in arms_left(so_far):
             break
         midway = run_arm(k)
         if k == 1:
@@ -149,10 +149,11 @@ def _arms(plan, state, place, run_arm, evaluate, on_arm, keep, cap, stages) -> t
             stages.second(plan, losses, state, end)
         if on_arm is not None:
             on_arm(k, losses[k])
+        so_far = _so_far(plan, losses, cap)
         held = [copy for _, copy in kept.values()]
         if k == keep:
             kept["forced"] = (k, end)
-        if k == 1 or _so_far(plan, losses, cap).k_star == k:  # k and every smaller k passed
+        if k == 1 or so_far.k_star == k:  # k and every smaller k passed
             kept[1 if k == 1 else "branch"] = (k, end)
         for copy in (*held, end):
             if all(copy is not other for _, other in kept.values()):
