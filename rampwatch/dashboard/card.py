@@ -714,6 +714,8 @@ def _trial_result(v) -> None:
                 for c in ("loss difference", "95% upper bound", "tolerance")
             },
         )
+        for line in v.not_run_lines():
+            st.caption(line)
     if v.bracket_text:
         st.markdown(v.bracket_text)
     kept = "the control (×1)" if t.kept_factor in (None, 1) else f"branch ×{t.kept_factor}"

@@ -607,7 +607,7 @@ class TrialView:
 
     def branch_rows(self) -> list[dict]:
         """Per branch: the paired loss difference against the control, its bound, tolerance; a
-        branch not run (advisor/trial.py `arms_left`) says so."""
+        branch not run (advisor/trial.py `arms_left`) says so (not_run_lines: why)."""
         if self.verdict is None:
             return []
         judged = self.verdict.judged  # Δ too long, or cannot tell with no lower bound above 0
@@ -639,10 +639,17 @@ class TrialView:
                 "branch": f"×{k}",
                 "batch": k * self.verdict.plan.batch,
                 "LR ×": round(self.verdict.plan.lr_factor(k), 4),
-                "result": f"not run: {self.verdict.not_run_reason(k)}",
+                "result": "not run",
             }
             for k in self.verdict.not_run
         ]
+
+    def not_run_lines(self) -> list[str]:
+        """Why each branch not run was skipped, a sentence each (under the table: a cell cuts
+        them at its width)."""
+        if self.verdict is None:
+            return []
+        return [f"×{k} not run: {self.verdict.not_run_reason(k)}." for k in self.verdict.not_run]
 
     @property
     def bracket_text(self) -> str | None:
