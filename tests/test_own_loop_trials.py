@@ -54,10 +54,22 @@ def test_a_trial_command_in_the_readme_loop_ends_in_trial_end_with_the_command_a
     assert end.step == end.data["continue_step"] == cmd.applied_step > WAIT_AT
     kept = end.data["kept_factor"]
     assert kept == end.data["verdict"]["kept_k"]
-    # the kept arm's steps are the run's: no step logged twice, none during the arms
-    steps = sorted(metric(db, run_id, M.LOSS))
+    # the kept arm's steps are the run's, logged once its verdict is in: no gap in the curve,
+    # no step twice, no discarded arm's; their losses are the ones its progress points showed
+    losses = metric(db, run_id, M.LOSS)
     run = store.get_run(db, run_id)
-    assert steps == [*range(1, WAIT_AT + 1), *range(cmd.applied_step + 1, run.last_step + 1)]
+    assert sorted(losses) == list(range(1, run.last_step + 1))
+    unit = start.data["delta_tokens"] // (cmd.applied_step - WAIT_AT)  # the kept arm's step
+    points = {
+        WAIT_AT + e.data["tokens"] // unit: e.data["loss"]
+        for e in events
+        if e.kind == M.EVENT_TRIAL_ARM and e.data["factor"] == kept and e.data["loss"] is not None
+    }
+    assert points and all(losses[s] == pytest.approx(v, rel=1e-6) for s, v in points.items())
+    assert max(points) == cmd.applied_step
+    tokens = metric(db, run_id, M.TOKENS_SEEN)
+    assert tokens[cmd.applied_step] - tokens[WAIT_AT] == start.data["delta_tokens"]
+    assert set(metric(db, run_id, M.LR)).isdisjoint(range(WAIT_AT + 1, cmd.applied_step + 1))
     assert run.stored_status == "finished"
     # to the run's token budget (the trial's Δ counted in it), whatever tier it kept
     tokens, last = metric(db, run_id, M.TOKENS_SEEN), metric(db, run_id, M.BATCH_TOKENS)

@@ -205,9 +205,11 @@ def test_a_trial_command_runs_in_an_own_loop_and_continues_from_the_kept_arm(tmp
         assert [(e.step, e.data["source"]) for e in ramps] == [(continue_step, f"trial {cid}")]
     else:
         assert ramps == []
-    # no per-step metrics while the arms ran: the run's steps jump from 5 to continue_step + 1
+    # the kept arm's steps are logged after the verdict, with their tier; no step twice
     loss_steps = sorted(metric(db, mon.run_id, M.LOSS))
-    assert loss_steps == [1, 2, 3, 4, 5, continue_step + 1, continue_step + 2]
+    assert loss_steps == list(range(1, continue_step + 3))
+    batch = metric(db, mon.run_id, M.BATCH_SEQS)
+    assert {batch[s] for s in range(6, continue_step + 1)} == {out.tier.batch}
 
 
 def test_with_delta_from_loss_the_trial_takes_delta_from_the_runs_loss_curve(tmp_path):

@@ -103,7 +103,7 @@ def _budget(total_tokens) -> int | None:
 
 
 def _number(loss) -> float | None:
-    """A train step's loss as a float for a progress point (a tensor is read here, rarely)."""
+    """A trial arm's train loss as a float (a tensor is read here: the arms log no step())."""
     if loss is None:
         return None
     return float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
@@ -662,16 +662,17 @@ class Monitor:
         plan, trials = request.plan(), self.ramps.trials
         every = {k: max(1, plan.steps(k) // 4) for k in (1, *plan.ks)}
 
-        last_loss: dict[int, float | None] = {}
+        arm_losses: dict[int, list[float | None]] = {}
 
         def on_step(k, done, loss):
-            last_loss[k] = _number(loss)
+            arm_losses.setdefault(k, []).append(_number(loss))
             if done % every[k] == 0 and done < plan.steps(k):
-                trials.arm_point(self.event, request, k, done, last_loss[k])
+                trials.arm_point(self.event, request, k, done, arm_losses[k][-1])
 
         def on_arm(k, losses):  # the arm's last step: its train loss and the held-out mean
             mean = float(losses.mean())
-            trials.arm_point(self.event, request, k, plan.steps(k), last_loss.get(k), mean)
+            last = arm_losses.get(k, [None])[-1]
+            trials.arm_point(self.event, request, k, plan.steps(k), last, mean)
 
         def on_stage(first, examples):
             trials.second_stage(self.event, request, first, examples)
@@ -710,13 +711,17 @@ class Monitor:
             self.discard_step()  # the arms' backwards and peak memory are no step's of the run
             self._in_trial = False
         kept = request.arm(keep or verdict.kept_k)
-        return TrialOutcome(request, verdict, kept, time.perf_counter() - t0, place)
+        seconds = time.perf_counter() - t0
+        return TrialOutcome(
+            request, verdict, kept, seconds, place, tuple(arm_losses.get(kept.factor, ()))
+        )
 
     def trial_ended(self, outcome: TrialOutcome) -> int:
         """The loop continues from the kept arm (its tier, its base LR, the data position after
         Δ): the trial_end event, a 'ramp' event (source "trial N") when a branch was kept, the
         command applied at continue_step. Returns continue_step: the next step() is one past it."""
         req, kept, step = outcome.request, outcome.kept, outcome.continue_step
+        self._log_kept_steps(outcome)
         self.last_step = step
         self.tokens_seen += req.delta_tokens
         self.ramps.trials.ended(self.event, outcome)
@@ -734,6 +739,29 @@ class Monitor:
             self.set_tier(req.control.per_device_batch, req.control.accum)  # restarts the timer
         self.ramps.trial_done(req.command_id, step)
         return step
+
+    def _log_kept_steps(self, outcome: TrialOutcome) -> None:
+        """The kept arm's steps are the run's: their rows, written once the verdict is in, so
+        the curves have no gap and no discarded arm's step. Tier and tokens, and the train loss
+        on one device (under torch.distributed an arm's loss is this rank's, not the step's
+        mean). No LR (an arm's LR is read nowhere the loop's own step() would read it), norms,
+        noise scale, memory or timing: the arms measure none."""
+        if self.writer is None:
+            return
+        req, tier = outcome.request, outcome.kept.tier
+        seqs = tier.batch
+        tokens = seqs * req.seq_len
+        for i, loss in enumerate(outcome.kept_losses, start=1):
+            m = {
+                M.PER_DEVICE_BATCH: tier.per_device_batch,
+                M.ACCUM: tier.accum,
+                M.BATCH_SEQS: seqs,
+                M.BATCH_TOKENS: tokens,
+                M.TOKENS_SEEN: self.tokens_seen + i * tokens,
+            }
+            if loss is not None and self.world_size == 1:
+                m[M.LOSS] = loss
+            self.writer.log(req.step + i, m)
 
     def trial_abandoned(self, request: TrialRequest, reason: str) -> None:
         """The trial did not finish (the loop could not run it, or an error restored the

@@ -161,6 +161,7 @@ class TrialOutcome:
     kept: TrialArm
     seconds: float  # the trial's wall time, all arms
     place: SnapshotPlace | None = None  # where its copies of the state were
+    kept_losses: tuple[float | None, ...] = ()  # the kept arm's train loss at each of its steps
 
     @property
     def tier(self) -> Tier:
