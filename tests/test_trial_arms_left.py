@@ -126,6 +126,11 @@ def test_a_trial_whose_first_branch_fails_runs_no_other_and_costs_one_delta():
                  None, every_arm["midway"])  # fmt: skip
     assert (full.k_star, full.bracket, full.cost_tokens) == (None, (None, 8), 3 * plan.delta_tokens)
     assert (verdict.k_star, verdict.bracket) == (full.k_star, full.bracket)
-    rows = TrialView(trial=None, verdict=verdict).branch_rows()
+    view = TrialView(trial=None, verdict=verdict)
+    rows = view.branch_rows()
+    assert [r["result"] for r in rows] == ["fail", "not run", "not run"]
     why = "not run: ×2 fell behind the control by more than its tolerance, so no larger branch"
-    assert rows[0]["result"] == "fail" and all(r["result"].startswith(why) for r in rows[1:])
+    lines = view.not_run_lines()
+    assert len(lines) == 2 and all(
+        line.startswith(f"×{k} {why}") for k, line in zip((4, 8), lines, strict=True)
+    )
