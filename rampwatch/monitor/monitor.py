@@ -744,8 +744,8 @@ class Monitor:
         """The kept arm's steps are the run's: their rows, written once the verdict is in, so
         the curves have no gap and no discarded arm's step. Tier and tokens, and the train loss
         on one device (under torch.distributed an arm's loss is this rank's, not the step's
-        mean). No LR (an arm's LR is read nowhere the loop's own step() would read it), norms,
-        noise scale, memory or timing: the arms measure none."""
+        mean). No LR (read before or after an arm's step, it is the step's in some loops and the
+        next one's in others), norms, noise scale, memory or timing: the arms measure none."""
         if self.writer is None:
             return
         req, tier = outcome.request, outcome.kept.tier
