@@ -102,6 +102,18 @@ def _budget(total_tokens) -> int | None:
     return int(total_tokens)
 
 
+def _tier_row(tier, seq_len: int, tokens_seen: int) -> dict[str, float]:
+    """A step's tier metrics: per-device batch, accumulation, its batch in sequences and
+    tokens, and the tokens seen after it."""
+    return {
+        M.PER_DEVICE_BATCH: tier.per_device_batch,
+        M.ACCUM: tier.accum,
+        M.BATCH_SEQS: tier.batch,
+        M.BATCH_TOKENS: tier.batch * seq_len,
+        M.TOKENS_SEEN: tokens_seen,
+    }
+
+
 def _number(loss) -> float | None:
     """A trial arm's train loss as a float (a tensor is read here: the arms log no step())."""
     if loss is None:
@@ -467,11 +479,7 @@ class Monitor:
         m: dict[str, float] = {
             M.LOSS: float(loss),
             M.LR: float(self.optimizer.param_groups[0]["lr"]),
-            M.PER_DEVICE_BATCH: tier.per_device_batch,
-            M.ACCUM: tier.accum,
-            M.BATCH_SEQS: batch_seqs,
-            M.BATCH_TOKENS: batch_tokens,
-            M.TOKENS_SEEN: self.tokens_seen,
+            **_tier_row(tier, running.seq_len, self.tokens_seen),
         }
         if stats is not None:
             m[M.GRAD_NORM] = stats.grad_norm
@@ -749,16 +757,9 @@ class Monitor:
         if self.writer is None:
             return
         req, tier = outcome.request, outcome.kept.tier
-        seqs = tier.batch
-        tokens = seqs * req.seq_len
+        tokens = tier.batch * req.seq_len
         for i, loss in enumerate(outcome.kept_losses, start=1):
-            m = {
-                M.PER_DEVICE_BATCH: tier.per_device_batch,
-                M.ACCUM: tier.accum,
-                M.BATCH_SEQS: seqs,
-                M.BATCH_TOKENS: tokens,
-                M.TOKENS_SEEN: self.tokens_seen + i * tokens,
-            }
+            m = _tier_row(tier, req.seq_len, self.tokens_seen + i * tokens)
             if loss is not None and self.world_size == 1:
                 m[M.LOSS] = loss
             self.writer.log(req.step + i, m)
