@@ -705,14 +705,14 @@ def _trial_result(v) -> None:
     t = v.trial
     rows = v.branch_rows()
     if rows:
+        # a branch not run has no figures: blank cells, so the figures are text (Streamlit
+        # draws a missing number as a grey "None", which reads as a value)
+        figures = ("loss difference", "95% upper bound", "tolerance")
         st.dataframe(
-            rows,
+            [r | {c: "" if r[c] is None else f"{r[c]:.4f}" for c in figures} for r in rows],
             hide_index=True,
             key="trial_branches",
-            column_config={
-                c: st.column_config.NumberColumn(format="%.4f")
-                for c in ("loss difference", "95% upper bound", "tolerance")
-            },
+            column_config={c: st.column_config.TextColumn(alignment="right") for c in figures},
         )
         for line in v.not_run_lines():
             st.caption(line)

@@ -607,7 +607,8 @@ class TrialView:
 
     def branch_rows(self) -> list[dict]:
         """Per branch: the paired loss difference against the control, its bound, tolerance; a
-        branch not run (advisor/trial.py `arms_left`) says so (not_run_lines: why)."""
+        branch not run (advisor/trial.py `arms_left`) says so (not_run_lines: why) and has
+        None for each figure."""
         if self.verdict is None:
             return []
         judged = self.verdict.judged  # Δ too long, or cannot tell with no lower bound above 0
@@ -639,6 +640,9 @@ class TrialView:
                 "branch": f"×{k}",
                 "batch": k * self.verdict.plan.batch,
                 "LR ×": round(self.verdict.plan.lr_factor(k), 4),
+                "loss difference": None,
+                "95% upper bound": None,
+                "tolerance": None,
                 "result": "not run",
             }
             for k in self.verdict.not_run
