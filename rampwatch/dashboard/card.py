@@ -707,7 +707,7 @@ def _trial_result(v) -> None:
     if rows:
         # a branch not run has no figures: blank cells, so the figures are text (Streamlit
         # draws a missing number as a grey "None", which reads as a value)
-        figures = ("loss difference", "95% upper bound", "tolerance")
+        figures = v.FIGURES
         st.dataframe(
             [r | {c: "" if r[c] is None else f"{r[c]:.4f}" for c in figures} for r in rows],
             hide_index=True,

@@ -592,6 +592,8 @@ class ArmProgress:
 class TrialView:
     """One trial as the card shows it: store.reader.Trial, its arm points, the verdict."""
 
+    FIGURES = ("loss difference", "95% upper bound", "tolerance")  # branch_rows' numbers
+
     trial: object  # store.reader.Trial
     points: list = field(default_factory=list)  # store.reader.TrialPoint, in written order
     verdict: object | None = None  # advisor.trial.TrialVerdict (finished trials)
@@ -629,9 +631,7 @@ class TrialView:
                 "branch": f"×{b.k}",
                 "batch": b.batch,
                 "LR ×": round(b.lr_factor, 4),
-                "loss difference": b.mean_diff,
-                "95% upper bound": b.bound,
-                "tolerance": b.tolerance,
+                **dict(zip(self.FIGURES, (b.mean_diff, b.bound, b.tolerance), strict=True)),
                 "result": result(b),
             }
             for b in self.verdict.branches
@@ -640,9 +640,7 @@ class TrialView:
                 "branch": f"×{k}",
                 "batch": k * self.verdict.plan.batch,
                 "LR ×": round(self.verdict.plan.lr_factor(k), 4),
-                "loss difference": None,
-                "95% upper bound": None,
-                "tolerance": None,
+                **dict.fromkeys(self.FIGURES),
                 "result": "not run",
             }
             for k in self.verdict.not_run
