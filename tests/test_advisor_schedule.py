@@ -171,6 +171,15 @@ def test_a_noise_scale_that_does_not_grow_projects_no_ramp():
     assert proj.central.steps_left == S.constant(_advice(), None, NOW, BUDGET).steps_left
 
 
+def test_a_noise_scale_that_barely_grows_projects_no_ramp_and_does_not_overflow():
+    """A slope of 1e-4 puts the ramp point at e^(log 2 / 1e-4) tokens: past any float."""
+    barely = 9.0 * (HISTORY / HISTORY[0]) ** 1e-4
+    proj, why = S.project(_advice(), None, HISTORY, barely, NOW, BUDGET)
+    assert proj is not None, why
+    assert 0 < proj.law.slope < 1e-3 and proj.law.reaches(16, NOW) == math.inf
+    assert [seg.batch for seg in proj.central.segments] == [16]
+
+
 def test_too_few_estimates_give_no_projection_and_say_why():
     recent = HISTORY[-5:]
     proj, why = S.project(_advice(), None, recent, _law(recent), NOW, BUDGET)

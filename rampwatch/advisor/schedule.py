@@ -38,6 +38,7 @@ with one unknown segment has unknown hours).
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -69,6 +70,14 @@ MIN_ESTIMATES = 10  # estimates the fit needs (as forecast's calibrated range)
 Z = 1.645  # the range: slope ± Z SE, a two-sided 90% level (the card's noise-scale interval)
 
 
+def _exp(x: float) -> float:
+    """e^x, inf past the largest float: a nearly flat law reaches a level at e^(huge) tokens."""
+    return math.exp(x) if x < _LOG_FLOAT_MAX else math.inf
+
+
+_LOG_FLOAT_MAX = math.log(sys.float_info.max)
+
+
 @dataclass(frozen=True)
 class PowerLaw:
     """log B = y0 + slope·(log T − x0), fitted on `n` estimates between tokens_from and
@@ -84,7 +93,7 @@ class PowerLaw:
 
     def value(self, tokens: float, z: float = 0.0) -> float:
         """The noise scale at `tokens`, with the slope moved by z standard errors."""
-        return math.exp(self.y0 + (self.slope + z * self.slope_se) * (math.log(tokens) - self.x0))
+        return _exp(self.y0 + (self.slope + z * self.slope_se) * (math.log(tokens) - self.x0))
 
     def reaches(self, level: float, after: float, z: float = 0.0) -> float:
         """The first tokens ≥ `after` where the law is at `level` or above (inf: never)."""
@@ -93,7 +102,7 @@ class PowerLaw:
         s = self.slope + z * self.slope_se
         if s <= 0:
             return math.inf
-        return math.exp(self.x0 + (math.log(level) - self.y0) / s)
+        return _exp(self.x0 + (math.log(level) - self.y0) / s)
 
     def describe(self) -> str:
         return (
