@@ -21,9 +21,11 @@ is the run's first step after t whose estimate is above k·B (a point above it, 
 lower bound above it: what ramp_decision calls above). Pairs (run, k) that never crossed before
 the run ended are censored: counted apart.
 
-Printed: before (the ±1.96 SE delta-method range, `ramp_decision(calibration=None)`) and after
-(the shipped FORECAST_CALIBRATION): coverage overall, by stated horizon and by run, the median
-absolute error of the point, and how often no forecast is given; then the calibration refitted
+Printed: before (the ±1.96 SE delta-method range, `ramp_decision(calibration=None)`), after
+(the shipped FORECAST_CALIBRATION) and the live page's schedule (advisor/schedule.py's power law
+of the tokens, its slope ± Z SE, fitted on the run's estimates up to the query): coverage overall,
+by stated horizon and by run, the median absolute error of the point, and how often no forecast
+is given; then the calibration refitted
 on these runs, with its coverage leave-one-run-out, to paste into advisor/forecast.py.
 """
 
@@ -41,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.tiny_runs import train_tiny
+from rampwatch.advisor import schedule
 from rampwatch.advisor.forecast import (
     FORECAST_CALIBRATION,
     ForecastCalibration,
@@ -128,6 +131,8 @@ class Query:
     new_point: int | None
     truth: int | None  # first step above k·B; None: not before the run ended
     end: int  # the run's last step
+    law: tuple[int, int | None] | None = None  # the schedule's power law: early, late crossing
+    law_point: int | None = None  # ... and its central crossing (None: no fit, or never)
 
 
 def replay(run: Run, k: int, every: int = QUERY_EVERY) -> list[Query]:
@@ -155,6 +160,7 @@ def replay(run: Run, k: int, every: int = QUERY_EVERY) -> list[Query]:
         if old.ready or old.forecast_range is None or old.evidence.steps_above:
             continue  # no trend forecast on the card at this step
         new = policy.decide(*args)
+        law_point, law = schedule_forecast(run, i, target)
         out.append(
             Query(
                 run.name,
@@ -167,9 +173,30 @@ def replay(run: Run, k: int, every: int = QUERY_EVERY) -> list[Query]:
                 new.forecast_step,
                 truth,
                 run.last_step,
+                law,
+                law_point,
             )
         )
     return out
+
+
+def schedule_forecast(run: Run, i: int, target: float):
+    """The live page's schedule at estimate i: its power law (advisor/schedule.py, fitted on the
+    estimates since FIT_FROM of the tokens seen; tokens ∝ step + 1 at a constant batch) and the
+    step where it, its early (+Z SE) and late (−Z SE) slopes reach the target. (point, (early,
+    late)); the point None where there is no fit or the law never reaches it."""
+    pts = [
+        (s + 1, v)
+        for s, v in zip(run.steps[: i + 1], run.points[: i + 1], strict=True)
+        if v is not None
+    ]
+    now = run.steps[i] + 1
+    law, _ = schedule.fit_power_law([p[0] for p in pts], [p[1] for p in pts], now)
+    if law is None:
+        return None, None
+    step = [law.reaches(target, now, z) for z in (0.0, schedule.Z, -schedule.Z)]
+    at = [None if math.isinf(x) else max(run.steps[i] + 1, math.ceil(x) - 1) for x in step]
+    return at[0], (at[1], at[2]) if at[1] is not None else None
 
 
 def decide_with(policy: RampPolicy, args, calibration):
@@ -203,7 +230,9 @@ def outcome(rng, truth: int | None, end: int) -> bool | None:
 
 
 def summary(qs: list[Query], which: str) -> dict:
-    """Coverage of the 'old' or 'new' range, its point's error, and how often none is given."""
+    """Coverage of the 'old', 'new' or 'law' range, its point's error, and how often none is
+    given (for 'law': no fit, or a range that never starts)."""
+    point_of = {"old": "trend", "new": "new_point", "law": "law_point"}[which]
     given = [q for q in qs if getattr(q, which) is not None]
     got = [outcome(getattr(q, which), q.truth, q.end) for q in given]
     known = [(q, o) for q, o in zip(given, got, strict=True) if o is not None]
@@ -211,13 +240,15 @@ def summary(qs: list[Query], which: str) -> dict:
     by_run: dict[str, list[bool]] = {}
     for q, o in known:
         by_run.setdefault(q.run, []).append(o)
-    stated = np.array([(q.trend if which == "old" else q.new_point) - q.t for q, _ in known], float)
+    stated = np.array(
+        [(getattr(q, point_of) or q.end * 10**6) - q.t for q, _ in known], float
+    )  # a law that never crosses: the longest horizon
     rows = []
     for a, b in HORIZONS:
         m = (stated >= a) & (stated < b)
         rows.append((a, b, int(m.sum()), float(hit[m].mean()) if m.any() else None))
-    seen = [q for q in given if q.truth is not None]
-    point = np.array([q.trend if which == "old" else q.new_point for q in seen], float)
+    seen = [q for q in given if q.truth is not None and getattr(q, point_of) is not None]
+    point = np.array([getattr(q, point_of) for q in seen], float)
     truth = np.array([q.truth for q in seen], float)
     t = np.array([q.t for q in seen], float)
     return {
@@ -418,6 +449,10 @@ def main() -> int:
     print_summary("before: ±1.96 SE delta range (trend point)", summary(qs, "old"))
     print_summary(
         "after: FORECAST_CALIBRATION as shipped, through RampPolicy.decide", summary(qs, "new")
+    )
+    print_summary(
+        "the schedule's power law (advisor/schedule.py): central crossing, range ± Z SE",
+        summary(qs, "law"),
     )
     if len(crossed) >= 3:
         cal, level, res = calibrate(qs, FORECAST_CALIBRATION.min_estimates)
