@@ -28,7 +28,7 @@ BUDGET = 25 * NOW
 HISTORY = STEP_TOKENS * np.arange(1, 401, dtype=np.float64)  # tokens seen after each step
 
 
-def _advice(trial=None, capacity=80 * GB, infeasible=(), **policy):
+def _advice(trial=None, capacity=80 * GB, infeasible=(), gns=None, **policy):
     plan = [
         {"per_device_batch": b, "predicted_bytes": (10 + 2 * b) * GB, "step": 0}
         for b in (4, 8, 16, 32, 64)
@@ -37,8 +37,7 @@ def _advice(trial=None, capacity=80 * GB, infeasible=(), **policy):
     return advise(
         RampPolicy(original_batch=16, original_lr=1e-3, **policy),
         RunningTier(RUNNING, SEQ, capacity),
-        [1, 2, 3],
-        [5.0, 5.0, 5.0],
+        *(gns or ([1, 2, 3], [5.0, 5.0, 5.0])),
         None,
         memory_evidence(plan, "plain"),
         None,
@@ -147,6 +146,54 @@ def test_the_range_ramps_early_on_the_steep_slope_and_late_on_the_flat_one():
     z_slope = law.slope + S.Z * law.slope_se
     first = math.exp(law.x0 + (math.log(16) - law.y0) / z_slope)
     assert early[0] == pytest.approx(first, rel=1e-9)
+
+
+def test_given_the_run_s_step_the_first_ramp_is_where_the_card_times_it():
+    """The card's calibrated forecast of the crossing, not the law's: the law's own first
+    crossing held for 6% of queries on recorded runs, the card's range for 88% (README,
+    "Forecast coverage"). The law, moved through that ramp, times the ones after it."""
+    steps = np.arange(400)  # step s saw HISTORY[s] tokens by its end
+    advice = _advice(gns=(steps, _law(HISTORY)))
+    d = advice.decision
+    assert not d.ready and d.forecast_step is not None and d.forecast_range is not None
+    proj, why = S.project(advice, None, HISTORY, _law(HISTORY), NOW, BUDGET, now_step=399)
+    assert proj is not None, why
+
+    def tokens(step):
+        return NOW + (step - 399) * STEP_TOKENS
+
+    first = proj.first
+    assert (first.point, first.early, first.late) == (
+        tokens(d.forecast_step),
+        tokens(d.forecast_range[0]),
+        tokens(d.forecast_range[1]),
+    )
+    assert first.point != pytest.approx(_crossing(16), rel=0.01)  # not where the law puts it
+    # after it, the law (slope α exactly) through (first ramp, 16): 32 at 2^(1/α) × its tokens
+    assert _starts(proj.central)[:3] == pytest.approx(
+        [NOW, first.point, first.point * 2 ** (1 / ALPHA)], rel=1e-9
+    )
+    assert _starts(proj.early)[1] == first.early and _starts(proj.late)[1] == first.late
+    assert proj.notes[0].startswith(f"first ramp at the card's forecast, step {d.forecast_step:,}")
+    # a card that says ramp now (43.2: past the ramp points of 16 and 32, short of 64's): the
+    # first ramp now, and the law as fitted after it, which has passed 32's too: ×4 now
+    now = S.project(
+        _advice(gns=(steps, 3 * _law(HISTORY))),
+        None,
+        HISTORY,
+        3 * _law(HISTORY),
+        NOW,
+        BUDGET,
+        now_step=399,
+    )[0]
+    assert now.first.point == NOW and [g.batch for g in now.central.segments][:2] == [64, 128]
+    assert now.central.segments[1].start_tokens == pytest.approx(_crossing(64 / 3), rel=1e-9)
+    # without the run's step, or where the card gives no forecast: the law alone
+    assert S.project(advice, None, HISTORY, _law(HISTORY), NOW, BUDGET)[0].first is None
+    assert (
+        S.project(_advice(), None, HISTORY, _law(HISTORY), NOW, BUDGET, now_step=399)[0].first
+        is None
+    )
 
 
 def test_the_ladder_ends_at_rampmaxfactor_or_where_a_tier_does_not_fit():

@@ -1,12 +1,14 @@
 """The live page's schedule section (AppTest on databases written by the real RunWriter): a run
-whose noise scale grows exactly as A·√tokens gets the projected ramps where the closed form puts
-them, with steps and hours against the constant batch; a hand plan typed in the field is kept in
+whose noise scale grows exactly as A·√tokens gets its first projected ramp where the card's
+forecast puts it and the next where the closed form puts it from there, with steps and hours
+against the constant batch; a hand plan typed in the field is kept in
 the URL (a reload reads it back), a bad one shows its one-line message, and a plan step the run
 has reached is offered on the card and approved through the same Approve, as a ramp command."""
 
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -67,15 +69,28 @@ def test_the_section_projects_the_closed_form_ramps_with_steps_and_hours(growing
     assert shapes == {"budget": BUDGET, "now": NOW}
     run = next(t for t in fig["data"] if t["name"] == "run so far")
     assert set(run["y"]) == {STEP_TOKENS} and run["x"][-1] == NOW
-    # ramp ×2 where A·√T reaches the batch: 16 at (16/A)², 32 at (32/A)²; 64's is past the budget
-    assert _crossing(64) > BUDGET
+    # the first ramp ×2 where the card's forecast puts it (not the law's (16/A)²: the card's
+    # range held more often on recorded runs), in the card's stated range; then ×2 where A·√T,
+    # moved through that ramp, reaches 32: at 4 × its tokens; 64's is past the budget
+    text = seed.texts(at)
+    point, first, last = (
+        int(n.replace(",", ""))
+        for n in re.search(
+            r"first ramp at the card's forecast, step ([\d,]+) \(range ([\d,]+)–([\d,]+)", text
+        ).groups()
+    )
+    assert f"expected to cross between steps {first:,} and {last:,}" in text  # the card's
+    assert first < point < last
     projected = next(t for t in fig["data"] if t["name"] == "projected")
-    ramps = [_crossing(16), _crossing(32)]
+    ramps = [NOW + (point - 399) * STEP_TOKENS]
+    ramps.append(4 * ramps[0])
+    assert ramps[0] != pytest.approx(_crossing(16), rel=0.01) and ramps[1] < BUDGET < 8 * ramps[0]
     assert projected["x"] == pytest.approx([NOW, *sum(([r, r] for r in ramps), []), BUDGET])
     assert (
         projected["y"]
         == [STEP_TOKENS, STEP_TOKENS, 2 * STEP_TOKENS, 2 * STEP_TOKENS] + [4 * STEP_TOKENS] * 2
     )
+    ramps = projected["x"][1:4:2]  # as drawn: 4 × the first to 1e-9, not to the last bit
     first = math.ceil((ramps[0] - NOW) / STEP_TOKENS)
     second = math.ceil((ramps[1] - NOW - first * STEP_TOKENS) / (2 * STEP_TOKENS))
     cursor = NOW + first * STEP_TOKENS + second * 2 * STEP_TOKENS
@@ -95,8 +110,7 @@ def test_the_section_projects_the_closed_form_ramps_with_steps_and_hours(growing
     assert const["hours left"] != "unknown" and float(const["hours left"]) > 0
     assert proj["hours left"] == "unknown" and proj["hours saved"] == "unknown"
     assert "32 × 2: only per-device batch 8 was measured" in proj["why unknown"]
-    text = seed.texts(at)
-    assert "noise scale ∝ tokens^0.5" in text and "narrower than the truth" in text
+    assert "after it, the noise scale ∝ tokens^0.5" in text and "narrower than the truth" in text
     assert "not stored in the database" in text
 
 

@@ -132,7 +132,9 @@ def build_schedule(snap, card: Card, plan_text: str = "") -> ScheduleView:
         return dataclasses.replace(view, problems=problems)
     advice, speeds = card.advice, card.speeds
     constant = sched.constant(advice, speeds, now, budget)
-    projection, why = sched.project(advice, speeds, *_noise_history(series), now, budget)
+    projection, why = sched.project(
+        advice, speeds, *_noise_history(series), now, budget, now_step=run.last_step
+    )
     if projection is None:
         problems.append(f"no projection: {why}")
     view = dataclasses.replace(view, constant=constant, projection=projection, problems=problems)

@@ -86,8 +86,14 @@ def render(view: ScheduleView, *, run_id: str, file: str = "") -> None:
                 f"({'; '.join(p.notes)}). A ramp where it reaches the ramp point. The range is "
                 "the fit's slope ± 1.645 standard errors (early: steeper, late: flatter): it "
                 "takes correlated estimates for independent ones and is narrower than the truth; "
-                "a noise scale that levels off comes later than projected, or never. Hours from "
-                "the tier table's throughput."
+                "a noise scale that levels off comes later than projected, or never. "
+                + (
+                    "The first ramp is the card's forecast, and its range the card's: the law's "
+                    "own first crossing held less often on recorded runs. "
+                    if p.first is not None
+                    else ""
+                )
+                + "Hours from the tier table's throughput."
             )
         _plan_field(view, run_id, file)
 
