@@ -174,7 +174,7 @@ def test_given_the_run_s_step_the_first_ramp_is_where_the_card_times_it():
         [NOW, first.point, first.point * 2 ** (1 / ALPHA)], rel=1e-9
     )
     assert _starts(proj.early)[1] == first.early and _starts(proj.late)[1] == first.late
-    assert proj.notes[0].startswith(f"first ramp at the card's forecast, step {d.forecast_step:,}")
+    assert first.note.startswith(f"first ramp at the card's forecast, step {d.forecast_step:,}")
     # a card that says ramp now (43.2: past the ramp points of 16 and 32, short of 64's): the
     # first ramp now, and the law as fitted after it, which has passed 32's too: ×4 now
     now = S.project(

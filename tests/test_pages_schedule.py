@@ -110,7 +110,8 @@ def test_the_section_projects_the_closed_form_ramps_with_steps_and_hours(growing
     assert const["hours left"] != "unknown" and float(const["hours left"]) > 0
     assert proj["hours left"] == "unknown" and proj["hours saved"] == "unknown"
     assert "32 × 2: only per-device batch 8 was measured" in proj["why unknown"]
-    assert "after it, the noise scale ∝ tokens^0.5" in text and "narrower than the truth" in text
+    assert "; after it, the noise scale extrapolated as a power of the tokens" in text
+    assert "(noise scale ∝ tokens^0.5" in text and "narrower than the truth" in text
     assert "not stored in the database" in text
 
 

@@ -378,8 +378,6 @@ def project(
         return walk(name, segs, now_tokens, budget, cur.seq_len, speeds)
 
     notes = [law.describe(), ladder_note]
-    if first is not None:
-        notes[0] = f"{first.note}; after it, the {law.describe()}"
     if c is not None:
         notes.append(
             f"× {c:.3g}, the calibration of {advice.trial.name}: read as the critical batch"

@@ -81,21 +81,27 @@ def render(view: ScheduleView, *, run_id: str, file: str = "") -> None:
         )
         p = view.projection
         if p is not None:
-            st.caption(
-                "Projected: the noise scale extrapolated as a power of the tokens seen "
-                f"({'; '.join(p.notes)}). A ramp where it reaches the ramp point. The range is "
-                "the fit's slope ± 1.645 standard errors (early: steeper, late: flatter): it "
-                "takes correlated estimates for independent ones and is narrower than the truth; "
-                "a noise scale that levels off comes later than projected, or never. "
-                + (
-                    "The first ramp is the card's forecast, and its range the card's: the law's "
-                    "own first crossing held less often on recorded runs. "
-                    if p.first is not None
-                    else ""
-                )
-                + "Hours from the tier table's throughput."
-            )
+            st.caption(_projection_words(p))
         _plan_field(view, run_id, file)
+
+
+def _projection_words(p) -> str:
+    """How the projection was made, first ramp and range included (advisor/schedule.py)."""
+    law = f"the noise scale extrapolated as a power of the tokens seen ({'; '.join(p.notes)})"
+    if p.first is None:
+        made, range_is = f"{law}, a ramp where it reaches the ramp point", "the fit's slope"
+    else:
+        made = f"the {p.first.note}; after it, {law}, a ramp where it reaches the ramp point"
+        range_is = (
+            "the card's for the first ramp (the law's own first crossing held less often on "
+            "recorded runs), then the fit's slope"
+        )
+    return (
+        f"Projected: {made}. The range is {range_is} ± 1.645 standard errors (early: steeper, "
+        "late: flatter): it takes correlated estimates for independent ones and is narrower "
+        "than the truth; a noise scale that levels off comes later than projected, or never. "
+        "Hours from the tier table's throughput."
+    )
 
 
 def _plan_field(view: ScheduleView, run_id: str, file: str) -> None:
