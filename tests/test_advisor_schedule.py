@@ -188,12 +188,14 @@ def test_given_the_run_s_step_the_first_ramp_is_where_the_card_times_it():
     )[0]
     assert now.first.point == NOW and [g.batch for g in now.central.segments][:2] == [64, 128]
     assert now.central.segments[1].start_tokens == pytest.approx(_crossing(64 / 3), rel=1e-9)
-    # without the run's step, or where the card gives no forecast: the law alone
+    # without the run's step: the law alone
     assert S.project(advice, None, HISTORY, _law(HISTORY), NOW, BUDGET)[0].first is None
-    assert (
-        S.project(_advice(), None, HISTORY, _law(HISTORY), NOW, BUDGET, now_step=399)[0].first
-        is None
-    )
+    # no forecast on the card (3 estimates, no streak): the law's ramp, but not before the card's
+    # streak of 20 estimates could complete (step 419) though the law (43.2 now) says now
+    for law, where in ((_law(HISTORY), _crossing(16)), (3 * _law(HISTORY), tokens(419))):
+        p = S.project(_advice(), None, HISTORY, law, NOW, BUDGET, now_step=399)[0]
+        assert p.first.floor and p.first.point == tokens(419)
+        assert _starts(p.central)[1] == pytest.approx(where, rel=1e-9)
 
 
 def test_the_ladder_ends_at_rampmaxfactor_or_where_a_tier_does_not_fit():

@@ -27,11 +27,13 @@ known.
 The first ramp, where the card times it (`FirstRamp`, `first_ramp`): given the run's step, the
 first ramp is where advise()'s decision puts the crossing: now when it says ramp now, the step
 its streak completes, else its calibrated forecast's point and range (advisor/forecast.py). After
-a forecast first ramp the law is moved to pass through it (same slope) for the ramps after. On
-recorded runs the card's range held for 88% of queries and the law's own first-crossing range
-for 6%, its point off by a median 254 steps against the card's 177 (bench/forecast_bench.py, the
-README's "Forecast coverage"); and one page must not say both "soon" and "never". Where the card
-gives no forecast, the law alone.
+a forecast first ramp the law is moved to pass through it (same slope) for the ramps after.
+Where the card gives no forecast (not rising, or above the batch while its bound is not), the
+law places the first ramp, but no sooner than the card's streak of hysteresis estimates could
+complete. On recorded runs the card's range held for 88% of queries and the law's own
+first-crossing range for 6%, its point off by a median 254 steps against the card's 177
+(bench/forecast_bench.py, the README's "Forecast coverage"); and one page must not say both
+"soon" and "never", nor "now" under "Not yet".
 
 The range: the slope ± Z standard errors, pivoted at the fit's mean log tokens, so the high
 slope ramps early and the low late. It is the fit's own uncertainty and takes the smoothed,
@@ -283,21 +285,35 @@ class FirstRamp:
     early: float
     late: float
     note: str
+    floor: bool = False  # no sooner than `point`: where the law puts it, if later
 
 
 def first_ramp(advice: Advice, now_step: int, now_tokens: float) -> FirstRamp | None:
-    """The card's timing of the first ramp (steps → tokens from the run's `now_step`), or None
-    where the card gives no forecast."""
+    """The card's timing of the first ramp (steps → tokens from the run's `now_step`); where the
+    card gives no forecast, a floor: not before its streak of estimates above could complete."""
     d, cur = advice.decision, advice.current
     if d.ready:
         return FirstRamp(now_tokens, now_tokens, now_tokens, "first ramp now, as the card says")
-    if d.forecast_step is None or not cur.seq_len:
+    if not cur.seq_len:
         return None
 
     def tokens(step: int | None) -> float:
         if step is None:
             return math.inf
         return now_tokens + max(0, step - now_step) * cur.batch * cur.seq_len
+
+    if d.forecast_step is None:
+        e = d.evidence
+        ready = now_step + max(1, e.hysteresis_steps - e.steps_above)
+        at = tokens(ready)
+        return FirstRamp(
+            at,
+            at,
+            at,
+            f"first ramp no sooner than step {ready:,}, where the card's streak of "
+            f"{e.hysteresis_steps} estimates above the ramp point could complete",
+            floor=True,
+        )
 
     if d.forecast_range is None:  # a streak under way: ready when it is long enough
         at = tokens(d.forecast_step)
@@ -363,7 +379,9 @@ def project(
         path = law
         for i, tier in enumerate(ladder):
             level = policy.ramp_point(segs[-1].batch, critical) / (c or 1.0)
-            if i == 0 and first_at is not None:
+            if i == 0 and first is not None and first.floor:
+                at = max(first_at, law.reaches(level, now_tokens, z))
+            elif i == 0 and first_at is not None:
                 at = first_at
                 if now_tokens < at < budget:  # ahead: the law's ramps after it start there
                     path = law.through(at, level)

@@ -88,8 +88,10 @@ def render(view: ScheduleView, *, run_id: str, file: str = "") -> None:
 def _projection_words(p) -> str:
     """How the projection was made, first ramp and range included (advisor/schedule.py)."""
     law = f"the noise scale extrapolated as a power of the tokens seen ({'; '.join(p.notes)})"
-    if p.first is None:
+    if p.first is None or p.first.floor:
         made, range_is = f"{law}, a ramp where it reaches the ramp point", "the fit's slope"
+        if p.first is not None:
+            made += f", the {p.first.note}"
     else:
         made = f"the {p.first.note}; after it, {law}, a ramp where it reaches the ramp point"
         range_is = (
