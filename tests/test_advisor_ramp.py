@@ -262,6 +262,19 @@ def test_ramp_restarts_hysteresis_but_keeps_history():
     )
 
 
+def test_a_streak_short_of_the_estimates_in_all_is_ready_when_both_could_be():
+    # 5 of 10 in a row above, 10 estimates of the 30 needed: ready no sooner than 20 more on
+    rec = decide(
+        list(range(10)),
+        [100.0] * 5 + [900.0] * 5,
+        current_batch=512,
+        hysteresis_steps=10,
+        min_estimates=30,
+    )
+    assert not rec.ready and rec.evidence.estimates_short == 20
+    assert rec.forecast_step == 9 + 20 and "Ready at step ~29" in rec.reason
+
+
 def test_not_enough_evidence():
     rec = decide(
         list(range(30)), [900.0] * 30, current_batch=512, hysteresis_steps=10, min_estimates=100

@@ -190,12 +190,18 @@ def test_given_the_run_s_step_the_first_ramp_is_where_the_card_times_it():
     assert now.central.segments[1].start_tokens == pytest.approx(_crossing(64 / 3), rel=1e-9)
     # without the run's step: the law alone
     assert S.project(advice, None, HISTORY, _law(HISTORY), NOW, BUDGET)[0].first is None
-    # no forecast on the card (3 estimates, no streak): the law's ramp, but not before the card's
-    # streak of 20 estimates could complete (step 419) though the law (43.2 now) says now
-    for law, where in ((_law(HISTORY), _crossing(16)), (3 * _law(HISTORY), tokens(419))):
+    # no forecast on the card (3 estimates of the 30 it needs, no streak): the law's ramp, but
+    # not before the card could say ramp now (27 estimates on: step 426), though the law (43.2
+    # now) says now; with 30 estimates, when its streak of 20 could complete (step 419)
+    for law, where in ((_law(HISTORY), _crossing(16)), (3 * _law(HISTORY), tokens(426))):
         p = S.project(_advice(), None, HISTORY, law, NOW, BUDGET, now_step=399)[0]
-        assert p.first.floor and p.first.point == tokens(419)
+        assert p.first.floor and p.first.point == tokens(426)
+        assert p.first.note.startswith("first ramp no sooner than step 426")
         assert _starts(p.central)[1] == pytest.approx(where, rel=1e-9)
+    flat = _advice(gns=(np.arange(370, 400), np.full(30, 5.0)))  # 30 estimates, none above
+    assert flat.decision.forecast_step is None
+    p = S.project(flat, None, HISTORY, 3 * _law(HISTORY), NOW, BUDGET, now_step=399)[0]
+    assert p.first.floor and p.first.point == tokens(419) == _starts(p.central)[1]
 
 
 def test_the_ladder_ends_at_rampmaxfactor_or_where_a_tier_does_not_fit():

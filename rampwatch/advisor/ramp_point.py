@@ -57,6 +57,12 @@ class Evidence:
     trend: str  # how the trend was fitted, e.g. 'log-linear over 200 estimates'
     lower_bound: float | None = None  # the latest estimate's one-sided 95% lower bound
 
+    @property
+    def estimates_short(self) -> int:
+        """How many more estimates, at the fewest, before the decision could be ready: the
+        streak of `hysteresis_steps` complete and `min_estimates` reached (at least one)."""
+        return max(1, self.hysteresis_steps - self.steps_above, self.min_estimates - self.n_samples)
+
 
 @dataclass(frozen=True)
 class Recommendation:
@@ -169,7 +175,7 @@ def ramp_decision(
     if steps_above >= hyst:  # held long enough, but too few estimates in all: no step to give
         forecast, status, outlook = _NONE, words.streak(steps_above, hyst), ""
     elif steps_above > 0:
-        forecast = _Forecast(series.last_step + hyst - steps_above, None, "")
+        forecast = _Forecast(series.last_step + evidence.estimates_short, None, "")
         status, outlook = words.streak(steps_above, hyst), _outlook(forecast.step, None, "", None)
     else:
         status, outlook = _not_above(words, fit, forecast, since_step)

@@ -29,8 +29,8 @@ first ramp is where advise()'s decision puts the crossing: now when it says ramp
 its streak completes, else its calibrated forecast's point and range (advisor/forecast.py). After
 a forecast first ramp the law is moved to pass through it (same slope) for the ramps after.
 Where the card gives no forecast (not rising, or above the batch while its bound is not), the
-law places the first ramp, but no sooner than the card's streak of hysteresis estimates could
-complete. On recorded runs the card's range held for 88% of queries and the law's own
+law places the first ramp, but no sooner than the card could say ramp now (its streak of
+hysteresis estimates complete and enough estimates in all: `Evidence.estimates_short`). On recorded runs the card's range held for 88% of queries and the law's own
 first-crossing range for 6%, its point off by a median 254 steps against the card's 177
 (bench/forecast_bench.py, the README's "Forecast coverage"); and one page must not say both
 "soon" and "never", nor "now" under "Not yet".
@@ -290,7 +290,7 @@ class FirstRamp:
 
 def first_ramp(advice: Advice, now_step: int, now_tokens: float) -> FirstRamp | None:
     """The card's timing of the first ramp (steps → tokens from the run's `now_step`); where the
-    card gives no forecast, a floor: not before its streak of estimates above could complete."""
+    card gives no forecast, a floor: not before the card could say ramp now."""
     d, cur = advice.decision, advice.current
     if d.ready:
         return FirstRamp(now_tokens, now_tokens, now_tokens, "first ramp now, as the card says")
@@ -304,17 +304,17 @@ def first_ramp(advice: Advice, now_step: int, now_tokens: float) -> FirstRamp | 
 
     if d.forecast_step is None:
         e = d.evidence
-        ready = now_step + max(1, e.hysteresis_steps - e.steps_above)
+        ready = now_step + e.estimates_short  # one estimate a step, at the most
         at = tokens(ready)
         return FirstRamp(
             at,
             at,
             at,
-            f"first ramp no sooner than step {ready:,}, where the card's streak of "
-            f"{e.hysteresis_steps} estimates above the ramp point could complete",
+            f"first ramp no sooner than step {ready:,}, the first at which the card could say "
+            f"ramp now ({e.hysteresis_steps} estimates in a row above the ramp point, "
+            f"{e.min_estimates} in all)",
             floor=True,
         )
-
     if d.forecast_range is None:  # a streak under way: ready when it is long enough
         at = tokens(d.forecast_step)
         return FirstRamp(at, at, at, f"first ramp at step {d.forecast_step:,}, as the card says")
@@ -374,19 +374,22 @@ def project(
     c, critical = advice.calibration, advice.critical
     first = None if now_step is None else first_ramp(advice, now_step, now_tokens)
 
-    def schedule(name: str, z: float, first_at: float | None) -> Schedule:
+    def schedule(name: str, z: float, bound: str) -> Schedule:
+        """bound: the FirstRamp field ("point", "early", "late") that times this schedule's
+        first ramp; the law times the rest, moved through it when the card's forecast set it."""
         segs = [Segment(float(now_tokens), cur.batch, cur.tier)]
         path = law
         for i, tier in enumerate(ladder):
             level = policy.ramp_point(segs[-1].batch, critical) / (c or 1.0)
-            if i == 0 and first is not None and first.floor:
-                at = max(first_at, law.reaches(level, now_tokens, z))
-            elif i == 0 and first_at is not None:
-                at = first_at
-                if now_tokens < at < budget:  # ahead: the law's ramps after it start there
-                    path = law.through(at, level)
-            else:
-                at = path.reaches(level, segs[-1].start_tokens, z)
+            at = path.reaches(level, segs[-1].start_tokens, z)
+            if i == 0 and first is not None:
+                card_at = getattr(first, bound)
+                if first.floor:
+                    at = max(card_at, at)
+                else:
+                    at = card_at
+                    if now_tokens < at < budget:  # ahead: the law's ramps after it start there
+                        path = law.through(at, level)
             if at >= budget:
                 break
             if at <= segs[-1].start_tokens:  # due already: the jump happens at this point
@@ -406,9 +409,9 @@ def project(
             first,
             c,
             critical,
-            schedule("projected", 0.0, first and first.point),
-            schedule("projected, early", Z, first and first.early),
-            schedule("projected, late", -Z, first and first.late),
+            schedule("projected", 0.0, "point"),
+            schedule("projected, early", Z, "early"),
+            schedule("projected, late", -Z, "late"),
             tuple(notes),
         ),
         "",
