@@ -109,12 +109,46 @@ def test_cli_refuses_bad_files_with_exit_2(tmp_path, make, words, cmd):
     assert _digest(db) == before
 
 
+@pytest.mark.parametrize(
+    "cmd",
+    [("info",), ("recover",), ("upgrade",), ("export",), ("compact", "--keep-last-steps", "1")],
+)
+def test_a_mistyped_path_makes_no_database(tmp_path, cmd):
+    """A command on a file that is not there says so (exit 2) and creates nothing: a typo must
+    not leave an empty database that the next command calls already current."""
+    db = tmp_path / "nope.duckdb"
+    r = _cli(cmd[0], db, *cmd[1:])
+    assert r.returncode == 2 and "does not exist" in r.stderr and "Traceback" not in r.stderr, r
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_dead_writers_spool_without_its_database_is_still_recovered(tmp_path):
+    """The one case where recover makes the file: a spool with rows to keep (here the
+    database was deleted after its writer died)."""
+    db = tmp_path / "r.duckdb"
+    died = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import os, sys; from rampwatch import store; "
+            "w = store.RunWriter.start(sys.argv[1], 'x', run_id='r1'); "
+            "[w.log(s, {'loss': 1.0 / s}) for s in range(1, 50)]; os._exit(9)",
+            str(db),
+        ],
+        timeout=60,
+    )
+    assert died.returncode == 9
+    db.unlink()
+    r = _cli("recover", db)
+    assert r.returncode == 0 and "49 metric records ingested" in r.stdout, r
+    [run] = store.list_runs(db)
+    assert (run.run_id, run.status, run.last_step) == ("r1", "killed", 49)
+
+
 def test_missing_file_for_reading(tmp_path):
     db = tmp_path / "nope.duckdb"
     with pytest.raises(store.DatabaseMissingError, match="does not exist"):
         store.list_runs(db)
-    r = _cli("info", db)
-    assert r.returncode == 2 and "does not exist" in r.stderr
     assert list(tmp_path.iterdir()) == []
 
 

@@ -24,8 +24,14 @@ from pathlib import Path
 
 from rampwatch.store import command_rows, ingest, spool
 from rampwatch.store import spool_format as fmt
-from rampwatch.store.db import DEFAULT_TIMEOUT, read_connection, spool_root, write_connection
-from rampwatch.store.errors import StoreError
+from rampwatch.store.db import (
+    DEFAULT_TIMEOUT,
+    read_connection,
+    resolve,
+    spool_root,
+    write_connection,
+)
+from rampwatch.store.errors import DatabaseMissingError, StoreError
 from rampwatch.store.schema import EVENTS, RUN_TABLES, first, transaction
 
 
@@ -193,7 +199,14 @@ def recover_dead(con, db) -> RecoveryReport:
 
 
 def recover(db, timeout: float = DEFAULT_TIMEOUT) -> RecoveryReport:
-    """Ingest every dead writer's spool beside `db` and mark their runs killed."""
+    """Ingest every dead writer's spool beside `db` and mark their runs killed. A path with no
+    database and no spool beside it is DatabaseMissingError, and nothing is made there: a
+    mistyped path must not become an empty database."""
+    if not os.path.exists(resolve(db)) and not spool.list_spools(spool_root(db)):
+        raise DatabaseMissingError(
+            f"no Rampwatch database at {db}: the file does not exist, and no writer's spool is "
+            "beside it; check the path"
+        )
     with write_connection(db, timeout) as con:
         return recover_dead(con, db)
 
