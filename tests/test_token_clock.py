@@ -179,6 +179,16 @@ def test_monitor_start_refuses_a_bad_seq_len_or_policy_before_it_writes(tmp_path
             Monitor.start(db, seq_len=bad, **base)
     with pytest.raises(TypeError, match="policy must be a RampPolicy.*got dict"):
         Monitor.start(db, seq_len=4, policy={"original_batch": 4}, **base)
+    # capacity "80GB" failed inside the store's insert (a DuckDB conversion error), a misspelt
+    # keyword was blamed on Monitor.__init__, and ramp="bogus" was refused after the run began:
+    # each left a failed run behind
+    for bad in ("80GB", 0, -1, 2.5):
+        with pytest.raises(ValueError, match=f"capacity_bytes must be .*got {bad!r}"):
+            Monitor.start(db, seq_len=4, capacity_bytes=bad, **base)
+    with pytest.raises(TypeError, match=r"Monitor.start\(\) got an unexpected keyword.*'ramp_at'"):
+        Monitor.start(db, seq_len=4, ramp_at=2.0, **base)
+    with pytest.raises(ValueError, match="ramp='bogus': one of manual, auto, off"):
+        Monitor.start(db, seq_len=4, ramp="bogus", **base)
     assert not db.exists() or store.list_runs(db) == []
 
 

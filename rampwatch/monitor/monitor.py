@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import difflib
+import inspect
 import math
 import statistics
 import sys
@@ -58,7 +60,13 @@ from rampwatch.monitor.device import (
 )
 from rampwatch.monitor.fsdp_norms import fsdp2_modules
 from rampwatch.monitor.gradstats import AccumulationStats, StepGradStats
-from rampwatch.monitor.ramp_protocol import Ramp, RampChannel, RampProtocol, RunningTier
+from rampwatch.monitor.ramp_protocol import (
+    Ramp,
+    RampChannel,
+    RampProtocol,
+    RunningTier,
+    check_mode,
+)
 from rampwatch.monitor.trial_protocol import TrialOutcome, TrialProtocol, TrialRequest
 from rampwatch.store import RunWriter
 from rampwatch.store import names as M
@@ -87,6 +95,12 @@ def default_policy(optimizer, batch: int, lr_rule: str | None = None) -> RampPol
     # an LR of 0 (frozen weights, a schedule that owns the LR) has no scale: ramps then move a
     # unit LR, so their multipliers are still the rule's
     return RampPolicy(original_batch=batch, original_lr=lr if lr > 0 else 1.0, lr_rule=rule)
+
+
+def _keywords(fn) -> frozenset[str]:
+    """fn's keyword-only parameters: Monitor.start passes its **kwargs on to __init__'s."""
+    params = inspect.signature(fn).parameters
+    return frozenset(n for n, p in params.items() if p.kind is p.KEYWORD_ONLY)
 
 
 def _budget(total_tokens) -> int | None:
@@ -252,8 +266,26 @@ class Monitor:
         trial_delta_from_loss: the default Δ is a cap, and each trial's Δ comes from the run's
         own loss curve below it (monitor/trial_protocol.py).
         """
+        # every argument checked before the run exists: a mistake leaves no failed run behind
         total_tokens = _budget(config.get("total_tokens") if total_tokens is None else total_tokens)
-        seq_len = positive_int("seq_len", seq_len)  # before the run exists: no empty run left
+        seq_len = positive_int("seq_len", seq_len)
+        if capacity_bytes is not None:
+            try:
+                capacity_bytes = positive_int("capacity_bytes", capacity_bytes)
+            except ValueError:
+                raise ValueError(
+                    f"capacity_bytes must be a positive whole number of bytes (e.g. 80 * 2**30 "
+                    f"for 80 GiB), or None for the device's own; got {capacity_bytes!r}"
+                ) from None
+        unknown = sorted(set(kwargs) - _keywords(cls.__init__))
+        if unknown:
+            known = _keywords(cls.__init__) | _keywords(cls.start)
+            close = difflib.get_close_matches(unknown[0], known, 1)
+            raise TypeError(
+                f"Monitor.start() got an unexpected keyword argument {unknown[0]!r}"
+                + (f": did you mean {close[0]!r}?" if close else "")
+                + " (help(Monitor.start) and help(Monitor.__init__) list the ones it takes)"
+            )
         trial_kwargs = dict(
             trials=trials,
             trial_delta_tokens=trial_delta_tokens,
@@ -277,6 +309,10 @@ class Monitor:
         policy = policy or default_policy(
             optimizer, Tier(per_device_batch, accum, world).batch, lr_rule
         )
+        trial_protocol = TrialProtocol(
+            bool(trials), trials_note, trial_delta_tokens, delta_from_loss=trial_delta_from_loss
+        )
+        check_mode(ramp, policy, trial_protocol)
         writer = None
         if rank == 0:
             recorded = {
@@ -290,9 +326,7 @@ class Monitor:
                 **dict(config),
                 **({"total_tokens": total_tokens} if total_tokens else {}),
                 POLICY_KEY: policy.to_config(),
-                **TrialProtocol(
-                    trials, trials_note, trial_delta_tokens, delta_from_loss=trial_delta_from_loss
-                ).config(),
+                **trial_protocol.config(),
             }
             writer = RunWriter.start(
                 db_path,

@@ -56,7 +56,15 @@ from rampwatch.store import names as M
 from rampwatch.store.commands import validate as validate_command
 
 # RampChannel and RunningTier (advisor/advice.py's): re-exported
-__all__ = ["MODES", "Ramp", "RampChannel", "RampProtocol", "RunningTier", "scale_lr"]
+__all__ = [
+    "MODES",
+    "Ramp",
+    "RampChannel",
+    "RampProtocol",
+    "RunningTier",
+    "check_mode",
+    "scale_lr",
+]
 
 MODES = ("manual", "auto", "off")
 AUTO_PAUSED = (
@@ -125,6 +133,19 @@ def scale_lr(optimizer, multiplier: float, scheduler=None) -> None:
         todo.extend(getattr(s, "_schedulers", None) or ())
 
 
+def check_mode(mode: str, policy: RampPolicy, trials: TrialProtocol) -> None:
+    """ValueError unless `mode` is one of MODES and can run with this policy and these trials
+    (Monitor.start calls it before the run exists)."""
+    if mode not in MODES:
+        raise ValueError(f"ramp={mode!r}: one of {', '.join(MODES)}")
+    if mode == "auto" and policy.gate == "trial" and not trials.enabled:
+        raise ValueError(
+            "ramp='auto' with the policy's trial gate ramps only through trials, and this "
+            f"loop runs none ({trials.note or 'trials=False'}): start the monitor with "
+            "trials=True and run what trial_due() returns, or use gate 'noise'"
+        )
+
+
 @dataclass
 class RampProtocol:
     """The monitor's ramp state. `Monitor` owns one and hands it what it works with; loops use it
@@ -157,14 +178,7 @@ class RampProtocol:
     trials: TrialProtocol = field(default_factory=TrialProtocol)  # trial commands: its checks
 
     def __post_init__(self):
-        if self.mode not in MODES:
-            raise ValueError(f"ramp={self.mode!r}: one of {', '.join(MODES)}")
-        if self.mode == "auto" and self.policy.gate == "trial" and not self.trials.enabled:
-            raise ValueError(
-                "ramp='auto' with the policy's trial gate ramps only through trials, and this "
-                f"loop runs none ({self.trials.note or 'trials=False'}): start the monitor with "
-                "trials=True and run what trial_due() returns, or use gate 'noise'"
-            )
+        check_mode(self.mode, self.policy, self.trials)
         self.tokens = 0  # tokens seen at the last step (the trial gate's interval counts them)
         self.base_lr = self.base_lr or self.policy.original_lr
         self.start_base_lr = self.start_base_lr or self.policy.original_lr
