@@ -188,6 +188,75 @@ def test_a_loop_without_after_backward_logs_everything_but_the_noise_scale(tmp_p
     assert err.count(NO_AFTER_BACKWARD) == 1, err
 
 
+def test_after_backward_after_zero_grad_is_said_as_the_loops_order_not_sharding(tmp_path, capfd):
+    """mon.after_backward() once the optimizer has cleared .grad finds no gradient, as ZeRO-2/3
+    would leave it: the alert names the call's place first (it was "sharded gradients:
+    ... ZeRO-2/3", which misled a loop that uses neither), is printed to the loop's author,
+    and the rest of each step is still logged."""
+    torch.manual_seed(0)
+    db = tmp_path / "runs.duckdb"
+    model = torch.nn.Linear(6, 3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    mon = _started(db, model, opt)
+    for step in range(1, 4):
+        loss = _backwards(model, None)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        mon.after_backward()  # too late: .grad is gone
+        mon.step(step, loss=loss)
+    mon.finish()
+    assert sorted(metric(db, mon.run_id, M.LOSS)) == [1, 2, 3]
+    assert not GNS_NAMES & set(store.metric_names(db, mon.run_id))
+    [alert] = _alerts(db, mon.run_id)
+    assert "sharded gradients" not in alert.message, alert.message
+    assert "mon.after_backward() found no .grad" in alert.message
+    assert "right after each loss.backward(), before the optimizer's step() and zero_grad()" in (
+        alert.message
+    )
+    assert "found no .grad" in capfd.readouterr().err
+
+
+def test_an_extra_value_that_is_not_a_number_loses_nothing_else(tmp_path, capfd):
+    """mon.step(..., extra={"note": "hi"}) failed the whole step's telemetry (float("hi")):
+    the step logged nothing. Now that key alone is left out and said to the loop's author."""
+    torch.manual_seed(0)
+    db = tmp_path / "runs.duckdb"
+    model = torch.nn.Linear(6, 3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    mon = _started(db, model, opt)
+    for step in (1, 2):
+        loss = _backwards(model, mon)
+        logged = mon.step(step, loss=loss, extra={"note": "hi", "tok_acc": torch.tensor(0.5)})
+        assert logged[M.LOSS] == float(loss) and logged["tok_acc"] == 0.5 and "note" not in logged
+        opt.step()
+        opt.zero_grad()
+    mon.finish()
+    assert metric(db, mon.run_id, "tok_acc") == {1: 0.5, 2: 0.5}
+    assert sorted(metric(db, mon.run_id, M.GRAD_NORM)) == [1, 2]
+    [alert] = _alerts(db, mon.run_id)
+    assert "extra['note'] is not a number ('hi')" in alert.message, alert.message
+    assert capfd.readouterr().err.count("extra['note']") == 1
+
+
+@pytest.mark.parametrize("bad", ["2", 2.0, -1, torch.tensor(True)])
+def test_a_step_that_is_not_a_step_count_is_said_and_never_raised(tmp_path, capfd, bad):
+    """mon.step("2", ...) raised a ValueError into the loop: the guard that words a failure as
+    an alert wrote that alert at the same bad step, which the store refused."""
+    db = tmp_path / "runs.duckdb"
+    model = torch.nn.Linear(6, 3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    mon = _started(db, model, opt)
+    assert mon.step(1, loss=_backwards(model, mon))
+    opt.step()
+    assert mon.step(bad, loss=_backwards(model, mon)) == {}
+    assert mon.step(2, loss=_backwards(model, mon))  # the next good step is logged as ever
+    mon.finish()
+    assert sorted(metric(db, mon.run_id, M.LOSS)) == [1, 2]
+    [alert] = _alerts(db, mon.run_id)
+    assert alert.step == 1 and alert.message.startswith(f"mon.step({bad!r}, ...): step is ")
+    assert "mon.step(" in capfd.readouterr().err
+
+
 def test_a_ddp_loop_without_after_backward_logs_everything_but_the_noise_scale(tmp_path):
     """Two gloo ranks: the gradient norm and the rank-mean loss still ride on the one all-reduce
     per step; one alert, printed once (rank 0 has the writer)."""

@@ -122,16 +122,21 @@ def _is_sharded_tensor(t: torch.Tensor) -> bool:
     return type(t).__name__ == "DTensor"
 
 
+# after_backward() found every .grad None: called before backward or after zero_grad(), or
+# ZeRO-2/3, which keeps gradients in its own buffers. The monitor words it (the loop's order
+# first): nothing here can tell the two apart.
+NO_GRAD = "no .grad after a backward"
+
+
 def _sharded(params) -> str | None:
     """Why the norm of .grad would not be the gradient's: FSDP1's flat parameters, DeepSpeed's
-    partitioned parameters, or no .grad after a backward (ZeRO-2/3 keep gradients in their own
-    partitioned buffers); None when .grad is whole."""
+    partitioned parameters, or NO_GRAD; None when .grad is whole."""
     if any(type(p).__name__ == "FlatParameter" for p in params):
         return "FSDP1's flat parameters hold a shard of .grad per rank"
     if any(getattr(p, "ds_id", None) is not None for p in params):
         return "DeepSpeed ZeRO keeps its gradients partitioned"
     if all(p.grad is None for p in params):
-        return "no .grad after a backward (ZeRO-2/3 keep gradients in their own buffers)"
+        return NO_GRAD
     return None
 
 

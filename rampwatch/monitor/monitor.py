@@ -59,7 +59,7 @@ from rampwatch.monitor.device import (
     unmeasured_sharding,
 )
 from rampwatch.monitor.fsdp_norms import fsdp2_modules
-from rampwatch.monitor.gradstats import AccumulationStats, StepGradStats
+from rampwatch.monitor.gradstats import NO_GRAD, AccumulationStats, StepGradStats
 from rampwatch.monitor.ramp_protocol import (
     Ramp,
     RampChannel,
@@ -70,6 +70,7 @@ from rampwatch.monitor.ramp_protocol import (
 from rampwatch.monitor.trial_protocol import TrialOutcome, TrialProtocol, TrialRequest
 from rampwatch.store import RunWriter
 from rampwatch.store import names as M
+from rampwatch.store.steps import step_problem
 
 # a gradient-norm spike: above SPIKE_FACTOR × the median of the last SPIKE_WINDOW finite norms,
 # once at least SPIKE_MIN_STEPS are known (early training's norms move too fast to judge)
@@ -469,8 +470,19 @@ class Monitor:
         """Record one optimizer step. Call after the last backward, before clipping (a loop
         that hands reduced_grad() its shards: after the optimizer's step). Returns
         what was logged ({} when the monitor itself failed: said once as an alert)."""
+        checked, problem = step_problem(step)
+        if problem is not None:  # said at the last good step: the store takes no other
+            self.grads.reset()
+            self._backwards_at_step = self._backwards
+            self._tell_loop(
+                self.last_step,
+                "bad step",
+                f"mon.step({step!r}, ...): {problem}, not an optimizer step count; that step "
+                "is not logged. Pass the step as a non-negative int",
+            )
+            return {}
         try:
-            return self._step(step, loss, grad_scale, extra)
+            return self._step(checked, loss, grad_scale, extra)
         except Exception as e:  # never into the loop
             self.grads.reset()
             self._internal_error("step", e, step)
@@ -532,13 +544,30 @@ class Monitor:
         self._last_step_t, self._excluded = now, 0.0
         m.update(mem if mem is not None else self._memory_metrics())
         if extra:
-            m.update({k: float(v) for k, v in extra.items()})
+            m.update(self._extra_numbers(step, extra))
         self.last_metrics = m
         if self.writer:
             self.writer.log(step, m)
         self.ramps.observe(step, m)
         self.ramps.trials.observe(m)
         return m
+
+    def _extra_numbers(self, step: int, extra: Mapping[str, Any]) -> dict[str, float]:
+        """extra's values as floats; one that is not a number is left out and said to the
+        loop's author once per key (never the whole step lost)."""
+        out = {}
+        for k, v in extra.items():
+            try:
+                out[k] = float(v)
+            except (TypeError, ValueError, RuntimeError):  # RuntimeError: a tensor of many
+                self._tell_loop(
+                    step,
+                    f"extra {k!r}",
+                    f"mon.step(..., extra=...): extra[{k!r}] is not a number ({v!r:.60}): "
+                    "left out wherever it is not one, and the rest of the step logged. Pass "
+                    "floats, ints or one-element tensors",
+                )
+        return out
 
     def _without_after_backward(self, step: int) -> bool | None:
         """step() with no after_backward() since the last step(): whether to read .grad for the
@@ -610,6 +639,16 @@ class Monitor:
         history.append(grad_norm)
 
     def _say_sharded(self, step: int) -> None:
+        if self.grads.sharded_why == NO_GRAD:  # most often the loop's order: said to its author
+            self._tell_loop(
+                step,
+                "no grad",
+                "gradient norm and noise scale not measured: mon.after_backward() found no "
+                ".grad. Call it right after each loss.backward(), before the optimizer's step() "
+                "and zero_grad(); an optimizer that keeps gradients in its own buffers "
+                "(DeepSpeed ZeRO-2/3) cannot be measured",
+            )
+            return
         if "sharded" not in self._alerted:
             self._alerted.add("sharded")
             self.event(
