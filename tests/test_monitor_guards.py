@@ -216,6 +216,17 @@ def test_after_backward_after_zero_grad_is_said_as_the_loops_order_not_sharding(
     assert "found no .grad" in capfd.readouterr().err
 
 
+def test_a_loss_that_requires_grad_is_read_without_a_warning(tmp_path, recwarn):
+    model = torch.nn.Linear(6, 3)
+    mon = _started(tmp_path / "runs.duckdb", model, torch.optim.AdamW(model.parameters()))
+    loss = model(torch.randn(4, 6)).square().mean()
+    loss.backward()
+    mon.after_backward()
+    assert mon.step(1, loss=loss)[M.LOSS] == loss.item()
+    mon.finish()
+    assert not [w for w in recwarn if "requires_grad" in str(w.message)]
+
+
 def test_an_extra_value_that_is_not_a_number_loses_nothing_else(tmp_path, capfd):
     """mon.step(..., extra={"note": "hi"}) failed the whole step's telemetry (float("hi")):
     the step logged nothing. Now that key alone is left out and said to the loop's author."""

@@ -523,7 +523,8 @@ class Monitor:
         batch_tokens = batch_seqs * running.seq_len
         self.tokens_seen += batch_tokens
         m: dict[str, float] = {
-            M.LOSS: float(loss),
+            # a loss that still requires grad: no torch warning about reading it as a number
+            M.LOSS: float(loss.detach() if isinstance(loss, torch.Tensor) else loss),
             M.LR: float(self.optimizer.param_groups[0]["lr"]),
             **_tier_row(tier, running.seq_len, self.tokens_seen),
         }
