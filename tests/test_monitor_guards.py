@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 
+import pyarrow.compute as pc
 import pytest
 import torch
 
@@ -225,6 +226,25 @@ def test_a_loss_that_requires_grad_is_read_without_a_warning(tmp_path, recwarn):
     assert mon.step(1, loss=loss)[M.LOSS] == loss.item()
     mon.finish()
     assert not [w for w in recwarn if "requires_grad" in str(w.message)]
+
+
+def test_steps_that_start_again_each_epoch_are_said_once(tmp_path, capfd):
+    """A loop that passes its batch index (1, 2, 3, then 1, 2, 3 in the next epoch) gets one
+    alert naming that mistake; every step is still logged."""
+    db = tmp_path / "runs.duckdb"
+    model = torch.nn.Linear(6, 3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    mon = _started(db, model, opt)
+    for _epoch in range(2):
+        for i in (1, 2, 3):
+            assert mon.step(i, loss=_backwards(model, mon))
+            opt.step()
+            opt.zero_grad()
+    mon.finish()
+    assert len(store.export(db, mon.run_id).filter(pc.equal(pc.field("name"), M.LOSS))) == 6
+    [alert] = _alerts(db, mon.run_id)
+    assert alert.step == 1 and alert.message.startswith("mon.step(1) came after mon.step(3)")
+    assert capfd.readouterr().err.count("came after") == 1
 
 
 def test_an_extra_value_that_is_not_a_number_loses_nothing_else(tmp_path, capfd):

@@ -506,6 +506,15 @@ class Monitor:
         read_grads = reported or self._without_after_backward(step)
         if read_grads is None:  # step() again for a step already logged
             return {}
+        if step <= self.last_step and step:  # logged, with two rows for one step: said once
+            self._tell_loop(
+                step,
+                "step went back",
+                f"mon.step({step}) came after mon.step({self.last_step}): steps must grow, or "
+                "the charts, the noise-scale trend and the ramp's timing read two steps as "
+                "one. Is the loop passing the batch's index in its epoch? Pass the optimizer "
+                "step count (it goes on across epochs)",
+            )
         self.last_step, self._backwards_at_step = step, self._backwards
         stats, mem = None, None
         running = self.ramps.running
