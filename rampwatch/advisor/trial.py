@@ -147,6 +147,7 @@ __all__ = [
     "judge",
     "arms_left",
     "examples_to_judge_delta",
+    "discarded_at_most",
 ]
 
 # the control's second-half over first-half progress below which Δ is too long (docstring)
@@ -156,6 +157,12 @@ HALF_PROGRESS_MIN = ((1 + math.sqrt(13)) / 6) ** 1.5
 TELL_POWER = 0.8
 # what the Δ check found (docstring, "r's bound"); only "fine" and "not judged" judge the branches
 DELTA_CHECKS = ("fine", "too long", "cannot tell", "not judged")
+
+
+def discarded_at_most(factors, delta_tokens: int) -> int:
+    """A trial's cost before it runs: every arm but the kept one, len(factors) × Δ whichever it
+    is, when every arm runs (a verdict's `cost_tokens` counts the arms that ran)."""
+    return len(factors) * delta_tokens
 
 
 def delta_over_tau(ratio: float) -> float:
@@ -236,9 +243,8 @@ class TrialPlan:
 
     @property
     def cost_tokens(self) -> int:
-        """Tokens trained and thrown away at most: every arm but the one kept, len(ks)·Δ whichever
-        it is, when every arm runs (a verdict's `cost_tokens` counts the arms that ran)."""
-        return len(self.ks) * self.delta_tokens
+        """Tokens trained and thrown away at most (`discarded_at_most`)."""
+        return discarded_at_most(self.ks, self.delta_tokens)
 
 
 @dataclass(frozen=True)

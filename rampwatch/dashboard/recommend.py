@@ -40,7 +40,7 @@ from rampwatch.advisor.ramp_point import Effect, Recommendation
 from rampwatch.advisor.throughput import ThroughputModel, measure_tiers, recent_throughput
 from rampwatch.advisor.tier_table import TierRow, steps_to_limit, tier_rows
 from rampwatch.advisor.tiers import Tier, TierOption
-from rampwatch.advisor.trial import TrialVerdict
+from rampwatch.advisor.trial import TrialVerdict, discarded_at_most
 from rampwatch.dashboard.buckets import Buckets
 from rampwatch.store import names as M
 
@@ -495,8 +495,12 @@ class TrialOffer:
 
     @property
     def cost_tokens(self) -> int | None:
-        """Discarded at most: every arm but the kept one, len(factors) × Δ whichever it is."""
-        return None if self.delta_tokens is None else len(self.factors) * self.delta_tokens
+        """Discarded at most (advisor.trial.discarded_at_most); None without the loop's Δ."""
+        return (
+            None
+            if self.delta_tokens is None
+            else discarded_at_most(self.factors, self.delta_tokens)
+        )
 
     @property
     def cost_fraction(self) -> float | None:
