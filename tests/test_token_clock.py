@@ -199,3 +199,25 @@ def test_the_lightning_callback_refuses_a_bad_seq_len_when_made():
     for bad in ("4", 0):
         with pytest.raises(ValueError, match="seq_len must be a positive integer"):
             RampwatchCallback("runs.duckdb", seq_len=bad)
+    # a misspelt monitor keyword: said when the callback is made, not at fit's first step
+    with pytest.raises(
+        TypeError,
+        match=r"RampwatchCallback\(\) got .* 'flop_per_token': did "
+        "you mean 'flops_per_token'",
+    ):
+        RampwatchCallback("runs.duckdb", flop_per_token=6e6)
+
+
+def test_the_hf_trainer_refuses_a_misspelt_monitor_keyword_when_made(tmp_path):
+    pytest.importorskip("transformers")
+    from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
+
+    from rampwatch.integrations.transformers import RampwatchTrainer
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=16))
+    args = TrainingArguments(str(tmp_path / "out"), report_to=[], use_cpu=True)
+    with pytest.raises(TypeError, match=r"monitor_kwargs=...\) got .* 'gns_window'"):
+        RampwatchTrainer(
+            model=model, args=args, db=tmp_path / "r.duckdb", monitor_kwargs={"gns_window": 50}
+        )
+    assert not (tmp_path / "r.duckdb").exists()

@@ -114,6 +114,7 @@ from rampwatch.advisor.checks import positive_int
 from rampwatch.advisor.policy import CONFIG_KEY as POLICY_KEY
 from rampwatch.advisor.policy import RampPolicy
 from rampwatch.monitor import Monitor
+from rampwatch.monitor.monitor import check_monitor_keywords
 from rampwatch.monitor.ramp_protocol import MODES, Ramp, scale_lr
 from rampwatch.monitor.token_clock import TokenClock, steps_to_budget
 from rampwatch.store import RunNotFoundError
@@ -155,6 +156,7 @@ class RampwatchCallback(pl.Callback):
         if ramp not in MODES:
             raise ValueError(f"ramp={ramp!r}: one of {', '.join(MODES)}")
         seq_len = positive_int("seq_len", seq_len)  # here, not at fit's first step
+        check_monitor_keywords(monitor_kwargs, "RampwatchCallback()")
         self.db, self.name, self.seq_len, self.ramp = db, name, seq_len, ramp
         self.per_device_batch, self.config, self.policy = per_device_batch, config, policy
         self.checkpoint_before_ramp, self.batch_attr = checkpoint_before_ramp, batch_attr

@@ -100,6 +100,7 @@ from rampwatch.integrations.hf_restart import (
     resume_args,
 )
 from rampwatch.monitor import Monitor
+from rampwatch.monitor.monitor import check_monitor_keywords
 from rampwatch.monitor.token_clock import TokenClock, steps_to_budget
 
 __all__ = ["EXIT_RAMP", "STATE_FILE", "RampRestart", "RampwatchTrainer", "resume_args"]
@@ -143,6 +144,7 @@ class RampwatchTrainer(Trainer):
         self._db, self._name, self._ramp_mode, self._policy = db, name, ramp, policy
         self._seq_len, self._run_config = seq_len, dict(run_config or {})
         self._monitor_kwargs = dict(monitor_kwargs or {})
+        check_monitor_keywords(self._monitor_kwargs, "RampwatchTrainer(monitor_kwargs=...)")
         self._mon: Monitor | None = None
         self._resume: dict | None = None  # the checkpoint's rampwatch.json, set by train()
         self._shifts: bool | None = None  # does the model's loss shift its labels

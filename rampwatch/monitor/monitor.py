@@ -99,9 +99,22 @@ def default_policy(optimizer, batch: int, lr_rule: str | None = None) -> RampPol
 
 
 def _keywords(fn) -> frozenset[str]:
-    """fn's keyword-only parameters: Monitor.start passes its **kwargs on to __init__'s."""
     params = inspect.signature(fn).parameters
     return frozenset(n for n, p in params.items() if p.kind is p.KEYWORD_ONLY)
+
+
+def check_monitor_keywords(kwargs: Mapping[str, Any], caller: str) -> None:
+    """TypeError naming the first keyword that neither Monitor.start nor Monitor.__init__ (to
+    which start passes its **kwargs) takes: said where it was typed, not at a later start."""
+    known = _keywords(Monitor.start) | _keywords(Monitor.__init__)
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], known, 1)
+        raise TypeError(
+            f"{caller} got an unexpected keyword argument {unknown[0]!r}"
+            + (f": did you mean {close[0]!r}?" if close else "")
+            + " (help(Monitor.start) and help(Monitor.__init__) list the ones it takes)"
+        )
 
 
 def _budget(total_tokens) -> int | None:
@@ -278,15 +291,7 @@ class Monitor:
                     f"capacity_bytes must be a positive whole number of bytes (e.g. 80 * 2**30 "
                     f"for 80 GiB), or None for the device's own; got {capacity_bytes!r}"
                 ) from None
-        unknown = sorted(set(kwargs) - _keywords(cls.__init__))
-        if unknown:
-            known = _keywords(cls.__init__) | _keywords(cls.start)
-            close = difflib.get_close_matches(unknown[0], known, 1)
-            raise TypeError(
-                f"Monitor.start() got an unexpected keyword argument {unknown[0]!r}"
-                + (f": did you mean {close[0]!r}?" if close else "")
-                + " (help(Monitor.start) and help(Monitor.__init__) list the ones it takes)"
-            )
+        check_monitor_keywords(kwargs, "Monitor.start()")
         trial_kwargs = dict(
             trials=trials,
             trial_delta_tokens=trial_delta_tokens,
