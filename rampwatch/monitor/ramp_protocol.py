@@ -190,6 +190,7 @@ class RampProtocol:
         self._gns_lower: list[float] = []
         self._handled: set[int] = set()
         self._in_flight: set[int] = set()  # commands decided, not yet reported applied/refused
+        self._unanswered: Ramp | None = None  # returned by due(), not yet applied or refused
         self._plan = None  # a memory plan running in a child process (monitor/memplan.py)
 
     @property
@@ -396,6 +397,7 @@ class RampProtocol:
     # -- at a step boundary -------------------------------------------------------------------
     def due(self, step: int) -> Ramp | None:
         self._poll_plan(step)
+        self._drop_unanswered(step)
         proposal = None
         if self.writer is not None and self.mode != "off":
             try:  # never into the loop, and never past the exchange every rank waits in
@@ -412,7 +414,7 @@ class RampProtocol:
             trial_id = self.trials.begin(decided.command_id, self.tokens)
             self.trials.pending = self.trials.request(self, decided, step, trial_id)
             return None
-        return Ramp(
+        self._unanswered = Ramp(
             proposal.tier,
             lr_multiplier=proposal.base_lr / self.base_lr,
             base_lr=proposal.base_lr,
@@ -421,6 +423,26 @@ class RampProtocol:
             command_id=(sent or proposal).command_id,
             before=self.running.tier,
         )
+        return self._unanswered
+
+    def _drop_unanswered(self, step: int) -> None:
+        """A ramp returned at an earlier boundary that the loop neither applied nor refused (a
+        loop that drops what ramp_due() returns): refused now, or its command would say
+        "applying" for the rest of the run; the loop's author is told once."""
+        ramp, self._unanswered = self._unanswered, None
+        if ramp is None:
+            return
+        self.refused(
+            ramp,
+            f"the loop neither applied nor refused it: mon.ramp_due() returned it at step "
+            f"{ramp.step}, and was called again at step {step}",
+        )
+        message = (
+            f"mon.ramp_due() returned a ramp at step {ramp.step} that the loop neither applied "
+            "nor refused: it is refused. Apply ramp.tier, then call mon.ramp_applied(ramp); or "
+            "call mon.ramp_refused(ramp, why)"
+        )
+        (self.author_alert or self._alert)(step, message, {"cause": "ramp not answered"})
 
     def _decide(self, step: int) -> Proposal | None:
         if self.channel is not None and self.channel.sending:
@@ -519,6 +541,7 @@ class RampProtocol:
     # -- the loop's answer --------------------------------------------------------------------
     def applied(self, ramp: Ramp) -> None:
         """After Monitor.set_tier to the ramp's tier: the new base LR, the event, 'applied'."""
+        self._unanswered = None
         seq, old_lr = self.running.seq_len, self.base_lr
         before, after = ramp.before, ramp.tier
         self.base_lr = ramp.base_lr
@@ -546,6 +569,7 @@ class RampProtocol:
         self._start_lr_check(ramp, old_lr)
 
     def refused(self, ramp: Ramp, reason: str) -> None:
+        self._unanswered = None
         self.last_ramp_step = ramp.step  # an auto ramp the loop refused waits a whole streak
         payload = ramp.tier.to_payload()
         if ramp.command_id is not None:
