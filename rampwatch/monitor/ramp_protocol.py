@@ -426,23 +426,43 @@ class RampProtocol:
         return self._unanswered
 
     def _drop_unanswered(self, step: int) -> None:
-        """A ramp returned at an earlier boundary that the loop neither applied nor refused (a
-        loop that drops what ramp_due() returns): refused now, or its command would say
-        "applying" for the rest of the run; the loop's author is told once."""
+        """A ramp returned at an earlier boundary that the loop neither applied nor refused, or
+        a trial it never asked for with trial_due() (a loop that drops what it is given):
+        refused now, or its command would stay claimed for the rest of the run; the loop's
+        author is told once of each."""
         ramp, self._unanswered = self._unanswered, None
-        if ramp is None:
-            return
-        self.refused(
-            ramp,
-            f"the loop neither applied nor refused it: mon.ramp_due() returned it at step "
-            f"{ramp.step}, and was called again at step {step}",
-        )
-        message = (
-            f"mon.ramp_due() returned a ramp at step {ramp.step} that the loop neither applied "
-            "nor refused: it is refused. Apply ramp.tier, then call mon.ramp_applied(ramp); or "
-            "call mon.ramp_refused(ramp, why)"
-        )
-        (self.author_alert or self._alert)(step, message, {"cause": "ramp not answered"})
+        if ramp is not None:
+            self.refused(
+                ramp,
+                f"the loop neither applied nor refused it: mon.ramp_due() returned it at step "
+                f"{ramp.step}, and was called again at step {step}",
+            )
+            self._tell_author(
+                step,
+                f"mon.ramp_due() returned a ramp at step {ramp.step} that the loop neither "
+                "applied nor refused: it is refused. Apply ramp.tier, then call "
+                "mon.ramp_applied(ramp); or call mon.ramp_refused(ramp, why)",
+                "ramp not answered",
+            )
+        trial, self.trials.pending = self.trials.pending, None
+        if trial is not None:
+            self.trial_done(
+                trial.command_id,
+                None,
+                f"the loop did not take it: mon.trial_due() was not called after "
+                f"mon.ramp_due() at step {trial.step}",
+            )
+            self._tell_author(
+                step,
+                f"a trial was due at step {trial.step}, and mon.trial_due() was not called "
+                "after mon.ramp_due() at that boundary: it is refused. A loop started with "
+                "trials=True calls mon.trial_due() after each mon.ramp_due(), and runs what it "
+                "returns with mon.run_trial(...)",
+                "trial not taken",
+            )
+
+    def _tell_author(self, step: int, message: str, cause: str) -> None:
+        (self.author_alert or self._alert)(step, message, {"cause": cause})
 
     def _decide(self, step: int) -> Proposal | None:
         if self.channel is not None and self.channel.sending:
