@@ -249,7 +249,8 @@ def test_steps_that_start_again_each_epoch_are_said_once(tmp_path, capfd):
 
 def test_an_extra_value_that_is_not_a_number_loses_nothing_else(tmp_path, capfd):
     """mon.step(..., extra={"note": "hi"}) failed the whole step's telemetry (float("hi")):
-    the step logged nothing. Now that key alone is left out and said to the loop's author."""
+    the step logged nothing. Now that key alone is left out and said to the loop's author; so is
+    a key that would replace one the monitor measured (extra={"loss": ...} replaced the loss)."""
     torch.manual_seed(0)
     db = tmp_path / "runs.duckdb"
     model = torch.nn.Linear(6, 3)
@@ -257,16 +258,20 @@ def test_an_extra_value_that_is_not_a_number_loses_nothing_else(tmp_path, capfd)
     mon = _started(db, model, opt)
     for step in (1, 2):
         loss = _backwards(model, mon)
-        logged = mon.step(step, loss=loss, extra={"note": "hi", "tok_acc": torch.tensor(0.5)})
+        extra = {"note": "hi", "tok_acc": torch.tensor(0.5), M.LOSS: 99.0}
+        logged = mon.step(step, loss=loss, extra=extra)
         assert logged[M.LOSS] == float(loss) and logged["tok_acc"] == 0.5 and "note" not in logged
         opt.step()
         opt.zero_grad()
     mon.finish()
     assert metric(db, mon.run_id, "tok_acc") == {1: 0.5, 2: 0.5}
     assert sorted(metric(db, mon.run_id, M.GRAD_NORM)) == [1, 2]
-    [alert] = _alerts(db, mon.run_id)
-    assert "extra['note'] is not a number ('hi')" in alert.message, alert.message
-    assert capfd.readouterr().err.count("extra['note']") == 1
+    assert 99.0 not in metric(db, mon.run_id, M.LOSS).values()
+    note, loss_alert = sorted(_alerts(db, mon.run_id), key=lambda a: a.message, reverse=True)
+    assert "extra['note'] is not a number ('hi')" in note.message, note.message
+    assert "extra['loss'] would replace the monitor's own 'loss'" in loss_alert.message
+    err = capfd.readouterr().err
+    assert err.count("extra['note']") == 1 and err.count("extra['loss']") == 1
 
 
 @pytest.mark.parametrize("bad", ["2", 2.0, -1, torch.tensor(True)])

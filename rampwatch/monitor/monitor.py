@@ -559,7 +559,7 @@ class Monitor:
         self._last_step_t, self._excluded = now, 0.0
         m.update(mem if mem is not None else self._memory_metrics())
         if extra:
-            m.update(self._extra_numbers(step, extra))
+            m.update(self._extra_numbers(step, extra, m))
         self.last_metrics = m
         if self.writer:
             self.writer.log(step, m)
@@ -567,11 +567,23 @@ class Monitor:
         self.ramps.trials.observe(m)
         return m
 
-    def _extra_numbers(self, step: int, extra: Mapping[str, Any]) -> dict[str, float]:
-        """extra's values as floats; one that is not a number is left out and said to the
-        loop's author once per key (never the whole step lost)."""
+    def _extra_numbers(
+        self, step: int, extra: Mapping[str, Any], own: Mapping[str, float]
+    ) -> dict[str, float]:
+        """extra's values as floats; one that is not a number, or would replace a value the
+        monitor measured this step (`own`), is left out and said to the loop's author once per
+        key (never the whole step lost)."""
         out = {}
         for k, v in extra.items():
+            if k in own:
+                self._tell_loop(
+                    step,
+                    f"extra {k!r}",
+                    f"mon.step(..., extra=...): extra[{k!r}] would replace the monitor's own "
+                    f"{k!r}, which the charts and the advisor read: left out. Log it under "
+                    "another name",
+                )
+                continue
             try:
                 out[k] = float(v)
             except (TypeError, ValueError, RuntimeError):  # RuntimeError: a tensor of many
