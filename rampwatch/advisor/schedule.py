@@ -30,7 +30,8 @@ its streak completes, else its calibrated forecast's point and range (advisor/fo
 a forecast first ramp the law is moved to pass through it (same slope) for the ramps after.
 Where the card gives no forecast (not rising, or above the batch while its bound is not), the
 law places the first ramp, but no sooner than the card could say ramp now (its streak of
-hysteresis estimates complete and enough estimates in all: `Evidence.estimates_short`). On recorded runs the card's range held for 88% of queries and the law's own
+hysteresis estimates complete and enough estimates in all: `Evidence.estimates_short`). On
+recorded runs the card's range held for 88% of queries and the law's own
 first-crossing range for 6%, its point off by a median 254 steps against the card's 177
 (bench/forecast_bench.py, the README's "Forecast coverage"); and one page must not say both
 "soon" and "never", nor "now" under "Not yet".
