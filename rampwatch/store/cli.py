@@ -99,12 +99,8 @@ def _recover(db: str) -> None:
 
 
 def _upgrade(db: str) -> None:
-    if not os.path.exists(db):  # write_connection would create a new database there
-        raise store.DatabaseMissingError(
-            f"no Rampwatch database at {db}: the file does not exist; check the path"
-        )
     t0 = time.time()
-    with store.write_connection(db) as con:  # opening it for writing upgrades it
+    with store.write_connection(db, create=False) as con:  # opening it for writing upgrades it
         now = [
             v
             for (v,) in con.execute(

@@ -353,12 +353,22 @@ def _corruption_named(db: Path):
 
 @contextlib.contextmanager
 def write_connection(
-    db: str | os.PathLike, timeout: float = DEFAULT_TIMEOUT, threads: int | None = 1
+    db: str | os.PathLike,
+    timeout: float = DEFAULT_TIMEOUT,
+    threads: int | None = 1,
+    *,
+    create: bool = True,
 ):
     """A read-write connection under the exclusive lock; creates or upgrades the schema.
+    create=False: a missing file is DatabaseMissingError, and nothing is made there (a command
+    that only changes a database must not turn a mistyped path into one).
 
     The connection is closed on exit. Keep the work inside short: every other process waits.
     """
+    if not create and not resolve(db).exists():
+        raise DatabaseMissingError(
+            f"no Rampwatch database at {db}: the file does not exist; check the path"
+        )
     with write_lock(db, timeout) as held:
         with held.connection(threads) as con:
             yield con

@@ -24,14 +24,8 @@ from pathlib import Path
 
 from rampwatch.store import command_rows, ingest, spool
 from rampwatch.store import spool_format as fmt
-from rampwatch.store.db import (
-    DEFAULT_TIMEOUT,
-    read_connection,
-    resolve,
-    spool_root,
-    write_connection,
-)
-from rampwatch.store.errors import DatabaseMissingError, StoreError
+from rampwatch.store.db import DEFAULT_TIMEOUT, read_connection, spool_root, write_connection
+from rampwatch.store.errors import StoreError
 from rampwatch.store.schema import EVENTS, RUN_TABLES, first, transaction
 
 
@@ -199,15 +193,9 @@ def recover_dead(con, db) -> RecoveryReport:
 
 
 def recover(db, timeout: float = DEFAULT_TIMEOUT) -> RecoveryReport:
-    """Ingest every dead writer's spool beside `db` and mark their runs killed. A path with no
-    database and no spool beside it is DatabaseMissingError, and nothing is made there: a
-    mistyped path must not become an empty database."""
-    if not os.path.exists(resolve(db)) and not spool.list_spools(spool_root(db)):
-        raise DatabaseMissingError(
-            f"no Rampwatch database at {db}: the file does not exist, and no writer's spool is "
-            "beside it; check the path"
-        )
-    with write_connection(db, timeout) as con:
+    """Ingest every dead writer's spool beside `db` and mark their runs killed. The file is made
+    only for a spool to ingest: a mistyped path is DatabaseMissingError, not an empty database."""
+    with write_connection(db, timeout, create=bool(spool.list_spools(spool_root(db)))) as con:
         return recover_dead(con, db)
 
 
