@@ -115,7 +115,7 @@ from rampwatch.advisor.policy import CONFIG_KEY as POLICY_KEY
 from rampwatch.advisor.policy import RampPolicy
 from rampwatch.monitor import Monitor
 from rampwatch.monitor.monitor import check_monitor_keywords
-from rampwatch.monitor.ramp_protocol import MODES, Ramp, scale_lr
+from rampwatch.monitor.ramp_protocol import Ramp, check_mode_name, scale_lr
 from rampwatch.monitor.token_clock import TokenClock, steps_to_budget
 from rampwatch.store import RunNotFoundError
 from rampwatch.store import names as M
@@ -153,8 +153,7 @@ class RampwatchCallback(pl.Callback):
         batch_attr: str = "batch_size",
         **monitor_kwargs,
     ):
-        if ramp not in MODES:
-            raise ValueError(f"ramp={ramp!r}: one of {', '.join(MODES)}")
+        check_mode_name(ramp)
         seq_len = positive_int("seq_len", seq_len)  # here, not at fit's first step
         check_monitor_keywords(monitor_kwargs, "RampwatchCallback()")
         self.db, self.name, self.seq_len, self.ramp = db, name, seq_len, ramp

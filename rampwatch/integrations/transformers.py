@@ -101,6 +101,7 @@ from rampwatch.integrations.hf_restart import (
 )
 from rampwatch.monitor import Monitor
 from rampwatch.monitor.monitor import check_monitor_keywords
+from rampwatch.monitor.ramp_protocol import check_mode_name
 from rampwatch.monitor.token_clock import TokenClock, steps_to_budget
 
 __all__ = ["EXIT_RAMP", "STATE_FILE", "RampRestart", "RampwatchTrainer", "resume_args"]
@@ -137,8 +138,7 @@ class RampwatchTrainer(Trainer):
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
-        if ramp not in ("manual", "auto", "off"):
-            raise ValueError(f"ramp={ramp!r}: one of manual, auto, off")
+        check_mode_name(ramp)
         if seq_len is not None:  # None: the first sample's length
             seq_len = positive_int("seq_len", seq_len)
         self._db, self._name, self._ramp_mode, self._policy = db, name, ramp, policy

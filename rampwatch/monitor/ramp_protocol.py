@@ -63,6 +63,7 @@ __all__ = [
     "RampProtocol",
     "RunningTier",
     "check_mode",
+    "check_mode_name",
     "scale_lr",
 ]
 
@@ -133,11 +134,16 @@ def scale_lr(optimizer, multiplier: float, scheduler=None) -> None:
         todo.extend(getattr(s, "_schedulers", None) or ())
 
 
+def check_mode_name(mode: str) -> None:
+    """ValueError unless `mode` is one of MODES (the integrations call it when made)."""
+    if mode not in MODES:
+        raise ValueError(f"ramp={mode!r}: one of {', '.join(MODES)}")
+
+
 def check_mode(mode: str, policy: RampPolicy, trials: TrialProtocol) -> None:
     """ValueError unless `mode` is one of MODES and can run with this policy and these trials
     (Monitor.start calls it before the run exists)."""
-    if mode not in MODES:
-        raise ValueError(f"ramp={mode!r}: one of {', '.join(MODES)}")
+    check_mode_name(mode)
     if mode == "auto" and policy.gate == "trial" and not trials.enabled:
         raise ValueError(
             "ramp='auto' with the policy's trial gate ramps only through trials, and this "
