@@ -11,7 +11,7 @@ import duckdb
 import pytest
 
 from rampwatch import store
-from rampwatch.store import schema
+from rampwatch.store import commands, refusals, schema
 from rampwatch.store.db import lock_path, spool_root
 
 pytestmark = pytest.mark.timeout(120)  # pytest.ini says 300 s; these are far shorter
@@ -150,6 +150,25 @@ def test_missing_file_for_reading(tmp_path):
     with pytest.raises(store.DatabaseMissingError, match="does not exist"):
         store.list_runs(db)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_writes_to_a_missing_file_make_no_database(tmp_path):
+    """A command, a cancel, a refusal's record or a delete at a mistyped path is refused; only
+    RunWriter.start (and recover, with a spool to ingest) makes a database."""
+    db = tmp_path / "nope.duckdb"
+    writes = [
+        lambda: commands.submit(db, "r1", "ramp", {"per_device_batch": 16, "accum": 1}, actor="op"),
+        lambda: commands.cancel(db, 1, actor="op"),
+        lambda: commands.refuse(db, 1, "no", actor="op"),
+        lambda: store.delete_run(db, "r1"),
+        lambda: refusals.record(
+            db, run_id="r1", action="approve", detail=None, operator=None, client=None, reason="x"
+        ),
+    ]
+    for write in writes:
+        with pytest.raises(store.DatabaseMissingError, match="does not exist"):
+            write()
+        assert list(tmp_path.iterdir()) == []
 
 
 def test_cli_usage_errors_exit_2(tmp_path):

@@ -59,7 +59,7 @@ def submit(
     payload = validate(kind, payload)
     rows.check_actor(actor)
     rows.check_key(key)
-    with write_connection(db, timeout) as con:
+    with write_connection(db, timeout, create=False) as con:
         recover_dead(con, db)
         with transaction(con):
             return rows.queue(con, db, run_id, kind, payload, actor, key)
@@ -67,7 +67,7 @@ def submit(
 
 def _change(db, command_id: int, to: str, actor: str, timeout: float, **kw) -> Command:
     command_id = as_command_id(command_id)
-    with write_connection(db, timeout) as con:
+    with write_connection(db, timeout, create=False) as con:
         with transaction(con):
             rows.transition(con, command_id, to, actor, **kw)
         return rows.find(con, command_id)

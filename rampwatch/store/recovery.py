@@ -201,7 +201,7 @@ def recover(db, timeout: float = DEFAULT_TIMEOUT) -> RecoveryReport:
 
 def delete_run(db, run_id: str, timeout: float = 60.0) -> None:
     """Delete a run and everything recorded for it; refused while a writer is logging to it."""
-    with write_connection(db, timeout) as con:
+    with write_connection(db, timeout, create=False) as con:
         recover_dead(con, db)
         if live_spools(con, db, run_id):
             raise StoreError(f"run {run_id!r} has a live writer; stop it before deleting the run")

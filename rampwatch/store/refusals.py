@@ -52,7 +52,7 @@ def record(
 ) -> None:
     """Append one refused write."""
     row = [time.time(), *map(_bounded, (run_id, action, detail, operator, client, reason))]
-    with write_connection(db, timeout) as con:
+    with write_connection(db, timeout, create=False) as con:
         with schema.transaction(con):
             con.execute(
                 f"INSERT INTO write_refusals ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)", row
