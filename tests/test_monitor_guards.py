@@ -293,6 +293,26 @@ def test_a_step_that_is_not_a_step_count_is_said_and_never_raised(tmp_path, capf
     assert "mon.step(" in capfd.readouterr().err
 
 
+def test_steps_after_finish_are_said_once_and_not_reported_as_logged(tmp_path, capfd):
+    """mon.step() after mon.finish() returned its values as if logged, and only the writer
+    complained ("log() on a closed writer, or in a forked child"), once per step."""
+    db = tmp_path / "runs.duckdb"
+    model = torch.nn.Linear(6, 3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    mon = _started(db, model, opt)
+    assert mon.step(1, loss=_backwards(model, mon))
+    mon.finish()
+    capfd.readouterr()
+    for step in (2, 3):
+        assert mon.step(step, loss=_backwards(model, mon)) == {}
+    mon.log(3, {"val_loss": 1.0})
+    assert mon.ramp_due() is None
+    err = capfd.readouterr().err
+    assert err.count("came after mon.finish()") == 1 and "closed writer" not in err, err
+    assert sorted(metric(db, mon.run_id, M.LOSS)) == [1]
+    assert store.get_run(db, mon.run_id).status == "finished"
+
+
 def test_a_ddp_loop_without_after_backward_logs_everything_but_the_noise_scale(tmp_path):
     """Two gloo ranks: the gradient norm and the rank-mean loss still ride on the one all-reduce
     per step; one alert, printed once (rank 0 has the writer)."""

@@ -215,6 +215,7 @@ class Monitor:
         self._nonfinite_steps = 0
         self._excluded = 0.0
         self._alerted: set[str] = set()  # alerts said once per run
+        self._finished: str | None = None  # finish()'s status: the record is closed
         self._backwards = 0  # after_backward() calls, and their count at the last step()
         self._backwards_at_step = 0
         self._in_trial = False  # run_trial's arms are running
@@ -475,6 +476,8 @@ class Monitor:
         """Record one optimizer step. Call after the last backward, before clipping (a loop
         that hands reduced_grad() its shards: after the optimizer's step). Returns
         what was logged ({} when the monitor itself failed: said once as an alert)."""
+        if self._after_finish(f"step({step!r}, ...)"):
+            return {}
         checked, problem = step_problem(step)
         if problem is not None:  # said at the last good step: the store takes no other
             self.grads.reset()
@@ -1013,14 +1016,16 @@ class Monitor:
     # -- other records ------------------------------------------------------------------------
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         """Any other per-step values (validation loss, your own metrics)."""
-        if self.writer:
+        if self.writer and not self._after_finish(f"log({step!r}, ...)"):
             self.writer.log(step, metrics)
 
     def event(self, step: int, kind: str, message: str, data: Mapping | None = None) -> None:
         self._record(step, kind, message, data, self.echo)
 
     def _record(self, step, kind, message, data, echo: TextIO | None) -> None:
-        if self.writer:  # rank 0 only: one line per event, not one per rank
+        if self.writer and not self._after_finish(
+            f"event({kind!r}, ...)"
+        ):  # rank 0: one line per event
             self.writer.event(kind, message, step=step, data=dict(data or {}))
             if echo is not None:
                 print(f"rampwatch: step {step}: {kind}: {message}", file=echo, flush=True)
@@ -1055,9 +1060,27 @@ class Monitor:
         est = self.noise.latest
         return None if est is None else est.b_simple
 
+    def _after_finish(self, call: str) -> bool:
+        """True once finish() has closed the record: nothing more can be logged. Said once, on
+        rank 0's stderr (the run's events are closed too), naming the call that came too late."""
+        if self._finished is None:
+            return False
+        if self.writer and "after finish" not in self._alerted:
+            self._alerted.add("after finish")
+            print(
+                f"rampwatch: mon.{call} came after mon.finish(): the run is {self._finished} and "
+                "nothing more is logged. Call mon.finish() once, after the loop's last step",
+                file=sys.stderr,
+                flush=True,
+            )
+        return True
+
     def finish(self, status: str = "finished", message: str | None = None) -> None:
         """Final status (finished, failed or killed) and a last flush into the database; a ramp
-        decided but not yet applied is refused."""
-        self.ramps.close(status)
+        decided but not yet applied is refused. The monitor logs nothing after it."""
+        if self._finished is not None:  # a second finish() (an exit handler's) changes nothing
+            return
+        self.ramps.close(status)  # may record the refusal of a ramp not yet applied
         if self.writer:
             self.writer.close(status, message)
+        self._finished = status
