@@ -274,6 +274,26 @@ def test_an_extra_value_that_is_not_a_number_loses_nothing_else(tmp_path, capfd)
     assert err.count("extra['note']") == 1 and err.count("extra['loss']") == 1
 
 
+def test_an_extra_value_without_a_name_is_said_and_left_out(tmp_path, capfd):
+    """extra={"": 1.0} was stored under an empty name, a chart with no title."""
+    db = tmp_path / "runs.duckdb"
+    model = torch.nn.Linear(6, 3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    mon = _started(db, model, opt)
+    logged = mon.step(1, loss=_backwards(model, mon), extra={"": 1.0, " ": 2.0, 3: 3.0, "ok": 4})
+    assert logged["ok"] == 4 and not {"", " ", 3} & set(logged)
+    mon.finish()
+    names = set(store.export(db, mon.run_id).column("name").to_pylist())
+    assert "ok" in names and not {"", " ", "3"} & names
+    said = {a.message.split(": ")[1]: a.message.split(": ")[2] for a in _alerts(db, mon.run_id)}
+    assert said == {
+        "extra['']": "the name is empty",
+        "extra[' ']": "the name is empty",
+        "extra[3]": "the name is not a str",
+    }
+    assert capfd.readouterr().err.count("left out") == 3
+
+
 @pytest.mark.parametrize("bad", ["2", 2.0, -1, torch.tensor(True)])
 def test_a_step_that_is_not_a_step_count_is_said_and_never_raised(tmp_path, capfd, bad):
     """mon.step("2", ...) raised a ValueError into the loop: the guard that words a failure as

@@ -116,11 +116,14 @@ def test_log_never_raises_and_keeps_what_it_can(db_path):
     w.log(2.0, {"ok": 3.0})  # a float step is dropped too, integral or not
     w.log(2, {"ok": 3.0})
     w.log(3, {7: 1.0, "ok": 4.0})  # a non-str name is refused, the rest kept
+    assert "the name is not a str" in w.last_error
+    w.log(3, {"": 1.0, "  ": 2.0})  # so is a blank one
+    assert "the name is empty" in w.last_error
     w.log(4, None)  # not even a dict
-    assert w.errors == 6, w.last_error
+    assert w.errors == 7, w.last_error
     assert w.close()
     w.log(5, {"ok": 5.0})  # after close: counted, not raised
-    assert w.errors == 7 and "closed" in w.last_error
+    assert w.errors == 8 and "closed" in w.last_error
     got = sorted(
         (r["step"], r["name"], r["value"]) for r in store.export(db_path, w.run_id).to_pylist()
     )

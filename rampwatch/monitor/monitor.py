@@ -578,6 +578,15 @@ class Monitor:
         key (never the whole step lost)."""
         out = {}
         for k, v in extra.items():
+            problem = M.name_problem(k)
+            if problem is not None:
+                self._tell_loop(
+                    step,
+                    f"extra {k!r}",
+                    f"mon.step(..., extra=...): extra[{k!r}]: {problem}: left out. Name each "
+                    "extra value with a str",
+                )
+                continue
             if k in own:
                 self._tell_loop(
                     step,

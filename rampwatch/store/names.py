@@ -59,6 +59,15 @@ CHUNKED_CE = "chunked"
 LOSS_VARIANTS = (PLAIN_CE, CHUNKED_CE)
 
 
+def name_problem(name) -> str | None:
+    """Why `name` cannot name a metric (None: it can): every name is a non-blank str."""
+    if not isinstance(name, str):
+        return "the name is not a str"
+    if not name.strip():
+        return "the name is empty"
+    return None
+
+
 def loss_variant(chunked_ce) -> str:
     """The memory_plan variant of a model whose config says `chunked_ce`."""
     return CHUNKED_CE if chunked_ce else PLAIN_CE

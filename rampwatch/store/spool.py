@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rampwatch.store import names
 from rampwatch.store import spool_format as fmt
 
 BIN, NAMES, RECORDS, LOCK = "metrics.v2.bin", "names.v2.txt", "records.v2.txt", "lock"
@@ -120,8 +121,9 @@ class SpoolFiles:
     def name_id(self, name: str) -> int:
         nid = self.name_ids.get(name)
         if nid is None:
-            if not isinstance(name, str):
-                raise TypeError(f"metric names must be str, got {type(name).__name__} {name!r}")
+            problem = names.name_problem(name)
+            if problem is not None:
+                raise ValueError(f"metric {name!r}: {problem}")
             nid = len(self.name_ids)
             self._names.append(fmt.encode_line([nid, name]))
             self.name_ids[name] = nid

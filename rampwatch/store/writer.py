@@ -30,7 +30,7 @@ import uuid
 import warnings
 from pathlib import Path
 
-from rampwatch.store import fs, ingest, lifecycle, recovery, spool
+from rampwatch.store import fs, ingest, lifecycle, names, recovery, spool
 from rampwatch.store import spool_format as fmt
 from rampwatch.store.command_rows import Command, as_command_id
 from rampwatch.store.db import DEFAULT_TIMEOUT, resolve, spool_root, write_connection
@@ -283,9 +283,7 @@ class RunWriter:
                 except OSError as e:  # a new name could not be written: its record waits never
                     bad.append((_write_reason(e), f"{k!r}: {e!r}"))
                 except Exception as e:
-                    reason = (
-                        "name is not a str" if not isinstance(k, str) else "value is not a number"
-                    )
+                    reason = names.name_problem(k) or "value is not a number"
                     bad.append((reason, f"{k!r}: {e}"))
             try:
                 if parts:
