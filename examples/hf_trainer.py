@@ -40,6 +40,8 @@ args = TrainingArguments(
     ),
     max_steps=40,
     learning_rate=1e-3,
+    eval_strategy="steps",  # eval_loss is drawn on the loss chart, as val_loss
+    eval_steps=20,
     report_to=[],
     save_strategy="no",
 )
@@ -47,6 +49,7 @@ trainer = RampwatchTrainer(
     model=model,
     args=args,
     train_dataset=data,
+    eval_dataset=data[:64],
     db=db,
     name="hf-trainer",
     ramp=sys.argv[2] if len(sys.argv) > 2 else "manual",

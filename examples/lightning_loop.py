@@ -24,6 +24,10 @@ class Regression(L.LightningModule):
         x, y = batch
         return torch.nn.functional.mse_loss(self.net(x), y)  # Lightning divides it by accum
 
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", torch.nn.functional.mse_loss(self.net(x), y))  # on the loss chart
+
     def configure_optimizers(self):
         opt = torch.optim.AdamW(self.parameters(), lr=1e-2)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10))
@@ -40,6 +44,9 @@ class Data(L.LightningDataModule):
     def train_dataloader(self):  # asked again each epoch: reload_dataloaders_every_n_epochs=1
         return DataLoader(TensorDataset(self.x, self.y), batch_size=self.batch_size, shuffle=True)
 
+    def val_dataloader(self):
+        return DataLoader(TensorDataset(self.x[:256], self.y[:256]), batch_size=64)
+
 
 torch.manual_seed(0)
 # --- the integration ----------------------------------------------------------------------
@@ -50,6 +57,7 @@ trainer = L.Trainer(
     max_steps=60,
     accumulate_grad_batches=4,
     gradient_clip_val=1.0,
+    val_check_interval=80,  # batches: every 20 optimizer steps
     reload_dataloaders_every_n_epochs=1,
     callbacks=[rampwatch],
     accelerator="cpu",

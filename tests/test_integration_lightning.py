@@ -355,6 +355,7 @@ def test_the_example_runs_as_written(tmp_path):
     loss = series(db, run.run_id, M.LOSS)
     assert sorted(loss) == list(range(1, 61)) and all(np.isfinite(list(loss.values())))
     assert len(series(db, run.run_id, M.GNS_G2)) == 60  # accumulation 4: partial sums per step
+    assert sorted(series(db, run.run_id, M.VAL_LOSS)) == [20, 40, 60]  # every 80 batches
     assert run.config["accum"] == 4 and run.config["integration"] == "lightning"
     assert run.config["trials"] is False  # the card shows why instead of a button
     assert run.config["trials_note"].startswith("Lightning owns the data loader")

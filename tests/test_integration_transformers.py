@@ -318,4 +318,6 @@ def test_the_example_runs_as_written(tmp_path):
     assert run.config["trials"] is False  # the card shows why instead of a button
     assert run.config["trials_note"].startswith("the Hugging Face Trainer owns the data loader")
     assert len(series(db, run.run_id, M.GNS_G2)) == 40  # accumulation 2: every step measures
+    val = store.series(db, run.run_id, M.VAL_LOSS, width=1)  # eval_loss, every 20 steps
+    assert val.step.tolist() == [20, 40] and all(3 < v < 5 for v in val.last)  # ln(64) = 4.16
     assert not list(Path(f"{db}.checkpoints").glob("checkpoint-*"))  # no ramp, no checkpoint

@@ -136,8 +136,10 @@ class RampwatchCallback(pl.Callback):
     ramp: "manual" (commands approved on the dashboard), "auto" (the policy ramps by itself) or
     "off". per_device_batch: None reads the train DataLoader's batch_size (else the `batch_attr`
     attribute of the module, its hparams or the datamodule). checkpoint_before_ramp: save
-    <default_root_dir>/rampwatch/before-ramp-step<N>.ckpt before switching. Other keyword
-    arguments go to Monitor.start (lr_rule, capacity_bytes, flops_per_token, echo, ...)."""
+    <default_root_dir>/rampwatch/before-ramp-step<N>.ckpt before switching. What the
+    module's validation logs (self.log) is logged after each validation, at its step; the
+    `val_loss` name's value is drawn on the loss chart. Other keyword arguments go to
+    Monitor.start (lr_rule, capacity_bytes, flops_per_token, echo, ...)."""
 
     def __init__(
         self,
@@ -151,6 +153,7 @@ class RampwatchCallback(pl.Callback):
         policy: RampPolicy | None = None,
         checkpoint_before_ramp: bool = False,
         batch_attr: str = "batch_size",
+        val_loss: str = M.VAL_LOSS,
         **monitor_kwargs,
     ):
         check_mode_name(ramp)
@@ -159,6 +162,7 @@ class RampwatchCallback(pl.Callback):
         self.db, self.name, self.seq_len, self.ramp = db, name, seq_len, ramp
         self.per_device_batch, self.config, self.policy = per_device_batch, config, policy
         self.checkpoint_before_ramp, self.batch_attr = checkpoint_before_ramp, batch_attr
+        self.val_loss = val_loss
         self.monitor_kwargs = monitor_kwargs
         self.monitor: Monitor | None = None
         self.history: list[Ramp] = []  # ramps applied, each at the step it took effect after
@@ -172,6 +176,7 @@ class RampwatchCallback(pl.Callback):
         self._budget: int | None = None  # the run's tokens: max_steps × _step_tokens
         self._trainer = None
         self._untimed = None
+        self._before_validation: dict = {}  # trainer.callback_metrics as validation started
 
     # -- start, resume, end ---------------------------------------------------------------------
     def setup(self, trainer, pl_module, stage: str) -> None:
@@ -366,12 +371,19 @@ class RampwatchCallback(pl.Callback):
             mon.set_tier(batch, trainer.accumulate_grad_batches)
 
     def on_validation_start(self, trainer, pl_module) -> None:
-        if self.monitor is not None and self._untimed is None:  # left out of step time
+        if self.monitor is None:  # the sanity check runs before the monitor starts
+            return
+        self._before_validation = dict(trainer.callback_metrics)
+        if self._untimed is None:  # left out of step time
             self._untimed = self.monitor.untimed()
             self._untimed.__enter__()
 
     def on_validation_end(self, trainer, pl_module) -> None:
         self._end_untimed()
+        if self.monitor is not None:  # what this validation logged: its values are new objects
+            before, now = self._before_validation, trainer.callback_metrics
+            logged = {k: v for k, v in now.items() if before.get(k) is not v}
+            self.monitor.log_validation(trainer.global_step, logged, loss_key=self.val_loss)
 
     def _end_untimed(self) -> None:
         if self._untimed is not None:

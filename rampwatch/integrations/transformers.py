@@ -113,6 +113,7 @@ TRIALS_NOTE = (
 )
 _ORDERED_SAMPLERS = ("SeedableRandomSampler", "SequentialSampler")  # order independent of b
 BUDGET_STEP_TOKENS = "budget_step_tokens"  # rampwatch.json: tokens of one step of max_steps
+EVAL_LOSS = "eval_loss"  # evaluate()'s loss (its default metric_key_prefix, "eval")
 # schedulers the Trainer steps by an eval metric, not per step (trainer.py 1951): no clock
 _BY_METRIC = (torch.optim.lr_scheduler.ReduceLROnPlateau, getattr(optimization, "GreedyLR", ()))
 
@@ -566,6 +567,11 @@ class _Hooks(TrainerCallback):
     def on_save(self, args, state, control, **kwargs):
         if self.trainer._mon is not None:
             self.trainer._saved(state)
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        mon = self.trainer._mon  # evaluate() outside train() has no run to log into
+        if mon is not None and metrics:  # eval_loss draws on the loss chart as val_loss
+            mon.log_validation(state.global_step, metrics, loss_key=EVAL_LOSS)
 
 
 def _seq_len(trainer) -> int:

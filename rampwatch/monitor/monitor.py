@@ -562,7 +562,7 @@ class Monitor:
         self._last_step_t, self._excluded = now, 0.0
         m.update(mem if mem is not None else self._memory_metrics())
         if extra:
-            m.update(self._extra_numbers(step, extra, m))
+            m.update(self._numbers(step, extra, m, "mon.step(..., extra=...): extra"))
         self.last_metrics = m
         if self.writer:
             self.writer.log(step, m)
@@ -570,42 +570,32 @@ class Monitor:
         self.ramps.trials.observe(m)
         return m
 
-    def _extra_numbers(
-        self, step: int, extra: Mapping[str, Any], own: Mapping[str, float]
+    def _numbers(
+        self, step: int, values: Mapping[str, Any], own: Mapping[str, float], call: str
     ) -> dict[str, float]:
-        """extra's values as floats; one that is not a number, or would replace a value the
-        monitor measured this step (`own`), is left out and said to the loop's author once per
-        key (never the whole step lost)."""
+        """values as floats; one that has no name, is not a number, or would replace a value the
+        monitor measured (`own`) is left out and said to the loop's author once per key (never
+        the rest lost). call: how the message names where the values came from."""
         out = {}
-        for k, v in extra.items():
+        for k, v in values.items():
             problem = M.name_problem(k)
             if problem is not None:
-                self._tell_loop(
-                    step,
-                    f"extra {k!r}",
-                    f"mon.step(..., extra=...): extra[{k!r}]: {problem}: left out. Name each "
-                    "extra value with a str",
+                said = f"is left out: {problem}. Name each value with a str"
+            elif k in own:
+                said = (
+                    f"would replace the monitor's own {k!r}, which the charts and the advisor "
+                    "read: left out. Log it under another name"
                 )
-                continue
-            if k in own:
-                self._tell_loop(
-                    step,
-                    f"extra {k!r}",
-                    f"mon.step(..., extra=...): extra[{k!r}] would replace the monitor's own "
-                    f"{k!r}, which the charts and the advisor read: left out. Log it under "
-                    "another name",
-                )
-                continue
-            try:
-                out[k] = float(v)
-            except (TypeError, ValueError, RuntimeError):  # RuntimeError: a tensor of many
-                self._tell_loop(
-                    step,
-                    f"extra {k!r}",
-                    f"mon.step(..., extra=...): extra[{k!r}] is not a number ({v!r:.60}): "
-                    "left out wherever it is not one, and the rest of the step logged. Pass "
-                    "floats, ints or one-element tensors",
-                )
+            else:
+                try:
+                    out[k] = float(v)
+                    continue
+                except (TypeError, ValueError, RuntimeError):  # RuntimeError: a tensor of many
+                    said = (
+                        f"is not a number ({v!r:.60}): left out wherever it is not one, the "
+                        "rest logged. Pass floats, ints or one-element tensors"
+                    )
+            self._tell_loop(step, f"{call} {k!r}", f"{call}[{k!r}] {said}")
         return out
 
     def _without_after_backward(self, step: int) -> bool | None:
@@ -1023,6 +1013,22 @@ class Monitor:
         return memory_metrics(self.device, self._cpu_peak, self.capacity)
 
     # -- other records ------------------------------------------------------------------------
+    def log_validation(
+        self, step: int, metrics: Mapping[str, Any], loss_key: str = M.VAL_LOSS
+    ) -> dict[str, float]:
+        """A validation's results after optimizer step `step` (a framework's: Lightning's
+        callback_metrics, the Hugging Face Trainer's evaluate()): each number under its own
+        name, and `loss_key`'s as val_loss, which the loss chart draws beside the training loss.
+        A name the monitor logs itself each step (loss, lr, ...) or a value that is not a number
+        is left out and said once. Returns what was logged."""
+        if self._after_finish(f"log_validation({step!r}, ...)"):
+            return {}
+        renamed = {M.VAL_LOSS if k == loss_key else k: v for k, v in metrics.items()}
+        logged = self._numbers(step, renamed, self.last_metrics, "validation metrics")
+        if logged and self.writer:
+            self.writer.log(step, logged)
+        return logged
+
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         """Any other per-step values (validation loss, your own metrics)."""
         if self.writer and not self._after_finish(f"log({step!r}, ...)"):
