@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from rampwatch.dashboard import live_data
 from rampwatch.store import commands
 from rampwatch.store import names as M
 from tests import seed
@@ -216,6 +217,33 @@ def test_more_rows_arrive_and_the_page_refreshes(live, monkeypatch):
     raw = next(t for t in seed.figures(at)["Loss"]["data"] if t["name"] == "loss (raw)")
     assert max(raw["x"]) == 449 and len(raw["x"]) == 450
     assert "step **449**" in seed.texts(at)
+
+
+def test_the_runs_own_metrics_are_charted_as_they_appear(live, monkeypatch):
+    """A loop's own metrics (extra=, a framework's validation) were only in Compare: now each
+    gets a chart under "More charts" the first time it appears; the monitor's others (lr, step
+    time) are offered; a chart taken out stays out when more rows come."""
+    for s in range(0, 400, 50):
+        live.writer.log(s, {"tok_acc": s / 400})
+    assert live.writer.flush()
+    at = seed.app(monkeypatch, live.db)
+    assert not at.exception
+    more = at.multiselect(key="more_charts")
+    assert more.value == ["tok_acc"]
+    assert {M.LR, M.STEP_TIME, "tok_acc"} <= set(more.options)
+    assert not set(live_data.LIVE_METRICS) & set(more.options)  # drawn above already
+    fig = seed.figures(at)["tok_acc"]
+    line = next(t for t in fig["data"] if t["name"] == "tok_acc")
+    assert line["x"] == list(range(0, 400, 50)) and line["mode"] == "lines+markers"
+    more.set_value(["tok_acc", M.LR]).run()
+    assert seed.figures(at)[M.LR]["data"]  # fetched at once, not at the next refresh
+    at.multiselect(key="more_charts").set_value([M.LR]).run()
+    live.writer.log(400, {"tok_acc": 1.0, "valid/mae": 0.25})  # a new name, and an old one
+    assert live.writer.flush()
+    at.run()
+    assert at.multiselect(key="more_charts").value == [M.LR, "valid/mae"]
+    figs = seed.figures(at)
+    assert "tok_acc" not in figs and figs["valid/mae"]["data"][0]["y"] == [0.25]
 
 
 def test_finished_run_has_card_but_no_buttons(db_path, monkeypatch):

@@ -260,8 +260,26 @@ def loss_figure(
 def grad_norm_figure(gn: Buckets | None, events: Sequence[Mapping] = ()) -> go.Figure:
     if gn is None or not len(gn):
         return empty_figure("Gradient norm", "no gradient norm logged yet")
-    fig = _base("Gradient norm (before clipping)", "‖g‖")
-    for tr in series_traces(gn, "grad_norm", PALETTE[4]):
+    return metric_figure(gn, "grad_norm", events, "Gradient norm (before clipping)", "‖g‖")
+
+
+def metric_figure(
+    b: Buckets | None,
+    name: str,
+    events: Sequence[Mapping] = (),
+    title: str | None = None,
+    y_title: str = "",
+    color: str = PALETTE[4],
+) -> go.Figure:
+    """One metric against step (its band, its last values, events); markers on a sparse one (a
+    validation every few hundred steps is a handful of points)."""
+    title = name if title is None else title
+    if b is None or not len(b):
+        return empty_figure(title, f"no {name} logged yet")
+    fig = _base(title, y_title)
+    for tr in series_traces(b, name, color):
+        if tr.name == name and len(b) <= 50:
+            tr.update(mode="lines+markers")
         fig.add_trace(tr)
     add_events(fig, events)
     return fig

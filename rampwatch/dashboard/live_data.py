@@ -1,7 +1,8 @@
 """The live page's refresh: what a session keeps between ticks of one run, and the one read
 connection each tick fetches through.
 
-Owns: `LiveState` (a SeriesCache per chart, the raw noise-scale window the recommendation reads,
+Owns: `LiveState` (a SeriesCache per chart, "More charts" included, the run's metric names,
+the raw noise-scale window the recommendation reads,
 the run's ramp commands, read only when due) and `live_snapshot` (the Streamlit-side entry: state
 in st.session_state, the previous snapshot kept while the database is busy) and
 `read_snapshot` (one refresh outside Streamlit: `rampwatch plan --db`; Streamlit is imported
@@ -106,6 +107,7 @@ class Snapshot:
     gns_lower: np.ndarray | None = None  # one-sided 95% lower bound at each of gns_steps
     trials: list = field(default_factory=list)  # store.reader.Trial, oldest first
     trial_points: list = field(default_factory=list)  # the newest trial's store.reader.TrialPoint
+    names: list = field(default_factory=list)  # every metric the run has logged, sorted
 
 
 LIVE_METRICS = (
@@ -139,6 +141,7 @@ class LiveState:
     """
 
     def __init__(self, target_buckets: int = TARGET_BUCKETS, gns_window: int = GNS_WINDOW):
+        self.target_buckets = target_buckets
         self.caches = {n: SeriesCache(target_buckets) for n in LIVE_METRICS}
         self.gns_window = gns_window
         self._gns: dict[str, Buckets] = {}  # raw noise scale and its bound, last `gns_window` steps
@@ -175,9 +178,19 @@ class LiveState:
             self._since_commands += 1
         return list(self.commands)
 
-    def refresh(self, reader: Reader, run_id: str) -> Snapshot:
+    def choose_more(self, more) -> None:
+        """Keep a SeriesCache for each of `more` (the charts below the fixed ones) besides
+        LIVE_METRICS; drop those no longer chosen."""
+        for name in [n for n in self.caches if n not in LIVE_METRICS and n not in more]:
+            del self.caches[name]
+        for name in more:
+            self.caches.setdefault(name, SeriesCache(self.target_buckets))
+
+    def refresh(self, reader: Reader, run_id: str, more=()) -> Snapshot:
+        self.choose_more(more)
         with reader.session():
             run = reader.get_run(run_id)
+            names = reader.metric_names(run_id)
             evs = [event_dict(e) for e in reader.events(run_id) if e.kind != M.EVENT_TRIAL_ARM]
             epoch = sum(1 for e in evs if e["kind"] == M.EVENT_RESUME)
             out = refresh_series(reader, run_id, self.caches, run.last_step, epoch)
@@ -192,7 +205,7 @@ class LiveState:
             if fin.size:
                 latest[name] = float(b.last[fin[-1]])
         snap = Snapshot(run, out, latest, gsteps, gvals, evs, plan, gns_lower=glower)
-        snap.trials, snap.trial_points = trials, points
+        snap.trials, snap.trial_points, snap.names = trials, points, names
         return snap
 
     def _gns_window(self, reader, run_id, last_step, epoch):
@@ -229,8 +242,9 @@ def read_snapshot(db, run_id: str) -> Snapshot:
     return LiveState().refresh(Reader(db, timeout=TIMEOUT, read_only=True), run_id)
 
 
-def live_snapshot(db: Path, run_id: str) -> Snapshot:
-    """Refresh the selected run: only new buckets are read; state lives in st.session_state."""
+def live_snapshot(db: Path, run_id: str, more=()) -> Snapshot:
+    """Refresh the selected run: only new buckets are read; state lives in st.session_state.
+    more: metrics charted besides LIVE_METRICS (the page's "More charts")."""
     import streamlit as st  # here: the rest of this module runs outside Streamlit too
 
     states = st.session_state.setdefault("_rw_live", {})
@@ -242,7 +256,7 @@ def live_snapshot(db: Path, run_id: str) -> Snapshot:
     if st.session_state.pop(COMMANDS_DIRTY, False):  # this session just wrote one
         state.commands_dirty = True
     try:
-        snap = state.refresh(Reader(db, timeout=TIMEOUT), run_id)
+        snap = state.refresh(Reader(db, timeout=TIMEOUT), run_id, more)
         snap.commands = state.update_commands(db, run_id, len(snap.events))
     except StoreBusyError as e:  # keep showing what we have; the next tick retries
         last = getattr(state, "last", None)

@@ -38,6 +38,17 @@ GNS_LOW = "gns_b_simple_low"  # one-sided 95% lower bound (Fieller); 0 = no lowe
 GNS_HIGH = "gns_b_simple_high"  # one-sided 95% upper bound; absent = unbounded
 GNS_WINDOW = "gns_window_steps"  # steps behind the smoothed value
 
+# every metric name above: what a run's own metrics (mon.log, extra=, a framework's validation)
+# are not; the live page draws those below its charts (dashboard/views/live.py)
+MONITOR_METRICS = frozenset(
+    {
+        LOSS, VAL_LOSS, GRAD_NORM, LR, PER_DEVICE_BATCH, ACCUM, BATCH_SEQS, BATCH_TOKENS,
+        TOKENS_SEEN, FIRST_SAMPLE, STEP_TIME, TOKENS_PER_S, MFU, MEM_ALLOCATED, MEM_RESERVED,
+        MEM_PEAK, MEM_RSS, MEM_CAPACITY, GNS_G2, GNS_TRACE, GNS_RAW, GNS, GNS_TOKENS, GNS_LOW,
+        GNS_HIGH, GNS_WINDOW,
+    }
+)  # fmt: skip
+
 # events.kind
 EVENT_RAMP = "ramp"
 EVENT_OOM = "oom"

@@ -3,7 +3,8 @@
 Thin page: dashboard/live_data.py fetches (incrementally, inside an st.fragment that reruns every few
 seconds while the run is live), dashboard/recommend.py decides, dashboard/charts.py and dashboard/card.py draw.
 Charts: loss (raw faint + debiased EMA, validation), gradient norm, noise scale vs batch,
-memory vs capacity with each tier's predicted peak, tokens/s and MFU; events on every chart.
+memory vs capacity with each tier's predicted peak, tokens/s and MFU; events on every chart;
+then "More charts": the run's own metrics as they appear, any other on request.
 Under the card the schedule (dashboard/run_schedule.py builds, schedule_section.py draws: the
 projected ramps, a hand plan kept in the URL, steps and hours), then the ramp trials' section
 (latest trial, its arms' chart, earlier trials). Below them the events, and the run's refused
@@ -29,6 +30,7 @@ from rampwatch.store import names as M
 from rampwatch.store.naming import display_name, markdown_literal
 
 REFRESH_CHOICES = {"off": None, "2 s": 2, "5 s": 5, "10 s": 10, "30 s": 30}
+MORE = "more_charts"  # the "More charts" multiselect: metrics charted below the fixed charts
 
 db, run_id, read_only = store_access.page_context()
 file = st.session_state.get("rw_file") or ""  # the run's file among several ('' for the only one)
@@ -129,6 +131,41 @@ def _charts(snap: live_data.Snapshot, card: recommend.Card) -> None:
         )
 
 
+def _more_chosen(snap: live_data.Snapshot) -> list[str]:
+    """The "More charts" choice for this run, before its widget is drawn: the run's own metrics
+    (not the monitor's: mon.log, extra=, a framework's validation) are added the first time
+    each appears; one taken out stays out; a name this run lacks is dropped."""
+    offered = [n for n in snap.names if n not in live_data.LIVE_METRICS]
+    seen = st.session_state.setdefault("_rw_more_seen", {}).setdefault(snap.run.run_id, set())
+    new_own = [n for n in offered if n not in seen and n not in M.MONITOR_METRICS]
+    seen.update(offered)
+    before = list(st.session_state.get(MORE, []))
+    chosen = [n for n in before if n in offered] + new_own
+    if chosen != before:
+        st.session_state[MORE] = chosen  # allowed: the widget is not drawn yet in this run
+    return chosen
+
+
+def _more_charts(snap: live_data.Snapshot) -> None:
+    """The run's other metrics, one chart each, as chosen in the multiselect."""
+    offered = [n for n in snap.names if n not in live_data.LIVE_METRICS]
+    if not offered:
+        return
+    chosen = st.multiselect(
+        "More charts",
+        offered,
+        key=MORE,
+        help="the run's other metrics: its own (logged by the loop or its validation) are "
+        "added as they appear; the monitor's (lr, step time, memory detail, the noise "
+        "scale's parts) on request",
+    )
+    columns = st.columns(2)
+    for i, name in enumerate(chosen):
+        with columns[i % 2]:
+            figure = charts.metric_figure(snap.series.get(name), name, snap.events)
+            st.plotly_chart(figure, key=f"chart_more_{name}")
+
+
 def _events_table(snap: live_data.Snapshot) -> None:
     with st.expander(f"Events ({len(snap.events)})", expanded=False):
         if not snap.events:
@@ -176,7 +213,10 @@ def live_view() -> None:
     top, note = st.container(), st.empty()  # the header, once the run is read; a status line
     card_view.send_pending(note)  # a click's approval first: the card below then shows it
     try:
-        snap = live_data.live_snapshot(db, run_id)
+        snap = live_data.live_snapshot(db, run_id, st.session_state.get(MORE, ()))
+        more = _more_chosen(snap)
+        if any(n not in snap.series for n in more):  # chosen just now: fetch their series too
+            snap = live_data.live_snapshot(db, run_id, more)
     except store_access.RunNotFoundError:
         st.warning(
             f"Run {display_name(run_id)} is no longer in the database (it was deleted). Pick "
@@ -211,6 +251,7 @@ def live_view() -> None:
     schedule_section.render(schedule, run_id=snap.run.run_id, file=file)
     card_view.render_trial(trial, run=snap.run)
     _charts(snap, card)
+    _more_charts(snap)
     _events_table(snap)
     _refusals_table()
 
