@@ -93,4 +93,6 @@ def test_a_lightning_fits_validations_are_logged_at_their_steps(tmp_path):
     assert val[5] > val[15]  # it learns
     assert sorted(metric(db, run.run_id, "valid/mae")) == [5, 10, 15]
     assert not metric(db, run.run_id, "train_mse")
+    logged = set(store.export(db, run.run_id).column("name").to_pylist())
+    assert logged - M.MONITOR_METRICS == {"valid/mae"}  # the live page's "own" metrics
     assert not store.events(db, run.run_id, kinds=[M.EVENT_ALERT])
