@@ -346,6 +346,9 @@ def test_accumulation_1_gives_one_point_and_one_clear_alert(tmp_path):
     assert len(alerts) == 1 and alerts[0].step == 1, alerts  # said once, at the first step
     assert alerts[0].message.startswith("noise scale not measured: accumulation 1 on one device")
     assert "--split-micro" in alerts[0].message and "accumulation ≥ 2" in alerts[0].message
+    # each host's own setting: a Lightning or Hugging Face user has no --split-micro
+    assert "accumulate_grad_batches" in alerts[0].message
+    assert "gradient_accumulation_steps" in alerts[0].message
 
 
 def test_accumulation_2_or_split_micro_has_no_such_alert(tmp_path):

@@ -986,8 +986,9 @@ class Monitor:
                     "wrap the model in DistributedDataParallel"
                     if self.world_size > 1  # with DDP's hook there are always two sizes
                     else "noise scale not measured: accumulation 1 on one device gives one "
-                    "batch size per step; use accumulation ≥ 2 (the reference trainer's "
-                    "--split-micro splits each batch in two)"
+                    "batch size per step; use accumulation ≥ 2 (Lightning: "
+                    "accumulate_grad_batches; Hugging Face: gradient_accumulation_steps; the "
+                    "reference trainer: --accum, or --split-micro to split each batch in two)"
                 ),
                 {
                     "batch_sizes": stats.batch_sizes,
