@@ -48,7 +48,13 @@ from pathlib import Path
 import numpy as np
 
 from rampwatch.dashboard.buckets import width_for
-from rampwatch.dashboard.live_data import COMMANDS_EVERY, GNS_WINDOW, LIVE_METRICS, TARGET_BUCKETS
+from rampwatch.dashboard.live_data import (
+    COMMANDS_EVERY,
+    GNS_WINDOW,
+    LIVE_METRICS,
+    NAMES_EVERY,
+    TARGET_BUCKETS,
+)
 from rampwatch.store import Reader, RunWriter, commands
 from rampwatch.store import names as M
 
@@ -178,6 +184,8 @@ class LiveMirror:
         rows = 0
         with r.session():
             run = r.get_run(run_id)
+            if self.ticks % NAMES_EVERY == 0:  # the "More charts" names
+                r.metric_names(run_id)
             r.events(run_id)
             width = width_for(run.last_step, TARGET_BUCKETS)
             for name in LIVE_METRICS:

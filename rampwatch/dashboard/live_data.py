@@ -127,6 +127,7 @@ LIVE_METRICS = (
     M.TOKENS_SEEN,
 )
 COMMANDS_EVERY = 6  # ticks between command reads while none is open (an open one: every tick)
+NAMES_EVERY = 6  # ticks between reads of the run's metric names: a new one is charted within
 
 
 class LiveState:
@@ -151,6 +152,8 @@ class LiveState:
         self.commands_dirty = False
         self._since_commands = 0
         self._events_seen = -1
+        self.names: list[str] | None = None  # the run's metric names, read every NAMES_EVERY ticks
+        self._since_names = 0
         self.last: Snapshot | None = None
 
     def commands_due(self, n_events: int) -> bool:
@@ -190,7 +193,10 @@ class LiveState:
         self.choose_more(more)
         with reader.session():
             run = reader.get_run(run_id)
-            names = reader.metric_names(run_id)
+            if self.names is None or self._since_names + 1 >= NAMES_EVERY:
+                self.names, self._since_names = reader.metric_names(run_id), 0
+            else:
+                self._since_names += 1
             evs = [event_dict(e) for e in reader.events(run_id) if e.kind != M.EVENT_TRIAL_ARM]
             epoch = sum(1 for e in evs if e["kind"] == M.EVENT_RESUME)
             out = refresh_series(reader, run_id, self.caches, run.last_step, epoch)
@@ -205,7 +211,7 @@ class LiveState:
             if fin.size:
                 latest[name] = float(b.last[fin[-1]])
         snap = Snapshot(run, out, latest, gsteps, gvals, evs, plan, gns_lower=glower)
-        snap.trials, snap.trial_points, snap.names = trials, points, names
+        snap.trials, snap.trial_points, snap.names = trials, points, list(self.names)
         return snap
 
     def _gns_window(self, reader, run_id, last_step, epoch):
