@@ -131,11 +131,16 @@ def _charts(snap: live_data.Snapshot, card: recommend.Card) -> None:
         )
 
 
+def _offered(snap: live_data.Snapshot) -> list[str]:
+    """The run's metrics that the fixed charts do not draw."""
+    return [n for n in snap.names if n not in live_data.LIVE_METRICS]
+
+
 def _more_chosen(snap: live_data.Snapshot) -> list[str]:
     """The "More charts" choice for this run, before its widget is drawn: the run's own metrics
     (not the monitor's: mon.log, extra=, a framework's validation) are added the first time
     each appears; one taken out stays out; a name this run lacks is dropped."""
-    offered = [n for n in snap.names if n not in live_data.LIVE_METRICS]
+    offered = _offered(snap)
     seen = st.session_state.setdefault("_rw_more_seen", {}).setdefault(snap.run.run_id, set())
     new_own = [n for n in offered if n not in seen and n not in M.MONITOR_METRICS]
     seen.update(offered)
@@ -148,7 +153,7 @@ def _more_chosen(snap: live_data.Snapshot) -> list[str]:
 
 def _more_charts(snap: live_data.Snapshot) -> None:
     """The run's other metrics, one chart each, as chosen in the multiselect."""
-    offered = [n for n in snap.names if n not in live_data.LIVE_METRICS]
+    offered = _offered(snap)
     if not offered:
         return
     chosen = st.multiselect(
