@@ -476,7 +476,7 @@ class Monitor:
         """Record one optimizer step. Call after the last backward, before clipping (a loop
         that hands reduced_grad() its shards: after the optimizer's step). Returns
         what was logged ({} when the monitor itself failed: said once as an alert)."""
-        if self._after_finish(f"step({step!r}, ...)"):
+        if self._after_finish("step", step):
             return {}
         checked, problem = step_problem(step)
         if problem is not None:  # said at the last good step: the store takes no other
@@ -1022,7 +1022,7 @@ class Monitor:
         name, and `loss_key`'s as val_loss, which the loss chart draws beside the training loss.
         A name the monitor logs itself each step (loss, lr, ...) or a value that is not a number
         is left out and said once. Returns what was logged."""
-        if self._after_finish(f"log_validation({step!r}, ...)"):
+        if self._after_finish("log_validation", step):
             return {}
         renamed = {M.VAL_LOSS if k == loss_key else k: v for k, v in metrics.items()}
         logged = self._numbers(step, renamed, self.last_metrics, "validation metrics")
@@ -1032,16 +1032,14 @@ class Monitor:
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         """Any other per-step values (validation loss, your own metrics)."""
-        if self.writer and not self._after_finish(f"log({step!r}, ...)"):
+        if self.writer and not self._after_finish("log", step):
             self.writer.log(step, metrics)
 
     def event(self, step: int, kind: str, message: str, data: Mapping | None = None) -> None:
         self._record(step, kind, message, data, self.echo)
 
     def _record(self, step, kind, message, data, echo: TextIO | None) -> None:
-        if self.writer and not self._after_finish(
-            f"event({kind!r}, ...)"
-        ):  # rank 0: one line per event
+        if self.writer and not self._after_finish("event", kind):  # rank 0: one line per event
             self.writer.event(kind, message, step=step, data=dict(data or {}))
             if echo is not None:
                 print(f"rampwatch: step {step}: {kind}: {message}", file=echo, flush=True)
@@ -1076,16 +1074,18 @@ class Monitor:
         est = self.noise.latest
         return None if est is None else est.b_simple
 
-    def _after_finish(self, call: str) -> bool:
+    def _after_finish(self, call: str, first: Any) -> bool:
         """True once finish() has closed the record: nothing more can be logged. Said once, on
-        rank 0's stderr (the run's events are closed too), naming the call that came too late."""
+        rank 0's stderr (the run's events are closed too), naming the call that came too late
+        as mon.call(first, ...): built only then, since step() asks at every step."""
         if self._finished is None:
             return False
         if self.writer and "after finish" not in self._alerted:
             self._alerted.add("after finish")
             print(
-                f"rampwatch: mon.{call} came after mon.finish(): the run is {self._finished} and "
-                "nothing more is logged. Call mon.finish() once, after the loop's last step",
+                f"rampwatch: mon.{call}({first!r}, ...) came after mon.finish(): the run is "
+                f"{self._finished} and nothing more is logged. Call mon.finish() once, after "
+                "the loop's last step",
                 file=sys.stderr,
                 flush=True,
             )
